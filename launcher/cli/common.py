@@ -1,0 +1,49 @@
+"""Arguments shared by the verbs that plan: the job file and its CLI overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+from launcher.config.job import Job
+from launcher.config.jobfile import load_job
+from launcher.units import BYTES_HELP, parse_bytes
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give e.g. 4") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0; give e.g. 4")
+    return v
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="the job file (YAML)")
+    p.add_argument("--gpus", type=_positive_int, help="GPUs (or CPU ranks) per node; overrides gpus: in the job")
+    p.add_argument("--budget", type=_size, help=f"memory budget per GPU; {BYTES_HELP}")
+    p.add_argument("--nodes", type=_positive_int, help="nodes (default 1)")
+    p.add_argument("--seq-len", type=_positive_int, help="override data.max_seq_len, tokens")
+    p.add_argument("--global-batch", type=_positive_int, help="override train.global_batch_size, sequences")
+    p.add_argument("--hardware", help="override cluster.hardware: a100-40gb, a100-80gb, h100-80gb, l4, v100-16gb, cpu")
+    p.add_argument("--force", action="store_true",
+                   help="run a fully pinned plan even if its prediction is over the budget (to exercise the check)")
+
+
+def job_from_args(args: argparse.Namespace, extra: dict | None = None) -> Job:
+    overrides = {
+        "gpus": args.gpus, "budget": args.budget, "nodes": args.nodes, "data.max_seq_len": args.seq_len,
+        "train.global_batch_size": args.global_batch, "cluster.hardware": args.hardware, **(extra or {}),
+    }
+    job = load_job(args.job, overrides)
+    if job.gpus is None and job.cluster.gpus_per_node is not None:
+        job.gpus = job.cluster.gpus_per_node
+    return job

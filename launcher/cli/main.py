@@ -1,0 +1,72 @@
+"""`launch`: plan, run and verify memory-budgeted fine-tunes.
+
+`launch --gpus 4 --budget 16GB job.yaml` is `launch run ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launcher.errors import EXIT_BAD_INPUT, LauncherError
+from launcher.units import BYTES_HELP
+
+VERBS = ("run", "plan", "calibrate", "status", "logs", "cancel")
+
+DESCRIPTION = f"""Plan, run and verify a fine-tune under a per-GPU memory budget.
+
+  launch --gpus 4 --budget 16GB job.yaml          plan, run through torchrun, check every rank's peak
+  launch plan --gpus 4 --budget 16GB job.yaml     print the plan and why; run nothing
+
+Budgets: {BYTES_HELP}.
+Exit codes: 0 every rank within budget; 1 training failed; 2 bad input or no plan fits;
+3 a rank exceeded the budget."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from launcher.cli import plan as plan_cmd
+
+    parser = argparse.ArgumentParser(prog="launch", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
+    plan_cmd.add_parser(sub)
+    for mod in _optional_verbs():
+        mod.add_parser(sub)
+    return parser
+
+
+def _optional_verbs():
+    import importlib
+
+    mods = []
+    for name in ("run", "calibrate", "manage"):
+        try:
+            mods.append(importlib.import_module(f"launcher.cli.{name}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"launcher.cli.{name}":
+                raise
+    return mods
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "run")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.func(args) or 0)
+    except LauncherError as e:
+        for line in str(e).splitlines():
+            print(f"launch: error: {line}" if not line.startswith("  ") else line, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("launch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""`launch plan`: print, or write, the plan for a job without running it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from launcher.cli.common import add_job_args, job_from_args
+from launcher.cli.render import render_plan
+from launcher.config.job import InlineArch, Job
+from launcher.planner.plan import Plan
+from launcher.planning import plan_job
+
+EPILOG = """examples:
+  launch plan --gpus 4 --budget 16GB job.yaml
+  launch plan --gpus 8 --nodes 128 --budget 80GB --hardware h100-80gb examples/llama-70b.yaml --json
+  launch plan --gpus 2 --budget 2GB examples/minilm-embed.yaml --out /tmp/plan
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="compute and explain a plan; run nothing", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--out", type=Path, help="write plan.json and ds_config.json or fsdp.yaml into this directory")
+    p.add_argument("--sbatch", action="store_true", help="also write an sbatch script (with --out) or print it")
+    p.set_defaults(func=run)
+
+
+def model_desc(job: Job) -> str:
+    if isinstance(job.model, InlineArch):
+        return f"inline {job.model.family} (h={job.model.hidden_size}, layers={job.model.num_layers})"
+    return job.model
+
+
+def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
+    """plan.json plus the engine's config; each file written atomically."""
+    from launcher.emit import ds_config, fsdp_yaml_text
+    from launcher.fsutil import atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
+    if plan.strategy.engine == "deepspeed":
+        written.append(atomic_write(out / "ds_config.json", json.dumps(ds_config(plan, job), indent=2) + "\n"))
+    else:
+        written.append(atomic_write(out / "fsdp.yaml", fsdp_yaml_text(plan, job)))
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    job = job_from_args(args)
+    plan = plan_job(job, force=args.force)
+    if args.out:
+        for path in write_plan_outputs(args.out, plan, job):
+            print(f"wrote {path}")
+        if args.sbatch:
+            from launcher.emit.sbatch import sbatch_text
+            from launcher.fsutil import atomic_write
+
+            print(f"wrote {atomic_write(args.out / 'job.sbatch', sbatch_text(plan, job, run_dir=args.out))}")
+    elif args.sbatch:
+        from launcher.emit.sbatch import sbatch_text
+
+        print(sbatch_text(plan, job, run_dir=Path("runs") / job.name))
+        return 0
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    elif not args.out:
+        print(render_plan(plan, job.name, model_desc(job)))
+    return 0

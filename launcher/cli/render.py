@@ -1,0 +1,62 @@
+"""Plain-text views of plans and reports (pure: data in, text out)."""
+
+from __future__ import annotations
+
+from launcher.planner.plan import Plan
+from launcher.units import format_bytes
+
+
+def _bar(part: int, whole: int, width: int = 24) -> str:
+    n = 0 if whole <= 0 else round(width * min(part, whole) / whole)
+    return "█" * n + "·" * (width - n)
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
+    s, e = plan.strategy, plan.estimate
+    if s.engine == "deepspeed":
+        engine = f"DeepSpeed ZeRO-{s.zero_stage}"
+    else:
+        engine = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
+                             else "SHARD_GRAD_OP (keep params after forward)")
+    b = plan.buckets
+    lines = [
+        f"plan for {job_name}: {plan.world_size} GPU(s) = {plan.nodes} node(s) x {plan.gpus_per_node}, "
+        f"budget {format_bytes(plan.budget_bytes)} per GPU, hardware profile {plan.hardware}",
+        f"  model       {model_desc}: {_count(plan.num_params)} params, {_count(plan.trainable_params)} trainable",
+        f"  batch       global {plan.global_batch_size} = micro-batch {s.micro_batch_size} x "
+        f"{s.grad_accum_steps} accumulation x {plan.world_size} ranks, seq {plan.seq_len}, {plan.precision}",
+        f"  strategy    {engine}, activation checkpointing {'on' if s.activation_checkpointing else 'off'}",
+        f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
+    ]
+    if s.engine == "deepspeed":
+        lines.append(f"  buckets     reduce {_count(b.reduce_bucket_size)}, allgather {_count(b.allgather_bucket_size)}"
+                     + (f", prefetch {_count(b.stage3_prefetch_bucket_size)}, max live "
+                        f"{_count(b.stage3_max_live_parameters)}" if s.zero_stage == 3 else "") + " elements")
+    lines.append("")
+    lines.append("  predicted peak per rank, by category:")
+    for cat, n in e.breakdown.items():
+        lines.append(f"    {cat:<12} {format_bytes(n):>10}  {_bar(n, plan.budget_bytes)}")
+    verdict = "fits" if e.peak_bytes <= plan.usable_bytes else "OVER BUDGET"
+    lines.append(f"    {'peak':<12} {format_bytes(e.peak_bytes):>10}  {_bar(e.peak_bytes, plan.budget_bytes)}  "
+                 f"{verdict}: usable {format_bytes(plan.usable_bytes)} of budget {format_bytes(plan.budget_bytes)}")
+    lines.append(f"  host RAM per node {format_bytes(e.host_bytes_per_node)}"
+                 + (f", NVMe per node {format_bytes(e.nvme_bytes_per_node)}" if e.nvme_bytes_per_node else ""))
+    terms = ", ".join(f"{k} {v:.3g} s" for k, v in e.step_time_terms.items())
+    lines.append(f"  step time   {e.step_time_s:.3g} s predicted ({terms})")
+    lines.append("")
+    lines.append("why this plan:")
+    lines += [f"  - {r}" for r in plan.reasons]
+    act = plan.constants.get("activations", {})
+    if isinstance(act, dict) and act.get("source"):
+        lines.append(f"  - activation constants: {act['source']}")
+    if plan.rejected:
+        lines.append("alternatives not chosen:")
+        lines += [f"  - {r.label}: {r.reason}" for r in plan.rejected]
+    return "\n".join(lines)

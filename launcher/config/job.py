@@ -1,0 +1,207 @@
+"""The job file's typed schema.
+
+Field names are the YAML keys unless a field's metadata names another key
+(``yaml``); fields holding a size end in ``_bytes`` and accept '16GB'-style
+strings in the file. ``None`` in ``StrategyConfig`` means "the planner chooses".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Task = Literal["causal_lm", "seq_cls", "sentence_embedding"]
+Precision = Literal["bf16", "fp16", "fp32"]
+Engine = Literal["deepspeed", "fsdp"]
+Offload = Literal["none", "cpu", "nvme"]
+Family = Literal["gpt2", "llama", "bert"]
+
+
+def _yaml(key: str, **kw):
+    return field(metadata={"yaml": key}, **kw)
+
+
+@dataclass(kw_only=True, slots=True)
+class InlineArch:
+    """A model architecture given inline; built with random weights."""
+
+    family: Family
+    """Which transformers architecture: gpt2 (causal), llama (causal), bert (encoder)."""
+    hidden_size: int
+    """Model width h, in features."""
+    num_layers: int
+    """Transformer blocks."""
+    num_heads: int
+    """Attention heads."""
+    num_kv_heads: int | None = None
+    """Key/value heads for GQA (llama); defaults to num_heads."""
+    intermediate_size: int | None = None
+    """MLP width, in features; defaults to 4h (gpt2, bert) or the llama rule."""
+    vocab_size: int = 32000
+    """Tokens in the vocabulary."""
+    max_position_embeddings: int = 2048
+    """Longest sequence the position table holds, in tokens."""
+    tie_word_embeddings: bool | None = None
+    """Share input and output embeddings; defaults to the family's default."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    path: str
+    """A local JSONL or CSV file, relative to the job file's directory or absolute."""
+    text_field: str = "text"
+    """The field holding each example's text."""
+    label_field: str = "label"
+    """seq_cls: the field holding the class label."""
+    pair_field: str = "positive"
+    """sentence_embedding: the field holding each text's positive pair."""
+    max_seq_len: int = 512
+    """Tokens per sequence after truncation."""
+    num_labels: int | None = None
+    """seq_cls: classes; defaults to the count found in the data."""
+    eval_fraction: float = 0.1
+    """Share of examples held out for evaluation, 0 to 0.5."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    r: int = 8
+    """Adapter rank."""
+    alpha: float = 16
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input, 0 to 1."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Module names (suffixes) that get adapters, e.g. q_proj, c_attn, query."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    global_batch_size: int
+    """Sequences per optimizer step over all ranks; the planner never changes it."""
+    precision: Precision = "bf16"
+    """Compute dtype: bf16, fp16 (CUDA only) or fp32."""
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """Optimizer; adamw keeps 2 fp32 states per parameter, sgd none."""
+    lr: float = 2e-5
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    max_steps: int | None = None
+    """Optimizer steps to run; give this or epochs."""
+    epochs: float | None = None
+    """Passes over the training data; give this or max_steps."""
+    seed: int = 0
+    """Seed for data order, init and dropout."""
+    log_every_steps: int = 1
+    """Steps between loss lines in the rank logs."""
+    eval_every_steps: int = 0
+    """Steps between evaluations; 0 evaluates once at the end."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters only (peft)."""
+    checkpoint_every_steps: int = 0
+    """Steps between checkpoints; 0 saves once at the end."""
+
+
+@dataclass(kw_only=True, slots=True)
+class StrategyConfig:
+    """Each field left out (None) is chosen by the planner; a given one is kept."""
+
+    engine: Engine | None = None
+    """deepspeed or fsdp (FSDP2)."""
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    """DeepSpeed ZeRO stage."""
+    fsdp_reshard_after_forward: bool | None = None
+    """FSDP2: True is FULL_SHARD, False is SHARD_GRAD_OP."""
+    offload_optimizer: Offload | None = None
+    """Where optimizer states live: none (GPU), cpu or nvme."""
+    offload_params: Offload | None = None
+    """Where parameters live between uses: none, cpu or nvme."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per forward pass."""
+    activation_checkpointing: bool | None = None
+    """Recompute each block's activations in backward."""
+    safety_margin: float = 0.05
+    """Share of the budget kept free for what the model does not see, 0 to 0.5."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    host_ram_per_node_bytes: int | None = _yaml("host_ram_per_node", default=None)
+    """Host RAM per node, bytes ('512GB' in the file); None reads this machine's."""
+    nvme_path: str | None = None
+    """Local NVMe directory for offload."""
+    nvme_free_bytes: int | None = _yaml("nvme_free", default=None)
+    """Free bytes on nvme_path ('2TB' in the file); None reads the filesystem."""
+    gpus_per_node: int | None = None
+    """GPUs per node; defaults to --gpus on one node."""
+    hardware: str = "auto"
+    """Hardware profile: a100-40gb, a100-80gb, h100-80gb, l4, v100-16gb, cpu, or auto."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SlurmConfig:
+    partition: str | None = None
+    """Slurm partition."""
+    account: str | None = None
+    """Slurm account."""
+    qos: str | None = None
+    """Quality of service."""
+    timeout_min: int = 60
+    """Time limit, minutes."""
+    cpus_per_task: int | None = None
+    """CPUs per task (one task per node runs the torchrun agent)."""
+    mem_gb: float | None = None
+    """Host memory per node, GB."""
+    constraint: str | None = None
+    """Node feature constraint."""
+    exclusive: bool = False
+    """Request whole nodes."""
+    signal_delay_s: int = 90
+    """Seconds before the time limit when USR2 asks for a checkpoint."""
+    max_requeues: int = 3
+    """Requeues after preemption or timeout before giving up."""
+    array_parallelism: int = 64
+    """Array tasks running at once."""
+    additional_parameters: dict[str, object] = field(default_factory=dict)
+    """Extra #SBATCH directives, key to value."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the job starts (quoted as given)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SweepConfig:
+    grid: dict[str, list[object]] = field(default_factory=dict)
+    """Dotted job key to values; the product of all grids."""
+    list: list[dict[str, object]] = field(default_factory=list)
+    """Partial jobs (dotted keys to values), one variant each."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Job:
+    name: str
+    """Job name; the run dir starts with it."""
+    model: str | InlineArch
+    """A local dir with config.json, a bundled config name, a hub id, or an inline architecture."""
+    task: Task
+    """Which recipe runs: causal_lm, seq_cls or sentence_embedding."""
+    data: DataConfig
+    train: TrainConfig
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    launcher: Literal["local", "slurm"] = "local"
+    """local runs through torchrun here; slurm submits through submitit."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    sweep: SweepConfig | None = None
+    gpus: int | None = None
+    """GPUs (ranks) per node; --gpus overrides."""
+    nodes: int = 1
+    """Nodes; --nodes overrides."""
+    budget_bytes: int | None = _yaml("budget", default=None)
+    """Per-GPU memory budget, bytes ('16GB' in the file); --budget overrides."""
+    auto_fallback: int = 0
+    """On OOM, relaunch down the remedy ladder up to this many times."""
+    base_dir: str = field(default=".", metadata={"internal": True})
+    """Directory of the job file; relative data paths start here."""

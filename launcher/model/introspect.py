@@ -1,0 +1,162 @@
+"""Exact model statistics from a meta-device build: no weights, no network.
+
+The result is plain data (``ModelStats``) so the planner stays pure and the
+CLI can cache it on disk: building a 405B model on meta costs seconds of
+imports, reading the cache costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass, field
+
+from launcher.config.job import Job, LoraConfig
+from launcher.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelStats:
+    model_type: str
+    """transformers model_type: gpt2, llama, bert, ..."""
+    task: str
+    num_params: int
+    """All parameters, shared ones counted once."""
+    trainable_params: int
+    """Parameters with gradients: all, or the LoRA adapters only."""
+    lora_params: int
+    """Adapter parameters added by LoRA (0 without LoRA)."""
+    largest_layer_params: int
+    """Largest module's own parameters (DeepSpeed's L: max over modules of parameters(recurse=False))."""
+    num_blocks: int
+    """Transformer blocks (the FSDP / checkpointing unit)."""
+    block_params: int
+    """Parameters of the largest block."""
+    block_class: str
+    """Class name of the blocks, e.g. LlamaDecoderLayer."""
+    non_block_params: int
+    """Parameters outside the blocks (embeddings, final norm, head)."""
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int
+    is_causal: bool
+    gated_mlp: bool
+    """SwiGLU-style MLP with 3 matrices (llama) instead of 2."""
+    tied_embeddings: bool
+    num_labels: int = 0
+    per_block_params: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> ModelStats:
+        return cls(**d)
+
+
+def _cfg(config, *names, default=None):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _find_blocks(model):
+    import torch.nn as nn
+
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1:
+            n = sum(p.numel() for p in mod.parameters())
+            if best is None or n > best[2]:
+                best = (name, mod, n)
+    if best is None:
+        raise ConfigError("model: no repeated transformer blocks found; the planner needs a ModuleList of layers")
+    return best[0], best[1]
+
+
+def lora_param_count(model, lora: LoraConfig) -> tuple[int, list[str]]:
+    """Adapter parameters peft would add: r * (in + out) per targeted linear; and the targets found."""
+    import torch.nn as nn
+
+    total = 0
+    hits: set[str] = set()
+    for name, mod in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        matched = [t for t in lora.target_modules if leaf == t or name.endswith("." + t) or fnmatch.fnmatch(leaf, t)]
+        if not matched:
+            continue
+        if isinstance(mod, nn.Linear):
+            fin, fout = mod.in_features, mod.out_features
+        elif type(mod).__name__ == "Conv1D":  # GPT-2 stores its projections transposed.
+            fin, fout = mod.weight.shape
+        else:
+            continue
+        hits.update(matched)
+        total += lora.r * (fin + fout)
+    return total, sorted(hits)
+
+
+def linear_leaf_names(model) -> list[str]:
+    import torch.nn as nn
+
+    names = set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D":
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
+    """Build the job's model on the meta device and measure it."""
+    from launcher.model.build import build_model, model_config
+
+    config = model_config(job)
+    if job.task == "seq_cls":
+        num_labels = num_labels or job.data.num_labels or 2
+    model = build_model(job, config, device="meta", num_labels=num_labels)
+    params = {id(p): p for p in model.parameters()}  # shared (tied) weights counted once
+    num_params = sum(p.numel() for p in params.values())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    _, blocks = _find_blocks(model)
+    per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
+    lora_params = 0
+    if job.train.lora is not None:
+        lora_params, hits = lora_param_count(model, job.train.lora)
+        missing = [t for t in job.train.lora.target_modules if t not in hits]
+        if missing:
+            raise ConfigError(
+                f"train.lora.target_modules: {missing!r} match no linear layer of this {config.model_type} model; "
+                f"use some of {linear_leaf_names(model)}"
+            )
+    h = int(_cfg(config, "hidden_size", "n_embd"))
+    heads = int(_cfg(config, "num_attention_heads", "n_head"))
+    inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
+    model_type = config.model_type
+    return ModelStats(
+        model_type=model_type,
+        task=job.task,
+        num_params=num_params,
+        trainable_params=lora_params if job.train.lora else num_params,
+        lora_params=lora_params,
+        largest_layer_params=largest,
+        num_blocks=len(per_block),
+        block_params=max(per_block),
+        block_class=type(blocks[0]).__name__,
+        non_block_params=num_params - sum(per_block),
+        hidden_size=h,
+        num_heads=heads,
+        num_kv_heads=int(_cfg(config, "num_key_value_heads", default=heads)),
+        intermediate_size=int(inter),
+        vocab_size=int(config.vocab_size),
+        head_dim=int(_cfg(config, "head_dim", default=h // heads)),
+        is_causal=job.task == "causal_lm",
+        gated_mlp=any("gate_proj" in n for n, _ in blocks[0].named_modules()),
+        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        num_labels=int(num_labels or 0),
+        per_block_params=per_block,
+    )

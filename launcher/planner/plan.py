@@ -1,0 +1,174 @@
+"""The plan: what the planner decided, with the numbers behind it.
+
+``to_json`` keys are a public contract (tests and outside checks read them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from launcher.config.job import Engine, Offload, Precision
+
+
+@dataclass(kw_only=True, slots=True)
+class Buckets:
+    """DeepSpeed communication buffer sizes, in elements (DeepSpeed's unit)."""
+
+    reduce_bucket_size: int
+    """Gradient reduce bucket, elements."""
+    allgather_bucket_size: int
+    """ZeRO-1/2 parameter all-gather bucket, elements."""
+    stage3_prefetch_bucket_size: int
+    """ZeRO-3 parameters fetched ahead, elements."""
+    stage3_max_live_parameters: int
+    """ZeRO-3 unsharded parameters alive at once, elements."""
+    stage3_param_persistence_threshold: int
+    """ZeRO-3 parameters smaller than this stay unsharded, elements."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Strategy:
+    """One point of the search space."""
+
+    engine: Engine
+    zero_stage: int | None
+    """DeepSpeed ZeRO stage, None for FSDP."""
+    fsdp_reshard_after_forward: bool | None
+    """FSDP2 FULL_SHARD (True) / SHARD_GRAD_OP (False); None for DeepSpeed."""
+    offload_optimizer: Offload
+    offload_params: Offload
+    micro_batch_size: int
+    """Sequences per rank per forward."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step."""
+    activation_checkpointing: bool
+
+    def label(self) -> str:
+        if self.engine == "deepspeed":
+            s = f"ZeRO-{self.zero_stage}"
+        else:
+            s = "FSDP2 " + ("full-shard" if self.fsdp_reshard_after_forward else "grad-op-shard")
+        if self.offload_optimizer != "none":
+            s += f" +opt->{self.offload_optimizer}"
+        if self.offload_params != "none":
+            s += f" +params->{self.offload_params}"
+        s += f", mb={self.micro_batch_size}x{self.grad_accum_steps}"
+        if self.activation_checkpointing:
+            s += ", AC"
+        return s
+
+
+@dataclass(kw_only=True, slots=True)
+class Estimate:
+    """The memory model's and cost model's figures for one strategy."""
+
+    breakdown: dict[str, int]
+    """Bytes per rank by category (params, grads, optimizer, activations, logits, buffers, reserve)."""
+    peak_bytes: int
+    """Predicted peak bytes per rank."""
+    host_bytes_per_node: int
+    """Host RAM the run needs per node, bytes."""
+    nvme_bytes_per_node: int
+    """NVMe bytes the run needs per node."""
+    step_time_s: float
+    """Predicted seconds per optimizer step."""
+    step_time_terms: dict[str, float] = field(default_factory=dict)
+    """Seconds by term: compute, communication, offload."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Rejected:
+    label: str
+    reason: str
+    peak_bytes: int
+    step_time_s: float
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    strategy: Strategy
+    estimate: Estimate
+    buckets: Buckets
+    num_params: int
+    """All parameters of the model."""
+    trainable_params: int
+    """Parameters that get gradients (fewer under LoRA)."""
+    budget_bytes: int
+    """Per-GPU budget the plan was made for."""
+    usable_bytes: int
+    """Budget less the safety margin: what the prediction had to fit under."""
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+    global_batch_size: int
+    seq_len: int
+    """Tokens per sequence."""
+    precision: Precision
+    hardware: str
+    """Hardware profile name."""
+    reasons: list[str] = field(default_factory=list)
+    """Why this plan, in sentences."""
+    rejected: list[Rejected] = field(default_factory=list)
+    """Top alternatives not chosen, with the reason."""
+    pinned: list[str] = field(default_factory=list)
+    """Strategy fields the job pinned."""
+    constants: dict[str, object] = field(default_factory=dict)
+    """Memory-model constants used and where they came from."""
+    status: Literal["fits", "forced"] = "fits"
+
+    def to_json(self) -> dict:
+        s = self.strategy
+        return {
+            "engine": s.engine,
+            "zero_stage": s.zero_stage,
+            "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
+            "offload_optimizer": s.offload_optimizer,
+            "offload_params": s.offload_params,
+            "micro_batch_size": s.micro_batch_size,
+            "grad_accum_steps": s.grad_accum_steps,
+            "activation_checkpointing": s.activation_checkpointing,
+            "num_params": self.num_params,
+            "trainable_params": self.trainable_params,
+            "budget_bytes": self.budget_bytes,
+            "usable_bytes": self.usable_bytes,
+            "predicted_peak_bytes": self.estimate.peak_bytes,
+            "breakdown": dict(self.estimate.breakdown),
+            "host_bytes_per_node": self.estimate.host_bytes_per_node,
+            "nvme_bytes_per_node": self.estimate.nvme_bytes_per_node,
+            "predicted_step_time_s": self.estimate.step_time_s,
+            "step_time_terms": dict(self.estimate.step_time_terms),
+            "buckets": dataclasses.asdict(self.buckets),
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "hardware": self.hardware,
+            "label": s.label(),
+            "status": self.status,
+            "pinned": list(self.pinned),
+            "reasons": list(self.reasons),
+            "rejected": [dataclasses.asdict(r) for r in self.rejected],
+            "constants": dict(self.constants),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Plan:
+        strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)})
+        estimate = Estimate(
+            breakdown=d["breakdown"], peak_bytes=d["predicted_peak_bytes"],
+            host_bytes_per_node=d["host_bytes_per_node"], nvme_bytes_per_node=d["nvme_bytes_per_node"],
+            step_time_s=d["predicted_step_time_s"], step_time_terms=d.get("step_time_terms", {}),
+        )
+        return cls(
+            strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),
+            num_params=d["num_params"], trainable_params=d["trainable_params"], budget_bytes=d["budget_bytes"],
+            usable_bytes=d["usable_bytes"], world_size=d["world_size"], nodes=d["nodes"],
+            gpus_per_node=d["gpus_per_node"], global_batch_size=d["global_batch_size"], seq_len=d["seq_len"],
+            precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
+            rejected=[Rejected(**r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
+            constants=d.get("constants", {}), status=d.get("status", "fits"),
+        )

@@ -1,0 +1,332 @@
+"""Enumerate strategies, keep those that fit, choose the fastest, and explain the choice.
+
+Pure: plain numbers in, a Plan (or NoPlanError with what would fit) out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from launcher.config.job import StrategyConfig
+from launcher.errors import ConfigError, NoPlanError
+from launcher.model.introspect import ModelStats
+from launcher.planner.cost import step_time_terms
+from launcher.planner.hardware import HardwareProfile
+from launcher.planner.memory import ActivationConstants, MemoryInputs, estimate_memory
+from launcher.planner.plan import Buckets, Estimate, Plan, Rejected, Strategy
+from launcher.units import format_bytes
+
+DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce/allgather default, elements (2 GB at fp32)
+BUCKET_BUDGET_SHARE = 0.02  # share of the usable budget one communication bucket may take
+MIN_BUCKET = 1_000_000
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanRequest:
+    model: ModelStats
+    gpus_per_node: int
+    nodes: int
+    budget_bytes: int
+    """Per-GPU budget."""
+    seq_len: int
+    global_batch_size: int
+    precision: str
+    optimizer: str
+    hardware: HardwareProfile
+    pins: StrategyConfig = field(default_factory=StrategyConfig)
+    host_ram_per_node_bytes: int | None = None
+    """None skips the host check (unknown)."""
+    nvme_free_bytes: int | None = None
+    """None: no NVMe path given, so NVMe offload is not a candidate."""
+    activations: ActivationConstants = field(default_factory=ActivationConstants)
+    force: bool = False
+    """Return a fully pinned plan even when it is over budget."""
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.budget_bytes * (1.0 - self.pins.safety_margin))
+
+
+def size_buckets(req: PlanRequest, *, smallest: bool = False) -> Buckets:
+    """Communication buffers sized to the budget instead of DeepSpeed's 5e8-element defaults.
+
+    ``smallest`` gives the floor sizes, tried when a strategy misses the budget only by its buckets; that also
+    keeps feasibility monotone in the budget (a larger budget never forces larger buckets).
+    """
+    m = req.model
+    elem = 4
+    by_budget = MIN_BUCKET if smallest else int(BUCKET_BUDGET_SHARE * req.usable_bytes / elem)
+    bucket = max(MIN_BUCKET, min(DS_DEFAULT_BUCKET, by_budget, m.trainable_params))
+    # HF's "auto" rules for ZeRO-3: prefetch 0.9·h², persistence 10·h; live params capped at the bucket.
+    h2 = m.hidden_size * m.hidden_size
+    prefetch = max(MIN_BUCKET, min(bucket, int(0.9 * h2)))
+    return Buckets(
+        reduce_bucket_size=bucket,
+        allgather_bucket_size=bucket,
+        stage3_prefetch_bucket_size=prefetch,
+        stage3_max_live_parameters=max(bucket, m.largest_layer_params),
+        stage3_param_persistence_threshold=10 * m.hidden_size,
+    )
+
+
+def _sharding_options(pins: StrategyConfig) -> list[tuple[str, int | None, bool | None]]:
+    opts = [("deepspeed", z, None) for z in (0, 1, 2, 3)] + [("fsdp", None, True), ("fsdp", None, False)]
+    out = []
+    for engine, zero, reshard in opts:
+        if pins.engine is not None and engine != pins.engine:
+            continue
+        if pins.zero_stage is not None and zero != pins.zero_stage:
+            continue
+        if pins.fsdp_reshard_after_forward is not None and reshard != pins.fsdp_reshard_after_forward:
+            continue
+        out.append((engine, zero, reshard))
+    return out
+
+
+def _offload_options(engine: str, zero: int | None, nvme: bool) -> list[tuple[str, str]]:
+    if engine == "fsdp":
+        return [("none", "none"), ("cpu", "cpu")]  # CPUOffloadPolicy moves params, grads and optimizer together
+    if not zero:
+        return [("none", "none")]
+    opts = [("none", "none"), ("cpu", "none")]
+    if zero == 3:
+        opts += [("cpu", "cpu")]
+        if nvme:
+            opts += [("nvme", "none"), ("nvme", "nvme"), ("cpu", "nvme")]
+    return opts
+
+
+def micro_batches(req: PlanRequest) -> list[int]:
+    per_rank = req.global_batch_size // req.world_size
+    return [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+
+
+def candidates(req: PlanRequest) -> list[Strategy]:
+    p = req.pins
+    if req.global_batch_size % req.world_size:
+        raise ConfigError(
+            f"train.global_batch_size: {req.global_batch_size} is not divisible by {req.world_size} GPUs; "
+            f"use a multiple of {req.world_size} (e.g. {req.world_size * max(1, round(req.global_batch_size / req.world_size))}) "
+            "or another --gpus"
+        )
+    mbs = micro_batches(req)
+    if p.micro_batch_size is not None:
+        if p.micro_batch_size not in mbs:
+            raise ConfigError(
+                f"strategy.micro_batch_size: {p.micro_batch_size} does not divide the per-rank batch "
+                f"{req.global_batch_size // req.world_size}; use one of {mbs}"
+            )
+        mbs = [p.micro_batch_size]
+    acs = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
+    out = []
+    for engine, zero, reshard in _sharding_options(p):
+        for opt_off, par_off in _offload_options(engine, zero, req.nvme_free_bytes is not None):
+            if p.offload_optimizer is not None and opt_off != p.offload_optimizer:
+                continue
+            if p.offload_params is not None and par_off != p.offload_params:
+                continue
+            for ac, mb in itertools.product(acs, mbs):
+                accum = req.global_batch_size // (mb * req.world_size)
+                out.append(Strategy(engine=engine, zero_stage=zero, fsdp_reshard_after_forward=reshard,
+                                    offload_optimizer=opt_off, offload_params=par_off, micro_batch_size=mb,
+                                    grad_accum_steps=accum, activation_checkpointing=ac))
+    if not out:
+        raise ConfigError(
+            f"strategy: the pinned fields {_pinned(p)} admit no strategy; FSDP offloads params and optimizer "
+            "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 1, "
+            "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path); unpin one of them"
+        )
+    return out
+
+
+def _pinned(p: StrategyConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(p) if f.name != "safety_margin" and getattr(p, f.name) is not None]
+
+
+def _inputs(req: PlanRequest) -> MemoryInputs:
+    return MemoryInputs(model=req.model, world_size=req.world_size, gpus_per_node=req.gpus_per_node,
+                        nodes=req.nodes, seq_len=req.seq_len, precision=req.precision, optimizer=req.optimizer,
+                        hardware=req.hardware, activations=req.activations)
+
+
+@dataclass(slots=True)
+class Scored:
+    strategy: Strategy
+    estimate: Estimate
+    problem: str | None  # None when it fits
+    buckets: Buckets | None = None
+
+
+def score(req: PlanRequest, s: Strategy) -> Scored:
+    """Estimate with budget-sized buckets; if that misses, with the smallest buckets."""
+    first = _score(req, s, size_buckets(req))
+    if first.problem is None or s.engine != "deepspeed":
+        return first
+    second = _score(req, s, size_buckets(req, smallest=True))
+    return second if second.problem is None else first
+
+
+def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
+    inp = _inputs(req)
+    mem = estimate_memory(inp, s, buckets)
+    terms = step_time_terms(inp, s, buckets.reduce_bucket_size)
+    est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes, host_bytes_per_node=mem.host_bytes_per_node,
+                   nvme_bytes_per_node=mem.nvme_bytes_per_node, step_time_s=sum(terms.values()),
+                   step_time_terms=terms)
+    problem = None
+    if mem.peak_bytes > req.usable_bytes:
+        largest = max(mem.breakdown, key=mem.breakdown.get)
+        problem = (f"over budget by {format_bytes(mem.peak_bytes - req.usable_bytes)} "
+                   f"(peak {format_bytes(mem.peak_bytes)}, largest: {largest})")
+    elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
+        problem = (f"host RAM: needs {format_bytes(mem.host_bytes_per_node)} per node, "
+                   f"has {format_bytes(req.host_ram_per_node_bytes)}")
+    elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
+        problem = (f"NVMe: needs {format_bytes(mem.nvme_bytes_per_node)}, "
+                   f"has {format_bytes(req.nvme_free_bytes or 0)} free")
+    return Scored(s, est, problem, buckets)
+
+
+def evaluate(req: PlanRequest) -> list[Scored]:
+    return [score(req, s) for s in candidates(req)]
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe."""
+    scored = evaluate(req)
+    fits = sorted((c for c in scored if c.problem is None), key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes))
+    pinned = _pinned(req.pins)
+    if not fits:
+        fully_pinned = len(scored) == 1
+        if req.force and fully_pinned:
+            return _build(req, scored[0], [], pinned, status="forced")
+        raise NoPlanError(explain_no_fit(req, scored))
+    return _build(req, fits[0], scored, pinned, status="fits")
+
+
+def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
+    fit_count = sum(1 for c in scored if c.problem is None)
+    b = best.estimate
+    reasons = []
+    if status == "forced":
+        reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem}")
+    else:
+        reasons.append(
+            f"fastest of {fit_count} fitting candidates out of {len(scored)}: predicted {b.step_time_s:.3g} s/step, "
+            f"peak {format_bytes(b.peak_bytes)} of {format_bytes(req.usable_bytes)} usable "
+            f"(budget {format_bytes(req.budget_bytes)} less {req.pins.safety_margin:.0%} margin)"
+        )
+        dominant = max(b.step_time_terms, key=b.step_time_terms.get)
+        reasons.append(f"step time is dominated by {dominant} ({b.step_time_terms[dominant]:.3g} s)")
+        if pinned:
+            reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    return Plan(
+        strategy=best.strategy, estimate=b, buckets=best.buckets, num_params=req.model.num_params,
+        trainable_params=req.model.trainable_params, budget_bytes=req.budget_bytes, usable_bytes=req.usable_bytes,
+        world_size=req.world_size, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
+        global_batch_size=req.global_batch_size, seq_len=req.seq_len, precision=req.precision,
+        hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
+        constants={"activations": dataclasses.asdict(req.activations)}, status=status,
+    )
+
+
+def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
+    """The alternatives a user would ask about: faster ones that do not fit, then the runners-up."""
+    t0 = best.estimate.step_time_s
+    faster = sorted((c for c in scored if c.problem and c.estimate.step_time_s < t0),
+                    key=lambda c: c.estimate.step_time_s)
+    runners = sorted((c for c in scored if c.problem is None and c is not best),
+                     key=lambda c: c.estimate.step_time_s)
+    out, seen = [], set()
+    for c in faster[: limit // 2] + runners:
+        label = c.strategy.label()
+        if label in seen:
+            continue
+        seen.add(label)
+        if c.problem:
+            reason = c.problem
+        else:
+            slower = (c.estimate.step_time_s / t0 - 1) if t0 else 0.0
+            reason = f"fits but slower: {c.estimate.step_time_s:.3g} s/step (+{slower:.0%})"
+        out.append(Rejected(label=label, reason=reason, peak_bytes=c.estimate.peak_bytes,
+                            step_time_s=c.estimate.step_time_s))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _fits_with(req: PlanRequest, **changes) -> Scored | None:
+    trial = dataclasses.replace(req, force=False, **changes)
+    try:
+        scored = evaluate(trial)
+    except ConfigError:
+        return None
+    fits = [c for c in scored if c.problem is None]
+    return min(fits, key=lambda c: c.estimate.step_time_s) if fits else None
+
+
+def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> str:
+    """Exit-2 message: the smallest footprint, and what would make the job fit, with numbers."""
+    smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
+    lines = [
+        f"no plan fits {format_bytes(req.budget_bytes)} per GPU on {req.world_size} GPUs "
+        f"({len(scored)} candidates tried); smallest footprint: {format_bytes(smallest.estimate.peak_bytes)} "
+        f"with {smallest.strategy.label()} ({smallest.problem})",
+        "what would fit:",
+    ]
+    need = smallest.estimate.peak_bytes / (1.0 - req.pins.safety_margin)
+    if smallest.estimate.peak_bytes > req.usable_bytes:
+        lines.append(f"  - a budget of {format_bytes(need)} per GPU (--budget)")
+    pinned = _pinned(req.pins)
+    if pinned:
+        free = dataclasses.replace(req, pins=StrategyConfig(safety_margin=req.pins.safety_margin))
+        hit = _fits_with(free)
+        if hit:
+            lines.append(f"  - unpinning {', '.join(pinned)}: {hit.strategy.label()} fits at "
+                         f"{format_bytes(hit.estimate.peak_bytes)}")
+    for gpus in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
+        world = gpus * req.nodes
+        if world <= req.world_size or req.global_batch_size % world:
+            continue
+        hit = _fits_with(req, gpus_per_node=gpus)
+        if hit:
+            lines.append(f"  - {world} GPUs (--gpus {gpus}): {hit.strategy.label()} at {format_bytes(hit.estimate.peak_bytes)}")
+            break
+    if req.nvme_free_bytes is None:
+        hit = _fits_with(req, nvme_free_bytes=10**15)
+        if hit:
+            lines.append(f"  - NVMe offload (set cluster.nvme_path and nvme_free): {hit.strategy.label()} at "
+                         f"{format_bytes(hit.estimate.peak_bytes)} per GPU, {format_bytes(hit.estimate.nvme_bytes_per_node)} "
+                         "of NVMe per node")
+    seq = req.seq_len // 2
+    while seq >= 16:
+        hit = _fits_with(req, seq_len=seq)
+        if hit:
+            lines.append(f"  - a shorter sequence: max_seq_len {seq} (--seq-len {seq}) with {hit.strategy.label()} "
+                         f"at {format_bytes(hit.estimate.peak_bytes)}")
+            break
+        seq //= 2
+    m = req.model
+    if m.trainable_params == m.num_params:
+        # LoRA r=8 on the attention query and value projections: 2 adapters of r·(h + h) per block.
+        lora = 2 * 8 * 2 * m.hidden_size * m.num_blocks
+        hit = _fits_with(req, model=dataclasses.replace(m, trainable_params=lora, lora_params=lora))
+        if hit:
+            lines.append(f"  - LoRA (train.lora: {{r: 8, target_modules: [q_proj, v_proj]}}, ~{lora:,} trainable): "
+                         f"{hit.strategy.label()} at {format_bytes(hit.estimate.peak_bytes)}")
+    if req.pins.micro_batch_size not in (None, 1):
+        hit = _fits_with(req, pins=dataclasses.replace(req.pins, micro_batch_size=None))
+        if hit:
+            lines.append(f"  - a smaller micro-batch: {hit.strategy.label()} at {format_bytes(hit.estimate.peak_bytes)}")
+    if req.host_ram_per_node_bytes is not None and smallest.problem and smallest.problem.startswith("host"):
+        lines.append(f"  - more host RAM per node: {format_bytes(smallest.estimate.host_bytes_per_node)}")
+    if len(lines) == 2:
+        lines.append("  - nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence")
+    return "\n".join(lines)
+

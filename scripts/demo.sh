@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up (once) and run the embedded default job: MiniLM contrastive fine-tune on 2 CPU ranks, 2 GB budget.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/launch --gpus 2 --budget 2GB examples/minilm-embed.yaml "$@"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates .venv with everything launcher needs. Idempotent: a second run only checks.
+# On a machine without a GPU it pins the CPU torch wheel, never the multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+stamp=.venv/.launcher-setup-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+if [ -f "$stamp" ]; then exit 0; fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
+else
+  # This machine kind keeps the CPU wheel of this exact version on disk; an unpinned torch pulls CUDA.
+  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
+fi
+.venv/bin/python -m pip install -q -e ".[test]"
+# NVMe offload compiles DeepSpeed's async_io op, which needs libaio's headers.
+if ! [ -e /usr/include/libaio.h ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >/dev/null; }
+fi
+rm -f .venv/.launcher-setup-*
+touch "$stamp"

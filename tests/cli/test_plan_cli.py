@@ -1,0 +1,93 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher.cli.main import main
+from tests.conftest import REPO
+
+
+def run_cli(capsys, *argv):
+    """The CLI's exit code, stdout and stderr; argparse's own errors exit through SystemExit."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_prints_choice_breakdown_and_alternatives(capsys, write_job):
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", write_job())
+    assert code == 0, err
+    assert "predicted peak per rank, by category" in out
+    assert "why this plan:" in out and "alternatives not chosen:" in out
+    assert "budget 1.00 GB per GPU" in out
+
+
+def test_plan_json_has_the_contract_keys(capsys, write_job):
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--json", write_job())
+    assert code == 0
+    plan = json.loads(out)
+    for key in ("engine", "zero_stage", "fsdp_reshard_after_forward", "offload_optimizer", "offload_params",
+                "micro_batch_size", "grad_accum_steps", "activation_checkpointing", "num_params", "budget_bytes",
+                "predicted_peak_bytes", "breakdown", "host_bytes_per_node"):
+        assert key in plan
+    assert plan["engine"] in ("deepspeed", "fsdp")
+    assert plan["budget_bytes"] == 10**9
+    assert plan["micro_batch_size"] * plan["grad_accum_steps"] * 2 == 8
+    assert sum(plan["breakdown"].values()) == plan["predicted_peak_bytes"]
+
+
+@pytest.mark.parametrize("engine,pins,written", [
+    ("deepspeed", {"engine": "deepspeed", "zero_stage": 2}, "ds_config.json"),
+    ("fsdp", {"engine": "fsdp"}, "fsdp.yaml"),
+])
+def test_plan_out_writes_engine_config(capsys, write_job, tmp_path, engine, pins, written):
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(capsys, "plan", "--out", out_dir, write_job(**{"strategy": pins}))
+    assert code == 0, err
+    assert json.loads((out_dir / "plan.json").read_text())["engine"] == engine
+    assert (out_dir / written).is_file()
+
+
+def test_cli_flags_override_the_file(capsys, write_job):
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "4", "--seq-len", "32", "--global-batch", "16", "--json",
+                           write_job())
+    plan = json.loads(out)
+    assert (plan["world_size"], plan["seq_len"], plan["global_batch_size"]) == (4, 32, 16)
+
+
+@pytest.mark.parametrize("argv_tail,over,message", [
+    (["--budget", "lots"], {}, "argument --budget: 'lots' is not a size"),
+    (["--gpus", "0"], {}, "argument --gpus: '0' must be greater than 0"),
+    ([], {"train.global_batch": 8}, "train.global_batch: unknown key; did you mean 'global_batch_size'?"),
+    ([], {"train.precision": 16}, "train.precision: 16 is not one of 'bf16', 'fp16', 'fp32'"),
+    ([], {"data.max_seq_len": -1}, "data.max_seq_len: -1 must be greater than 0"),
+    (["--gpus", "3"], {}, "train.global_batch_size: 8 is not divisible by 3 GPUs"),
+    (["--budget", "1MB"], {}, "budget: 1.00 MB is below 16 MB"),
+    (["--budget", "20MB"], {"model": "llama-7b"}, "no plan fits 20.00 MB per GPU"),
+    (["--budget", "900TB"], {}, "budget: 900.00 TB per GPU is absurd"),
+    (["--hardware", "tpu"], {}, "cluster.hardware: 'tpu' is not a known profile"),
+])
+def test_bad_input_exits_2_with_one_clear_line(capsys, write_job, argv_tail, over, message):
+    code, out, err = run_cli(capsys, "plan", write_job(**over), *argv_tail)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_console_script_and_module_entry_agree(write_job):
+    job = write_job()
+    a = subprocess.run([str(REPO / ".venv" / "bin" / "launch"), "plan", "--json", str(job)], capture_output=True,
+                       text=True)
+    b = subprocess.run([sys.executable, "-m", "launcher", "plan", "--json", str(job)], capture_output=True, text=True)
+    assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+    assert json.loads(a.stdout) == json.loads(b.stdout)
+
+
+def test_help_explains_gb_and_gib():
+    out = subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, text=True).stdout
+    assert "GB is 1e9 bytes, GiB is 2^30 bytes" in out
+    assert "Exit codes: 0" in out

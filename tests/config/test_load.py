@@ -1,0 +1,80 @@
+import pytest
+
+from launcher.config.job import Job
+from launcher.config.jobfile import load_job
+from launcher.config.load import from_dict, to_dict
+from launcher.errors import ConfigError
+from tests.conftest import base_job
+
+
+def test_minimal_job_loads_with_typed_fields(write_job):
+    job = load_job(write_job(**{"cluster": {"host_ram_per_node": "512GB", "nvme_free": "2TB", "gpus_per_node": 8}}))
+    assert job.budget_bytes == 10**9
+    assert job.cluster.host_ram_per_node_bytes == 512 * 10**9
+    assert job.cluster.nvme_free_bytes == 2 * 10**12
+    assert job.strategy.engine is None and job.strategy.safety_margin == 0.05
+    assert job.model.family == "gpt2"
+
+
+def test_round_trip_keeps_yaml_keys(data_file):
+    job = from_dict(Job, base_job(str(data_file), **{"cluster.host_ram_per_node": "64GB"}))
+    d = to_dict(job)
+    assert d["budget"] == 10**9 and d["cluster"]["host_ram_per_node"] == 64 * 10**9
+    assert "base_dir" not in d
+    assert from_dict(Job, d) == job
+
+
+def test_unknown_key_suggests_the_near_one(write_job):
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.global_batch": 8}))
+    assert "train.global_batch: unknown key; did you mean 'global_batch_size'?" in str(e.value)
+
+
+def test_every_problem_is_reported_at_once(write_job):
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.precision": "bf61", "data.max_seq_len": "long", "strategy.zero_stage": 5,
+                              "budget": "lots", "tsak": "x"}))
+    text = str(e.value)
+    assert len(e.value.problems) == 5, text
+    assert "train.precision: 'bf61' is not one of 'bf16', 'fp16', 'fp32'; did you mean 'bf16'?" in text
+    assert "data.max_seq_len: 'long' must be an integer" in text
+    assert "strategy.zero_stage: 5 is not one of 0, 1, 2, 3" in text
+    assert "budget: 'lots' is not a size" in text
+    assert "tsak: unknown key; did you mean 'task'?" in text
+
+
+def test_semantic_rules_name_value_and_fix(write_job):
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.global_batch_size": -8, "data.max_seq_len": 0, "train.max_steps": None}))
+    text = str(e.value)
+    assert "train.global_batch_size: -8 must be greater than 0; use e.g. global_batch_size: 32" in text
+    assert "data.max_seq_len: 0 must be greater than 0" in text
+    assert "train.max_steps: missing; give train.max_steps (e.g. 100) or train.epochs (e.g. 1)" in text
+
+
+def test_yaml_syntax_error_names_line_and_column(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\ntrain: {global_batch_size: 8\nmodel: y\n")
+    with pytest.raises(ConfigError, match=r"YAML syntax error at line \d+, column \d+"):
+        load_job(p)
+
+
+def test_missing_data_file_and_empty_data(write_job, tmp_path):
+    with pytest.raises(ConfigError, match="data.path: .* does not exist"):
+        load_job(write_job(**{"data.path": str(tmp_path / "nope.jsonl")}))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="holds no examples"):
+        load_job(write_job(**{"data.path": str(empty)}))
+
+
+def test_yaml_is_loaded_safely(tmp_path, data_file):
+    p = tmp_path / "evil.yaml"
+    p.write_text(f"name: !!python/object/apply:os.system ['echo pwned']\ndata: {{path: {data_file}}}\n")
+    with pytest.raises(ConfigError, match="YAML syntax error"):
+        load_job(p)
+
+
+def test_overrides_replace_file_values(write_job):
+    job = load_job(write_job(), {"gpus": 4, "data.max_seq_len": 128, "budget": 5 * 10**9})
+    assert (job.gpus, job.data.max_seq_len, job.budget_bytes) == (4, 128, 5 * 10**9)

@@ -1,0 +1,56 @@
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_GPT2 = {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024,
+             "max_position_embeddings": 256}
+
+# Every test process shares one DeepSpeed op cache and reads no model hub.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def base_job(data_path: str, **over) -> dict:
+    job = {
+        "name": "t",
+        "model": copy.deepcopy(TINY_GPT2),
+        "task": "causal_lm",
+        "data": {"path": data_path, "max_seq_len": 64},
+        "train": {"global_batch_size": 8, "precision": "bf16", "lr": 1e-3, "max_steps": 4},
+        "gpus": 2,
+        "budget": "1GB",
+    }
+    for dotted, value in over.items():
+        node = job
+        keys = dotted.split(".")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        if value is None:
+            node.pop(keys[-1], None)
+        else:
+            node[keys[-1]] = value
+    return job
+
+
+@pytest.fixture
+def data_file(tmp_path) -> Path:
+    p = tmp_path / "data.jsonl"
+    p.write_text("".join(f'{{"text": "sentence number {i} about memory"}}\n' for i in range(64)))
+    return p
+
+
+@pytest.fixture
+def write_job(tmp_path, data_file):
+    """write_job(**dotted_overrides) -> path of a job file whose data exists."""
+
+    def _write(doc: dict | None = None, name: str = "job.yaml", **over) -> Path:
+        d = doc if doc is not None else base_job(str(data_file), **over)
+        p = tmp_path / name
+        p.write_text(yaml.safe_dump(d, sort_keys=False))
+        return p
+
+    return _write

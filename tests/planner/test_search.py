@@ -1,0 +1,110 @@
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.config.job import StrategyConfig
+from launcher.errors import ConfigError, NoPlanError
+from launcher.planner.hardware import PROFILES
+from launcher.planner.search import candidates, make_plan
+from tests.planner.conftest import llama_stats
+
+
+def test_plan_fits_and_keeps_the_global_batch(request_for):
+    plan = make_plan(request_for(budget_bytes=40 * 10**9))
+    s = plan.strategy
+    assert plan.estimate.peak_bytes <= plan.usable_bytes < plan.budget_bytes
+    assert s.micro_batch_size * s.grad_accum_steps * plan.world_size == 64
+    assert plan.reasons and plan.rejected
+
+
+def test_tighter_budget_moves_to_more_sharding(request_for):
+    loose = make_plan(request_for(budget_bytes=80 * 10**9))
+    tight = make_plan(request_for(budget_bytes=24 * 10**9))
+    assert tight.estimate.peak_bytes <= 24 * 10**9 * 0.95
+    # 7B on 8 GPUs cannot hold replicated optimizer state in 24 GB: stage 3 / full shard / offload is needed.
+    s = tight.strategy
+    assert s.zero_stage == 3 or s.fsdp_reshard_after_forward or s.offload_optimizer != "none"
+    assert loose.estimate.step_time_s <= tight.estimate.step_time_s
+
+
+def test_pinned_fields_are_kept(request_for):
+    pins = StrategyConfig(engine="deepspeed", zero_stage=2, micro_batch_size=2)
+    plan = make_plan(request_for(pins=pins))
+    assert (plan.strategy.engine, plan.strategy.zero_stage, plan.strategy.micro_batch_size) == ("deepspeed", 2, 2)
+    assert set(plan.pinned) == {"engine", "zero_stage", "micro_batch_size"}
+
+
+def test_nothing_fits_says_what_would_with_numbers(request_for):
+    with pytest.raises(NoPlanError) as e:
+        make_plan(request_for(budget_bytes=4 * 10**9, seq_len=8192, gpus_per_node=2))
+    text = str(e.value)
+    assert text.startswith("no plan fits 4.00 GB per GPU on 2 GPUs")
+    assert "smallest footprint:" in text
+    assert "a budget of" in text
+    assert "max_seq_len 2048 (--seq-len 2048)" in text
+    # The suggestion is real: the same request at that length plans.
+    assert make_plan(request_for(budget_bytes=4 * 10**9, seq_len=2048, gpus_per_node=2)).usable_bytes
+
+
+def test_nvme_only_offered_with_a_path(request_for):
+    assert not any("nvme" in (c.offload_optimizer, c.offload_params) for c in candidates(request_for()))
+    assert any(c.offload_params == "nvme" for c in candidates(request_for(nvme_free_bytes=10**12)))
+
+
+def test_host_ram_limits_offload(request_for):
+    req = request_for(budget_bytes=12 * 10**9, host_ram_per_node_bytes=64 * 10**9,
+                      pins=StrategyConfig(offload_optimizer="cpu"))
+    with pytest.raises(NoPlanError, match="host RAM"):
+        make_plan(req)
+
+
+def test_batch_not_divisible_by_gpus_is_bad_input(request_for):
+    with pytest.raises(ConfigError, match="global_batch_size: 64 is not divisible by 6 GPUs"):
+        make_plan(request_for(gpus_per_node=6))
+
+
+def test_impossible_pins_are_bad_input(request_for):
+    with pytest.raises(ConfigError, match="admit no strategy"):
+        make_plan(request_for(pins=StrategyConfig(engine="fsdp", offload_optimizer="cpu", offload_params="none")))
+
+
+def test_forced_plan_over_budget(request_for):
+    pins = StrategyConfig(engine="deepspeed", zero_stage=0, offload_optimizer="none", offload_params="none",
+                          micro_batch_size=8, activation_checkpointing=False)
+    with pytest.raises(NoPlanError):
+        make_plan(request_for(pins=pins))
+    plan = make_plan(request_for(pins=pins, force=True))
+    assert plan.status == "forced" and plan.estimate.peak_bytes > plan.budget_bytes
+
+
+def test_405b_over_1024_gpus_plans(request_for):
+    m = llama_stats(num_params=405_853_388_800, blocks=126, h=16384, inter=53248, vocab=128256)
+    plan = make_plan(request_for(model=m, gpus_per_node=8, nodes=128, global_batch_size=1024,
+                                 hardware=PROFILES["h100-80gb"], seq_len=4096))
+    assert plan.estimate.peak_bytes <= plan.usable_bytes
+
+
+models = st.builds(
+    lambda h, blocks, vocab: llama_stats(num_params=blocks * 12 * h * h + 2 * vocab * h, blocks=blocks, h=h,
+                                         inter=4 * h, vocab=vocab),
+    h=st.sampled_from([256, 512, 1024, 2048, 4096]), blocks=st.integers(2, 48),
+    vocab=st.sampled_from([1024, 32000, 128256]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=models, gpus=st.sampled_from([1, 2, 4, 8]), budget_gb=st.floats(0.5, 80),
+       seq=st.sampled_from([128, 512, 2048]), hw=st.sampled_from(["a100-80gb", "cpu"]), grow=st.floats(1.0, 4.0))
+def test_plans_fit_and_more_budget_never_hurts(request_for, model, gpus, budget_gb, seq, hw, grow):
+    req = request_for(model=model, gpus_per_node=gpus, budget_bytes=int(budget_gb * 1e9), seq_len=seq,
+                      hardware=PROFILES[hw], global_batch_size=8 * gpus, host_ram_per_node_bytes=256 * 10**9)
+    try:
+        plan = make_plan(req)
+    except NoPlanError:
+        return
+    assert plan.estimate.peak_bytes <= plan.usable_bytes <= plan.budget_bytes
+    assert plan.estimate.host_bytes_per_node <= req.host_ram_per_node_bytes
+    bigger = make_plan(dataclasses.replace(req, budget_bytes=int(req.budget_bytes * grow)))
+    assert bigger.estimate.peak_bytes <= bigger.usable_bytes
