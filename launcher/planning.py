@@ -62,13 +62,7 @@ def model_stats(job: Job) -> ModelStats:
     from launcher.model.introspect import introspect
 
     stats = introspect(job)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(stats.to_json()))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs speed
+    _write_cache(path, stats.to_json())
     return stats
 
 
@@ -100,15 +94,42 @@ def hardware_profile(job: Job) -> HardwareProfile:
     return profile
 
 
-def activation_constants(stats: ModelStats, profile: HardwareProfile) -> ActivationConstants:
-    """Constants refit by `launch calibrate --from` for this family and profile, else the shipped ones."""
-    from launcher.planner.fitted import shipped_constants
-
+def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) -> ActivationConstants:
+    """Refit by `launch calibrate --from` for this family and profile, else measured on fake tensors (cached),
+    else the paper's (launcher.planner.memory.analytic_constants)."""
     path = cache_dir() / "profiles" / f"activations-{stats.model_type}-{profile.name}.json"
     if path.is_file():
         data = json.loads(path.read_text())
         return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
-    return shipped_constants(stats.model_type)
+    key = f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}"
+    cached = cache_dir() / "activations" / f"{key}.json"
+    if cached.is_file():
+        try:
+            return ActivationConstants(**json.loads(cached.read_text()))
+        except (TypeError, ValueError):
+            pass
+    from launcher.model.activations import probe_activations
+
+    try:
+        constants = probe_activations(job, seq_len=job.data.max_seq_len, precision=job.train.precision)
+    except Exception as e:  # an architecture fake tensors cannot run: fall back to the paper, and say so
+        from launcher.planner.memory import analytic_constants
+
+        constants = analytic_constants(stats, job.train.precision)
+        constants.source += f" (fake-tensor probe failed: {type(e).__name__})"
+        return constants
+    _write_cache(cached, dataclasses.asdict(constants))
+    return constants
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs speed
 
 
 def host_ram_bytes() -> int:
@@ -148,7 +169,7 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
         seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,
         precision=job.train.precision, optimizer=job.train.optimizer, hardware=profile, pins=job.strategy,
         host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
-        nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(stats, profile), force=force,
+        nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(job, stats, profile), force=force,
     )
 
 

@@ -34,9 +34,14 @@ def main(argv: list[str]) -> None:
         sys.path.insert(0, str(Path(script).resolve().parent))
         runpy.run_path(script, run_name="__main__")
         return
-    from launcher.worker.__main__ import main as worker_main
+    from launcher.worker.main import main as worker_main
 
-    sys.exit(worker_main([str(run_dir)]))
+    code = worker_main([str(run_dir)])
+    if code:
+        # A failed rank must not block in interpreter teardown on a peer that is gone (see launcher.worker).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,17 @@ Sources, cited where each term is computed:
   [DS]    DeepSpeed estimate_zero2/3_model_states_mem_needs (stage_1_and_2.py, stage3.py).
   [Kort]  Korthikanti et al., arXiv:2205.05198, eq. (1): sbh(34 + 5as/h) bytes per layer, 2sbh with full recompute.
   [ZInf]  ZeRO-Infinity, arXiv:2104.07857 §3: activation checkpoints 2·b·s·h·layers/ci bytes.
+
+The peak is the larger of two moments, as measured on real ranks (benchmarks/accuracy):
+  backward start  the states that persist through a micro-step plus every saved activation and the loss's
+                  temporaries (gradients of this micro-step do not exist yet);
+  optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies.
 All inputs are plain numbers; nothing here touches a device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
@@ -24,27 +29,49 @@ MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 co
 
 @dataclass(kw_only=True, slots=True)
 class ActivationConstants:
-    """Per-token, per-block activation terms, in elements unless named bytes; fit with `launch calibrate`.
+    """Activation bytes per example-token (a sentence_embedding example is two sequences).
 
-    A block saves for backward ``hidden_terms * h + inner_terms * I`` elements of the activation dtype and
-    ``mask_bytes_per_h * h`` bytes of dropout masks per token [Kort: 34sbh for I = 4h, fp16 = 11 + 19 + 4].
-    Attention scores add ``score_bytes`` * heads * s per token without fused attention [Kort: 5as/h term].
+    Without checkpointing a block saves ``block_bytes_per_token + block_bytes_per_token_per_seq · s`` per token
+    [Kort: sbh(34 + 5as/h) / (sb)]; with full recompute it keeps ``ckpt_bytes_per_token`` [Kort: 2sbh] and one
+    block is live again during its backward. ``head_*`` is what lies outside the blocks at the peak:
+    embeddings, the logits and the loss's temporaries (b·s·V·bytes, often the largest term).
     """
 
-    hidden_terms: float = 7.0
-    """h-sized tensors saved per token per block (norm inputs, q/k/v, attention out, residuals)."""
-    inner_terms: float = 2.0
-    """I-sized tensors saved per token per block (MLP up-projection and activation; 3 for gated MLPs)."""
-    mask_bytes_per_h: float = 2.0
-    """Dropout mask bytes per token per block, in units of h (1-byte masks after attention and MLP)."""
-    score_bytes: float = 0.0
-    """Bytes per attention-score element saved (softmax + dropout); 0 with sdpa / flash attention."""
-    logits_bytes: float = 10.0
-    """Bytes per logit element alive at the loss: bf16 logits + fp32 upcast + fp32 log-softmax [Kort §4.1]."""
-    embedding_terms: float = 2.0
-    """h-sized tensors per token outside the blocks (embedding output, final norm)."""
-    source: str = "default (Korthikanti et al. 2022)"
-    """Where these numbers came from: the paper's defaults or a calibration file."""
+    block_bytes_per_token: float
+    """Saved bytes per token per block that do not grow with the sequence."""
+    block_bytes_per_token_per_seq: float
+    """Saved bytes per token per block per token of sequence: attention scores without fused attention."""
+    ckpt_bytes_per_token: float
+    """Bytes per token per block kept by full activation checkpointing (the block input)."""
+    head_bytes_per_token: float
+    """Bytes per token outside the blocks at the peak (embeddings, logits, loss)."""
+    head_ckpt_bytes_per_token: float
+    """The same with checkpointing on (the model may recompute or keep different tensors)."""
+    probe_seq_len: int = 0
+    """Sequence length the numbers were measured at (0: derived from the paper)."""
+    source: str = "Korthikanti et al. 2022"
+    """Where the numbers came from."""
+
+
+def analytic_constants(m: ModelStats, precision: str) -> ActivationConstants:
+    """[Kort] eq. (1) with sdpa attention (no score term), scaled to this architecture and dtype.
+
+    Per block per token: 8h activation-dtype tensors (QKV input, Q, K, V, projection input: 5h; two norm
+    inputs: 2h; MLP input: h), 2 I-sized MLP tensors (3 for gated MLPs) and 2h bytes of dropout masks:
+    11h + 19h + 4h = 34h at fp16 with I = 4h. Outside the blocks: the
+    embedding output, and for causal LMs the logits in the working dtype plus fp32 upcast, log-softmax and
+    its gradient (2 + 4 + 4 + 4 bytes per logit).
+    """
+    w = BYTES[precision]
+    inner = m.intermediate_size * (1.5 if m.gated_mlp else 1.0)
+    block = (8 * m.hidden_size + 2 * inner) * w + 2 * m.hidden_size
+    if m.task == "causal_lm":
+        head = 2 * m.hidden_size * w + m.vocab_size * (w + 12)
+    else:
+        head = 2 * m.hidden_size * w
+    return ActivationConstants(block_bytes_per_token=block, block_bytes_per_token_per_seq=0.0,
+                               ckpt_bytes_per_token=m.hidden_size * w, head_bytes_per_token=head,
+                               head_ckpt_bytes_per_token=head)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,145 +87,161 @@ class MemoryInputs:
     precision: str
     optimizer: str
     hardware: HardwareProfile
-    activations: ActivationConstants = field(default_factory=ActivationConstants)
+    activations: ActivationConstants
     overlap_comm: bool = False
-    """DeepSpeed overlap_comm doubles the reduce bucket."""
+    """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
 
 
 @dataclass(kw_only=True, slots=True)
 class MemoryEstimate:
     breakdown: dict[str, int]
-    """Device bytes per rank by category."""
+    """Device bytes per rank by category, at the predicted peak."""
     peak_bytes: int
     host_bytes_per_node: int
     nvme_bytes_per_node: int
+    peak_moment: str = "backward"
+    """Which moment is the peak: backward (activations) or step (optimizer)."""
 
 
-def activation_bytes_per_block(m: ModelStats, micro_batch: int, seq_len: int, act_bytes: int,
-                               c: ActivationConstants) -> float:
-    """Bytes one block saves for backward [Kort eq. 1, constants per architecture]."""
+def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                     checkpointing: bool) -> tuple[int, int]:
+    """(blocks, head) activation bytes of one micro-batch at the backward peak."""
     tokens = micro_batch * seq_len
-    inner = m.intermediate_size * (1.5 if m.gated_mlp else 1.0)  # SwiGLU keeps gate and up projections
-    per_token = (c.hidden_terms * m.hidden_size + c.inner_terms * inner) * act_bytes
-    per_token += c.mask_bytes_per_h * m.hidden_size
-    per_token += c.score_bytes * m.num_heads * seq_len
-    return tokens * per_token
-
-
-def activation_bytes(m: ModelStats, micro_batch: int, seq_len: int, act_bytes: int, checkpointing: bool,
-                     c: ActivationConstants) -> int:
-    block = activation_bytes_per_block(m, micro_batch, seq_len, act_bytes, c)
-    outside = c.embedding_terms * micro_batch * seq_len * m.hidden_size * act_bytes
+    block = c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len
     if not checkpointing:
-        return int(m.num_blocks * block + outside)
-    # Full recompute keeps each block's input [Kort: 2sbh per layer; ZInf: 2·bsz·seq·hd·nl/ci] and,
-    # during backward, one block's full activations while it is recomputed.
-    checkpoints = m.num_blocks * micro_batch * seq_len * m.hidden_size * act_bytes
-    return int(checkpoints + block + outside)
+        return int(tokens * num_blocks * block), int(tokens * c.head_bytes_per_token)
+    # Checkpoints of every block [Kort: 2sbh; ZInf: 2·bsz·seq·hd·nl/ci] plus one block recomputed in backward.
+    return int(tokens * (num_blocks * c.ckpt_bytes_per_token + block)), int(tokens * c.head_ckpt_bytes_per_token)
 
 
-def logits_bytes(m: ModelStats, micro_batch: int, seq_len: int, c: ActivationConstants) -> int:
-    if m.task == "causal_lm":
-        return int(micro_batch * seq_len * m.vocab_size * c.logits_bytes)
-    if m.task == "seq_cls":
-        return int(micro_batch * max(m.num_labels, 2) * c.logits_bytes)
-    return int(micro_batch * micro_batch * c.logits_bytes)  # in-batch similarity matrix
+@dataclass(slots=True)
+class States:
+    """Model states per rank: what persists through a micro-step, and what the optimizer step adds."""
+
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    buffers: float = 0.0
+    step_extra: float = 0.0
+    """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
+    host: float = 0.0
+    nvme: float = 0.0
+    model_states: float = 0.0
+    """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
 
 
-def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> tuple[dict[str, float], float, float]:
-    """Model states per rank on device, and host / NVMe bytes per rank [ZeRO Table 1, DS estimators]."""
+def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+    """[ZeRO Table 1] with DeepSpeed's buffers [DS estimators], split by when each exists."""
     m, n = inp.model, inp.world_size
     w = BYTES[inp.precision]
     psi, psi_t = m.num_params, m.trainable_params
     mixed = inp.precision != "fp32"
-    master = MASTER_BYTES * psi_t if mixed else 0
     k = OPTIMIZER_STATE_BYTES[inp.optimizer]
-    # fp32 gradient accumulation partition next to the working-dtype gradients (DS bf16/fp16 optimizers).
-    grad_fp32 = 4 * psi_t if mixed else 0
     stage = s.zero_stage or 0
     shard_opt = n if stage >= 1 else 1
     shard_grad = n if stage >= 2 else 1
     shard_param = n if stage >= 3 else 1
+    accumulating = s.grad_accum_steps > 1
 
-    params = w * psi / shard_param
-    grads = w * psi_t / shard_grad + grad_fp32 / shard_opt
-    optimizer = (master + k * psi_t) / shard_opt
-    elem = w if mixed else 4
-    reduce_buf = buckets.reduce_bucket_size * elem * (2 if inp.overlap_comm else 1) if stage >= 2 else 0
-    buffers = min(reduce_buf, w * psi_t)
+    st = States()
+    st.params = w * psi / shard_param
+    st.optimizer = ((MASTER_BYTES if mixed else 0) + k) * psi_t / shard_opt
+    grads16 = w * psi_t / shard_grad
+    grads32 = 4 * psi_t / shard_opt if mixed else 0.0  # the "4_grads_32bit" of [DS]
+    # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
+    st.grads = grads16 if stage == 3 or accumulating else 0.0
+    # The step adds this step's gradients, their fp32 partition and an fp32 conversion of it.
+    st.step_extra = (grads16 - st.grads) + 2 * grads32
+    st.model_states = st.params + grads16 + grads32 + st.optimizer
     if stage == 3:
-        # Gathered parameters alive at once: the largest layer (4L in [DS]: its fp16 params and grads),
-        # or the prefetch window if larger, capped by stage3_max_live_parameters.
-        live = max(m.largest_layer_params, min(buckets.stage3_prefetch_bucket_size, buckets.stage3_max_live_parameters))
-        buffers += 2 * w * min(live, psi)
-    host = nvme = 0.0
+        # The reduce bucket, and the largest layer gathered in the working dtype with its gradient [DS: 4L].
+        st.buffers = w * min(buckets.reduce_bucket_size, psi_t) + 2 * w * m.largest_layer_params
+        st.model_states += 2 * w * m.largest_layer_params
+    elif stage == 2 and inp.overlap_comm:
+        st.buffers = 2 * w * min(buckets.reduce_bucket_size, psi_t)
     if s.offload_optimizer != "none":
-        # ZeRO-Offload copies reduced buckets straight to host fp32 gradients; with ZeRO-2/3 no gradient
-        # partition stays on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload].
-        moved = optimizer + grad_fp32 / shard_opt
-        optimizer = 0.0
-        grads = w * psi_t if stage == 1 else 0.0
+        # ZeRO-Offload copies reduced buckets straight to host fp32 gradients: no optimizer state and no
+        # gradient partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload].
+        moved = st.optimizer + 4 * psi_t / shard_opt
+        st.optimizer = 0.0
+        st.grads = w * psi_t if stage == 1 and accumulating else 0.0
+        st.step_extra = w * psi_t if stage == 1 else 0.0
+        st.model_states = st.params + (w * psi_t if stage == 1 else 0.0) + (
+            2 * w * m.largest_layer_params if stage == 3 else 0.0)
         if s.offload_optimizer == "cpu":
-            host += moved
+            st.host += moved
         else:
-            nvme += moved
-            host += min(moved, 4 * buckets.reduce_bucket_size * 4)  # pinned swap buffers (buffer_count 4)
+            st.nvme += moved
+            st.host += min(moved, 4 * buckets.reduce_bucket_size * 4)  # pinned swap buffers (buffer_count 4)
     if s.offload_params != "none":
-        moved = params
-        params = 0.0
+        st.model_states -= st.params
+        moved, st.params = st.params, 0.0
         if s.offload_params == "cpu":
-            host += moved
+            st.host += moved
         else:
-            nvme += moved
-            host += min(moved, 5 * buckets.stage3_prefetch_bucket_size * w)  # param swap buffers (buffer_count 5)
-    return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers}, host, nvme
+            st.nvme += moved
+            st.host += min(moved, 5 * buckets.stage3_prefetch_bucket_size * w)  # param swap buffers (buffer_count 5)
+    return st
 
 
-def fsdp_states(inp: MemoryInputs, s: Strategy) -> tuple[dict[str, float], float, float]:
-    """FSDP2 keeps sharded fp32 params, grads and optimizer state; unsharded bf16 copies while in use."""
+def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
+    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use."""
     m, n = inp.model, inp.world_size
     w = BYTES[inp.precision]
     k = OPTIMIZER_STATE_BYTES[inp.optimizer]
-    # HYBRID_SHARD (nodes > 1, SHARD_GRAD_OP) shards inside a node only.
-    shard = n
-    params = 4 * m.num_params / shard
-    grads = 4 * m.trainable_params / shard
-    optimizer = k * m.trainable_params / shard
-    # Unsharded working copies: the root's params (embeddings, head) stay gathered for the whole step,
-    # the current block plus the prefetched one, and its unsharded gradient in backward.
-    gathered_blocks = 2 if s.fsdp_reshard_after_forward else m.num_blocks + 1
-    buffers = w * (m.non_block_params + gathered_blocks * m.block_params) + w * m.block_params
-    host = nvme = 0.0
+    st = States()
+    st.params = 4 * m.num_params / n
+    st.optimizer = k * m.trainable_params / n
+    sharded_grads = 4 * m.trainable_params / n
+    if s.grad_accum_steps > 1:
+        st.grads = sharded_grads
+    else:
+        st.step_extra = sharded_grads
+    # Unsharded working copies at the backward start: the root's params (embeddings, head) and either the
+    # last block plus the next prefetched one (FULL_SHARD) or every block (SHARD_GRAD_OP).
+    gathered_blocks = 2 if s.fsdp_reshard_after_forward else m.num_blocks
+    st.buffers = w * (m.non_block_params + gathered_blocks * m.block_params)
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
-        host = params + grads + optimizer
-        params = grads = optimizer = 0.0
-    return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers}, host, nvme
+        st.host = st.params + sharded_grads + st.optimizer
+        st.params = st.grads = st.optimizer = st.step_extra = 0.0
+    return st
 
 
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
     m = inp.model
-    if s.engine == "deepspeed":
-        states, host_rank, nvme_rank = deepspeed_states(inp, s, buckets)
-    else:
-        states, host_rank, nvme_rank = fsdp_states(inp, s)
-    act_bytes = BYTES[inp.precision]
-    acts = activation_bytes(m, s.micro_batch_size, inp.seq_len, act_bytes, s.activation_checkpointing,
-                            inp.activations)
-    logits = logits_bytes(m, s.micro_batch_size, inp.seq_len, inp.activations)
-    tensors = sum(states.values()) + acts + logits
+    st = deepspeed_states(inp, s, buckets) if s.engine == "deepspeed" else fsdp_states(inp, s)
+    blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
+                                    s.activation_checkpointing)
+    persistent = st.params + st.grads + st.optimizer + st.buffers
+    backward_peak = persistent + blocks + head
+    step_peak = persistent + st.step_extra
+    at_step = step_peak > backward_peak
+    breakdown = {
+        "params": st.params,
+        "grads": st.grads + (st.step_extra if at_step else 0.0),
+        "optimizer": st.optimizer,
+        "buffers": st.buffers,
+        "activations": 0.0 if at_step else blocks,
+        "logits": 0.0 if at_step else head,
+    }
+    tensors = max(backward_peak, step_peak)
     hw = inp.hardware
-    reserve = hw.fragmentation * tensors + hw.context_bytes
-    breakdown = {k: int(v) for k, v in states.items()}
-    breakdown.update(activations=int(acts), logits=int(logits), reserve=int(reserve))
+    breakdown["reserve"] = hw.fragmentation * tensors + hw.context_bytes
+    breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
     # Loading weights before sharding costs one fp32 copy per rank on the host, except where the model is
     # built sharded (ZeRO-3 zero.Init, FSDP2 meta-device init) [DS: "4nP·f without zero.Init"].
     builds_sharded = s.engine == "fsdp" or (s.zero_stage or 0) >= 3
     load = 0 if builds_sharded else 4 * m.num_params * ranks
-    host = ranks * host_rank
+    host = ranks * st.host
     if hw.device_is_host:
         host += ranks * peak
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
-                          nvme_bytes_per_node=int(ranks * nvme_rank))
+                          nvme_bytes_per_node=int(ranks * st.nvme), peak_moment="step" if at_step else "backward")
+
+
+def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
+    """DeepSpeed-estimator-comparable model states per rank (no activations, no timing of the peak)."""
+    return int(deepspeed_states(inp, s, buckets).model_states)

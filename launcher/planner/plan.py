@@ -117,6 +117,10 @@ class Plan:
     constants: dict[str, object] = field(default_factory=dict)
     """Memory-model constants used and where they came from."""
     status: Literal["fits", "forced"] = "fits"
+    largest_layer_params: int = 0
+    """DeepSpeed's L: the largest module's own parameters (sizes NVMe swap buffers)."""
+    block_class: str | None = None
+    """Transformer block class, the FSDP wrap and checkpointing unit."""
 
     def to_json(self) -> dict:
         s = self.strategy
@@ -153,6 +157,8 @@ class Plan:
             "reasons": list(self.reasons),
             "rejected": [dataclasses.asdict(r) for r in self.rejected],
             "constants": dict(self.constants),
+            "largest_layer_params": self.largest_layer_params,
+            "block_class": self.block_class,
         }
 
     @classmethod
@@ -171,4 +177,5 @@ class Plan:
             precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
             rejected=[Rejected(**r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
+            largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
         )

@@ -14,7 +14,7 @@ from launcher.errors import ConfigError, NoPlanError
 from launcher.model.introspect import ModelStats
 from launcher.planner.cost import step_time_terms
 from launcher.planner.hardware import HardwareProfile
-from launcher.planner.memory import ActivationConstants, MemoryInputs, estimate_memory
+from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Estimate, Plan, Rejected, Strategy
 from launcher.units import format_bytes
 
@@ -40,7 +40,8 @@ class PlanRequest:
     """None skips the host check (unknown)."""
     nvme_free_bytes: int | None = None
     """None: no NVMe path given, so NVMe offload is not a candidate."""
-    activations: ActivationConstants = field(default_factory=ActivationConstants)
+    activations: ActivationConstants | None = None
+    """Measured activation constants; None derives them from the paper (analytic_constants)."""
     force: bool = False
     """Return a fully pinned plan even when it is over budget."""
 
@@ -92,8 +93,8 @@ def _sharding_options(pins: StrategyConfig) -> list[tuple[str, int | None, bool 
 def _offload_options(engine: str, zero: int | None, nvme: bool) -> list[tuple[str, str]]:
     if engine == "fsdp":
         return [("none", "none"), ("cpu", "cpu")]  # CPUOffloadPolicy moves params, grads and optimizer together
-    if not zero:
-        return [("none", "none")]
+    if not zero or zero == 1:
+        return [("none", "none")]  # ZeRO-Offload of the optimizer needs gradient partitioning (stage 2+)
     opts = [("none", "none"), ("cpu", "none")]
     if zero == 3:
         opts += [("cpu", "cpu")]
@@ -139,7 +140,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     if not out:
         raise ConfigError(
             f"strategy: the pinned fields {_pinned(p)} admit no strategy; FSDP offloads params and optimizer "
-            "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 1, "
+            "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path); unpin one of them"
         )
     return out
@@ -152,7 +153,11 @@ def _pinned(p: StrategyConfig) -> list[str]:
 def _inputs(req: PlanRequest) -> MemoryInputs:
     return MemoryInputs(model=req.model, world_size=req.world_size, gpus_per_node=req.gpus_per_node,
                         nodes=req.nodes, seq_len=req.seq_len, precision=req.precision, optimizer=req.optimizer,
-                        hardware=req.hardware, activations=req.activations)
+                        hardware=req.hardware, activations=_constants(req))
+
+
+def _constants(req: PlanRequest) -> ActivationConstants:
+    return req.activations or analytic_constants(req.model, req.precision)
 
 
 @dataclass(slots=True)
@@ -232,7 +237,8 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         world_size=req.world_size, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
         global_batch_size=req.global_batch_size, seq_len=req.seq_len, precision=req.precision,
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
-        constants={"activations": dataclasses.asdict(req.activations)}, status=status,
+        constants={"activations": dataclasses.asdict(_constants(req))}, status=status,
+        largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
     )
 
 

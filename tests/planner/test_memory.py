@@ -5,7 +5,13 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from launcher.planner.hardware import PROFILES
-from launcher.planner.memory import ActivationConstants, MemoryInputs, activation_bytes, estimate_memory
+from launcher.planner.memory import (
+    ActivationConstants,
+    MemoryInputs,
+    activation_bytes,
+    analytic_constants,
+    model_state_bytes,
+)
 from launcher.planner.plan import Buckets, Strategy
 from tests.planner.conftest import llama_stats
 
@@ -15,14 +21,13 @@ P = 6_738_415_616
 def states(stage, opt="none", par="none", gpus=8, nodes=1, model=None):
     m = model or llama_stats()
     inp = MemoryInputs(model=m, world_size=gpus * nodes, gpus_per_node=gpus, nodes=nodes, seq_len=1, precision="bf16",
-                       optimizer="adamw", hardware=PROFILES["cpu"])
+                       optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "bf16"))
     s = Strategy(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer=opt,
                  offload_params=par, micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
     # Buckets at their floor and a prefetch below L, so the live-parameter term is DeepSpeed's 4L.
     b = Buckets(reduce_bucket_size=0, allgather_bucket_size=0, stage3_prefetch_bucket_size=1,
                 stage3_max_live_parameters=1, stage3_param_persistence_threshold=0)
-    est = estimate_memory(inp, s, b)
-    return sum(est.breakdown[k] for k in ("params", "grads", "optimizer", "buffers")), m
+    return model_state_bytes(inp, s, b), m
 
 
 @pytest.mark.parametrize("gpus,nodes", [(1, 1), (8, 1), (8, 4)])
@@ -68,27 +73,36 @@ def test_zero_paper_table_1_for_7_5b_at_64_gpus():
     got = [states(stage, gpus=n, model=m)[0] for stage in (0, 1, 2)]
     paper = [120.0e9, 31.4e9, 16.6e9]
     fp32_grads = [4 * psi, 4 * psi / n, 4 * psi / n]
-    for g, p, extra in zip(got, paper, fp32_grads):
+    for g, p, extra in zip(got, paper, fp32_grads, strict=True):
         assert abs(g - (p + extra)) < 0.05e9
 
 
 def test_korthikanti_34sbh_without_recompute_and_2sbh_with_it():
-    # GPT-style block (I = 4h, no gating): 34 bytes per token per h with fp16 activations, sdpa attention.
+    # GPT-style block (I = 4h, no gating) at fp16 with sdpa attention: 34 bytes per token per h [Kort eq. 1].
     m = llama_stats(h=1024, inter=4096, blocks=24, num_params=350_000_000)
     m = type(m)(**{**m.to_json(), "gated_mlp": False})
-    c = ActivationConstants(hidden_terms=7, inner_terms=2, mask_bytes_per_h=2, embedding_terms=0)
+    c = analytic_constants(m, "fp16")
+    assert c.block_bytes_per_token == 34 * m.hidden_size
     s, b = 512, 4
-    full = activation_bytes(m, b, s, 2, False, c)
-    assert full == 24 * s * b * m.hidden_size * (2 * 7 + 2 * 2 * 4 + 2)  # = 34·sbh per layer
-    ckpt = activation_bytes(m, b, s, 2, True, c)
-    assert ckpt == 24 * 2 * s * b * m.hidden_size + full // 24
+    blocks, _ = activation_bytes(c, m.num_blocks, b, s, False)
+    assert blocks == 24 * 34 * s * b * m.hidden_size
+    # Full recompute keeps each block's input, 2sbh, and one block is live again in backward.
+    ckpt, _ = activation_bytes(c, m.num_blocks, b, s, True)
+    assert ckpt == 24 * 2 * s * b * m.hidden_size + 34 * s * b * m.hidden_size
 
 
-def test_attention_scores_add_5as_over_h_without_flash():
-    m = llama_stats(h=1024, inter=4096, blocks=1, num_params=10**8)
-    m = type(m)(**{**m.to_json(), "gated_mlp": False})
-    base = ActivationConstants(embedding_terms=0)
-    eager = ActivationConstants(embedding_terms=0, score_bytes=5)
-    s, b = 2048, 1
-    extra = activation_bytes(m, b, s, 2, False, eager) - activation_bytes(m, b, s, 2, False, base)
-    assert extra == 5 * m.num_heads * s * s * b  # sbh · 5as/h
+def test_logits_term_scales_with_vocabulary_and_tokens():
+    m = llama_stats(vocab=128256)
+    c = analytic_constants(m, "bf16")
+    _, head = activation_bytes(c, m.num_blocks, 2, 4096, False)
+    # bf16 logits, fp32 upcast, log-softmax and its gradient: 2 + 4 + 4 + 4 bytes per logit, plus embeddings.
+    assert head == 2 * 4096 * (128256 * 14 + 2 * m.hidden_size * 2)
+
+
+def test_attention_scores_grow_with_the_sequence():
+    c = ActivationConstants(block_bytes_per_token=100, block_bytes_per_token_per_seq=5 * 4,
+                            ckpt_bytes_per_token=10, head_bytes_per_token=0, head_ckpt_bytes_per_token=0)
+    short, _ = activation_bytes(c, 1, 1, 1024, False)
+    long, _ = activation_bytes(c, 1, 1, 2048, False)
+    # The per-token cost grows by 5·a·s [Kort: 5as/h term]: doubling s more than doubles the bytes.
+    assert long - 2 * short == 2048 * 20 * 2048 - 2 * 1024 * 20 * 1024

@@ -1,0 +1,270 @@
+"""The DeepSpeed config for a plan: a template from ``ds_configs/`` with the plan's numbers filled in.
+
+Pure: ``ds_config`` reads nothing and writes nothing. The templates are read once, at import, from the
+repository's ``ds_configs/`` (one copy of them, which doubles as HF Trainer ``--deepspeed`` files).
+Every ``"auto"`` a template holds is replaced here; what comes out is concrete, because our worker hands it
+to ``deepspeed.initialize`` directly and DeepSpeed's own models silently drop ``"auto"`` (so a missed one
+would quietly become DeepSpeed's default, not an error).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+from launcher.config.job import Job
+from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
+
+DS_CONFIGS_DIR = Path(__file__).parents[2] / "ds_configs"
+
+TEMPLATES: dict[str, dict] = {p.stem: json.loads(p.read_text()) for p in sorted(DS_CONFIGS_DIR.glob("*.json"))}
+"""Template name (file stem) to its parsed JSON; read once at import."""
+
+_OFFLOAD_TIER = {"none": 0, "cpu": 1, "nvme": 2}
+
+# (ZeRO stage, furthest offload tier of optimizer and params) -> template. The emitter then sets each
+# offload block to exactly what the plan says, so one template covers e.g. params->cpu with opt->nvme.
+# Missing pairs are rejected in _strategy_problems, with the reason.
+TEMPLATE_FOR: dict[tuple[int, str], str] = {
+    (0, "none"): "zero0",
+    (1, "none"): "zero1",
+    (2, "none"): "zero2",
+    (2, "cpu"): "zero2_offload_cpu",
+    (3, "none"): "zero3",
+    (3, "cpu"): "zero3_offload_cpu",
+    (3, "nvme"): "zero3_offload_nvme",
+}
+
+# The job has no knobs for these; they are torch's AdamW defaults and HF Trainer's max_grad_norm default,
+# so a run moved between our launcher, HF Trainer and plain torch trains the same way.
+ADAM_BETAS = [0.9, 0.999]
+ADAM_EPS = 1e-8
+GRADIENT_CLIPPING = 1.0
+
+# DeepSpeed prints loss and lr every steps_per_print steps; the worker logs those itself.
+STEPS_PER_PRINT = 1_000_000_000
+
+# Offload keys that only mean something for device "nvme"; dropped when a block ends up on "cpu".
+_NVME_ONLY_KEYS = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "pipeline_read",
+                   "pipeline_write")
+
+
+def template_name(plan: Plan) -> str:
+    """The ``ds_configs/`` template (file stem) the plan's strategy starts from; ConfigError if none fits."""
+    problems = _strategy_problems(plan)
+    if problems:
+        raise ConfigError(problems)
+    s = plan.strategy
+    return TEMPLATE_FOR[(s.zero_stage, _tier(s.offload_optimizer, s.offload_params))]
+
+
+def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) -> dict:
+    """The concrete DeepSpeed config dict for ``plan``, ready for ``deepspeed.initialize(config=...)``.
+
+    ``largest_layer_params`` (``ModelStats.largest_layer_params``, elements) bounds the largest single
+    parameter; it sizes the NVMe parameter swap buffers, which must each hold one parameter's shard, and is
+    required when parameters go to NVMe.
+    Raises ConfigError listing every reason the plan and job cannot make a DeepSpeed config.
+    """
+    problems = _strategy_problems(plan) + _job_problems(plan, job)
+    if problems:
+        raise ConfigError(problems)
+    s = plan.strategy
+    largest_layer_params = largest_layer_params or plan.largest_layer_params or None
+    if s.offload_params == "nvme" and not largest_layer_params:
+        raise ValueError(
+            "ds_config: offload_params 'nvme' needs largest_layer_params (ModelStats.largest_layer_params) to "
+            f"size the parameter swap buffers, got {largest_layer_params!r}; pass it"
+        )
+    name = TEMPLATE_FOR[(s.zero_stage, _tier(s.offload_optimizer, s.offload_params))]
+    if name not in TEMPLATES:
+        # The templates live in the repository, not in the package: a plain (non-editable) wheel lacks them.
+        raise RuntimeError(f"{DS_CONFIGS_DIR / (name + '.json')}: DeepSpeed template not found; install the "
+                           "launcher from its repository (pip install -e .) so ds_configs/ is next to it")
+    cfg = copy.deepcopy(TEMPLATES[name])
+
+    # DeepSpeed asserts train_batch_size == micro * accum * world_size at initialize; _job_problems
+    # checked the plan agrees, so all three are given and DeepSpeed derives nothing.
+    cfg["train_batch_size"] = plan.global_batch_size
+    cfg["train_micro_batch_size_per_gpu"] = s.micro_batch_size
+    cfg["gradient_accumulation_steps"] = s.grad_accum_steps
+    cfg["gradient_clipping"] = GRADIENT_CLIPPING
+
+    _fill_precision(cfg, plan)
+    _fill_optimizer(cfg, plan, job)
+    _fill_scheduler(cfg, job)
+    _fill_zero(cfg, plan, job, largest_layer_params)
+    if _tier(s.offload_optimizer, s.offload_params) != "nvme":
+        # The async-I/O settings only drive NVMe swapping.
+        cfg.pop("aio", None)
+    cfg["steps_per_print"] = STEPS_PER_PRINT
+    cfg["wall_clock_breakdown"] = False
+
+    left = _auto_paths(cfg)
+    if left:
+        raise RuntimeError(
+            f"ds_configs/{name}.json: {', '.join(left)} still 'auto' after filling; "
+            "fill it in launcher/emit/deepspeed.py or give it a concrete value in the template"
+        )
+    return cfg
+
+
+def _tier(*offloads: str) -> str:
+    return max(offloads, key=_OFFLOAD_TIER.__getitem__)
+
+
+def _strategy_problems(plan: Plan) -> list[str]:
+    s = plan.strategy
+    if s.engine != "deepspeed":
+        return [f"strategy.engine: {s.engine!r} is not deepspeed; emit an FSDP config with fsdp_config(plan, job)"]
+    if s.zero_stage not in (0, 1, 2, 3):
+        return [f"strategy.zero_stage: {s.zero_stage!r} is not 0, 1, 2 or 3; set strategy.zero_stage"]
+    problems = []
+    if s.offload_params != "none" and s.zero_stage != 3:
+        problems.append(
+            f"strategy.offload_params: {s.offload_params!r} needs ZeRO-3 (DeepSpeed offloads parameters only "
+            f"when it partitions them), got zero_stage {s.zero_stage}; set zero_stage: 3 or offload_params: none"
+        )
+    if s.offload_optimizer == "nvme" and s.zero_stage != 3:
+        problems.append(
+            f"strategy.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.zero_stage}; "
+            "set zero_stage: 3 or offload_optimizer: cpu"
+        )
+    if s.offload_optimizer == "cpu" and s.zero_stage in (0, 1):
+        problems.append(
+            f"strategy.offload_optimizer: 'cpu' with zero_stage {s.zero_stage} is not emitted: ZeRO-2 offload "
+            "keeps the same host state and also partitions gradients; set zero_stage: 2 (or 3)"
+        )
+    return problems
+
+
+def _job_problems(plan: Plan, job: Job) -> list[str]:
+    s = plan.strategy
+    problems = []
+    product = s.micro_batch_size * s.grad_accum_steps * plan.world_size
+    if plan.global_batch_size != product:
+        problems.append(
+            f"plan.global_batch_size: {plan.global_batch_size} != micro_batch_size {s.micro_batch_size} "
+            f"* grad_accum_steps {s.grad_accum_steps} * world_size {plan.world_size} = {product}, which DeepSpeed "
+            "requires; re-plan, or fix the plan's micro_batch_size/grad_accum_steps"
+        )
+    if "nvme" in (s.offload_optimizer, s.offload_params) and not job.cluster.nvme_path:
+        problems.append(
+            f"cluster.nvme_path: {job.cluster.nvme_path!r} must name a local NVMe directory when offloading to "
+            "nvme; add cluster.nvme_path: /local_nvme (or offload to cpu)"
+        )
+    return problems
+
+
+def _fill_precision(cfg: dict, plan: Plan) -> None:
+    # Both blocks stay, explicitly on or off: DeepSpeed's default mode is not fp32 in every code path,
+    # and a reader should not have to know that. fp32 enables neither.
+    cfg.setdefault("bf16", {})["enabled"] = plan.precision == "bf16"
+    cfg.setdefault("fp16", {})["enabled"] = plan.precision == "fp16"
+
+
+def _fill_optimizer(cfg: dict, plan: Plan, job: Job) -> None:
+    s = plan.strategy
+    t = job.train
+    offloaded = s.offload_optimizer != "none"
+    if t.optimizer == "sgd":
+        # SGD goes through DeepSpeed's torch.optim fallback (getattr(torch.optim, type)), so the name is
+        # case-sensitive. Momentum 0 matches the planner's "sgd keeps no optimizer state".
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": t.lr, "momentum": 0.0, "weight_decay": t.weight_decay}}
+        if s.zero_stage > 0:
+            # ZeRO refuses optimizers outside its tested list (Adam/AdamW/Adagrad/Lion...) without this.
+            cfg["zero_allow_untested_optimizer"] = True
+        return
+    params: dict[str, object] = {"lr": t.lr, "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "weight_decay": t.weight_decay}
+    if t.optimizer == "adam":
+        # DeepSpeed treats type "Adam" as AdamW unless adam_w_mode is false.
+        params["adam_w_mode"] = False
+    if not offloaded:
+        # torch.optim.AdamW instead of DeepSpeed's FusedAdam, which JIT-compiles a CUDA op (needs nvcc).
+        # Not with offload: there DeepSpeed would accept torch_adam and run torch's AdamW on the CPU
+        # partitions, several times slower than the DeepSpeedCPUAdam it builds without the flag.
+        params["torch_adam"] = True
+    cfg["optimizer"] = {"type": "AdamW" if t.optimizer == "adamw" else "Adam", "params": params}
+
+
+def _fill_scheduler(cfg: dict, job: Job) -> None:
+    t = job.train
+    if t.warmup_steps <= 0:
+        # No scheduler: the lr stays at the optimizer's. DeepSpeed rejects warmup_num_steps <= 0.
+        cfg.pop("scheduler", None)
+        return
+    # The worker's own schedule (FSDP, and DeepSpeed without this block) is lr * min(1, (i + 1) / (w + 1))
+    # at scheduler iteration i. WarmupLR linear gives min + (max - min) * i / w, so min = lr / (w + 1) makes
+    # the two the same function of i, and no step runs at lr 0 (HF's min of 0 would waste the first two).
+    # What stays: WarmupLR serves iteration 0 twice (once from its constructor), so the ramp lags the
+    # worker's by one step; and DeepSpeed raises w = 1 to 2. "linear" because DeepSpeed's default is log.
+    w = t.warmup_steps
+    cfg["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": t.lr / (w + 1), "warmup_max_lr": t.lr, "warmup_num_steps": w,
+                   "warmup_type": "linear"},
+    }
+
+
+def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None) -> None:
+    s = plan.strategy
+    b = plan.buckets
+    z = cfg.setdefault("zero_optimization", {})
+    z["stage"] = s.zero_stage
+    if s.zero_stage in (1, 2):
+        z["reduce_bucket_size"] = b.reduce_bucket_size
+        z["allgather_bucket_size"] = b.allgather_bucket_size
+        # In ZeRO-1/2 overlap_comm double-buffers the reduce bucket; the planner counts one buffer.
+        z["overlap_comm"] = False
+        z["contiguous_gradients"] = True
+    elif s.zero_stage == 3:
+        z["reduce_bucket_size"] = b.reduce_bucket_size
+        z["stage3_prefetch_bucket_size"] = b.stage3_prefetch_bucket_size
+        z["stage3_max_live_parameters"] = b.stage3_max_live_parameters
+        # Parameters kept for reuse count against the live set; a reuse distance beyond the live cap
+        # could only be honoured by breaking the plan's cap, so the two move together (as in DeepSpeed's docs).
+        z["stage3_max_reuse_distance"] = b.stage3_max_live_parameters
+        z["stage3_param_persistence_threshold"] = b.stage3_param_persistence_threshold
+        # ZeRO-3 keeps a single reduce buffer either way, so overlapping costs no memory.
+        z["overlap_comm"] = True
+        z["contiguous_gradients"] = True
+
+    for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
+        if device == "none":
+            z.pop(key, None)
+            continue
+        block = z.setdefault(key, {"pin_memory": True})
+        block["device"] = device
+        if device == "nvme":
+            block["nvme_path"] = job.cluster.nvme_path
+        else:
+            for k in _NVME_ONLY_KEYS:
+                block.pop(k, None)
+
+    # NVMe swapping pins host buffers; these two sizes are the ones the planner's host figure assumes.
+    if s.offload_optimizer == "nvme":
+        # Optimizer swap buffers are buffer_count x (largest sub-group) fp32 elements; sub-groups are cut at
+        # sub_group_size, so this caps them at the planner's buffer_count x reduce_bucket_size x 4 B.
+        z["sub_group_size"] = b.reduce_bucket_size
+    if s.offload_params == "nvme":
+        # Parameter swap buffers are buffer_count x buffer_size elements and each must hold one parameter's
+        # shard (DeepSpeed asserts otherwise); the planner sizes them at the prefetch bucket.
+        shard = math.ceil(largest_layer_params / plan.world_size)
+        z["offload_param"]["buffer_size"] = max(b.stage3_prefetch_bucket_size, shard)
+        # DeepSpeed keeps the first max_in_cpu shard elements in host RAM and only the rest on NVMe; its
+        # default (1e9) keeps a whole 7B shard in RAM. Params go to NVMe because RAM is short, and the
+        # planner's host figure holds only the swap buffers, so all of them go.
+        z["offload_param"]["max_in_cpu"] = 0
+
+
+def _auto_paths(node: object, prefix: str = "") -> list[str]:
+    if node == "auto":
+        return [prefix or "<root>"]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _auto_paths(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{prefix}[{i}]")]
+    return []

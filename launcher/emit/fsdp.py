@@ -1,0 +1,120 @@
+"""The FSDP2 settings for a plan: what our worker applies, and the same as an ``accelerate launch`` config.
+
+Pure: ``fsdp_config`` and ``fsdp_yaml_text`` read and write nothing.
+
+The two sections agree on sharding, offload, checkpointing and the wrap unit. They differ in one place
+accelerate does not let a config file control: accelerate's FSDP2 mixed precision reduces gradients in the
+compute dtype (bf16), while our worker reduces them in fp32 (torchtitan's default; bf16 sums lose bits
+across many ranks).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from launcher.config.job import InlineArch, Job
+from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
+
+BLOCK_CLASS_BY_FAMILY = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "bert": "BertLayer"}
+"""transformers block class for each inline family (the FSDP and checkpointing unit)."""
+
+_PARAM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+
+
+def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
+    """``{"fsdp2": ..., "accelerate": ...}`` for an FSDP plan.
+
+    ``block_class`` is the transformer block's class name (``ModelStats.block_class``); None takes it from an
+    inline model's family, else leaves it unset so the worker and accelerate fall back to the model's
+    ``_no_split_modules``. Raises ConfigError listing every reason the plan has no FSDP2 form.
+    """
+    problems = _problems(plan)
+    if problems:
+        raise ConfigError(problems)
+    s = plan.strategy
+    block_class = block_class or plan.block_class
+    if block_class is None and isinstance(job.model, InlineArch):
+        block_class = BLOCK_CLASS_BY_FAMILY[job.model.family]
+    # FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
+    cpu_offload = s.offload_params == "cpu"
+
+    fsdp2 = {
+        "reshard_after_forward": s.fsdp_reshard_after_forward,
+        # torch dtype attribute names: getattr(torch, name) gives MixedPrecisionPolicy's arguments.
+        "param_dtype": _PARAM_DTYPE[plan.precision],
+        "reduce_dtype": "float32",
+        "cpu_offload": cpu_offload,
+        "activation_checkpointing": s.activation_checkpointing,
+        "block_class": block_class,
+    }
+
+    fsdp_section = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
+        "fsdp_offload_params": cpu_offload,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    }
+    if block_class is not None:
+        fsdp_section["fsdp_transformer_layer_cls_to_wrap"] = block_class
+    fsdp_section.update({
+        "fsdp_activation_checkpointing": s.activation_checkpointing,
+        # Sharded saves: no rank gathers the whole model, which is what the plan's memory figure assumes.
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        # Rank 0 alone reads pretrained weights into host RAM; the rest start on meta and get a broadcast.
+        "fsdp_cpu_ram_efficient_loading": True,
+    })
+    # Keys as `accelerate config` writes them for FSDP2; main_process_ip/port are left to the launch line
+    # (on Slurm they are only known once the job runs).
+    accelerate = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "mixed_precision": _ACCELERATE_MIXED_PRECISION[plan.precision],
+        "num_machines": plan.nodes,
+        "num_processes": plan.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+        "debug": False,
+        "fsdp_config": fsdp_section,
+    }
+    return {"fsdp2": fsdp2, "accelerate": accelerate}
+
+
+def fsdp_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None) -> str:
+    """The ``accelerate`` section as YAML, for ``accelerate launch --config_file``."""
+    return yaml.safe_dump(fsdp_config(plan, job, block_class=block_class)["accelerate"], sort_keys=False)
+
+
+def _problems(plan: Plan) -> list[str]:
+    s = plan.strategy
+    if s.engine != "fsdp":
+        return [f"strategy.engine: {s.engine!r} is not fsdp; emit a DeepSpeed config with ds_config(plan, job)"]
+    problems = []
+    if s.fsdp_reshard_after_forward is None:
+        problems.append(
+            "strategy.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "
+            "for FSDP; set it or let the planner choose"
+        )
+    for key, value in (("offload_optimizer", s.offload_optimizer), ("offload_params", s.offload_params)):
+        if value == "nvme":
+            problems.append(
+                f"strategy.{key}: 'nvme' is not available under FSDP2 (it offloads to CPU only); "
+                "use engine: deepspeed with zero_stage: 3 for NVMe, or offload to cpu"
+            )
+    if s.offload_optimizer != s.offload_params and "nvme" not in (s.offload_optimizer, s.offload_params):
+        problems.append(
+            f"strategy.offload_optimizer: {s.offload_optimizer!r} differs from offload_params "
+            f"{s.offload_params!r}, but FSDP2 offloads parameters, gradients and optimizer state together; "
+            "set both to cpu or both to none"
+        )
+    if plan.global_batch_size != s.micro_batch_size * s.grad_accum_steps * plan.world_size:
+        problems.append(
+            f"plan.global_batch_size: {plan.global_batch_size} != micro_batch_size {s.micro_batch_size} "
+            f"* grad_accum_steps {s.grad_accum_steps} * world_size {plan.world_size}; re-plan, or fix the "
+            "plan's micro_batch_size/grad_accum_steps"
+        )
+    return problems

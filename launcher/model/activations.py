@@ -1,0 +1,105 @@
+"""Measure a model's activation memory on fake tensors: exact bytes, no compute, any size, no GPU.
+
+The model is rebuilt with 1 and 2 blocks and run forward and backward through the task's own loss under
+FakeTensorMode while torch's MemTracker counts activation and temporary bytes at the peak. Two block counts
+separate the per-block cost from what lies outside the blocks (embeddings, logits, loss); two sequence lengths
+separate the per-token cost from the attention-score cost that grows with the sequence. The result feeds the
+planner's activation term as plain numbers (launcher.planner.memory.ActivationConstants).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from launcher.config.job import Job
+from launcher.planner.memory import ActivationConstants
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def _with_blocks(config, blocks: int):
+    cfg = copy.deepcopy(config)
+    for key in _LAYER_KEYS:
+        if hasattr(cfg, key):
+            setattr(cfg, key, blocks)
+    return cfg
+
+
+def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, checkpointing: bool, dtype) -> int:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from launcher.model.build import model_class
+
+    # Inputs stay real (a few integers): the recipe reads its token count from them.
+    vocab = int(config.vocab_size)
+    ids = torch.randint(0, vocab, (1, seq_len))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(1, seq_len, dtype=torch.long)}
+    if job.task == "seq_cls":
+        batch["labels"] = torch.zeros(1, dtype=torch.long)
+    if job.task == "sentence_embedding":
+        batch["pair_input_ids"] = ids.clone()
+        batch["pair_attention_mask"] = batch["attention_mask"].clone()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model_class(job.task).from_config(config, dtype=dtype)
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            loss = recipe.loss_tensor(model, batch)
+            loss.backward()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return sum(v for k, v in peak.items() if str(k).split(".")[-1] in ("ACT", "TEMP"))
+
+
+def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationConstants:
+    """Activation constants of this model and task, measured on fake tensors (bytes per example-token)."""
+    import torch
+
+    from launcher.model.build import model_config
+    from launcher.worker.recipes import make_recipe
+
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    config = model_config(job)
+    if job.task == "seq_cls":
+        config.num_labels = job.data.num_labels or 2
+    recipe = make_recipe(job.task, job.data)
+    s_long = seq_len
+    s_short = max(8, seq_len // 2)
+
+    def peak(blocks: int, s: int, ac: bool) -> int:
+        return _peak_activation_bytes(job, _with_blocks(config, blocks), recipe, seq_len=s, checkpointing=ac,
+                                      dtype=dtype)
+
+    # P(L, s) = s·(L·(a + b·s) + head); the per-block cost per token is a + b·s.
+    per_block_long = (peak(2, s_long, False) - peak(1, s_long, False)) / s_long
+    if s_short != s_long:
+        per_block_short = (peak(2, s_short, False) - peak(1, s_short, False)) / s_short
+        b = max(0.0, (per_block_long - per_block_short) / (s_long - s_short))
+    else:
+        b = 0.0
+    a = per_block_long - b * s_long
+    head = peak(1, s_long, False) / s_long - per_block_long
+    # Q(L, s) = s·(L·c + (a + b·s) + head'): a checkpoint per block, one block recomputed, the head.
+    q1, q2 = peak(1, s_long, True), peak(2, s_long, True)
+    ckpt = (q2 - q1) / s_long
+    head_ckpt = q1 / s_long - ckpt - per_block_long
+    return ActivationConstants(
+        block_bytes_per_token=a,
+        block_bytes_per_token_per_seq=b,
+        ckpt_bytes_per_token=ckpt,
+        head_bytes_per_token=head,
+        head_ckpt_bytes_per_token=head_ckpt,
+        probe_seq_len=seq_len,
+        source=f"measured on fake tensors ({job.task}, {precision}, seq {seq_len})",
+    )
+
+
+def constants_json(c: ActivationConstants) -> dict:
+    return dataclasses.asdict(c)

@@ -1,0 +1,123 @@
+"""The three built-in recipes: how rows become tensors and how a micro-batch becomes a loss.
+
+A recipe never owns the model: ``loss(forward, batch)`` calls whatever runs the
+model (a DeepSpeed engine, an FSDP module, a plain module), so one recipe serves
+every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from launcher.config.job import DataConfig
+from launcher.errors import ConfigError
+from launcher.worker.data import column
+from launcher.worker.tokenizer import encode_texts
+
+SIMILARITY_SCALE = 20.0
+"""MultipleNegativesRankingLoss scale: cosine similarities are multiplied by this before the softmax."""
+
+Forward = Callable[..., object]
+
+
+@dataclass(kw_only=True, slots=True)
+class Recipe:
+    task: str
+    """causal_lm, seq_cls or sentence_embedding."""
+    data: DataConfig
+    num_labels: int | None = None
+    """seq_cls: classes, from the job or counted in the data."""
+    label_ids: dict[str, int] = field(default_factory=dict)
+    """seq_cls: label text to class id, sorted so every rank agrees."""
+
+    sequences_per_example: int = 1
+    """Sequences one example runs through the model: 2 for sentence_embedding (text and positive)."""
+
+    def fit_labels(self, rows: list[dict]) -> None:
+        """seq_cls: map labels to ids over all rows (train and eval) and settle num_labels."""
+        if self.task != "seq_cls":
+            return
+        raw = column(rows, self.data.label_field, self.data.path, "data.label_field")
+        if all(_is_int(v) for v in raw):
+            ids = sorted({int(v) for v in raw})
+            if ids[0] < 0:
+                raise ConfigError(f"data.label_field: label {ids[0]} is negative; use class ids 0..n-1 or names")
+            self.label_ids = {str(i): i for i in ids}
+            found = ids[-1] + 1
+        else:
+            names = sorted({str(v) for v in raw})
+            self.label_ids = {name: i for i, name in enumerate(names)}
+            found = len(names)
+        if self.data.num_labels is not None and self.data.num_labels < found:
+            raise ConfigError(
+                f"data.num_labels: {self.data.num_labels} but the data has {found} classes "
+                f"({', '.join(list(self.label_ids)[:10])}); raise data.num_labels or leave it out"
+            )
+        self.num_labels = self.data.num_labels or found
+
+    def encode(self, rows: list[dict], tokenizer, seq_len: int) -> dict[str, torch.Tensor]:
+        """Tensors for ``rows``, one leading row per example, every sequence exactly ``seq_len`` tokens."""
+        texts = [str(t) for t in column(rows, self.data.text_field, self.data.path, "data.text_field")]
+        enc = encode_texts(tokenizer, texts, seq_len)
+        if self.task == "seq_cls":
+            raw = column(rows, self.data.label_field, self.data.path, "data.label_field")
+            key = (lambda v: str(int(v))) if all(_is_int(v) for v in raw) else str
+            enc["labels"] = torch.tensor([self.label_ids[key(v)] for v in raw], dtype=torch.long)
+        elif self.task == "sentence_embedding":
+            pairs = [str(t) for t in column(rows, self.data.pair_field, self.data.path, "data.pair_field")]
+            other = encode_texts(tokenizer, pairs, seq_len)
+            enc["pair_input_ids"] = other["input_ids"]
+            enc["pair_attention_mask"] = other["attention_mask"]
+        return enc
+
+    def loss(self, forward: Forward, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """(mean loss of the micro-batch, real tokens in it)."""
+        tokens = batch["attention_mask"].sum()
+        if self.task == "sentence_embedding":
+            tokens = tokens + batch["pair_attention_mask"].sum()
+        return self.loss_tensor(forward, batch), int(tokens)
+
+    def loss_tensor(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
+        mask = batch["attention_mask"]
+        if self.task == "causal_lm":
+            labels = batch["input_ids"].masked_fill(mask == 0, -100)
+            return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
+        if self.task == "seq_cls":
+            return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss
+        return self._contrastive(forward, batch)
+
+    def _contrastive(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        # One forward over texts and positives together: half the collectives, same activations.
+        ids = torch.cat([batch["input_ids"], batch["pair_input_ids"]])
+        mask = torch.cat([batch["attention_mask"], batch["pair_attention_mask"]])
+        hidden = forward(input_ids=ids, attention_mask=mask).last_hidden_state
+        emb = F.normalize(mean_pool(hidden, mask), dim=-1)
+        a, b = emb.chunk(2)
+        scores = a @ b.T * SIMILARITY_SCALE
+        target = torch.arange(a.shape[0], device=scores.device)
+        return F.cross_entropy(scores, target)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of the real tokens' hidden states, in fp32 so bf16 runs pool as precisely as fp32 ones."""
+    m = mask.unsqueeze(-1).to(torch.float32)
+    return (hidden.to(torch.float32) * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def make_recipe(task: str, data: DataConfig) -> Recipe:
+    if task not in ("causal_lm", "seq_cls", "sentence_embedding"):
+        raise ConfigError(f"task: {task!r} has no recipe; use causal_lm, seq_cls or sentence_embedding")
+    return Recipe(task=task, data=data, sequences_per_example=2 if task == "sentence_embedding" else 1)
+
+
+def _is_int(v: object) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return True
+    return isinstance(v, str) and v.strip().lstrip("-").isdigit()

@@ -1,0 +1,135 @@
+"""Run emitted DeepSpeed configs through DeepSpeed itself, in a fresh process (run as a script).
+
+stdin: {"mode": "parse" | "initialize", "world_size": N, "width": W, "configs": {name: config}}
+stdout (last line): {name: {"ok": true, ...} | {"ok": false, "error": "..."}}
+
+parse: ``DeepSpeedConfig(config)`` with DeepSpeed's comm initialized on a fake process group of N ranks,
+so DeepSpeed reads the real world size from ``dist.get_world_size()`` exactly as under torchrun and
+applies its own batch assertion (train_batch_size == micro * accum * world_size) and pydantic checks.
+
+initialize: ``deepspeed.initialize`` on a 1-rank gloo group with a two-layer MLP of width W, then two optimizer
+steps: DeepSpeed builds the optimizer, scheduler and offload machinery from the config blocks, which
+DeepSpeedConfig never checks. Reports the swap files written under the configs' NVMe paths.
+
+A fresh process because a process group is process-wide state, and so the test process stays clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def _quiet_deepspeed() -> None:
+    import deepspeed.ops
+
+    # On the CPU accelerator DeepSpeed JIT-compiles a shared-memory allreduce kernel (about a minute)
+    # whenever comm starts; nothing here reduces through it, so skip the build.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def parse(world_size: int, configs: dict) -> dict:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    _quiet_deepspeed()
+    import deepspeed.comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    deepspeed.comm.init_distributed(dist_backend="fake", verbose=False)
+    assert deepspeed.comm.get_world_size() == world_size
+    out = {}
+    for name, cfg in configs.items():
+        try:
+            parsed = DeepSpeedConfig(cfg)
+            out[name] = {
+                "ok": True,
+                "world_size": parsed.world_size,
+                "train_batch_size": parsed.train_batch_size,
+                "zero_stage": int(parsed.zero_optimization_stage),
+                "offload_optimizer": _device(parsed.zero_config.offload_optimizer),
+                "offload_param": _device(parsed.zero_config.offload_param),
+                "reduce_bucket_size": parsed.zero_config.reduce_bucket_size,
+                "allgather_bucket_size": parsed.zero_config.allgather_bucket_size,
+                "prefetch_bucket_size": parsed.zero_config.prefetch_bucket_size,
+                "max_live_parameters": parsed.zero_config.max_live_parameters,
+                "param_persistence_threshold": parsed.zero_config.param_persistence_threshold,
+                "bf16": parsed.bfloat16_config.enabled,
+                "fp16": parsed.float16_config.enabled,
+                "optimizer_name": parsed.optimizer_name,
+                "scheduler_name": parsed.scheduler_name,
+                "aio": parsed.aio_config,
+            }
+        except Exception as e:  # DeepSpeed reports bad configs with AssertionError as well as ValueError
+            out[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _device(block) -> str:
+    return "none" if block is None else str(getattr(block.device, "value", block.device))
+
+
+def initialize(configs: dict, width: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    _quiet_deepspeed()
+    import deepspeed
+
+    # What torchrun sets for a 1-rank job; the engine insists on LOCAL_RANK.
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    out = {}
+    for name, cfg in configs.items():
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(), torch.nn.Linear(2 * width, 1))
+            engine, _, _, scheduler = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                           config=cfg)
+            dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
+            accum = cfg["gradient_accumulation_steps"]
+            micro = cfg["train_micro_batch_size_per_gpu"]
+            for _ in range(2 * accum):
+                x = torch.randn(micro, width, dtype=dtype)
+                loss = engine(x).float().pow(2).mean()
+                engine.backward(loss)
+                engine.step()
+            out[name] = {
+                "ok": True,
+                "global_steps": engine.global_steps,
+                "basic_optimizer": type(engine.basic_optimizer).__name__,
+                "scheduler": None if scheduler is None else type(scheduler).__name__,
+                "lr": engine.get_lr()[0],
+                "loss_finite": bool(torch.isfinite(loss).item()),
+                "swap_files": _swap_files(cfg),
+            }
+            engine.destroy()
+        except Exception as e:
+            out[name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    return out
+
+
+def _swap_files(cfg: dict) -> list[str]:
+    """Swap files DeepSpeed wrote under the config's NVMe paths, relative to them."""
+    z = cfg.get("zero_optimization", {})
+    roots = {z[k]["nvme_path"] for k in ("offload_optimizer", "offload_param") if "nvme_path" in z.get(k, {})}
+    return sorted(str(p.relative_to(root)) for root in roots for p in Path(root).rglob("*.swp"))
+
+
+def main() -> None:
+    req = json.load(sys.stdin)
+    if req["mode"] == "parse":
+        out = parse(req["world_size"], req["configs"])
+    else:
+        out = initialize(req["configs"], req.get("width", 32))
+    # DeepSpeed prints to stdout too; the answer is the last line.
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

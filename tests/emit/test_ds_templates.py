@@ -1,0 +1,85 @@
+"""The reference templates in ds_configs/: loadable, "auto" only where HF Trainer fills it, valid once filled."""
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+from emit_helpers import run_ds_check
+
+from launcher.emit.deepspeed import DS_CONFIGS_DIR, TEMPLATE_FOR, TEMPLATES
+
+EXPECTED = {"zero0", "zero1", "zero2", "zero2_offload_cpu", "zero3", "zero3_offload_cpu", "zero3_offload_nvme"}
+
+
+def hf_fill(template: dict) -> dict:
+    """Fill a template's "auto" values with HF Trainer's own code, as `Trainer(..., deepspeed=file)` would."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
+
+    args = SimpleNamespace(
+        world_size=1, per_device_train_batch_size=2, gradient_accumulation_steps=4, max_grad_norm=1.0,
+        learning_rate=3e-4, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0,
+        save_on_each_node=False, fp16=False, fp16_full_eval=False, bf16=True, bf16_full_eval=False,
+        get_warmup_steps=lambda total: 10,
+    )
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=64))
+    hf = HfTrainerDeepSpeedConfig(copy.deepcopy(template))
+    try:
+        hf.trainer_config_process(args)
+        hf.trainer_config_finalize(args, model, num_training_steps=100)
+        return hf.config
+    finally:
+        # HF keeps a module-global weakref that flips is_deepspeed_zero3_enabled() for later tests.
+        unset_hf_deepspeed_config()
+
+
+def test_every_template_file_is_loaded_and_used():
+    assert set(TEMPLATES) == EXPECTED == {p.stem for p in DS_CONFIGS_DIR.glob("*.json")}
+    assert set(TEMPLATE_FOR.values()) == EXPECTED
+    for name in EXPECTED:
+        # Real JSON with no duplicate keys: DeepSpeed's own file loader rejects those.
+        json.loads((DS_CONFIGS_DIR / f"{name}.json").read_text(), object_pairs_hook=_no_duplicates)
+
+
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    dupes = {k for k in keys if keys.count(k) > 1}
+    if dupes:
+        raise ValueError(f"duplicate keys {sorted(dupes)}")
+    return dict(pairs)
+
+
+def test_readme_describes_every_template():
+    readme = (DS_CONFIGS_DIR / "README.md").read_text()
+    for name in EXPECTED:
+        assert f"`{name}.json`" in readme
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_template_stage_matches_its_name(name):
+    stage = TEMPLATES[name]["zero_optimization"]["stage"]
+    assert name.startswith(f"zero{stage}")
+    z = TEMPLATES[name]["zero_optimization"]
+    if "offload" in name:
+        device = name.rsplit("_", 1)[1]
+        assert z["offload_optimizer"]["device"] == device
+        assert ("aio" in TEMPLATES[name]) == (device == "nvme")
+
+
+@pytest.fixture(scope="module")
+def hf_filled_parsed() -> dict:
+    filled = {name: hf_fill(t) for name, t in TEMPLATES.items()}
+    return {"filled": filled, "parsed": run_ds_check("parse", filled, world_size=1)}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hf_trainer_fills_every_auto(hf_filled_parsed, name):
+    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed ds_configs/<name>.json`.
+    assert '"auto"' not in json.dumps(hf_filled_parsed["filled"][name])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_filled_template_passes_deepspeed_parser(hf_filled_parsed, name):
+    r = hf_filled_parsed["parsed"][name]
+    assert r["ok"], r["error"]
+    assert r["train_batch_size"] == 8 and r["zero_stage"] == TEMPLATES[name]["zero_optimization"]["stage"]

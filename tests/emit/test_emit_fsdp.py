@@ -1,0 +1,140 @@
+import os
+import socket
+
+import pytest
+import torch
+import yaml
+from emit_helpers import check_golden, json_text, make_job, make_plan
+
+from launcher.emit import fsdp_config, fsdp_yaml_text
+from launcher.emit.fsdp import BLOCK_CLASS_BY_FAMILY
+from launcher.errors import ConfigError
+
+GOLDEN = {
+    "fsdp_full_shard_ac": dict(fsdp_reshard_after_forward=True, activation_checkpointing=True),
+    "fsdp_grad_op_cpu_offload": dict(fsdp_reshard_after_forward=False, offload_optimizer="cpu", offload_params="cpu"),
+}
+
+
+def fsdp_plan(plan_kw: dict | None = None, **strategy):
+    return make_plan(engine="fsdp", **(plan_kw or {}), **strategy)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden(name):
+    plan, job = fsdp_plan(**GOLDEN[name]), make_job()
+    check_golden(f"{name}.json", json_text(fsdp_config(plan, job)))
+    check_golden(f"{name}.accelerate.yaml", fsdp_yaml_text(plan, job))
+
+
+def test_yaml_text_is_the_accelerate_section():
+    plan, job = fsdp_plan(**GOLDEN["fsdp_full_shard_ac"]), make_job()
+    assert yaml.safe_load(fsdp_yaml_text(plan, job)) == fsdp_config(plan, job)["accelerate"]
+
+
+def test_fsdp2_section_builds_torch_policies():
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+        f = fsdp_config(fsdp_plan(dict(precision=precision)), make_job())["fsdp2"]
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, f["param_dtype"]),
+                                  reduce_dtype=getattr(torch, f["reduce_dtype"]))
+        assert mp.param_dtype == dtype and mp.reduce_dtype == torch.float32
+    f = fsdp_config(fsdp_plan(**GOLDEN["fsdp_grad_op_cpu_offload"]), make_job())["fsdp2"]
+    assert f["cpu_offload"] is True and f["reshard_after_forward"] is False
+    CPUOffloadPolicy()  # what the worker builds for cpu_offload
+
+
+@pytest.mark.parametrize("family", sorted(BLOCK_CLASS_BY_FAMILY))
+def test_block_class_names_a_real_module_of_the_built_model(family):
+    from launcher.model.build import build_model, model_config
+
+    job = make_job(**{"model.family": family})
+    model = build_model(job, model_config(job))  # meta device: no weights
+    block = fsdp_config(fsdp_plan(), job)["fsdp2"]["block_class"]
+    assert block in {type(m).__name__ for m in model.modules()}
+
+
+def test_block_class_argument_wins_and_none_defers_to_the_model():
+    cfg = fsdp_config(fsdp_plan(), make_job(), block_class="MyBlock")
+    assert cfg["fsdp2"]["block_class"] == "MyBlock"
+    assert cfg["accelerate"]["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "MyBlock"
+    hub = make_job(model="some/hub-model")
+    cfg = fsdp_config(fsdp_plan(), hub)
+    # Unknown: the worker and accelerate both fall back to the model's _no_split_modules.
+    assert cfg["fsdp2"]["block_class"] is None
+    assert "fsdp_transformer_layer_cls_to_wrap" not in cfg["accelerate"]["fsdp_config"]
+
+
+def test_precision_maps_to_accelerate():
+    for precision, mp in (("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "no")):
+        assert fsdp_config(fsdp_plan(dict(precision=precision)), make_job())["accelerate"]["mixed_precision"] == mp
+
+
+def test_unsupported_plans_list_every_problem():
+    with pytest.raises(ConfigError) as e:
+        fsdp_config(fsdp_plan(offload_optimizer="nvme", offload_params="cpu"), make_job())
+    assert [p.split(":")[0] for p in e.value.problems] == ["strategy.offload_optimizer"]
+    with pytest.raises(ConfigError, match="set both to cpu or both to none"):
+        fsdp_config(fsdp_plan(offload_optimizer="cpu"), make_job())
+    with pytest.raises(ConfigError, match="ds_config"):
+        fsdp_config(make_plan(zero_stage=2), make_job())
+    with pytest.raises(ConfigError, match="re-plan"):
+        fsdp_config(fsdp_plan(global_batch_size=65), make_job())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CASES = {name: ({}, s) for name, s in GOLDEN.items()}
+CASES["two_nodes_fp32"] = (dict(world_size=16, nodes=2, precision="fp32"), dict(fsdp_reshard_after_forward=True))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeypatch):
+    """The file goes through accelerate's own path: its config loader, `accelerate launch`'s argument merge and
+    validation, the environment it hands to the ranks, and the FSDP plugin each rank builds from that."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    plan_kw, strategy = CASES[name]
+    plan, job = fsdp_plan(plan_kw, **strategy), make_job()
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(fsdp_yaml_text(plan, job))
+
+    # Top-level keys: ClusterConfig rejects unknown ones.
+    loaded = load_config_from_file(str(path))
+    assert loaded.num_processes == plan.world_size and loaded.num_machines == plan.nodes
+    # fsdp_config keys are copied onto launch's argparse namespace without a check, so check them here.
+    parser = launch_command_parser()
+    dests = {a.dest for a in parser._actions}
+    assert set(loaded.fsdp_config) <= dests
+
+    argv = ["--config_file", str(path)]
+    if plan.nodes > 1:  # what the Slurm launch line adds per node
+        argv += ["--main_process_ip", "10.0.0.1", "--main_process_port", str(_free_port())]
+    args, _, _ = _validate_launch_command(parser.parse_args([*argv, "train.py"]))
+    env = prepare_multi_gpu_env(args)
+    assert int(args.nproc_per_node) == plan.gpus_per_node
+
+    for key in [k for k in os.environ if k.startswith(("FSDP_", "ACCELERATE_"))]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+
+    s = plan.strategy
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is s.fsdp_reshard_after_forward
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy if s.offload_params == "cpu" else OffloadPolicy)
+    assert plugin.activation_checkpointing is s.activation_checkpointing
+    assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"]
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+    assert env["ACCELERATE_MIXED_PRECISION"] == {"bf16": "bf16", "fp32": "no"}[plan.precision]
