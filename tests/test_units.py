@@ -1,6 +1,6 @@
 import pytest
 
-from launcher.units import GB, GiB, MB, TB, format_bytes, parse_bytes
+from launcher.units import GB, MB, TB, GiB, format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,8 @@ class LocalBackend(Backend):
         try:
             torchrun(args)
         except ChildFailedError as e:
-            failures = [RankFailure(rank=f.rank, exitcode=f.exitcode, host=os.uname().nodename)
-                        for f in e.failures.values()]
+            failures = [RankFailure(rank=rank, exitcode=f.exitcode, host=os.uname().nodename)
+                        for rank, f in e.failures.items()]
             return Outcome(ok=False, failures=failures)
         except SignalException as e:
             if watchdog is not None and watchdog.fired:

@@ -24,28 +24,14 @@ Exit codes: 0 every rank within budget; 1 training failed; 2 bad input or no pla
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.cli import plan as plan_cmd
+    from launcher.cli import calibrate, manage, plan, run
 
     parser = argparse.ArgumentParser(prog="launch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
-    plan_cmd.add_parser(sub)
-    for mod in _optional_verbs():
+    for mod in (run, plan, calibrate, manage):
         mod.add_parser(sub)
     return parser
-
-
-def _optional_verbs():
-    import importlib
-
-    mods = []
-    for name in ("run", "calibrate", "manage"):
-        try:
-            mods.append(importlib.import_module(f"launcher.cli.{name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"launcher.cli.{name}":
-                raise
-    return mods
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="end the run when no rank progresses for S seconds (0: off)")
     p.add_argument("--slurm", action="store_true", help="submit through submitit to Slurm (as launcher: slurm)")
     p.add_argument("--wait", action="store_true", help="with Slurm: follow the job and end with the memory report")
+    p.add_argument("--array-parallelism", type=int, metavar="N",
+                   help="with a sweep: at most N array tasks run at once (slurm.array_parallelism)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quiet", action="store_true", help="no live view")
     g.add_argument("--verbose", action="store_true", help="live view as lines even when not on a terminal")
@@ -77,6 +79,8 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool) -> dict[str, str]
         env["LAUNCHER_DS_CONFIG"] = str(run.path / "ds_config.json")
     if enforce:
         env["LAUNCHER_ENFORCE_BYTES"] = str(plan.budget_bytes)
+    # torchrun's own default for several ranks per node, set here so it does not warn about it.
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
     env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     return env
@@ -98,8 +102,19 @@ def total_steps(job: Job) -> int | None:
     return job.train.max_steps
 
 
+def wait_for_rank_files(run: RunDir, world_size: int, timeout_s: float) -> None:
+    """Ranks on other nodes may still be writing their memory files when this node's agent returns."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while len(run.rank_files()) < world_size and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     """Merge the rank files, write report.json and memory.png, print the table, and return the exit code."""
+    if outcome.ok and plan.nodes > 1:
+        wait_for_rank_files(run, plan.world_size, timeout_s=60)
     report = build_report(run, plan.to_json(), expected_ranks=plan.world_size)
     report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
                          "failures": [{"rank": f.rank, "exitcode": f.exitcode, "host": f.host} for f in outcome.failures]}
@@ -145,7 +160,13 @@ def describe_failure(run: RunDir, outcome: Outcome) -> None:
 
 def run(args: argparse.Namespace) -> int:
     extra = {"launcher": "slurm"} if args.slurm else {}
+    if args.array_parallelism is not None:
+        extra["slurm.array_parallelism"] = args.array_parallelism
     job = job_from_args(args, extra)
+    if job.sweep is not None:  # each variant is planned for itself, so the base job is not planned here
+        from launcher.backends.slurm_array import submit_sweep_from_cli
+
+        return submit_sweep_from_cli(args, job)
     if args.script and not Path(args.script).is_file():
         raise ConfigError(f"--script: {args.script!r} does not exist; give the path of your training script")
     plan = plan_job(job, force=args.force)

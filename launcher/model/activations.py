@@ -26,7 +26,8 @@ def _with_blocks(config, blocks: int):
     return cfg
 
 
-def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, checkpointing: bool, dtype) -> int:
+def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: int, checkpointing: bool,
+                           dtype) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -35,10 +36,10 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, checkpoint
 
     # Inputs stay real (a few integers): the recipe reads its token count from them.
     vocab = int(config.vocab_size)
-    ids = torch.randint(0, vocab, (1, seq_len))
-    batch = {"input_ids": ids, "attention_mask": torch.ones(1, seq_len, dtype=torch.long)}
+    ids = torch.randint(0, vocab, (examples, seq_len))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(examples, seq_len, dtype=torch.long)}
     if job.task == "seq_cls":
-        batch["labels"] = torch.zeros(1, dtype=torch.long)
+        batch["labels"] = torch.zeros(examples, dtype=torch.long)
     if job.task == "sentence_embedding":
         batch["pair_input_ids"] = ids.clone()
         batch["pair_attention_mask"] = batch["attention_mask"].clone()
@@ -49,6 +50,11 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, checkpoint
         model.train()
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if job.train.lora is not None:
+            # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
+            from launcher.worker.model import apply_lora
+
+            model = apply_lora(model, job.train.lora, job.task)
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
@@ -72,24 +78,31 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     recipe = make_recipe(job.task, job.data)
     s_long = seq_len
     s_short = max(8, seq_len // 2)
+    # Enough tokens that saved activations, not the one-off dense embedding gradient (V·h), make the peak.
+    h = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 768)
+    tokens = max(s_long, 4 * int(config.vocab_size) // 16, 64 * h // 16)
+    examples = -(-tokens // s_long)
 
-    def peak(blocks: int, s: int, ac: bool) -> int:
-        return _peak_activation_bytes(job, _with_blocks(config, blocks), recipe, seq_len=s, checkpointing=ac,
-                                      dtype=dtype)
+    def peak(blocks: int, s: int, ac: bool) -> float:
+        """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
+        n = examples * s_long // s
+        total = _peak_activation_bytes(job, _with_blocks(config, blocks), recipe, seq_len=s, examples=n,
+                                       checkpointing=ac, dtype=dtype)
+        return total / (n * s)
 
-    # P(L, s) = s·(L·(a + b·s) + head); the per-block cost per token is a + b·s.
-    per_block_long = (peak(2, s_long, False) - peak(1, s_long, False)) / s_long
+    # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
+    per_block_long = peak(2, s_long, False) - peak(1, s_long, False)
     if s_short != s_long:
-        per_block_short = (peak(2, s_short, False) - peak(1, s_short, False)) / s_short
+        per_block_short = peak(2, s_short, False) - peak(1, s_short, False)
         b = max(0.0, (per_block_long - per_block_short) / (s_long - s_short))
     else:
         b = 0.0
     a = per_block_long - b * s_long
-    head = peak(1, s_long, False) / s_long - per_block_long
-    # Q(L, s) = s·(L·c + (a + b·s) + head'): a checkpoint per block, one block recomputed, the head.
+    head = peak(1, s_long, False) - per_block_long
+    # Q(L, s) = L·c + (a + b·s) + head': a checkpoint per block, one block recomputed, the head.
     q1, q2 = peak(1, s_long, True), peak(2, s_long, True)
-    ckpt = (q2 - q1) / s_long
-    head_ckpt = q1 / s_long - ckpt - per_block_long
+    ckpt = q2 - q1
+    head_ckpt = q1 - ckpt - per_block_long
     return ActivationConstants(
         block_bytes_per_token=a,
         block_bytes_per_token_per_seq=b,

@@ -164,10 +164,10 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         # gradient partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload].
         moved = st.optimizer + 4 * psi_t / shard_opt
         st.optimizer = 0.0
-        st.grads = w * psi_t if stage == 1 and accumulating else 0.0
-        st.step_extra = w * psi_t if stage == 1 else 0.0
-        st.model_states = st.params + (w * psi_t if stage == 1 else 0.0) + (
-            2 * w * m.largest_layer_params if stage == 3 else 0.0)
+        # ZeRO-3 keeps its 16-bit gradient partition on the device (measured; [DS] leaves it out).
+        st.grads = grads16 if stage == 3 else 0.0
+        st.step_extra = 0.0
+        st.model_states = st.params + st.grads + (2 * w * m.largest_layer_params if stage == 3 else 0.0)
         if s.offload_optimizer == "cpu":
             st.host += moved
         else:
@@ -224,8 +224,11 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "activations": 0.0 if at_step else blocks,
         "logits": 0.0 if at_step else head,
     }
-    tensors = max(backward_peak, step_peak)
     hw = inp.hardware
+    if hw.device_is_host:
+        # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
+        breakdown["offloaded"] = st.host
+    tensors = sum(breakdown.values())
     breakdown["reserve"] = hw.fragmentation * tensors + hw.context_bytes
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
@@ -234,9 +237,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # built sharded (ZeRO-3 zero.Init, FSDP2 meta-device init) [DS: "4nP·f without zero.Init"].
     builds_sharded = s.engine == "fsdp" or (s.zero_stage or 0) >= 3
     load = 0 if builds_sharded else 4 * m.num_params * ranks
-    host = ranks * st.host
-    if hw.device_is_host:
-        host += ranks * peak
+    host = ranks * peak if hw.device_is_host else ranks * st.host
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment="step" if at_step else "backward")
