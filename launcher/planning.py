@@ -101,7 +101,9 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
     if path.is_file():
         data = json.loads(path.read_text())
         return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
-    key = f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}"
+    from launcher.model.activations import PROBE_VERSION
+
+    key = f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}-v{PROBE_VERSION}"
     cached = cache_dir() / "activations" / f"{key}.json"
     if cached.is_file():
         try:

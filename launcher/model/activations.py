@@ -16,6 +16,8 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+PROBE_VERSION = 2
+"""Part of the cache key: bump when what the probe measures changes."""
 
 
 def _with_blocks(config, blocks: int):

@@ -100,7 +100,7 @@ class MemoryEstimate:
     host_bytes_per_node: int
     nvme_bytes_per_node: int
     peak_moment: str = "backward"
-    """Which moment is the peak: backward (activations) or step (optimizer)."""
+    """Which moment is the peak: backward (activations), backward_end (gradient reduce) or step (optimizer)."""
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
@@ -124,6 +124,8 @@ class States:
     buffers: float = 0.0
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
+    backward_end_extra: float = 0.0
+    """Bytes at the end of backward, when the largest unit's gradient is reduced (buffers already freed)."""
     host: float = 0.0
     nvme: float = 0.0
     model_states: float = 0.0
@@ -197,10 +199,17 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.grads = sharded_grads
     else:
         st.step_extra = sharded_grads
-    # Unsharded working copies at the backward start: the root's params (embeddings, head) and either the
-    # last block plus the next prefetched one (FULL_SHARD) or every block (SHARD_GRAD_OP).
+    # Unsharded working copies at the backward start: the root's params (embeddings, head) with the
+    # all-gather buffer they were copied out of, and either the last block plus the next prefetched one
+    # (FULL_SHARD) or every block (SHARD_GRAD_OP).
     gathered_blocks = 2 if s.fsdp_reshard_after_forward else m.num_blocks
-    st.buffers = w * (m.non_block_params + gathered_blocks * m.block_params)
+    st.buffers = w * (2 * m.non_block_params + gathered_blocks * m.block_params)
+    # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
+    # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
+    root_trainable = m.non_block_params * m.trainable_params / m.num_params
+    unit = max(root_trainable, m.block_params * m.trainable_params / m.num_params)
+    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else (4 + 4 / n) * unit
+    st.backward_end_extra = 4 * (m.trainable_params - root_trainable) / n + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         st.host = st.params + sharded_grads + st.optimizer
         st.params = st.grads = st.optimizer = st.step_extra = 0.0
@@ -213,16 +222,19 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing)
     persistent = st.params + st.grads + st.optimizer + st.buffers
-    backward_peak = persistent + blocks + head
-    step_peak = persistent + st.step_extra
-    at_step = step_peak > backward_peak
+    moments = {
+        "backward": persistent + blocks + head,
+        "step": persistent + st.step_extra,
+        "backward_end": persistent - st.buffers + st.backward_end_extra,
+    }
+    moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
-        "grads": st.grads + (st.step_extra if at_step else 0.0),
+        "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
-        "buffers": st.buffers,
-        "activations": 0.0 if at_step else blocks,
-        "logits": 0.0 if at_step else head,
+        "buffers": st.buffers if moment != "backward_end" else 0.0,
+        "activations": blocks if moment == "backward" else 0.0,
+        "logits": head if moment == "backward" else 0.0,
     }
     hw = inp.hardware
     if hw.device_is_host:
@@ -240,7 +252,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     host = ranks * peak if hw.device_is_host else ranks * st.host
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
-                          nvme_bytes_per_node=int(ranks * st.nvme), peak_moment="step" if at_step else "backward")
+                          nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
