@@ -16,7 +16,7 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 """Part of the cache key: bump when what the probe measures changes."""
 
 
@@ -32,9 +32,9 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
                            dtype) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from launcher.model.build import model_class
+    from launcher.runtime.tracker import PhaseMemTracker
 
     # Inputs stay real (a few integers): the recipe reads its token count from them.
     vocab = int(config.vocab_size)
@@ -45,21 +45,28 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
     if job.task == "sentence_embedding":
         batch["pair_input_ids"] = ids.clone()
         batch["pair_attention_mask"] = batch["attention_mask"].clone()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # Built on the meta device (LoRA included: peft cannot move fake parameters), then materialized as
+    # fake tensors, which replaces each parameter instead of swapping it.
+    with torch.device("meta"):
         model = model_class(job.task).from_config(config, dtype=dtype)
-        if hasattr(model.config, "use_cache"):
-            model.config.use_cache = False
-        model.train()
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if job.train.lora is not None:
-            # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
-            from launcher.worker.model import apply_lora
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if job.train.lora is not None:
+        # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
+        from launcher.worker.model import apply_lora
 
-            model = apply_lora(model, job.train.lora, job.task)
-        tracker = MemTracker()
+        model = apply_lora(model, job.train.lora, job.task)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device="cpu")
+        model.train()
+        # The worker's tracker: it also handles frozen parameters (LoRA), which plain MemTracker cannot hook.
+        tracker = PhaseMemTracker()
+        tracker.setup(torch.device("cpu"), None)
         tracker.track_external(model)
         with tracker:
+            tracker.start_phase("forward")
             loss = recipe.loss_tensor(model, batch)
             loss.backward()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))

@@ -156,8 +156,10 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
     st.step_extra = (grads16 - st.grads) + 2 * grads32
     st.model_states = st.params + grads16 + grads32 + st.optimizer
     if stage == 3:
-        # The reduce bucket, and the largest layer gathered in the working dtype with its gradient [DS: 4L].
-        st.buffers = w * min(buckets.reduce_bucket_size, psi_t) + 2 * w * m.largest_layer_params
+        # The reduce bucket is allocated whole, however few parameters train (measured). [DS]'s 4L (the
+        # largest layer gathered with its gradient) is not alive at the backward-start peak: the loss's
+        # temporaries are freed before the head's weights are gathered for their gradient.
+        st.buffers = w * buckets.reduce_bucket_size
         st.model_states += 2 * w * m.largest_layer_params
     elif stage == 2 and inp.overlap_comm:
         st.buffers = 2 * w * min(buckets.reduce_bucket_size, psi_t)
