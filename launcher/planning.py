@@ -47,7 +47,7 @@ def _model_fingerprint(job: Job) -> str:
         tf = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         tf = "?"
-    key = json.dumps([src, job.task, job.data.num_labels, lora, tf, 2], sort_keys=True, default=str)
+    key = json.dumps([src, job.task, job.data.num_labels, lora, tf, 3], sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 

@@ -124,6 +124,10 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     _, blocks = _find_blocks(model)
     per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
+    frozen = 0
+    if job.task == "sentence_embedding" and getattr(model, "pooler", None) is not None:
+        # Mean pooling never calls BERT's pooler; the recipe freezes it (launcher.worker.model.build).
+        frozen = sum(p.numel() for p in model.pooler.parameters())
     lora_params = 0
     if job.train.lora is not None:
         lora_params, hits = lora_param_count(model, job.train.lora)
@@ -141,7 +145,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         model_type=model_type,
         task=job.task,
         num_params=num_params,
-        trainable_params=lora_params if job.train.lora else num_params,
+        trainable_params=lora_params if job.train.lora else num_params - frozen,
         lora_params=lora_params,
         largest_layer_params=largest,
         num_blocks=len(per_block),

@@ -29,6 +29,7 @@ class Recipe:
     task: str
     """causal_lm, seq_cls or sentence_embedding."""
     data: DataConfig
+    """The job's data section: which fields hold text, label and pair."""
     num_labels: int | None = None
     """seq_cls: classes, from the job or counted in the data."""
     label_ids: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,66 @@
+"""Atomic JSON files and append-only JSONL logs under the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_json(path: str | os.PathLike, data: object) -> None:
+    """Write ``data`` as JSON so readers see the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=False, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class JsonlLog:
+    """One JSON object per line, flushed line by line so a live view can tail it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = None
+
+    def append(self, row: dict) -> None:
+        if self._f is None:
+            self._f = open(self.path, "a")  # noqa: SIM115 - kept open for the run, closed in close()
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines with step > ``step``: a resumed run redoes them, and each step must appear once."""
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if row.get("step", 0) <= step:
+                keep.append(line + "\n")
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

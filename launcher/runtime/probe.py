@@ -1,0 +1,304 @@
+"""The per-rank memory probe: peaks per phase, the category breakdown at the peak, the rank report.
+
+On CPU ranks every tensor is counted by a MemTracker (the rank's "device" is host
+memory, so the tracked total is the number compared with the budget). On CUDA the
+allocator's own max_memory_allocated/reserved are the truth; the MemTracker
+breakdown is added there only when $LAUNCHER_TRACK_CATEGORIES=1 because it runs
+Python on every op.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from launcher.runtime import env
+from launcher.runtime.files import JsonlLog, atomic_write_json
+from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
+
+TRAINING_PHASES = ("forward", "backward", "optimizer_step")
+"""The phases whose peak the planner predicts; init, eval and checkpoint are reported beside them."""
+
+
+def peak_rss_bytes() -> int:
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemoryProbe:
+    """Measures one rank. Use ``with probe:`` around the work, ``probe.phase(name)`` around each part.
+
+    Example (a user's own loop)::
+
+        probe = memory_probe()
+        with probe:
+            for step in range(n):
+                with probe.phase("forward"):
+                    loss = model(batch).loss
+                with probe.phase("backward"):
+                    loss.backward()
+                with probe.phase("optimizer_step"):
+                    opt.step(); opt.zero_grad()
+                probe.step_done(step + 1, loss.item(), tokens=batch_tokens)
+        probe.write()
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str | None = None,
+        run_dir: str | os.PathLike | None = None,
+        enforce_bytes: int | None = None,
+        track_categories: bool | None = None,
+    ):
+        self.rank, self.local_rank, self.world_size = env.rank_info()
+        if device is None:
+            device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        if track_categories is None:
+            track_categories = not self.is_cuda or os.environ.get(env.TRACK_ENV) == "1"
+        self.track_categories = track_categories
+        self.enforce_bytes = enforce_bytes
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.tracker = None
+        self.phase_name = "other"
+        self.step = 0
+        self.fields: dict[str, object] = {}
+        self.losses: list[float] = []
+        self.cuda_phase_peaks: dict[str, int] = {}
+        self.cuda_max_allocated = 0
+        self.cuda_max_reserved = 0
+        self._oom_raised = False
+        self.after_step_snap: dict | None = None
+        self._t_step = time.perf_counter()
+        self.step_log = JsonlLog(self.run_dir / "steps" / f"rank-{self.rank}.jsonl") if self.run_dir else None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def __enter__(self) -> MemoryProbe:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.is_cuda and self.enforce_bytes:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.enforce_bytes / total), self.device)
+        if self.track_categories and self.tracker is None:
+            self._enter(PhaseMemTracker())
+
+    def _enter(self, tracker) -> None:
+        cap = None if self.is_cuda else self.enforce_bytes
+        tracker.setup(self.device, cap)
+        tracker.start_phase(self.phase_name)
+        tracker.__enter__()
+        self.tracker = tracker
+
+    def stop(self) -> None:
+        if self.tracker is not None and self.tracker._depth > 0:
+            self.tracker.__exit__(None, None, None)
+
+    def use_fsdp_tracker(self, root: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """Swap to FSDPMemTracker once the model is fully_shard-ed; the peaks measured so far are kept."""
+        if not self.track_categories:
+            return
+        old = self.tracker
+        self.stop()
+        new = fsdp_tracker(root, optimizer)
+        self._enter(new)
+        if old is not None:
+            for name in ("phase_peak_bytes", "phase_peak_snap", "peak_bytes", "peak_snap", "peak_phase"):
+                setattr(new, name, getattr(old, name))
+            new.start_phase(self.phase_name)
+
+    # -- attribution ------------------------------------------------------------------------------------------
+    def track(self, *external, **categories) -> None:
+        """Count objects made before tracking began (MemTracker.track_external), then label tensors by category.
+
+        ``categories`` maps a category (params, grads, optimizer, activations, temp, buffers, other) to tensors.
+        """
+        if self.tracker is None:
+            return
+        if external:
+            self.tracker.track_external(*external)
+        for category, tensors in categories.items():
+            self.tracker.label(tensors, category)
+
+    def relabel(self, old: str, new: str) -> int:
+        return self.tracker.relabel(old, new) if self.tracker is not None else 0
+
+    # -- phases -----------------------------------------------------------------------------------------------
+    @contextmanager
+    def phase(self, name: str):
+        prev = self.phase_name
+        self.phase_name = name
+        if self.tracker is not None:
+            self.tracker.start_phase(name)
+            if name in ("forward", "eval"):
+                # MemTracker refuses a second root forward in one tracked "iteration".
+                self.tracker.reset_mod_stats()
+        if self.is_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            if self.is_cuda:
+                self._note_cuda(name)
+            self.phase_name = prev
+            if self.tracker is not None:
+                # No peak note here: the state at a phase's end belongs to that phase, not to the outer one.
+                self.tracker.phase = prev
+        if ok:
+            self.check_cap()
+
+    def _note_cuda(self, name: str) -> None:
+        alloc = torch.cuda.max_memory_allocated(self.device)
+        self.cuda_phase_peaks[name] = max(self.cuda_phase_peaks.get(name, 0), alloc)
+        self.cuda_max_allocated = max(self.cuda_max_allocated, alloc)
+        self.cuda_max_reserved = max(self.cuda_max_reserved, torch.cuda.max_memory_reserved(self.device))
+
+    def check_cap(self) -> None:
+        """Raise OutOfMemoryError if the tracked bytes crossed the cap and nobody has seen it raised yet."""
+        t = self.tracker
+        if t is not None and t.over_cap is not None and not self._oom_raised:
+            self._oom_raised = True
+            total, phase = t.over_cap
+            raise torch.OutOfMemoryError(
+                f"tracked tensors reached {total} bytes in phase {phase!r}, over the enforced cap of {t.cap_bytes} bytes"
+            )
+
+    # -- numbers ----------------------------------------------------------------------------------------------
+    def current_bytes(self) -> int:
+        if self.is_cuda:
+            return torch.cuda.memory_allocated(self.device)
+        return self.tracker.total_bytes() if self.tracker is not None else 0
+
+    def phase_peaks(self) -> dict[str, int]:
+        if self.is_cuda:
+            return dict(self.cuda_phase_peaks)
+        return dict(self.tracker.phase_peak_bytes) if self.tracker is not None else {}
+
+    def peak_bytes(self) -> int:
+        peaks = self.phase_peaks()
+        return max(peaks.values(), default=0)
+
+    def step_done(self, step: int, loss: float, tokens: int, **extra) -> dict:
+        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration."""
+        now = time.perf_counter()
+        dt = max(now - self._t_step, 1e-9)
+        self._t_step = now
+        self.step = step
+        self.losses.append(float(loss))
+        row = {
+            "step": step,
+            "loss": float(loss),
+            "tokens_per_s": tokens / dt,
+            "step_time_s": dt,
+            "mem_current_bytes": self.current_bytes(),
+            "mem_peak_bytes": self.peak_bytes(),
+            "time": time.time(),
+            **extra,
+        }
+        if self.step_log is not None:
+            self.step_log.append(row)
+        if self.tracker is not None:
+            self.after_step_snap = self.tracker.current_snap()
+            self.tracker.reset_mod_stats()
+        return row
+
+    def restart_step_clock(self) -> None:
+        self._t_step = time.perf_counter()
+
+    def record(self, **fields) -> None:
+        """Extra fields for the rank report (loss, trainable params, ...)."""
+        self.fields.update(fields)
+
+    def report(self, *, status: str, error: str | None = None) -> dict:
+        peaks = self.phase_peaks()
+        t = self.tracker
+        out = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": socket.gethostname(),
+            "device": self.device.type,
+            "world_size": self.world_size,
+            "status": status,
+            "phases": peaks,
+            "measured_peak_bytes": max(peaks.values(), default=0),
+            "training_peak_bytes": max((peaks.get(p, 0) for p in TRAINING_PHASES), default=0),
+            "peak_phase": max(peaks, key=peaks.get) if peaks else None,
+            "peak_by_category": by_category(t.peak_snap) if t is not None else None,
+            "peak_by_category_raw": raw_breakdown(t.peak_snap) if t is not None else None,
+            "phase_breakdown": (
+                {p: by_category(s) for p, s in t.phase_peak_snap.items()} if t is not None else None
+            ),
+            # What stays live between steps (params, grads if kept, optimizer states, engine buffers).
+            "after_step_by_category": by_category(self.after_step_snap) if self.after_step_snap is not None else None,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "enforce_bytes": self.enforce_bytes,
+            "first_loss": self.losses[0] if self.losses else None,
+            "final_loss": self.losses[-1] if self.losses else None,
+            "steps_done": self.step,
+            "error": error,
+        }
+        if self.is_cuda:
+            out["max_memory_allocated_bytes"] = self.cuda_max_allocated
+            out["max_memory_reserved_bytes"] = self.cuda_max_reserved
+        out.update(self.fields)
+        return out
+
+    def oom_details(self) -> dict:
+        """Where an OOM struck and what was live: for the rank report."""
+        d: dict[str, object] = {"phase": self.phase_name, "step": self.step + 1}
+        t = self.tracker
+        if t is not None:
+            d["current_bytes"] = t.total_bytes()
+            d["current_by_category"] = by_category(t.current_snap())
+            if t.over_cap is not None:
+                d["phase"] = t.over_cap[1]
+                d["crossed_at_bytes"] = t.over_cap[0]
+        if self.is_cuda:
+            d["memory_summary"] = torch.cuda.memory_summary(self.device)
+        return d
+
+    def write(self, path: str | os.PathLike | None = None, *, status: str = "completed", error: str | None = None):
+        """Write the rank report (atomically) to ``path`` or RUN_DIR/ranks/rank-K.json."""
+        if path is None:
+            if self.run_dir is None:
+                raise ValueError("memory probe has no run dir; pass write(path) or set $LAUNCHER_RUN_DIR")
+            path = self.run_dir / "ranks" / f"rank-{self.rank}.json"
+        data = self.report(status=status, error=error)
+        atomic_write_json(path, data)
+        return data
+
+
+def error_tail(exc: BaseException, max_chars: int = 4000) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return text[-max_chars:]
+
+
+def memory_probe(
+    *,
+    device: torch.device | str | None = None,
+    run_dir: str | os.PathLike | None = None,
+    enforce_bytes: int | None = None,
+    track_categories: bool | None = None,
+) -> MemoryProbe:
+    """A probe for this rank; the run dir and cap default to $LAUNCHER_RUN_DIR and $LAUNCHER_ENFORCE_BYTES."""
+    return MemoryProbe(
+        device=device,
+        run_dir=run_dir if run_dir is not None else env.run_dir(),
+        enforce_bytes=enforce_bytes if enforce_bytes is not None else env.enforce_bytes(),
+        track_categories=track_categories,
+    )

@@ -1,0 +1,183 @@
+"""Tensor-memory trackers built on torch.distributed._tools (MemTracker, FSDPMemTracker).
+
+They add what the probe needs and the upstream classes lack: a peak per phase,
+the category breakdown at that peak, relabelling of tensors the tracker saw
+under the wrong role (engine buffers created during init), and a byte cap that
+raises ``torch.OutOfMemoryError`` at the op that crosses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from copy import deepcopy
+
+import torch
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+
+# Our seven categories; the raw MemTracker/FSDPMemTracker names map onto them.
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "buffers", "other")
+_CATEGORY_OF_RAW = {
+    "Parameter": "params",
+    "Sharded Param": "params",
+    "Unsharded Param": "params",
+    "Buffer": "buffers",
+    "Gradient": "grads",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "grads",
+    "Activation": "activations",
+    "Inputs": "activations",
+    "Temp": "temp",
+    # FSDP2's communication buffers live only around one collective: temp by nature.
+    "All Gather": "temp",
+    "Reduce Scatter": "temp",
+    "Optstate": "optimizer",
+    "OptState": "optimizer",
+    "Other": "other",
+}
+# Raw member names per category, first match wins (FSDPMemTracker's enum has no PARAM, GRAD or OTH).
+_RAW_OF_CATEGORY = {
+    "params": ("PARAM", "SHARDED_PARAM"),
+    "grads": ("GRAD", "SHARDED_GRAD"),
+    "optimizer": ("OPT",),
+    "activations": ("ACT",),
+    "temp": ("TEMP",),
+    "buffers": ("BUFFER",),
+    "other": ("OTH", "TEMP"),
+}
+
+
+def raw_name(key: object) -> str:
+    return getattr(key, "value", str(key))
+
+
+def by_category(dev_snap: dict | None) -> dict[str, int]:
+    """A raw per-device snapshot as bytes per category (all seven keys, zeros included)."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for key, n in (dev_snap or {}).items():
+        if key == _TOTAL_KEY:
+            continue
+        out[_CATEGORY_OF_RAW.get(raw_name(key), "other")] += int(n)
+    return out
+
+
+def raw_breakdown(dev_snap: dict | None) -> dict[str, int]:
+    return {raw_name(k): int(v) for k, v in (dev_snap or {}).items() if k != _TOTAL_KEY}
+
+
+class _NoHandle:
+    def remove(self) -> None:
+        pass
+
+
+_NO_HANDLE = _NoHandle()
+
+
+class _PhasePeaks:
+    """Mixin over a MemTracker class: per-phase peaks, relabelling and a byte cap.
+
+    Peaks use ">=": a later step that reaches the same total replaces the snapshot,
+    so the breakdown shows the steady state after relabelling, not the first step's guesses.
+    """
+
+    def setup(self, device: torch.device, cap_bytes: int | None) -> None:
+        self.watch_device = device
+        self.cap_bytes = cap_bytes
+        self.phase = "init"
+        self.phase_peak_bytes: dict[str, int] = {}
+        self.phase_peak_snap: dict[str, dict] = {}
+        self.peak_bytes = 0
+        self.peak_snap: dict = {}
+        self.peak_phase = "init"
+        self.over_cap: tuple[int, str] | None = None
+
+    def total_bytes(self) -> int:
+        snap = self._curr_mem_snap.get(self.watch_device)
+        return int(snap[_TOTAL_KEY]) if snap else 0
+
+    def current_snap(self) -> dict:
+        return deepcopy(self._curr_mem_snap.get(self.watch_device, {}))
+
+    def start_phase(self, name: str) -> None:
+        self.phase = name
+        self._note(self.total_bytes())
+
+    def _note(self, total: int) -> None:
+        if total >= self.phase_peak_bytes.get(self.phase, -1):
+            self.phase_peak_bytes[self.phase] = total
+            self.phase_peak_snap[self.phase] = deepcopy(self._curr_mem_snap.get(self.watch_device, {}))
+            if total >= self.peak_bytes:
+                self.peak_bytes = total
+                self.peak_snap = self.phase_peak_snap[self.phase]
+                self.peak_phase = self.phase
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        # MemTracker hooks every parameter, and register_hook raises on frozen ones (LoRA, frozen poolers);
+        # a placeholder handle makes it skip them.
+        for p in module.parameters():
+            if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                self._param_to_grad_hook_handles[p] = (_NO_HANDLE, _NO_HANDLE)
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # MemTracker refuses a root module's second forward ("multiple iterative calls") unless
+        # reset_mod_stats() ran in between; its per-module stats are not used here, so reset for it.
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            name = self._mod_tracker.get_known_fqn(module)
+            if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+    def _track(self, reftype, t: torch.Tensor) -> None:
+        # Nothing runs a forward during init, so what it allocates is not activations: engine and model
+        # state, labelled precisely once the engine exists (label()); until then it counts as "other".
+        if self.phase == "init" and reftype == self._reftype("activations"):
+            reftype = self._reftype("other")
+        super()._track(reftype, t)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        total = self.total_bytes()
+        self._note(total)
+        if self.cap_bytes is not None and total > self.cap_bytes and self.over_cap is None:
+            self.over_cap = (total, self.phase)
+            raise torch.OutOfMemoryError(
+                f"tracked tensors reached {total} bytes in phase {self.phase!r}, over the enforced cap of "
+                f"{self.cap_bytes} bytes (LAUNCHER_ENFORCE_BYTES)"
+            )
+
+    def _reftype(self, category: str):
+        members = self._ref_class.__members__
+        return next(members[n] for n in _RAW_OF_CATEGORY[category] if n in members)
+
+    def label(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
+        """Track ``tensors`` (again) under ``category``; untracked ones are added to the totals."""
+        reftype = self._reftype(category)
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._update_and_maybe_create_winfos(t, reftype)
+        self._note(self.total_bytes())
+
+    def relabel(self, old: str, new: str) -> int:
+        """Move every live tensor in category ``old`` to ``new``; returns the bytes moved."""
+        old_t, new_t = self._reftype(old), self._reftype(new)
+        moved = 0
+        for winfo, _ in list(self._WINFO.values()):
+            if winfo.reftype == old_t and old_t != new_t:
+                winfo.reftype = new_t
+                self._update_snap(_UpdateType.REF, winfo, old_reftype=old_t)
+                moved += winfo.mem_consumed
+        return moved
+
+
+class PhaseMemTracker(_PhasePeaks, MemTracker):
+    """MemTracker with phases; for plain modules and DeepSpeed engines."""
+
+
+def fsdp_tracker(root: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """An FSDPMemTracker with phases: it tells sharded/unsharded params and grads and collective buffers apart."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class PhaseFSDPMemTracker(_PhasePeaks, FSDPMemTracker):
+        pass
+
+    return PhaseFSDPMemTracker(root, optimizer)

@@ -1,0 +1,7 @@
+"""The per-rank training worker: ``python -m launcher.worker RUN_DIR`` under torchrun.
+
+It reads RUN_DIR/job.yaml, plan.json and ds_config.json, trains with the planned
+engine, and writes RUN_DIR/ranks/rank-K.json, RUN_DIR/steps/rank-K.jsonl and
+RUN_DIR/checkpoint/. Exit codes: 0 completed or checkpointed, 75 out of memory
+(or over the enforced cap), 2 bad input, 1 any other failure.
+"""

@@ -1,0 +1,162 @@
+"""Local JSONL/CSV records, a fixed train/eval split, and each rank's deterministic stream of micro-batches.
+
+Every sequence is padded to the plan's seq_len: fixed shapes make activation
+memory the same at every step, so the measured peak is the one the planner predicted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from launcher.errors import ConfigError
+
+SPLIT_SEED = 1234
+"""The eval split does not depend on train.seed, so runs with different seeds evaluate on the same rows."""
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Rows of a .jsonl (one JSON object a line) or .csv/.tsv (header row) file."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"data.path: {str(p)!r} does not exist; point it at a local .jsonl or .csv file")
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        rows = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"data.path: {p}:{n}: not JSON ({e.msg}); write one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"data.path: {p}:{n}: a JSON {type(row).__name__}, not an object; write {{...}}")
+            rows.append(row)
+        return rows
+    if suffix in (".csv", ".tsv"):
+        with open(p, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+    raise ConfigError(f"data.path: {str(p)!r} has extension {suffix!r}; use .jsonl or .csv")
+
+
+def column(rows: list[dict], name: str, path: str, key: str) -> list:
+    """The ``name`` field of every row; a missing one names the row and the key to set."""
+    out = []
+    for i, row in enumerate(rows):
+        if name not in row or row[name] is None:
+            raise ConfigError(
+                f"{key}: row {i + 1} of {path} has no field {name!r} (fields: {', '.join(map(str, row))}); "
+                f"set {key} to the field holding it"
+            )
+        out.append(row[name])
+    return out
+
+
+def split(rows: list, eval_fraction: float) -> tuple[list, list]:
+    """(train, eval): a fixed shuffle, the first round(n * eval_fraction) rows held out (at least 1 if > 0)."""
+    order = list(range(len(rows)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    n_eval = 0 if eval_fraction <= 0 else max(1, round(len(rows) * eval_fraction))
+    n_eval = min(n_eval, len(rows) - 1)
+    return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
+
+
+def shard_order(n: int, *, epoch: int, seed: int, world_size: int, rank: int, shuffle: bool = True) -> list[int]:
+    """DistributedSampler's rule: permute with seed + epoch, pad by wrapping to a multiple of world_size, stride."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g).tolist()
+    else:
+        order = list(range(n))
+    pad = (-n) % world_size
+    order += (order * math.ceil(pad / max(n, 1)))[:pad]
+    return order[rank::world_size]
+
+
+@dataclass(kw_only=True, slots=True)
+class Stream:
+    """One rank's training micro-batches, as an endless, restartable sequence of example indices.
+
+    A step takes ``samples_per_step`` = micro_batch_size * grad_accum_steps examples from the rank's
+    shard; an epoch is the whole steps that fit, so resuming at step s only needs s.
+    """
+
+    num_examples: int
+    """Training examples (all ranks)."""
+    micro_batch_size: int
+    """Sequences per forward, per rank."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step."""
+    world_size: int
+    """Data-parallel ranks."""
+    rank: int
+    """This rank."""
+    seed: int
+    """Shuffle seed; epoch e uses seed + e."""
+    _cache: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.steps_per_epoch < 1:
+            raise ConfigError(
+                f"data.path: {self.num_examples} training examples over {self.world_size} ranks give "
+                f"{self.shard_size} per rank, fewer than one step needs "
+                f"({self.micro_batch_size} micro-batch x {self.grad_accum_steps} accumulation); "
+                "add data, lower train.global_batch_size or lower data.eval_fraction"
+            )
+
+    @property
+    def shard_size(self) -> int:
+        return math.ceil(self.num_examples / self.world_size)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.shard_size // self.samples_per_step
+
+    def micro_batch(self, step: int, micro: int) -> list[int]:
+        """Example indices of micro-batch ``micro`` (0-based) of optimizer step ``step`` (0-based)."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        order = self._order(epoch)
+        start = k * self.samples_per_step + micro * self.micro_batch_size
+        return order[start : start + self.micro_batch_size]
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._cache is None or self._cache[0] != epoch:
+            order = shard_order(
+                self.num_examples, epoch=epoch, seed=self.seed, world_size=self.world_size, rank=self.rank
+            )
+            self._cache = (epoch, order)
+        return self._cache[1]
+
+
+def eval_batches(n: int, *, micro_batch_size: int, world_size: int, rank: int) -> list[list[int]]:
+    """This rank's eval micro-batches; every rank gets the same count, the last batch wrapped to full size."""
+    if n == 0:
+        return []
+    order = shard_order(n, epoch=0, seed=0, world_size=world_size, rank=rank, shuffle=False)
+    n_batches = math.ceil(len(order) / micro_batch_size)
+    full = (order * math.ceil(n_batches * micro_batch_size / len(order)))[: n_batches * micro_batch_size]
+    return [full[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(n_batches)]
+
+
+def total_steps(*, max_steps: int | None, epochs: float | None, steps_per_epoch: int) -> int:
+    if max_steps is not None:
+        if max_steps < 1:
+            raise ConfigError(f"train.max_steps: {max_steps} must be at least 1")
+        return max_steps
+    if epochs is None:
+        raise ConfigError("train: give max_steps or epochs; e.g. train.max_steps: 100")
+    if epochs <= 0:
+        raise ConfigError(f"train.epochs: {epochs} must be positive")
+    return max(1, math.ceil(epochs * steps_per_epoch))

@@ -1,0 +1,147 @@
+"""DeepSpeed: deepspeed.initialize with the emitted ds_config.json, ZeRO 0-3, optional CPU/NVMe offload.
+
+ZeRO-3 builds the model inside zero.Init (through transformers' HfDeepSpeedConfig):
+each parameter is partitioned as soon as it is created, and pretrained weights are
+copied in one gathered tensor at a time, so the device holds its partitions plus one
+tensor, never the whole model. (transformers still reads the checkpoint's state dict
+into host memory on every rank; on CPU ranks, where host is the device, that full
+fp32 copy shows in the init-phase peak.) ZeRO-0/1/2 build the whole model on the
+host and deepspeed.initialize casts and moves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from launcher.config.job import TrainConfig
+from launcher.worker.engines.base import build_optimizer, lr_lambda
+
+# Attribute names of DeepSpeed's ZeRO / bf16 optimizers, by what the tensors hold.
+# Used only to label memory; a missing name is skipped, so DeepSpeed versions may differ.
+_PARAM_ATTRS = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "bf16_groups_flat")
+_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
+_GRAD_ATTRS = (
+    "averaged_gradients",
+    "grads_in_partition",
+    "grad_partitions_flat_buffer",
+    "fp32_groups_gradients_flat",
+    "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+)
+
+
+def _tensors(obj) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _attrs(obj, names) -> list[torch.Tensor]:
+    return [t for n in names for t in _tensors(getattr(obj, n, None))]
+
+
+class DeepSpeedEngine:
+    name = "deepspeed"
+
+    def __init__(self, ds_config: dict):
+        self.ds_config = ds_config
+        self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+        self._hf_ds_config = None
+        self.engine = None
+
+    def before_build(self) -> None:
+        """Call before building the model: under ZeRO-3 transformers then builds it inside zero.Init."""
+        if self.stage == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # transformers keeps only a weakref; holding it here keeps zero.Init on while the model is built.
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+
+    def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None:
+        import deepspeed
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = None if "optimizer" in self.ds_config else build_optimizer(train, params)
+        schedule = None
+        if "scheduler" not in self.ds_config:
+            factor = lr_lambda(train.warmup_steps)
+
+            def schedule(opt):
+                return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=self.ds_config
+        )
+        self.model = self.engine
+        if probe.tracker is None:
+            return  # no category tracking (CUDA without $LAUNCHER_TRACK_CATEGORIES): nothing to label
+        self._label_memory(probe, grads=False)
+        # Buffers DeepSpeed made during init and that are still alive (flat buffers, buckets): engine overhead.
+        probe.relabel("activations", "other")
+        basic = getattr(self.engine, "basic_optimizer", None) or self.optimizer
+        probe.track(self.engine.module, basic)
+        if hasattr(basic, "register_step_pre_hook"):
+            basic.register_step_pre_hook(lambda *_: self._label_memory(probe, grads=True))
+        if self.stage == 3:
+            self._label_gathered_params(probe)
+
+    def _label_memory(self, probe, *, grads: bool) -> None:
+        opt = self.optimizer
+        buckets = getattr(opt, "ipg_buckets", None) or {}
+        masters = _attrs(opt, _MASTER_ATTRS)
+        probe.track(
+            params=[p.ds_tensor for p in self.engine.module.parameters() if hasattr(p, "ds_tensor")]
+            + _attrs(opt, _PARAM_ATTRS),
+            # fp32 master partitions count as optimizer state (ZeRO's K = 12 bytes/param includes them).
+            optimizer=masters,
+            # Gradient reduce buckets: sized by reduce_bucket_size, engine overhead rather than gradients.
+            other=[t for b in buckets.values() for t in _tensors(getattr(b, "buffer", None))],
+        )
+        if grads:
+            probe.track(grads=_attrs(opt, _GRAD_ATTRS) + [m.grad for m in masters if m.grad is not None])
+
+    def _label_gathered_params(self, probe) -> None:
+        # ZeRO-3 gathers a module's params in its forward pre-hook; ours runs after DeepSpeed's and
+        # labels the gathered copies as params instead of activations (they are freed after the module).
+        def hook(module, args):
+            probe.track(params=[p.data for p in module.parameters(recurse=False)])
+
+        for m in self.engine.module.modules():
+            if any(True for _ in m.parameters(recurse=False)):
+                m.register_forward_pre_hook(hook)
+
+    def forward(self, **inputs):
+        return self.engine(**inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed divides by gradient_accumulation_steps itself.
+        self.engine.backward(loss)
+
+    def step(self) -> bool:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.step()
+        return boundary
+
+    def train(self, mode: bool = True) -> None:
+        self.engine.train(mode)
+
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, root: Path, tag: str) -> None:
+        # Our own "latest" marker is written after every rank finished; DeepSpeed's would come too early.
+        self.engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+
+    def load(self, root: Path, tag: str) -> None:
+        path, _ = self.engine.load_checkpoint(
+            str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint at {root}/{tag}")

@@ -1,0 +1,148 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard): one FSDP unit per transformer block, then the root.
+
+Activation checkpointing wraps each block (non-reentrant) before it is sharded.
+Gradients are reduce-scattered after every micro-batch: accumulating unsharded
+gradients instead (set_requires_gradient_sync(False)) would hold a full gradient
+copy per rank, which the memory plan does not budget for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.config.job import TrainConfig
+from launcher.errors import ConfigError
+from launcher.worker.engines.base import build_optimizer, lr_lambda
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList:
+    """The transformer's stack of blocks: the ModuleList of one repeated class holding the most parameters."""
+    best, best_n = None, -1
+    for mod in model.modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(c) for c in mod}) == 1:
+            n = sum(p.numel() for p in mod.parameters())
+            if n > best_n:
+                best, best_n = mod, n
+    if best is None:
+        raise ConfigError(
+            f"model: no stack of repeated blocks (nn.ModuleList) found in {type(model).__name__}; "
+            "FSDP needs one to shard per block; use engine: deepspeed for this model"
+        )
+    return best
+
+
+class FsdpEngine:
+    name = "fsdp"
+
+    def __init__(
+        self,
+        *,
+        reshard_after_forward: bool,
+        offload_params: str,
+        offload_optimizer: str,
+        activation_checkpointing: bool,
+        precision: str,
+        grad_accum_steps: int,
+        device: torch.device,
+    ):
+        if offload_params == "nvme" or offload_optimizer == "nvme":
+            raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
+        if offload_optimizer != offload_params:
+            raise ConfigError(
+                f"strategy: FSDP2 offloads parameters, gradients and optimizer states together "
+                f"(offload_params={offload_params!r}, offload_optimizer={offload_optimizer!r}); set both to "
+                "'cpu' or both to 'none', or use engine: deepspeed to offload the optimizer alone"
+            )
+        self.reshard_after_forward = reshard_after_forward
+        self.offload = offload_params == "cpu"
+        self.activation_checkpointing = activation_checkpointing
+        self.precision = precision
+        self.grad_accum_steps = grad_accum_steps
+        self.device = device
+        self.micro = 0
+        self.scaler = None
+
+    def before_build(self) -> None:
+        pass
+
+    def setup(self, model: nn.Module, train: TrainConfig, probe) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        blocks = find_blocks(model)
+        if self.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+            for i, block in enumerate(blocks):
+                blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        dtype = _DTYPES.get(self.precision)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
+        kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
+        fully_shard(model, reshard_after_forward=self.reshard_after_forward, **kw)
+        self.model = model
+        self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
+        if self.precision == "fp16":
+            # fp16 runs only on CUDA (the worker refuses it on CPU); grads need loss scaling.
+            self.scaler = torch.amp.GradScaler("cuda")
+        probe.use_fsdp_tracker(model, self.optimizer)
+
+    def forward(self, **inputs):
+        return self.model(**inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss = loss / self.grad_accum_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self) -> bool:
+        self.micro += 1
+        if self.micro % self.grad_accum_steps:
+            return False
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def save(self, root: Path, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.save(state, checkpoint_id=str(root / tag / "dcp"))
+        if dist.get_rank() == 0:
+            torch.save({"scheduler": self.scheduler.state_dict(), "micro": self.micro}, root / tag / "engine.pt")
+
+    def load(self, root: Path, tag: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(root / tag / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(root / tag / "engine.pt", weights_only=True)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.micro = int(extra["micro"])

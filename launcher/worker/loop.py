@@ -1,0 +1,214 @@
+"""The training loop: micro-batches, accumulation, evaluation, checkpoints, and stopping on request."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from launcher.config.job import Job
+from launcher.planner.plan import Plan
+from launcher.runtime.control import CheckpointRequests
+from launcher.runtime.probe import MemoryProbe
+from launcher.worker import checkpoint
+from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
+from launcher.worker.model import build, count_params, to_device, tokenizer_for
+from launcher.worker.recipes import make_recipe
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, *, job: Job, plan: Plan, engine, run_dir: Path, device: torch.device, probe: MemoryProbe):
+        self.job, self.plan, self.engine, self.device, self.probe = job, plan, engine, device, probe
+        self.run_dir = run_dir
+        self.ckpt_root = run_dir / "checkpoint"
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.requests = CheckpointRequests(run_dir)
+        self.first_loss: float | None = None
+        self.eval_loss: float | None = None
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Read, split and tokenize before the model exists, so host-side data never counts as device memory."""
+        job, plan = self.job, self.plan
+        self.recipe = make_recipe(job.task, job.data)
+        rows = read_records(job.data.path)
+        self.recipe.fit_labels(rows)
+        train_rows, eval_rows = split(rows, job.data.eval_fraction)
+        self.seq_len = plan.seq_len
+        self.stream = Stream(
+            num_examples=len(train_rows),
+            micro_batch_size=plan.strategy.micro_batch_size,
+            grad_accum_steps=plan.strategy.grad_accum_steps,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=job.train.seed,
+        )
+        self.total_steps = total_steps(
+            max_steps=job.train.max_steps, epochs=job.train.epochs, steps_per_epoch=self.stream.steps_per_epoch
+        )
+        self.tokenizer = tokenizer_for(job)
+        self.train_data = self.recipe.encode(train_rows, self.tokenizer, self.seq_len)
+        self.eval_data = self.recipe.encode(eval_rows, self.tokenizer, self.seq_len) if eval_rows else {}
+        self.n_train, self.n_eval = len(train_rows), len(eval_rows)
+
+    def build(self) -> None:
+        job, plan = self.job, self.plan
+        seed_all(job.train.seed)  # same init on every rank: FSDP shards each rank's own copy
+        hf_ckpt = plan.strategy.activation_checkpointing and self.engine.name == "deepspeed"
+        self.engine.before_build()
+        model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt)
+        total, trainable = count_params(model)
+        self.engine.setup(model, job.train, self.probe)
+        self.probe.record(
+            engine=self.engine.name,
+            label=plan.strategy.label(),
+            task=job.task,
+            total_params=total,
+            trainable_params=trainable,
+            micro_batch_size=plan.strategy.micro_batch_size,
+            grad_accum_steps=plan.strategy.grad_accum_steps,
+            seq_len=self.seq_len,
+            precision=plan.precision,
+            total_steps=self.total_steps,
+            train_examples=self.n_train,
+            eval_examples=self.n_eval,
+        )
+        seed_all(job.train.seed + self.rank)  # distinct dropout masks per rank from here on
+
+    def _batch(self, data: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.tensor(idx, dtype=torch.long)
+        return to_device({k: v.index_select(0, index) for k, v in data.items()}, self.device)
+
+    # -- run --------------------------------------------------------------------------------------------------
+    def resume(self) -> int:
+        tag = checkpoint.latest_tag(self.ckpt_root)
+        if tag is None:
+            return 0
+        state = checkpoint.load(
+            self.engine,
+            self.ckpt_root,
+            tag,
+            world_size=self.world_size,
+            samples_per_step_per_rank=self.stream.samples_per_step,
+        )
+        self.first_loss = state.first_loss
+        if self.probe.step_log is not None:
+            self.probe.step_log.truncate_after(state.global_step)
+        self.probe.step = state.global_step
+        self.probe.record(resumed_from_step=state.global_step, resumed_from=tag)
+        return state.global_step
+
+    def save(self, step: int) -> str:
+        with self.probe.phase("checkpoint"):
+            state = checkpoint.TrainerState(
+                global_step=step,
+                micro_steps=step * self.plan.strategy.grad_accum_steps,
+                samples_per_rank=step * self.stream.samples_per_step,
+                world_size=self.world_size,
+                samples_per_step_per_rank=self.stream.samples_per_step,
+                engine=self.engine.name,
+                first_loss=self.first_loss,
+            )
+            tag = checkpoint.save(self.engine, self.ckpt_root, state)
+        self.probe.record(checkpoint=str(self.ckpt_root / tag))
+        return tag
+
+    def run(self) -> str:
+        """Train to the planned step count; returns the rank status: completed or checkpointed."""
+        self.requests.install()
+        try:
+            return self._run()
+        finally:
+            self.requests.restore()
+
+    def _run(self) -> str:
+        with self.probe.phase("init"):
+            self.build()
+            start = self.resume()
+        if start == 0 and self.eval_data:
+            # A baseline for the final eval loss: did training help at all?
+            self.probe.record(eval_loss_initial=self.evaluate())
+        self.probe.write(status="running")
+        train_cfg = self.job.train
+        accum = self.plan.strategy.grad_accum_steps
+        self.engine.train(True)
+        self.probe.restart_step_clock()
+        step = start
+        for step in range(start + 1, self.total_steps + 1):
+            loss_sum, tokens = 0.0, 0
+            for micro in range(accum):
+                with self.probe.phase("forward"):
+                    batch = self._batch(self.train_data, self.stream.micro_batch(step - 1, micro))
+                    loss, n_tok = self.recipe.loss(self.engine.forward, batch)
+                    del batch
+                    loss_sum += loss.detach().float().item()
+                tokens += n_tok
+                with self.probe.phase("backward"):
+                    self.engine.backward(loss)
+                    del loss
+                    if micro < accum - 1:
+                        self.engine.step()
+            with self.probe.phase("optimizer_step"):
+                stepped = self.engine.step()
+            if not stepped:
+                raise RuntimeError(f"engine did not step the optimizer after {accum} micro-batches at step {step}")
+            mean_loss, global_tokens = self._global_mean(loss_sum / accum, tokens)
+            if self.first_loss is None:
+                self.first_loss = mean_loss
+            self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr())
+            self.probe.record(first_loss=self.first_loss)
+            if train_cfg.eval_every_steps and step % train_cfg.eval_every_steps == 0 and step < self.total_steps:
+                self.evaluate()
+            if step == self.total_steps:
+                break
+            periodic = bool(train_cfg.checkpoint_every_steps) and step % train_cfg.checkpoint_every_steps == 0
+            if periodic:
+                self.save(step)
+            reason = self.requests.agreed(self._comm_device())
+            if reason is not None:
+                if not periodic:
+                    self.save(step)
+                if self.rank == 0:
+                    self.requests.consume()
+                self.probe.record(stop_reason=reason)
+                return "checkpointed"
+        self.evaluate()
+        if step > start or checkpoint.latest_tag(self.ckpt_root) is None:
+            self.save(step)
+        return "completed"
+
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _global_mean(self, loss: float, tokens: int) -> tuple[float, int]:
+        t = torch.tensor([loss, float(tokens)], dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t)
+        return float(t[0]) / self.world_size, int(t[1])
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        if not self.eval_data:
+            return None
+        n = next(iter(self.eval_data.values())).shape[0]
+        batches = eval_batches(n, micro_batch_size=self.plan.strategy.micro_batch_size,
+                               world_size=self.world_size, rank=self.rank)
+        self.engine.train(False)
+        total = 0.0
+        for idx in batches:
+            with self.probe.phase("eval"):
+                loss, _ = self.recipe.loss(self.engine.forward, self._batch(self.eval_data, idx))
+                total += loss.float().item()
+        self.engine.train(True)
+        mean, _ = self._global_mean(total / max(len(batches), 1), 0)
+        self.eval_loss = mean
+        self.probe.record(eval_loss=mean, eval_step=self.probe.step)
+        return mean

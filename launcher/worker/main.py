@@ -1,0 +1,158 @@
+"""Entry point of ``python -m launcher.worker RUN_DIR``: read the run dir, train, report, exit with a code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from launcher.runtime import env
+
+# Before anything can import deepspeed: compiled ops (shm_comm, cpu_adam) are cached once per machine.
+env.set_extensions_dir()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import yaml  # noqa: E402
+
+from launcher.config.job import Job  # noqa: E402
+from launcher.config.load import from_dict  # noqa: E402
+from launcher.errors import ConfigError, LauncherError  # noqa: E402
+from launcher.planner.plan import Plan  # noqa: E402
+from launcher.runtime.probe import error_tail, memory_probe  # noqa: E402
+
+USAGE = "usage: python -m launcher.worker RUN_DIR   (started by torchrun on every rank)"
+
+
+def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None]:
+    """The job, plan and (DeepSpeed plans) ds_config in ``run_dir``; relative data paths resolve against it."""
+    missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).exists()]
+    if missing:
+        raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; pass a run dir the launcher wrote")
+    job = from_dict(Job, yaml.safe_load((run_dir / "job.yaml").read_text()))
+    job.base_dir = str(run_dir)
+    if not Path(job.data.path).is_absolute():
+        job.data.path = str((run_dir / job.data.path).resolve())
+    plan = Plan.from_json(json.loads((run_dir / "plan.json").read_text()))
+    ds_path = run_dir / "ds_config.json"
+    ds_config = json.loads(ds_path.read_text()) if ds_path.exists() else None
+    return job, plan, ds_config
+
+
+def check_ds_config(ds: dict, plan: Plan) -> None:
+    """The ds_config must carry out the plan; every disagreement in one error."""
+    s = plan.strategy
+    want = {
+        "train_micro_batch_size_per_gpu": s.micro_batch_size,
+        "gradient_accumulation_steps": s.grad_accum_steps,
+        "zero_optimization.stage": s.zero_stage,
+    }
+    problems = []
+    for key, value in want.items():
+        node = ds
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and value is not None and int(node) != int(value):
+            problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
+    if problems:
+        raise ConfigError(problems)
+
+
+def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
+    s = plan.strategy
+    if s.engine == "deepspeed":
+        if ds_config is None:
+            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
+        check_ds_config(ds_config, plan)
+        from launcher.worker.engines.deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(ds_config)
+    from launcher.worker.engines.fsdp import FsdpEngine
+
+    return FsdpEngine(
+        reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None else True),
+        offload_params=s.offload_params,
+        offload_optimizer=s.offload_optimizer,
+        activation_checkpointing=s.activation_checkpointing,
+        precision=plan.precision,
+        grad_accum_steps=s.grad_accum_steps,
+        device=device,
+    )
+
+
+def init_distributed(engine_name: str, device: torch.device) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if engine_name == "deepspeed":
+        import deepspeed
+        import deepspeed.ops
+
+        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
+        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend=backend)
+    elif not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+
+
+def is_oom(exc: BaseException | None) -> bool:
+    """OutOfMemoryError anywhere in the chain (autograd and DeepSpeed hooks may wrap it)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    from launcher.worker.loop import Trainer
+
+    run_dir = Path(argv[0]).resolve()
+    os.environ[env.RUN_DIR_ENV] = str(run_dir)
+    os.environ.setdefault(env.PLAN_ENV, str(run_dir / "plan.json"))
+    _, local_rank, _ = env.rank_info()
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    probe = memory_probe(device=device, run_dir=run_dir)
+    status, code, error = "failed", 1, None
+    try:
+        job, plan, ds_config = load_run_dir(run_dir)
+        if plan.precision == "fp16" and device.type != "cuda":
+            raise ConfigError(
+                "train.precision: 'fp16' needs CUDA (loss scaling and fp16 kernels); these ranks run on CPU; "
+                "use bf16 or fp32"
+            )
+        engine = make_engine(plan, ds_config, device)
+        init_distributed(engine.name, device)
+        trainer = Trainer(job=job, plan=plan, engine=engine, run_dir=run_dir, device=device, probe=probe)
+        trainer.prepare_data()
+        with probe:
+            status = trainer.run()
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - every failure must leave a rank report behind
+        error = error_tail(e)
+        if is_oom(e):
+            status, code = "oom", env.EXIT_OOM
+            probe.record(oom=probe.oom_details())
+        elif isinstance(e, LauncherError):
+            code, error = e.exit_code, str(e)
+        elif isinstance(e, KeyboardInterrupt):
+            code = 130
+        print(f"[rank {probe.rank}] {status}: {error}", file=sys.stderr, flush=True)
+    finally:
+        probe.stop()
+    probe.write(status=status, error=error)
+    if probe.step_log is not None:
+        probe.step_log.close()
+    if code == 0 and dist.is_initialized():
+        dist.destroy_process_group()
+    return code

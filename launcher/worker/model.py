@@ -1,0 +1,83 @@
+"""Build the recipe's model the way the planner counted it (launcher.model.build), then adapt it for training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from launcher.config.job import InlineArch, Job, LoraConfig
+from launcher.errors import ConfigError
+from launcher.model.build import build_model, model_config, resolve_model_dir
+from launcher.worker.recipes import Recipe
+from launcher.worker.tokenizer import load_tokenizer
+
+_PEFT_TASK = {"causal_lm": "CAUSAL_LM", "seq_cls": "SEQ_CLS", "sentence_embedding": "FEATURE_EXTRACTION"}
+
+
+def model_dir(job: Job) -> Path | None:
+    return None if isinstance(job.model, InlineArch) else resolve_model_dir(job.model, job.base_dir)
+
+
+def tokenizer_for(job: Job):
+    return load_tokenizer(model_dir(job), model_config(job).vocab_size)
+
+
+def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool) -> nn.Module:
+    """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it."""
+    config = model_config(job)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None and seq_len > max_pos:
+        raise ConfigError(
+            f"data.max_seq_len: {seq_len} tokens exceed the model's max_position_embeddings ({max_pos}); "
+            f"set data.max_seq_len to {max_pos} or less"
+        )
+    model = build_model(job, config, device="cpu", num_labels=recipe.num_labels)
+    if hasattr(model.config, "use_cache"):
+        # A KV cache is for generation; in training it only holds memory the plan does not count.
+        model.config.use_cache = False
+    if recipe.task == "sentence_embedding" and getattr(model, "pooler", None) is not None:
+        # Mean pooling never calls BERT's pooler; frozen, it gets no gradient or optimizer state.
+        model.pooler.requires_grad_(False)
+    if hf_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if job.train.lora is not None:
+        model = apply_lora(model, job.train.lora, recipe.task)
+    return model
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig, task: str) -> nn.Module:
+    """Wrap with peft so only the adapters (and a classifier head for seq_cls) train."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import TaskType, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) or "Conv1D" in type(m).__name__}
+    missing = [t for t in lora.target_modules if t not in names]
+    if missing:
+        raise ConfigError(
+            f"train.lora.target_modules: {missing} not found in {type(model).__name__}; "
+            f"its linear layers are named {sorted(names)}"
+        )
+    cfg = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type=getattr(TaskType, _PEFT_TASK[task]),
+    )
+    return get_peft_model(model, cfg)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(all, trainable) parameters; ZeRO-3 partitioned params count by their full size."""
+    total = trainable = 0
+    for p in model.parameters():
+        n = getattr(p, "ds_numel", None) or p.numel()
+        total += n
+        trainable += n if p.requires_grad else 0
+    return total, trainable
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -1,0 +1,112 @@
+import json
+
+import pytest
+import torch
+
+from launcher.runtime import memory_probe, read_jsonl
+from launcher.runtime.probe import MemoryProbe
+
+
+def tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def run_steps(probe: MemoryProbe, model, opt, steps=2, batch=8):
+    for step in range(1, steps + 1):
+        with probe.phase("forward"):
+            loss = model(torch.randn(batch, 16)).pow(2).mean()
+        with probe.phase("backward"):
+            loss.backward()
+            del loss
+        with probe.phase("optimizer_step"):
+            opt.step()
+            opt.zero_grad()
+        probe.step_done(step, 1.0 / step, tokens=batch)
+
+
+def test_adamw_state_is_two_fp32_copies_of_the_params(tmp_path):
+    model = tiny()
+    n = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    probe = memory_probe(device="cpu", run_dir=tmp_path)
+    with probe:
+        probe.track(model, opt)
+        run_steps(probe, model, opt)
+    report = probe.write()
+    after = report["after_step_by_category"]
+    step_counters = 4 * len(list(model.parameters()))  # AdamW keeps one fp32 'step' scalar per param
+    assert after["optimizer"] == 2 * 4 * n + step_counters
+    assert after["params"] == 4 * n and after["grads"] == 0
+    peak = report["peak_by_category"]
+    assert report["measured_peak_bytes"] == sum(peak.values())
+    assert set(report["phases"]) >= {"forward", "backward", "optimizer_step"}
+    assert report["phase_breakdown"]["backward"]["grads"] > 0
+    assert report["phase_breakdown"]["forward"]["activations"] > 0
+    assert report["peak_rss_bytes"] > 0
+
+
+def test_rank_report_and_step_log_are_written(tmp_path):
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = memory_probe(device="cpu", run_dir=tmp_path)
+    with probe:
+        probe.track(model, opt)
+        run_steps(probe, model, opt, steps=3)
+    probe.record(eval_loss=0.5)
+    probe.write(status="completed")
+    report = json.loads((tmp_path / "ranks" / "rank-0.json").read_text())
+    for key in ("rank", "local_rank", "host", "device", "world_size", "phases", "measured_peak_bytes",
+                "peak_by_category", "peak_rss_bytes", "final_loss", "first_loss", "steps_done", "status", "error"):
+        assert key in report
+    assert report["status"] == "completed" and report["steps_done"] == 3 and report["eval_loss"] == 0.5
+    assert report["first_loss"] == 1.0 and report["final_loss"] == pytest.approx(1 / 3)
+    lines = read_jsonl(tmp_path / "steps" / "rank-0.jsonl")
+    assert [r["step"] for r in lines] == [1, 2, 3]
+    assert {"step", "loss", "tokens_per_s", "mem_current_bytes", "mem_peak_bytes", "time"} <= set(lines[0])
+
+
+def test_cap_raises_out_of_memory_at_the_crossing_op():
+    model = tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    probe = memory_probe(device="cpu", enforce_bytes=4 * sum(p.numel() for p in model.parameters()) + 1)
+    with pytest.raises(torch.OutOfMemoryError, match="enforced cap"):
+        with probe:
+            probe.track(model, opt)
+            run_steps(probe, model, opt)
+    details = probe.oom_details()
+    assert details["phase"] == "forward" and details["crossed_at_bytes"] > probe.enforce_bytes
+
+
+def test_frozen_parameters_are_tracked_without_hooks():
+    model = tiny()
+    model[0].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=False)
+    probe = memory_probe(device="cpu")
+    with probe:
+        probe.track(model, opt)
+        run_steps(probe, model, opt, steps=1)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert probe.report(status="completed")["after_step_by_category"]["optimizer"] == 2 * 4 * trainable + 8
+
+
+def test_label_and_relabel_move_bytes_between_categories():
+    probe = memory_probe(device="cpu")
+    with probe:
+        buf = torch.zeros(256)  # made during "other": counted as activations
+        assert probe.tracker.current_snap()
+        probe.track(other=[buf])
+        snap = probe.report(status="running")
+        moved = probe.relabel("other", "buffers")
+    assert moved == 1024
+    assert snap["measured_peak_bytes"] >= 1024
+
+
+def test_init_phase_allocations_count_as_other_until_labelled():
+    probe = memory_probe(device="cpu")
+    with probe:
+        with probe.phase("init"):
+            w = torch.randn(100)
+        assert probe.report(status="running")["phase_breakdown"]["init"]["other"] == 400
+        probe.track(params=[w])
+        assert probe.tracker.total_bytes() == 400
