@@ -196,3 +196,21 @@ def test_signal_to_launch_terminates_ranks(tmp_path, sig):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
     assert left == [], f"orphans: {left}"
+
+
+def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
+    data = yaml.safe_load((REPO / "examples" / "seq-cls.yaml").read_text())
+    data["data"]["path"] = str(REPO / "examples" / "data" / "sentiment.jsonl")
+    data["strategy"] = {"engine": "deepspeed", "zero_stage": 2}
+    data["train"]["global_batch_size"] = 8
+    job = tmp_path / "trainer.yaml"
+    job.write_text(yaml.safe_dump(data))
+    script = REPO / "examples" / "hf_trainer" / "train.py"
+    res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, "--", "--max-steps", "4",
+                 "--max-len", "48")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    assert all(r["measured_peak_bytes"] > 0 for r in report["ranks"])
+    log = (tmp_path / "run" / "logs" / "rank-0.log").read_text()
+    assert "ds_config.json" in log or "DeepSpeed" in log
