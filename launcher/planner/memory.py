@@ -161,8 +161,10 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         # temporaries are freed before the head's weights are gathered for their gradient.
         st.buffers = w * buckets.reduce_bucket_size
         st.model_states += 2 * w * m.largest_layer_params
-    elif stage == 2 and inp.overlap_comm:
-        st.buffers = 2 * w * min(buckets.reduce_bucket_size, psi_t)
+    elif stage in (1, 2):
+        # The gradient reduce bucket is allocated whole at the first reduce, late in backward, once most
+        # activations are freed (measured): its own moment, not a persistent buffer.
+        st.backward_end_extra = w * buckets.reduce_bucket_size * (2 if inp.overlap_comm else 1)
     if s.offload_optimizer != "none":
         # ZeRO-Offload copies reduced buckets straight to host fp32 gradients: no optimizer state and no
         # gradient partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload].
