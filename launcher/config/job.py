@@ -7,6 +7,7 @@ strings in the file. ``None`` in ``StrategyConfig`` means "the planner chooses".
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -173,9 +174,11 @@ class SlurmConfig:
 
 @dataclass(kw_only=True, slots=True)
 class SweepConfig:
-    grid: dict[str, list[object]] = field(default_factory=dict)
+    # builtins.list: inside this class the name `list` is the field below, and the annotations are
+    # evaluated in the class namespace (from __future__ import annotations).
+    grid: dict[str, builtins.list[object]] = field(default_factory=dict)
     """Dotted job key to values; the product of all grids."""
-    list: list[dict[str, object]] = field(default_factory=list)
+    list: builtins.list[dict[str, object]] = field(default_factory=builtins.list)
     """Partial jobs (dotted keys to values), one variant each."""
 
 

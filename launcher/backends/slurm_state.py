@@ -1,0 +1,131 @@
+"""What a submitted run dir knows about its Slurm job: RUN_DIR/slurm.json, sacct's view, submitit's results.
+
+    RUN/slurm.json     written at submit: kind (job | array | array-task), job ids, submitit folder, shape
+    RUN/requeues.jsonl one line per USR2 the job handled (decision, checkpoint, rank statuses)
+    RUN/rdzv/          each node's rendezvous view (multi-node jobs)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.errors import ConfigError
+
+SLURM_JSON = "slurm.json"
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End")
+ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING", "PREEMPTED",
+          "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SIGNALING", "STAGE_OUT", "UNKNOWN")
+
+
+def read_slurm_json(run_dir: Path) -> dict:
+    p = Path(run_dir) / SLURM_JSON
+    if not p.is_file():
+        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} holds no {SLURM_JSON}; give the run dir of a job submitted "
+                          "with launch --slurm")
+    return json.loads(p.read_text())
+
+
+def is_active(state: str) -> bool:
+    return state.split(" ")[0] in ACTIVE or not state
+
+
+def sacct_command(job_ids: list[str]) -> list[str]:
+    # -D keeps the records of earlier runs of a requeued job; --parsable2 has no trailing '|'.
+    return ["sacct", "-D", "--parsable2", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
+
+
+def parse_sacct(text: str) -> list[dict[str, str]]:
+    """sacct --parsable2 output (header first) as rows; empty output is no rows."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    names = lines[0].split("|")
+    return [dict(zip(names, ln.split("|"), strict=False)) for ln in lines[1:]]
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise ConfigError(f"{argv[0]} is not on PATH; run this where Slurm's client tools are installed") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{argv[0]} did not answer in 30 s; is slurmdbd reachable?") from None
+    if out.returncode != 0:
+        raise ConfigError(f"{' '.join(argv)} failed (exit {out.returncode}): {out.stderr.strip()}")
+    return out.stdout
+
+
+def sacct_rows(job_ids: list[str], run: Callable[[list[str]], str] = _run) -> list[dict[str, str]]:
+    return parse_sacct(run(sacct_command(job_ids))) if job_ids else []
+
+
+def allocation_rows(rows: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
+    """The allocation records of one job (array task ids like 12_3 included), oldest first; no steps."""
+    base = job_id.split("_")[0]
+    out = []
+    for r in rows:
+        jid = r.get("JobID", "")
+        if "." in jid:
+            continue
+        if jid == job_id or ("_" not in job_id and jid == base):
+            out.append(r)
+    return out
+
+
+def step_rows(rows: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
+    return [r for r in rows if r.get("JobID", "").startswith(job_id + ".")]
+
+
+def current_state(rows: list[dict[str, str]], job_id: str) -> str:
+    """The latest allocation record's State ('' when sacct does not know the job yet)."""
+    alloc = allocation_rows(rows, job_id)
+    if not alloc:
+        # An array task that has not started yet is listed as 12_[1-3]: pending.
+        base = job_id.split("_")[0]
+        pending = [r for r in rows if r.get("JobID", "").startswith(base + "_[")]
+        return pending[-1]["State"] if pending else ""
+    return alloc[-1].get("State", "")
+
+
+def restarts(rows: list[dict[str, str]], job_id: str) -> int:
+    return sum(1 for r in allocation_rows(rows, job_id) if r.get("State", "").startswith("REQUEUED"))
+
+
+def submitit_results(folder: Path, job_id: str, num_tasks: int) -> list[str]:
+    """Per task: 'success', 'error' (submitit wrote the traceback) or 'none' (no result pickle yet)."""
+    from submitit.core.utils import JobPaths, pickle_load
+
+    out = []
+    for t in range(num_tasks):
+        p = JobPaths(folder, job_id=job_id, task_id=t).result_pickle
+        if not p.is_file():
+            out.append("none")
+            continue
+        try:
+            out.append(str(pickle_load(p)[0]))
+        except Exception:  # a result being written, or unpicklable here: say so, never crash status
+            out.append("unreadable")
+    return out
+
+
+def submitit_logs(folder: Path, job_id: str, task: int = 0) -> tuple[Path, Path]:
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder, job_id=job_id, task_id=task)
+    return paths.stdout, paths.stderr
+
+
+def read_requeues(run_dir: Path) -> list[dict]:
+    p = Path(run_dir) / "requeues.jsonl"
+    if not p.is_file():
+        return []
+    rows = []
+    for ln in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:
+            continue
+    return rows

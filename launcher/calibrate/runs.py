@@ -1,0 +1,107 @@
+"""Read finished run dirs into fit samples: the planner's activation terms beside the measured bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from launcher.calibrate.fit import Sample, coefficients
+from launcher.calibrate.profiles import numeric_fields
+from launcher.config.job import Job
+from launcher.config.load import from_dict, load_yaml
+from launcher.errors import ConfigError
+from launcher.planner.memory import ActivationConstants
+from launcher.planner.plan import Plan
+from launcher.report import CATEGORY_GROUPS
+
+ACTIVATION_PHASES = ("forward", "backward")
+"""Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""
+PRED_KEYS, MEAS_KEYS = CATEGORY_GROUPS["activations"]
+PARAM_COUNTS = {"num_params": 0, "trainable_params": 0, "lora_params": 0, "largest_layer_params": 0,
+                "block_params": 0, "non_block_params": 0, "per_block_params": []}
+
+
+def measured_activation_bytes(rank: dict) -> float:
+    """Activations + temp at the forward or backward peak, whichever holds more; 0 when not recorded."""
+    by_phase = rank.get("phase_breakdown") or {}
+    vals = [sum(int(by_phase[p].get(k, 0)) for k in MEAS_KEYS) for p in ACTIVATION_PHASES if p in by_phase]
+    if vals:
+        return float(max(vals))
+    cats = rank.get("peak_by_category") or rank.get("measured_breakdown") or {}
+    return float(sum(int(cats.get(k, 0)) for k in MEAS_KEYS))
+
+
+def rank_records(run_dir: Path) -> list[dict]:
+    files = sorted((run_dir / "ranks").glob("rank-*.json"))
+    if files:
+        return [json.loads(p.read_text()) for p in files]
+    report = run_dir / "report.json"
+    if report.is_file():
+        return json.loads(report.read_text()).get("ranks", [])
+    return []
+
+
+def constants_dict(c: ActivationConstants) -> dict[str, float]:
+    return {k: float(getattr(c, k)) for k in numeric_fields()}
+
+
+def with_constants(c: ActivationConstants, values: dict[str, float]) -> ActivationConstants:
+    return dataclasses.replace(c, **values, source="fit")
+
+
+def run_job(run_dir: Path) -> Job:
+    """The run's job as the ranks read it (launcher.worker.main): no check that its data still exists."""
+    job = from_dict(Job, load_yaml(run_dir / "job.yaml"))
+    job.base_dir = str(run_dir)
+    return job
+
+
+def samples_from_run(run_dir: Path) -> list[Sample]:
+    """One sample per rank that finished training; raises ConfigError naming what the run dir lacks."""
+    from launcher.planner.search import score
+    from launcher.planning import model_stats, plan_request
+
+    run_dir = Path(run_dir)
+    missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).is_file()]
+    if missing:
+        raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; give run dirs that `launch` wrote")
+    plan = Plan.from_json(json.loads((run_dir / "plan.json").read_text()))
+    job = run_job(run_dir)
+    job.cluster.hardware = plan.hardware
+    stats = model_stats(job)
+    req = plan_request(job)
+    consts = req.activations
+    current = constants_dict(consts)
+    # The activation group alone, at the backward moment: a model without parameters has no states, so the
+    # peak is activations + logits and stays linear in the constants whatever the states would have been.
+    counts = {f.name for f in dataclasses.fields(stats)} & set(PARAM_COUNTS)
+    stateless = dataclasses.replace(stats, **{k: PARAM_COUNTS[k] for k in counts})
+    act_req = dataclasses.replace(req, model=stateless)
+
+    def group(values: dict[str, float]) -> float:
+        r = dataclasses.replace(act_req, activations=with_constants(consts, values))
+        breakdown = score(r, plan.strategy).estimate.breakdown
+        return float(sum(breakdown.get(k, 0) for k in PRED_KEYS))
+
+    def peak_of(values: dict[str, float]) -> float:
+        r = dataclasses.replace(req, activations=with_constants(consts, values))
+        return float(score(r, plan.strategy).estimate.peak_bytes)
+
+    base, coef, nonlinear = coefficients(group, list(current), current)
+    if nonlinear > 1e-3:
+        raise ConfigError(f"{run_dir}: the memory model is not linear in its activation constants "
+                          f"({nonlinear:.1%} off); the least-squares fit does not apply")
+    out = []
+    for r in rank_records(run_dir):
+        if r.get("status") not in ("completed", "checkpointed") or not r.get("steps_done"):
+            continue
+        measured = measured_activation_bytes(r)
+        if measured <= 0:
+            continue
+        out.append(Sample(
+            name=f"{run_dir.name}/rank-{r['rank']}", measured_bytes=measured, base_bytes=base, coefficients=coef,
+            current=current, measured_peak_bytes=float(r.get("measured_peak_bytes") or 0), peak_of=peak_of,
+            group=(stats.model_type, plan.hardware),
+        ))
+    return out

@@ -1,0 +1,142 @@
+"""launch status / logs / cancel against a hand-made run dir, with sacct and scancel mocked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.backends import slurm_state
+from launcher.cli import manage
+from launcher.cli.main import main
+
+SACCT = """JobID|JobName|State|ExitCode|Elapsed|NodeList|Start|End
+77|t|REQUEUED|0:0|00:00:49|node[1-2]|x|y
+77|t|RUNNING|0:0|00:00:10|node[1-2]|x|Unknown
+77.batch|batch|RUNNING|0:0|00:00:10|node1|x|Unknown
+77.0|python3|RUNNING|0:0|00:00:10|node[1-2]|x|Unknown
+"""
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    for sub in ("ranks", "steps", "logs", "rdzv/77-1"):
+        (d / sub).mkdir(parents=True)
+    (d / "plan.json").write_text(json.dumps({"world_size": 2}))
+    (d / "slurm.json").write_text(json.dumps({
+        "kind": "job", "job_id": "77", "job_ids": ["77"], "submitit_folder": str(d / "submitit"), "nodes": 2,
+        "gpus_per_node": 1}))
+    (d / "state.json").write_text(json.dumps({"state": "running"}))
+    (d / "steps" / "rank-0.jsonl").write_text(json.dumps({"step": 3, "loss": 6.5}) + "\n")
+    (d / "logs" / "rank-0.log").write_text("".join(f"line {i}\n" for i in range(50)))
+    (d / "logs" / "rank-1.log").write_text("rank one\n")
+    (d / "rdzv" / "77-1" / "node-1.json").write_text(json.dumps({"node_name": "node2"}))
+    (d / "requeues.jsonl").write_text(json.dumps({"time": 0, "attempt": 0, "decision": "requeue",
+                                                  "checkpoint": "step-00000002", "ranks": {"0": "checkpointed"}}) + "\n")
+    return d
+
+
+@pytest.fixture
+def sacct(monkeypatch):
+    calls = []
+    text = {"out": SACCT}
+
+    def run(argv):
+        calls.append(argv)
+        return text["out"]
+
+    monkeypatch.setattr(slurm_state, "_run", run)
+    monkeypatch.setattr(slurm_state.sacct_rows, "__defaults__", (run,))
+    return text
+
+
+def test_status_per_task_and_rank(run_dir, sacct, capsys):
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "slurm job 77: RUNNING (requeued 1x)" in out
+    assert "77.0" in out and "node[1-2]" in out
+    assert "tasks (submitit): 0: result none; 1 on node2: result none" in out
+    assert "rank 0: training, step 3 loss 6.5000" in out and "rank 1: starting" in out
+    assert "requeue, checkpoint step-00000002" in out
+
+
+def test_status_json(run_dir, sacct, capsys):
+    assert main(["status", str(run_dir), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["state"] == "RUNNING" and st["requeued"] == 1 and len(st["tasks"]) == 2
+    assert [r["state"] for r in st["ranks"]] == ["training", "starting"]
+
+
+def test_status_of_a_dir_that_is_not_a_slurm_run(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == 2
+    assert "holds no slurm.json" in capsys.readouterr().err
+
+
+def test_logs_tails_ranks_and_submitit(run_dir, sacct, capsys):
+    assert main(["logs", str(run_dir), "--lines", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "==> rank 0:" in out and "line 49" in out and "line 46" not in out
+    assert "==> rank 1:" in out and "rank one" in out
+    assert "==> submitit task 1 stderr:" in out and "(not written yet)" in out
+
+
+def test_logs_one_rank_and_a_wrong_rank(run_dir, sacct, capsys):
+    assert main(["logs", str(run_dir), "--rank", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rank one" in out and "==> rank 0" not in out
+    assert main(["logs", str(run_dir), "--rank", "5"]) == 2
+    assert "--rank: 5 is not a rank of this run (0..1)" in capsys.readouterr().err
+
+
+def test_follow_prints_whole_new_lines_and_stops_when_the_job_ends(run_dir, sacct, capsys, monkeypatch):
+    log = run_dir / "logs" / "rank-1.log"
+    polls = {"n": 0}
+
+    def sleep(_s):
+        polls["n"] += 1
+        if polls["n"] == 1:
+            log.write_text(log.read_text() + "new line\npartial")
+        if polls["n"] == 2:
+            sacct["out"] = SACCT.replace("RUNNING", "COMPLETED")
+        assert polls["n"] < 20, "follow did not stop after the job ended"
+
+    monkeypatch.setattr(manage.time, "sleep", sleep)
+    rec = json.loads((run_dir / "slurm.json").read_text())
+    manage.follow([("rank 1", log)], rec, poll_s=0, check_every_s=0)
+    out = capsys.readouterr().out
+    assert out == "[rank 1] new line\n"  # the partial line waits for its newline
+
+
+def test_cancel_scancels_and_waits_for_cancelled(run_dir, sacct, capsys, monkeypatch):
+    import subprocess
+
+    sent = []
+
+    def check_call(argv, shell=False):
+        sent.append(argv)
+        sacct["out"] = SACCT.replace("RUNNING", "CANCELLED by 0")
+        return 0
+
+    monkeypatch.setattr(subprocess, "check_call", check_call)
+    assert main(["cancel", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert sent == [["scancel", "77"]]
+    assert "slurm job 77: CANCELLED by 0" in out
+    assert json.loads((run_dir / "state.json").read_text())["state"] == "cancelled"
+
+
+def test_cancel_of_a_finished_job_does_nothing(run_dir, sacct, capsys, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "check_call", lambda *a, **k: pytest.fail("scancel must not run"))
+    sacct["out"] = SACCT.replace("RUNNING", "COMPLETED")
+    assert main(["cancel", str(run_dir)]) == 0
+    assert "already ended: COMPLETED; nothing to cancel" in capsys.readouterr().out
+
+
+def test_logs_of_an_array_root_names_the_variants(tmp_path, capsys):
+    (tmp_path / "slurm.json").write_text(json.dumps({"kind": "array", "job_id": "5", "job_ids": ["5_0"],
+                                                     "variants": [{"run_dir": "/r/variants/0-a"}]}))
+    assert main(["logs", str(tmp_path)]) == 2
+    assert "is an array; give one variant's run dir: /r/variants/0-a" in capsys.readouterr().err

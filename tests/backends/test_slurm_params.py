@@ -1,0 +1,112 @@
+import inspect
+
+import pytest
+from submitit.slurm import slurm as submitit_slurm
+
+from launcher.backends.slurm_params import (
+    check_additional,
+    check_slurm,
+    directives,
+    executor_parameters,
+    sbatch_long_options,
+    submitit_parameters,
+)
+from launcher.errors import ConfigError
+
+SBATCH = frozenset({"reservation", "licenses", "mail_type", "comment", "time", "nodes", "begin"})
+NO_SBATCH = frozenset()
+
+
+def test_valid_keys_come_from_submitits_own_signature():
+    sig = set(inspect.signature(submitit_slurm._make_sbatch_string).parameters) - {"command", "folder", "map_count"}
+    assert set(submitit_parameters()) == sig == submitit_slurm.SlurmExecutor._valid_parameters()
+
+
+def test_unknown_additional_key_lists_the_valid_ones(make_job):
+    job = make_job(**{"slurm.additional_parameters": {"reservaton": "maint"}})
+    problems = check_slurm(job.slurm, sbatch_options=SBATCH)
+    assert len(problems) == 1
+    line = problems[0]
+    assert line.startswith("slurm.additional_parameters.reservaton: unknown key")
+    assert "did you mean 'reservation'?" in line
+    for key in ("reservation", "licenses", "wckey", "mail_user", "exclude"):  # sbatch's and submitit's
+        assert key in line
+
+
+def test_without_sbatch_only_submitit_keys_are_valid(make_job):
+    job = make_job(**{"slurm.additional_parameters": {"reservation": "x", "comment": "ok"}})
+    problems = check_slurm(job.slurm, sbatch_options=NO_SBATCH)
+    assert len(problems) == 1 and "reservation" in problems[0] and "sbatch is not installed" in problems[0]
+
+
+def test_owned_keys_point_to_the_field_that_sets_them(make_job):
+    job = make_job(**{"slurm.additional_parameters": {"time": 5, "gpus-per-node": 4, "array": "0-3"}})
+    problems = check_slurm(job.slurm, sbatch_options=SBATCH)
+    assert any("time: is set by the launcher; set slurm.timeout_min" in p for p in problems)
+    assert any("gpus-per-node: is set by the launcher; set gpus (or --gpus)" in p for p in problems)
+    assert any("array: is set by the launcher; set sweep:" in p for p in problems)
+
+
+def test_values_must_be_scalars():
+    assert check_additional({"comment": None}, sbatch_options=SBATCH)
+    assert check_additional({"comment": ["a"]}, sbatch_options=SBATCH)
+    assert not check_additional({"comment": "a b", "begin": 3, "licenses": True}, sbatch_options=SBATCH)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("timeout_min", 0, "slurm.timeout_min: 0 must be at least 1"),
+    ("signal_delay_s", 60, "slurm.signal_delay_s: 60 must be in [0, timeout_min*60 = 60)"),
+    ("max_requeues", -1, "slurm.max_requeues: -1 must not be negative"),
+    ("array_parallelism", 0, "slurm.array_parallelism: 0 must be at least 1"),
+    ("cpus_per_task", 0, "slurm.cpus_per_task: 0 must be at least 1"),
+    ("mem_gb", -2.0, "slurm.mem_gb: -2.0 must be greater than 0"),
+])
+def test_field_rules(make_job, field, value, needle):
+    job = make_job(**{"slurm.timeout_min": 1, f"slurm.{field}": value} if field != "timeout_min"
+                   else {f"slurm.{field}": value})
+    assert any(p.startswith(needle) for p in check_slurm(job.slurm, sbatch_options=SBATCH)), check_slurm(job.slurm)
+
+
+def test_every_problem_in_one_error(make_job, make_plan):
+    job = make_job(**{"slurm.max_requeues": -1, "slurm.array_parallelism": 0,
+                      "slurm.additional_parameters": {"bogus": 1}})
+    with pytest.raises(ConfigError) as e:
+        executor_parameters(job, make_plan(), sbatch_options=SBATCH)
+    assert len(e.value.problems) == 3
+
+
+def test_executor_parameters_one_task_per_node_with_the_plans_gpus(make_job, make_plan):
+    job = make_job(**{"slurm.partition": "debug", "slurm.mem_gb": 1.5, "slurm.exclusive": True,
+                      "slurm.setup": ["module load cuda"], "slurm.timeout_min": 30,
+                      "slurm.additional_parameters": {"comment": "x", "reservation": "r1"}})
+    params = executor_parameters(job, make_plan(nodes=2, gpus_per_node=4), sbatch_options=SBATCH)
+    assert params["nodes"] == 2 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 4
+    assert params["cpus_per_task"] == 4  # one CPU per rank by default
+    assert params["time"] == 30 and params["mem"] == "1536MB" and params["exclusive"] is True
+    assert params["comment"] == "x"  # submitit's own parameter goes through its own checks
+    assert params["additional_parameters"] == {"reservation": "r1"}
+    assert params["setup"] == ["module load cuda"] and params["job_name"] == "unit"
+    # submitit accepts all of it (this is what update_parameters runs)
+    submitit_slurm._make_sbatch_string(command="true", folder="/tmp/x", **params)
+
+
+def test_directives_use_sbatch_spelling(make_job, make_plan):
+    job = make_job(**{"slurm.additional_parameters": {"mail_type": "END", "reservation": "r1"}})
+    d = directives(job, make_plan(nodes=1, gpus_per_node=2), sbatch_options=SBATCH)
+    assert d["job-name"] == "unit" and d["ntasks-per-node"] == 1 and d["gpus-per-node"] == 2
+    assert d["mail-type"] == "END" and d["reservation"] == "r1" and "signal-delay-s" not in d
+
+
+def test_sbatch_help_is_parsed_when_sbatch_exists(monkeypatch):
+    import launcher.backends.slurm_params as sp
+
+    class Out:
+        stdout = "Parallel run options:\n  -a, --array=indexes   job array\n      --reservation=name  allocate\n"
+
+    sbatch_long_options.cache_clear()
+    monkeypatch.setattr(sp.shutil, "which", lambda name: "/usr/bin/sbatch")
+    monkeypatch.setattr(sp.subprocess, "run", lambda *a, **k: Out())
+    try:
+        assert sbatch_long_options() == frozenset({"array", "reservation"})
+    finally:
+        sbatch_long_options.cache_clear()

@@ -1,0 +1,168 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.backends import slurm_task
+from launcher.backends.slurm_task import (
+    SlurmTask,
+    outcome_from_results,
+    rank_statuses,
+    ranks_shielded_from,
+    wait_for_ranks,
+)
+from launcher.rundir import RunDir
+
+
+def make_run(tmp_path) -> RunDir:
+    run = RunDir(tmp_path)
+    for d in (run.ranks, run.steps, run.logs, run.control, run.checkpoint):
+        d.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def write_rank(run: RunDir, rank: int, status: str) -> None:
+    (run.ranks / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "status": status}))
+
+
+@pytest.fixture
+def task(tmp_path):
+    return SlurmTask(run_dir=str(tmp_path), nodes=1, gpus_per_node=2, max_requeues=2, signal_delay_s=30)
+
+
+@pytest.fixture
+def no_slurm(monkeypatch):
+    """checkpoint() outside a job: no end time to read, ranks 'save' instantly, SIGTERM restored after."""
+    monkeypatch.setattr(slurm_task, "job_end_time", lambda: None)
+    old = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_checkpoint_asks_the_ranks_then_requeues_with_one_more_count(tmp_path, task, no_slurm, monkeypatch):
+    run = make_run(tmp_path)
+    (run.checkpoint / "latest").write_text("step-00000007\n")
+    seen = {}
+
+    def ranks_save(run_, world, since, budget_s):
+        seen["control_file"] = (run_.control / "checkpoint").exists()
+        seen["budget_s"] = budget_s
+        for r in range(world):
+            write_rank(run_, r, "checkpointed")
+        return True
+
+    monkeypatch.setattr(slurm_task, "wait_for_ranks", ranks_save)
+    slurm_task._attempt.update(started=time.time() - 1, decision=None)
+    delayed = task.checkpoint()
+    assert seen == {"control_file": True, "budget_s": 27.0}  # signal_delay_s less the 3 s margin, no end time
+    assert not (run.control / "checkpoint").exists()  # the resumed run must not stop at once
+    assert delayed.function.requeues == 1 and delayed.function.run_dir == task.run_dir
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # scontrol requeue's SIGTERM must not end us early
+    row = json.loads((tmp_path / "requeues.jsonl").read_text())
+    assert row["decision"] == "requeue" and row["checkpoint"] == "step-00000007" and row["requeue"] == 1
+    assert row["ranks"] == {"0": "checkpointed", "1": "checkpointed"}
+
+
+def test_checkpoint_stops_requeueing_at_max_requeues(tmp_path, task, no_slurm, monkeypatch):
+    make_run(tmp_path)
+    monkeypatch.setattr(slurm_task, "wait_for_ranks", lambda *a: True)
+    task.requeues = 2
+    assert task.checkpoint() is None and slurm_task._attempt["decision"] == "limit"
+
+
+def test_zero_max_requeues_never_requeues(tmp_path, no_slurm, monkeypatch):
+    make_run(tmp_path)
+    monkeypatch.setattr(slurm_task, "wait_for_ranks", lambda *a: True)
+    t = SlurmTask(run_dir=str(tmp_path), nodes=1, gpus_per_node=1, max_requeues=0)
+    assert t.checkpoint() is None
+
+
+def test_no_requeue_when_the_run_completed_as_the_signal_came(tmp_path, task, no_slurm, monkeypatch):
+    run = make_run(tmp_path)
+
+    def completed(run_, world, since, budget_s):
+        for r in range(world):
+            write_rank(run_, r, "completed")
+        return True
+
+    monkeypatch.setattr(slurm_task, "wait_for_ranks", completed)
+    slurm_task._attempt.update(started=time.time() - 1, decision=None)
+    assert task.checkpoint() is None and slurm_task._attempt["decision"] == "completed"
+    assert json.loads((run.path / "requeues.jsonl").read_text())["decision"] == "completed"
+
+
+def test_budget_runs_to_the_job_end_time(monkeypatch):
+    monkeypatch.setattr(slurm_task, "job_end_time", lambda: time.time() + 40)
+    assert 36 < slurm_task.checkpoint_budget_s(90) <= 37
+    monkeypatch.setattr(slurm_task, "job_end_time", lambda: time.time() + 2)
+    assert slurm_task.checkpoint_budget_s(90) == 5.0
+
+
+def test_rank_statuses_of_this_attempt_only(tmp_path):
+    run = make_run(tmp_path)
+    write_rank(run, 0, "checkpointed")
+    old = time.time() - 100
+    os.utime(run.ranks / "rank-0.json", (old, old))
+    write_rank(run, 1, "completed")
+    assert rank_statuses(run, 2) == {0: "checkpointed", 1: "completed"}
+    assert rank_statuses(run, 2, since=time.time() - 10) == {1: "completed"}
+
+
+def test_wait_for_ranks_gives_up_soon_after_the_local_ranks_are_gone(tmp_path):
+    run = make_run(tmp_path)  # no rank ever writes: they died before saving
+    t0 = time.monotonic()
+    assert wait_for_ranks(run, 2, since=time.time(), budget_s=30, grace_s=0.3) is True
+    assert time.monotonic() - t0 < 5
+
+
+def test_ranks_start_with_usr2_blocked_while_this_process_still_handles_it():
+    got = []
+    old = signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))
+    try:
+        with ranks_shielded_from(signal.SIGUSR2):
+            child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
+                                   capture_output=True, text=True, check=True).stdout
+            os.kill(os.getpid(), signal.SIGUSR2)
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.01)
+        blocked = int(next(ln for ln in child.splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+        assert blocked & (1 << (signal.SIGUSR2 - 1)), "the child must inherit a blocked USR2"
+        assert got == [signal.SIGUSR2], "this process must still run its handler"
+        assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # mask restored
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_outcome_merges_the_nodes():
+    ok = {"node_rank": 0, "ok": True, "interrupted": False, "message": "", "failures": []}
+    bad = {"node_rank": 1, "ok": False, "interrupted": False, "message": "boom",
+           "failures": [{"rank": 3, "exitcode": 75, "host": "node2"}]}
+    out = outcome_from_results([ok, bad])
+    assert not out.ok and out.message == "boom" and out.failures[0].rank == 3 and out.failures[0].exitcode == 75
+    assert outcome_from_results([ok, ok]).ok
+
+
+def test_the_task_pickles_by_reference_to_the_launcher_package():
+    import cloudpickle
+
+    data = cloudpickle.dumps(SlurmTask(run_dir="/r", nodes=2, gpus_per_node=1))
+    assert b"launcher.backends.slurm_task" in data  # importable in the job, not pickled by value
+
+
+def test_a_job_of_the_wrong_shape_fails_at_once(tmp_path, monkeypatch):
+    from launcher.backends.slurm_rdzv import RendezvousError
+
+    make_run(tmp_path)
+    for k, v in {"SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "5",
+                 "SLURM_JOB_NODELIST": "node1"}.items():
+        monkeypatch.setenv(k, v)
+    task = SlurmTask(run_dir=str(tmp_path), nodes=2, gpus_per_node=1)
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError, match="SLURM_JOB_NUM_NODES: 1 but the plan is for 2 node"):
+        task()
+    assert time.monotonic() - t0 < 5

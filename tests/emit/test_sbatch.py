@@ -1,0 +1,143 @@
+"""The plain sbatch script: golden files, shell syntax, quoting of weird paths, and a run with fake srun/scontrol."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from emit_helpers import check_golden, make_job, make_plan
+
+from launcher.emit.sbatch import sbatch_text
+from launcher.errors import ConfigError
+
+# Like submitit's weird_tmp_path: every character that breaks naive shell quoting.
+WEIRD = "my runs/it's \"quoted\" $HOME `id` ;&|"
+
+
+def slurm_job(**over):
+    base = {"name": "emit", "slurm.partition": "gpu", "slurm.account": "proj", "slurm.qos": "high",
+            "slurm.timeout_min": 120, "slurm.mem_gb": 64, "slurm.constraint": "a100", "slurm.exclusive": True,
+            "slurm.signal_delay_s": 120, "slurm.max_requeues": 2,
+            "slurm.setup": ["module load cuda/12.4", "source $HOME/venv/bin/activate"],
+            "slurm.additional_parameters": {"mail_type": "END", "comment": "launcher golden"}}
+    base.update(over)
+    return make_job(**base)
+
+
+def fsdp_plan(nodes=2, world_size=16):
+    return make_plan(engine="fsdp", world_size=world_size, nodes=nodes)
+
+
+@pytest.fixture
+def weird_tmp_path(tmp_path) -> Path:
+    p = tmp_path / WEIRD
+    p.mkdir(parents=True)
+    return p
+
+
+def bash_n(text: str, tmp_path: Path) -> None:
+    script = tmp_path / "check.sbatch"
+    script.write_text(text)
+    out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_golden_two_nodes_fsdp(tmp_path):
+    text = sbatch_text(fsdp_plan(), slurm_job(), run_dir=Path("/scratch/runs/emit"))
+    bash_n(text, tmp_path)
+    check_golden("sbatch/fsdp_two_nodes.sbatch", text)
+
+
+def test_golden_weird_path_and_name(tmp_path):
+    job = slurm_job(name="it's a \"$job\" `x`", **{"slurm.setup": []})
+    text = sbatch_text(fsdp_plan(nodes=1, world_size=2), job, run_dir=Path("/scratch") / WEIRD)
+    bash_n(text, tmp_path)
+    check_golden("sbatch/weird_path.sbatch", text)
+    assert "#SBATCH --job-name=it-s-a-job-x" in text  # sanitized, so #SBATCH parsing cannot break
+    assert "RUN_DIR='/scratch/my runs/it'\"'\"'s \"quoted\" $HOME `id` ;&|'" in text
+
+
+def test_directives_and_srun_line():
+    text = sbatch_text(fsdp_plan(), slurm_job(), run_dir=Path("/r"))
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=8", "#SBATCH --time=120", "#SBATCH --mem=64GB", "#SBATCH --partition=gpu",
+                 "#SBATCH --exclusive", "#SBATCH --signal=B:USR2@120", "#SBATCH --requeue",
+                 "#SBATCH --mail-type=END", "#SBATCH --comment='launcher golden'", "MAX_REQUEUES=2",
+                 "module load cuda/12.4", "source $HOME/venv/bin/activate"):
+        assert line in text, line
+    assert "python -m torch.distributed.run --nnodes=2" in text and "--nproc-per-node=8" in text
+    assert '--rdzv-endpoint="$head_addr:$port"' in text and '-m launcher.rank_entry "$RUN_DIR"' in text
+    assert 'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
+
+
+def test_deepspeed_plan_carries_its_ds_config(tmp_path):
+    text = sbatch_text(make_plan(zero_stage=2), slurm_job(), run_dir=Path("/r"))
+    bash_n(text, tmp_path)
+    assert "write_file ds_config.json <<'LAUNCHER_FILE_EOF'" in text
+    assert 'export LAUNCHER_DS_CONFIG="$RUN_DIR/ds_config.json"' in text
+
+
+def test_unknown_additional_key_is_refused(monkeypatch):
+    from launcher.backends import slurm_params
+
+    monkeypatch.setattr(slurm_params, "sbatch_long_options", lambda: frozenset({"reservation"}))
+    with pytest.raises(ConfigError, match="slurm.additional_parameters.reservaton: unknown key.*did you mean"):
+        sbatch_text(fsdp_plan(), slurm_job(**{"slurm.additional_parameters": {"reservaton": "x"}}), run_dir=Path("/r"))
+
+
+def _fake_bin(tmp_path: Path, rank_status: str) -> Path:
+    """srun and scontrol stand-ins: record argv, and play the ranks by writing rank-0.json."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.jsonl"
+    scripts = {
+        "scontrol": f"""#!/usr/bin/env python3
+import json, sys
+open({str(log)!r}, "a").write(json.dumps(["scontrol"] + sys.argv[1:]) + "\\n")
+if sys.argv[1:3] == ["show", "hostnames"]:
+    print("node7\\nnode8")
+elif sys.argv[1:3] == ["show", "node"]:
+    print("NodeName=node7 Arch=x86_64 NodeAddr=10.0.0.7 NodeHostName=n7 State=IDLE")
+""",
+        "srun": f"""#!/usr/bin/env python3
+import json, os, sys
+open({str(log)!r}, "a").write(json.dumps(["srun"] + sys.argv[1:]) + "\\n")
+run_dir = sys.argv[-1]
+os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
+json.dump({{"rank": 0, "status": {rank_status!r}}}, open(os.path.join(run_dir, "ranks", "rank-0.json"), "w"),
+          indent=2)
+""",
+    }
+    for name, body in scripts.items():
+        p = bin_dir / name
+        p.write_text(body)
+        p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+@pytest.mark.parametrize("rank_status,requeued", [("completed", False), ("checkpointed", True)])
+def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status, requeued):
+    run_dir = weird_tmp_path / "run $1"
+    run_dir.mkdir()
+    job = slurm_job(name="weird $name", **{"slurm.setup": ['echo "setup ran" > "$RUN_DIR/setup.txt"']})
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_text(fsdp_plan(), job, run_dir=run_dir))
+    bin_dir = _fake_bin(tmp_path, rank_status)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
+           "SLURM_JOB_ID": "20042", "SLURM_RESTART_COUNT": "0"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    srun = next(c for c in calls if c[0] == "srun")
+    assert srun[-1] == str(run_dir)  # the path reached the ranks intact
+    assert "--rdzv-endpoint=10.0.0.7:20042" in srun and "--rdzv-id=20042-0" in srun
+    assert (["scontrol", "requeue", "20042"] in calls) is requeued
+    assert yaml.safe_load((run_dir / "job.yaml").read_text())["name"] == "weird $name"
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
+    assert (run_dir / "setup.txt").read_text() == "setup ran\n"
+    assert not (run_dir / "control" / "checkpoint").exists()
