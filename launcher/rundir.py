@@ -6,6 +6,13 @@
     RUN/logs/rank-K.log      each rank's stdout and stderr
     RUN/checkpoint/          the last checkpoint (engine-native)
     RUN/control/             files the launcher drops to ask ranks for something (checkpoint)
+    RUN/heartbeat/rank-K     optional: a script touches it to tell the hang watchdog it is alive
+    RUN/attempts/<k>/        with --auto-fallback: attempt k's plan, job, ranks/, steps/, logs/ and report,
+                             moved aside before the next attempt; RUN itself always holds the latest attempt
+
+What the launcher writes here passes through ``redact``: the values of secret-looking environment
+variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs
+are scrubbed the same way when the run ends.
 """
 
 from __future__ import annotations
@@ -22,6 +29,66 @@ import yaml
 
 from launcher.errors import ConfigError
 from launcher.fsutil import atomic_write
+
+# Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
+# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)",
+                         re.IGNORECASE)
+SECRET_MIN_CHARS = 8
+"""Shorter values are not redacted: replacing every '1' or 'true' in a log would destroy it and hide nothing."""
+REDACTED = "[redacted]"
+ATTEMPT_ITEMS = ("job.yaml", "plan.json", "ds_config.json", "fsdp.yaml", "report.json", "memory.png", "ranks",
+                 "steps", "logs", "checkpoint", "heartbeat")
+"""What one attempt of the fallback ladder leaves in RUN; moved to RUN/attempts/<k>/ before the next."""
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole)."""
+    env = os.environ if environ is None else environ
+    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str, secrets: list[str] | None = None) -> str:
+    for value in secret_values() if secrets is None else secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def redact_data(obj, secrets: list[str] | None = None):
+    """``redact`` applied to every string (keys included) in plain JSON/YAML data, before it is serialized:
+    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text."""
+    secrets = secret_values() if secrets is None else secrets
+    if not secrets:
+        return obj
+    if isinstance(obj, str):
+        return redact(obj, secrets)
+    if isinstance(obj, dict):
+        return {redact_data(k, secrets): redact_data(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_data(v, secrets) for v in obj]
+    return obj
+
+
+def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
+    """Rewrite ``path`` (atomically) without secret values; True when it held one. Untouched otherwise."""
+    secrets = secret_values() if secrets is None else secrets
+    if not secrets:
+        return False
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    needles = [v.encode() for v in secrets]
+    if not any(n in data for n in needles):
+        return False
+    for n in needles:
+        data = data.replace(n, REDACTED.encode())
+    tmp = path.with_name(f".{path.name}.redact")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
 
 
 def slug(name: str) -> str:
@@ -84,6 +151,8 @@ class RunDir:
             run.clear()
         for d in (run.ranks, run.steps, run.logs, run.control):
             d.mkdir(exist_ok=True)
+        # A checkpoint request left by a launch that died before the ranks saw it would stop this run at once.
+        (run.control / "checkpoint").unlink(missing_ok=True)
         return run
 
     @classmethod
@@ -114,13 +183,35 @@ class RunDir:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     def write_json(self, name: str, data) -> Path:
-        return atomic_write(self.path / name, json.dumps(data, indent=2, default=str) + "\n")
+        data = json.loads(json.dumps(data, default=str))  # plain data first, so every string can be redacted
+        return atomic_write(self.path / name, json.dumps(redact_data(data), indent=2) + "\n")
 
     def write_text(self, name: str, text: str) -> Path:
-        return atomic_write(self.path / name, text)
+        return atomic_write(self.path / name, redact(text))
 
     def write_yaml(self, name: str, data) -> Path:
-        return atomic_write(self.path / name, yaml.safe_dump(data, sort_keys=False))
+        return atomic_write(self.path / name, yaml.safe_dump(redact_data(data), sort_keys=False))
+
+    def redact_logs(self) -> list[Path]:
+        """Scrub secret values from what the ranks printed (they write their logs directly); the files changed."""
+        secrets = secret_values()
+        if not secrets:
+            return []
+        files = [p for d in (self.logs, self.path / "attempts") if d.is_dir() for p in d.rglob("*.log")]
+        return [p for p in files if p.is_file() and redact_file(p, secrets)]
+
+    def archive_attempt(self, attempt: int) -> Path:
+        """Move attempt ``attempt``'s outputs to RUN/attempts/<attempt>/ and leave RUN ready for the next one."""
+        dest = self.path / "attempts" / str(attempt)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ATTEMPT_ITEMS:
+            src = self.path / name
+            if src.exists() or src.is_symlink():
+                os.replace(src, dest / name)
+        for d in (self.ranks, self.steps, self.logs, self.control):
+            d.mkdir(exist_ok=True)
+        (self.control / "checkpoint").unlink(missing_ok=True)
+        return dest
 
     def read_json(self, name: str):
         return json.loads((self.path / name).read_text())

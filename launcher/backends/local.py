@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
+from launcher.fsutil import atomic_write
 from launcher.rundir import RunDir
 
+RANK_MODULE = "launcher.rank_entry"
+CPU_PROGRESS_S = 0.1
+"""CPU seconds a rank must burn between two watchdog polls to count as busy (gloo waits burn ~0)."""
+DUMP_WAIT_S = 5.0
+"""How long the watchdog waits for the ranks it aborted to write their stacks and exit."""
 
-def torchrun_argv(run: RunDir, spec: LaunchSpec) -> list[str]:
+
+def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | None = None) -> list[str]:
     argv = ["--nproc-per-node", str(spec.gpus_per_node), "--max-restarts", "0", "--monitor-interval", "0.2"]
+    if signals_to_handle:
+        argv += ["--signals-to-handle", signals_to_handle]
     if spec.nodes == 1 and not spec.rdzv_endpoint:
         argv += ["--standalone"]
     else:
@@ -22,7 +34,7 @@ def torchrun_argv(run: RunDir, spec: LaunchSpec) -> list[str]:
             raise ValueError("a multi-node run needs rdzv_endpoint")
         argv += ["--nnodes", str(spec.nodes), "--node-rank", str(spec.node_rank), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", _run_id(run)]
-    argv += ["-m", "launcher.rank_entry", str(run.path)]
+    argv += ["-m", RANK_MODULE, str(run.path)]
     if spec.script:
         argv += ["--script", spec.script, "--", *spec.script_args]
     return argv
@@ -32,50 +44,307 @@ def _run_id(run: RunDir) -> str:
     return os.environ.get("LAUNCHER_RDZV_ID") or uuid.uuid5(uuid.NAMESPACE_URL, str(run.path)).hex[:16]
 
 
-class Watchdog(threading.Thread):
-    """Ends the run when no rank has written a step or a memory file for ``timeout_s``.
+def rank_processes() -> dict[int, object]:
+    """This node's rank processes (psutil.Process) by global rank: torchrun starts them as our children."""
+    import psutil
 
-    Collectives that never complete leave every rank silent; the ranks that did reach the step are named by
-    their step files, so the message names the one that did not arrive.
+    out = {}
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if RANK_MODULE not in " ".join(child.cmdline()):
+                continue
+            rank = child.environ().get("RANK")
+        except (psutil.Error, OSError):
+            continue
+        if rank is not None and rank.isdigit():
+            out[int(rank)] = child
+    return out
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cpu_seconds(proc) -> float:
+    """CPU time of a rank and everything it started (DataLoader workers, compilers)."""
+    import psutil
+
+    total = 0.0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system
+    except psutil.Error:
+        pass
+    return total
+
+
+@dataclass(kw_only=True, slots=True)
+class RankStack:
+    """Where one rank's main thread was when the watchdog stopped it (from its faulthandler dump)."""
+
+    rank: int
+    frames: list[tuple[str, int, str]] = field(default_factory=list)
+    """(file, line, function), innermost first."""
+
+    def collective(self) -> str | None:
+        """The torch.distributed call this rank was waiting in, if any."""
+        for path, _, func in self.frames:
+            if "torch/distributed/distributed_c10d.py" in path or "deepspeed/comm/" in path:
+                return func
+        return None
+
+    def where(self) -> str:
+        """The innermost frame outside torch, for a person to look at."""
+        for path, line, func in self.frames:
+            if "/site-packages/torch/" not in path and "/site-packages/deepspeed/" not in path:
+                return f"{path}:{line} in {func}"
+        return "(no frame outside torch)" if self.frames else "(no Python frame)"
+
+
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_fault_dump(text: str, rank: int) -> RankStack | None:
+    """The main thread's frames from the last faulthandler dump in a rank log, or None without one."""
+    start = text.rfind("Fatal Python error:")
+    if start < 0:
+        return None
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif threads and (m := _FRAME.match(line)):
+            threads[-1].append((m.group(1), int(m.group(2)), m.group(3)))
+    # Other threads end in threading.py's _bootstrap; the main thread ends in the rank's entry module.
+    main = [t for t in threads if t and not t[-1][0].endswith("threading.py")]
+    return RankStack(rank=rank, frames=main[0] if main else [])
+
+
+class Watchdog(threading.Thread):
+    """Ends the run when no rank has progressed for ``timeout_s``, and says which rank did not arrive.
+
+    Progress is what a rank leaves behind: a line in steps/rank-K.jsonl, a new ranks/rank-K.json, a touch of
+    heartbeat/rank-K (any script can do that), or output in logs/rank-K.log. CPU time counts too where the ranks
+    run on CPU (gloo blocks without spinning) and, on GPUs, only before a rank's first step: importing and
+    building print nothing, while a GPU rank blocked in an NCCL collective can spin a core.
+
+    When it fires it aborts this node's ranks with SIGABRT: PYTHONFAULTHANDLER (set by the launcher) makes each
+    write its Python stack into its log first. A rank waiting inside a torch.distributed collective arrived; one
+    that is elsewhere did not. Without the stacks (another node's ranks) the step files decide: the ranks behind
+    the others did not arrive.
     """
 
-    def __init__(self, run: RunDir, world_size: int, timeout_s: float):
-        super().__init__(daemon=True)
+    def __init__(self, run: RunDir, world_size: int, timeout_s: float, *, cpu_is_progress: bool,
+                 stop_run: Callable[[], None]):
+        super().__init__(daemon=True, name="launcher-watchdog")
         self.run_dir, self.world_size, self.timeout_s = run, world_size, timeout_s
+        self.cpu_is_progress = cpu_is_progress
+        self.stop_run = stop_run
+        self.triggered = threading.Event()
+        """Set the moment the watchdog decides the run hangs (before it aborts anything)."""
+        self.done = threading.Event()
+        """Set once ``fired`` holds the message."""
         self.fired: str | None = None
         self._stop_event = threading.Event()
+        self._seen: dict[int, tuple] = {}
+        self._cpu: dict[int, float] = {}
 
     def stop(self) -> None:
         self._stop_event.set()
 
-    def _progress(self) -> dict[int, tuple[float, int]]:
-        out = {}
+    def _file_signals(self, r: int) -> tuple:
+        out = []
+        for p in (self.run_dir.steps / f"rank-{r}.jsonl", self.run_dir.ranks / f"rank-{r}.json",
+                  self.run_dir.path / "heartbeat" / f"rank-{r}", self.run_dir.rank_log(r)):
+            try:
+                st = p.stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def steps_done(self, r: int) -> int:
+        p = self.run_dir.steps / f"rank-{r}.jsonl"
+        try:
+            with p.open("rb") as f:
+                return sum(1 for ln in f if ln.strip())
+        except OSError:
+            return 0
+
+    def poll(self, now: float, last: dict[int, float]) -> None:
+        """Update each rank's last-progress time."""
+        procs = rank_processes()
         for r in range(self.world_size):
-            p = self.run_dir.steps / f"rank-{r}.jsonl"
-            hb = self.run_dir.path / "heartbeat" / f"rank-{r}"
-            stamps = [f.stat().st_mtime for f in (p, hb) if f.exists()]
-            steps = sum(1 for _ in p.open()) if p.exists() else 0
-            out[r] = (max(stamps) if stamps else 0.0, steps)
-        return out
+            sig = self._file_signals(r)
+            if self._seen.get(r) != sig:
+                self._seen[r] = sig
+                last[r] = now
+            proc = procs.get(r)
+            if proc is None:
+                continue
+            cpu = _cpu_seconds(proc)
+            if cpu - self._cpu.get(r, 0.0) >= CPU_PROGRESS_S and (self.cpu_is_progress or self.steps_done(r) == 0):
+                last[r] = now
+            self._cpu[r] = cpu
 
     def run(self) -> None:
         start = time.time()
+        last: dict[int, float] = {}
         while not self._stop_event.wait(1.0):
-            prog = self._progress()
-            newest = max([start] + [t for t, _ in prog.values()])
-            if time.time() - newest < self.timeout_s:
+            now = time.time()
+            self.poll(now, last)
+            newest = max([start, *last.values()])
+            if now - newest >= self.timeout_s:
+                self.fire(now - newest)
+                return
+
+    def fire(self, idle_s: float) -> None:
+        self.triggered.set()
+        steps = {r: self.steps_done(r) for r in range(self.world_size)}
+        stacks = self.dump_stacks()
+        self.fired = hang_message(self.timeout_s, idle_s, steps, stacks, self.run_dir)
+        self.done.set()
+        # The elastic agent sees the aborted ranks fail and stops the rest; if it does not (ranks on another
+        # node, or a rank that ignored SIGABRT), stop the run ourselves.
+        if not self._stop_event.wait(10.0):
+            self.stop_run()
+
+    def dump_stacks(self) -> dict[int, RankStack]:
+        import psutil
+
+        procs = rank_processes()
+        for proc in procs.values():
+            try:
+                proc.rlimit(psutil.RLIMIT_CORE, (0, 0))  # SIGABRT would leave a core file in the working dir
+                proc.send_signal(signal.SIGABRT)
+            except (psutil.Error, OSError):
+                pass
+        # Wait without reaping (psutil.wait_procs would waitpid() them, and the elastic agent, whose children
+        # they are, would then read exit code 0 for every rank).
+        deadline = time.monotonic() + DUMP_WAIT_S
+        while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
+            time.sleep(0.1)
+        stacks = {}
+        for r in procs:
+            try:
+                text = self.run_dir.rank_log(r).read_text(errors="replace")
+            except OSError:
                 continue
-            most = max(s for _, s in prog.values())
-            behind = [r for r, (_, s) in prog.items() if s < most] or [
-                r for r, (t, _) in prog.items() if t == min(t for t, _ in prog.values())]
-            self.fired = (f"no progress for {self.timeout_s:.0f} s (watchdog); rank(s) {behind} did not arrive at "
-                          f"step {most + 1 if behind else most}")
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+            stack = parse_fault_dump(text, r)
+            if stack is not None:
+                stacks[r] = stack
+        return stacks
+
+
+def hang_message(timeout_s: float, idle_s: float, steps: dict[int, int], stacks: dict[int, RankStack],
+                 run: RunDir) -> str:
+    """One line: how long nothing moved, which rank(s) did not arrive and where each rank was."""
+    head = f"hang: no rank made progress for {idle_s:.0f} s (--hang-timeout {timeout_s:g})"
+    waiting = {r: s.collective() for r, s in stacks.items() if s.collective()}
+    elsewhere = sorted(r for r, s in stacks.items() if not s.collective())
+    if waiting and elsewhere:
+        calls = ", ".join(sorted(set(waiting.values())))
+        where = "; ".join(f"rank {r} was at {stacks[r].where()}" for r in elsewhere)
+        body = (f"rank(s) {elsewhere} did not arrive at the collective ({calls}) that rank(s) {sorted(waiting)} "
+                f"waited in; {where}")
+    elif stacks:
+        body = "every rank stopped was " + ("in a collective" if waiting else "outside any collective") + ": " + \
+            "; ".join(f"rank {r} at {s.where()}" + (f" (in {s.collective()})" if s.collective() else "")
+                      for r, s in sorted(stacks.items()))
+        body += "; no rank can be named as the one that did not arrive"
+    else:
+        most = max(steps.values(), default=0)
+        behind = sorted(r for r, n in steps.items() if n < most)
+        if behind:
+            body = f"rank(s) {behind} did not arrive at step {most} (by the step files; no stacks)"
+        else:
+            body = (f"every rank finished {most} step(s) and then stopped; no stacks were written, so no rank can "
+                    "be named")
+    return f"{head}; {body}; stacks in {run.logs}/rank-K.log"
+
+
+class InterruptCheckpoint:
+    """SIGINT/SIGTERM ask the ranks to checkpoint (RUN/control/checkpoint) and waits up to ``grace_s`` for them.
+
+    A second signal, or the grace running out, stops the ranks the usual way (the elastic agent's shutdown).
+    Installed only for --checkpoint-on-interrupt; torchrun is told not to install its own handlers for these
+    two signals (its --signals-to-handle), so this one stays in charge.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, run: RunDir, grace_s: float):
+        self.run_dir, self.grace_s = run, grace_s
+        self.requested: signal.Signals | None = None
+        self.immediate = False
+        self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def stop_now(self) -> None:
+        """From any thread: end the run without waiting for a checkpoint."""
+        self.immediate = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _handle(self, signum: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        sig = signal.Signals(signum)
+        if self.immediate or self.requested is not None:
+            raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+        self.requested = sig
+        control = self.run_dir.control
+        control.mkdir(parents=True, exist_ok=True)
+        atomic_write(control / "checkpoint", f"{sig.name} at {time.time():.0f}\n")
+        print(f"launch: {sig.name}: asked the ranks to checkpoint at the next step (waiting up to "
+              f"{self.grace_s:g} s; send it again to stop now)", file=sys.stderr, flush=True)
+        self._timer = threading.Timer(self.grace_s, self.stop_now)
+        self._timer.daemon = True
+        self._timer.start()
+
+
+def _checkpointed_step(run: RunDir) -> str | None:
+    latest = run.checkpoint / "latest"
+    try:
+        return latest.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _rank_statuses(run: RunDir) -> set[str]:
+    import json
+
+    out = set()
+    for p in run.rank_files():
+        try:
+            out.add(json.loads(p.read_text()).get("status", "unknown"))
+        except (OSError, ValueError):
+            out.add("unknown")
+    return out
 
 
 class LocalBackend(Backend):
     name = "local"
+
+    def __init__(self, *, checkpoint_on_interrupt_s: float = 0.0):
+        self.checkpoint_on_interrupt_s = checkpoint_on_interrupt_s
+        """0: a signal stops the ranks at once; else ask for a checkpoint and wait this long first."""
 
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -84,23 +353,61 @@ class LocalBackend(Backend):
         from torch.distributed.run import run as torchrun
 
         os.environ.update(spec.env)
-        args = parse_args(torchrun_argv(run, spec))
+        interrupt = None
+        saved_signals_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+        if self.checkpoint_on_interrupt_s > 0:
+            interrupt = InterruptCheckpoint(run, self.checkpoint_on_interrupt_s)
+            interrupt.install()
+        # With the checkpoint handler in charge of SIGINT/SIGTERM, torchrun keeps only its handlers for the others.
+        args = parse_args(torchrun_argv(run, spec, signals_to_handle="SIGHUP,SIGQUIT" if interrupt else None))
+        stop_run = interrupt.stop_now if interrupt else (lambda: os.kill(os.getpid(), signal.SIGTERM))
         watchdog = None
         if spec.hang_timeout_s > 0:
-            watchdog = Watchdog(run, spec.gpus_per_node * spec.nodes, spec.hang_timeout_s)
+            cpu_ranks = not _cuda_visible()
+            watchdog = Watchdog(run, spec.gpus_per_node * spec.nodes, spec.hang_timeout_s, cpu_is_progress=cpu_ranks,
+                                stop_run=stop_run)
             watchdog.start()
         try:
             torchrun(args)
         except ChildFailedError as e:
+            if watchdog is not None and watchdog.triggered.is_set():
+                watchdog.done.wait(DUMP_WAIT_S + 10)
+                return Outcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
             failures = [RankFailure(rank=rank, exitcode=f.exitcode, host=os.uname().nodename)
                         for rank, f in e.failures.items()]
             return Outcome(ok=False, failures=failures)
         except SignalException as e:
-            if watchdog is not None and watchdog.fired:
-                return Outcome(ok=False, message=watchdog.fired)
-            return Outcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}")
+            if watchdog is not None and watchdog.triggered.is_set():
+                watchdog.done.wait(DUMP_WAIT_S + 10)
+                return Outcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
+            how = "" if interrupt is None or interrupt.requested is None else \
+                f" (no checkpoint within {self.checkpoint_on_interrupt_s:g} s, or asked again)"
+            return Outcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}{how}")
         finally:
             if watchdog is not None:
                 watchdog.stop()
+            if interrupt is not None:
+                interrupt.restore()
+            # torchrun exports its signal list; the next attempt (fallback ladder) must not inherit ours.
+            if saved_signals_env is None:
+                os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+            else:
+                os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_signals_env
             sys.stdout.flush()
+        if interrupt is not None and interrupt.requested is not None and "checkpointed" in _rank_statuses(run):
+            tag = _checkpointed_step(run)
+            return Outcome(ok=True, interrupted=True,
+                           message=f"interrupted by {interrupt.requested.name}; the ranks saved checkpoint {tag}")
         return Outcome(ok=True)
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # torch without CUDA support: CPU ranks
+        return False
+
+
+__all__ = ["LocalBackend", "Watchdog", "InterruptCheckpoint", "parse_fault_dump", "hang_message"]

@@ -14,6 +14,8 @@ def _size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    except OverflowError:  # '1e400GB' is an infinite float
+        raise argparse.ArgumentTypeError(f"{text!r} is too large to be a size; {BYTES_HELP}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -23,6 +25,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give e.g. 4") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0; give e.g. 4")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give e.g. 3") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative; give 0 (off) or e.g. 3") from None
+    return v
+
+
+def seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; give e.g. 120") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more seconds (0: off); give e.g. 120") from None
     return v
 
 

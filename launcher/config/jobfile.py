@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from launcher.config.job import Job
-from launcher.config.load import from_dict, load_yaml
+from launcher.config.job import InlineArch, Job
+from launcher.config.load import from_dict, load_yaml, show
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
@@ -66,6 +66,43 @@ def _positive(problems: list[str], where: str, value, fix: str) -> None:
         problems.append(f"{where}: {value!r} must be greater than 0; {fix}")
 
 
+def check_arch(arch: InlineArch, max_seq_len: int) -> list[str]:
+    """What transformers would refuse (or crash on) when it builds the model, said before any planning."""
+    p: list[str] = []
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+                 "max_position_embeddings"):
+        _positive(p, f"model.{name}", getattr(arch, name), f"give {name} as a whole number, e.g. 64")
+    if p:
+        return p
+    if arch.hidden_size % arch.num_heads:
+        p.append(f"model.hidden_size: {arch.hidden_size} is not divisible by model.num_heads {arch.num_heads}; "
+                 f"use a multiple of {arch.num_heads} (e.g. {arch.num_heads * max(1, arch.hidden_size // arch.num_heads)})")
+    if arch.num_kv_heads is not None and arch.num_heads % arch.num_kv_heads:
+        p.append(f"model.num_kv_heads: {arch.num_kv_heads} does not divide model.num_heads {arch.num_heads}; "
+                 f"use a divisor of {arch.num_heads} (grouped-query attention shares each KV head evenly)")
+    if max_seq_len > arch.max_position_embeddings:
+        p.append(f"data.max_seq_len: {max_seq_len} is longer than model.max_position_embeddings "
+                 f"{arch.max_position_embeddings}; use --seq-len {arch.max_position_embeddings} or raise "
+                 "max_position_embeddings")
+    return p
+
+
+def check_data_path(job: Job) -> list[str]:
+    try:
+        dp = data_path(job)
+        if dp.suffix.lower() not in DATA_SUFFIXES:
+            return [f"data.path: {job.data.path!r} must end in .jsonl, .json or .csv; convert the data to JSONL"]
+        if not dp.is_file():
+            return [f"data.path: {str(dp)!r} does not exist; check the path "
+                    "(relative paths start at the job file's directory)"]
+        if not _has_records(dp):
+            return [f"data.path: {str(dp)!r} holds no examples; add at least one record"]
+    except (OSError, RuntimeError, ValueError) as e:  # a name too long, an unknown ~user, a NUL byte, unreadable
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        return [f"data.path: {show(job.data.path)} cannot be read ({why}); give the path of a readable JSONL file"]
+    return []
+
+
 def check_job(job: Job) -> list[str]:
     """Rules that span fields or touch the file system; returns every problem found."""
     p: list[str] = []
@@ -106,13 +143,18 @@ def check_job(job: Job) -> list[str]:
             p.append(f"train.lora.dropout: {lo.dropout!r} must be in [0, 1); use e.g. 0.05")
     if job.budget_bytes is not None:
         p += check_budget(job.budget_bytes)
-    dp = data_path(job)
-    if dp.suffix.lower() not in DATA_SUFFIXES:
-        p.append(f"data.path: {job.data.path!r} must end in .jsonl, .json or .csv; convert the data to JSONL")
-    elif not dp.is_file():
-        p.append(f"data.path: {str(dp)!r} does not exist; check the path (relative paths start at the job file's directory)")
-    elif not _has_records(dp):
-        p.append(f"data.path: {str(dp)!r} holds no examples; add at least one record")
+    if isinstance(job.model, InlineArch):
+        p += check_arch(job.model, job.data.max_seq_len)
+    elif not job.model.strip() or "\x00" in job.model:
+        p.append(f"model: {job.model!r} names no model; give a local model dir, a bundled name such as "
+                 "gpt2-124m, a hub id, or an inline architecture")
+    else:
+        try:
+            Path(job.model).expanduser()
+        except RuntimeError as e:  # '~nosuchuser/model'
+            p.append(f"model: {job.model!r} cannot be expanded ({e}); give an absolute path or a hub id")
+    _positive(p, "data.num_labels", job.data.num_labels, "leave it out to count the labels in the data")
+    p += check_data_path(job)
     return p
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -18,6 +20,30 @@ from launcher.errors import ConfigError
 from launcher.units import parse_bytes
 
 T = TypeVar("T")
+
+INT_LIMIT = 2**63 - 1
+"""Largest integer a config field takes: what torch, numpy and JSON readers elsewhere hold without overflow."""
+PLAIN_NODES_LIMIT = 100_000
+"""Most scalars a free-form value (sweep grids, Slurm extras) may expand to: YAML aliases can nest a
+"billion laughs" into a few lines, and every later walk (messages, job.yaml) would expand it."""
+
+# Names other tools use for our keys: spelling is close enough for difflib, meaning is not.
+KEY_ALIASES = {
+    "learning_rate": "lr", "batch_size": "global_batch_size", "train_batch_size": "global_batch_size",
+    "steps": "max_steps", "num_steps": "max_steps", "num_train_epochs": "epochs", "seq_len": "max_seq_len",
+    "max_length": "max_seq_len", "sequence_length": "max_seq_len", "dtype": "precision", "mixed_precision": "precision",
+    "gradient_checkpointing": "activation_checkpointing", "zero": "zero_stage", "stage": "zero_stage",
+    "num_gpus": "gpus", "num_nodes": "nodes", "memory_budget": "budget", "mem_budget": "budget",
+}
+
+_shown = reprlib.Repr()
+# Messages quote the value, but a value can be a huge or aliased structure; a path must still show in full.
+_shown.maxstring, _shown.maxother, _shown.maxlevel, _shown.maxlist, _shown.maxdict = 160, 160, 3, 6, 6
+
+
+def show(value: Any) -> str:
+    """repr() bounded in size, for quoting a user's value in a message."""
+    return _shown.repr(value)
 
 
 def yaml_key(f: dataclasses.Field) -> str:
@@ -47,7 +73,36 @@ def _type_name(tp: Any) -> str:
 
 class _Problems(list):
     def add(self, where: str, value: Any, rule: str, fix: str) -> None:
-        self.append(f"{where}: {value!r} {rule}; {fix}")
+        self.append(f"{where}: {show(value)} {rule}; {fix}")
+
+
+def _plain_problem(value: Any) -> str | None:
+    """Why a free-form value is not plain finite YAML data (a cycle, or too large once aliases expand), or None."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(v: Any, depth: int) -> int:
+        if not isinstance(v, (list, dict)):
+            return 1
+        key = id(v)
+        if key in on_path or depth > 50:
+            raise ValueError("refers to itself (a YAML alias inside its own anchor) or nests over 50 levels")
+        if key in sizes:  # a shared alias: counted again, walked once
+            return sizes[key]
+        on_path.add(key)
+        items = list(v.values()) if isinstance(v, dict) else v
+        n = 1 + sum(size(c, depth + 1) for c in items)
+        on_path.discard(key)
+        sizes[key] = n
+        if n > PLAIN_NODES_LIMIT:
+            raise ValueError(f"expands to over {PLAIN_NODES_LIMIT} values (YAML aliases)")
+        return n
+
+    try:
+        size(value, 0)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: bool = False) -> Any:
@@ -69,10 +124,13 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         return None
     if origin is Literal:
         choices = typing.get_args(tp)
-        if value in choices and type(value) is type(choices[0]) or value in choices and not isinstance(value, bool):
+        # Exact type too: True == 1 and 1.0 == 1, but zero_stage: true or 1.0 is a typo, not stage 1.
+        if any(value == c and type(value) is type(c) for c in choices):
             return value
-        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f"did you mean {near[0]!r}?" if near else f"use one of {', '.join(repr(c) for c in choices)}"
+        same = [c for c in choices if not isinstance(value, (list, dict)) and value == c]  # 1.0 for 1, true for 1
+        near = [repr(c) for c in same] or [repr(c) for c in choices if str(c) in
+                                           difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)]
+        hint = f"did you mean {near[0]}?" if near else f"use one of {', '.join(repr(c) for c in choices)}"
         problems.add(where, value, f"is not one of {', '.join(repr(c) for c in choices)}", hint)
         return None
     if dataclasses.is_dataclass(tp):
@@ -90,11 +148,21 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
             return None
         return {str(k): _convert(val_tp, v, f"{where}.{k}", problems) for k, v in value.items()}
     if tp is int and is_bytes:
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.add(where, value, "is not a size", "give a size with a unit, e.g. 16GB")
+            return None
         try:
-            return parse_bytes(value)
+            n = parse_bytes(value)
+        except OverflowError:  # '1e400GB' parses to an infinite float, which int() refuses
+            problems.add(where, value, "is too large to be a size", "give a realistic size, e.g. 16GB")
+            return None
         except ValueError as e:
             problems.append(f"{where}: {e}")
             return None
+        if n > INT_LIMIT:
+            problems.add(where, value, f"is over {INT_LIMIT} bytes", "give a realistic size, e.g. 16GB")
+            return None
+        return n
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -102,11 +170,17 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         return None
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_LIMIT:
+                problems.add(where, value, "is out of range (over 2^63)", f"give {where} a realistic whole number")
+                return None
             return value
         problems.add(where, value, "must be an integer", f"write {where} as a whole number, e.g. 8")
         return None
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):  # .nan / .inf in YAML, or an int too big for a float
+                problems.add(where, value, "must be a finite number", f"write {where} as a number, e.g. 2.0e-5")
+                return None
             return float(value)
         problems.add(where, value, "must be a number", f"write {where} as a number, e.g. 2.0e-5")
         return None
@@ -116,6 +190,10 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         problems.add(where, value, "must be a string", f"quote {where}")
         return None
     if tp is object:
+        why = _plain_problem(value)
+        if why:
+            problems.add(where, value, why, "write the value out without aliases")
+            return None
         return value
     raise TypeError(f"unsupported config type {tp!r} at {where}")
 
@@ -132,6 +210,9 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
         f = fields.get(key)
         if f is None:
             near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            alias = KEY_ALIASES.get(str(key).lower().replace("-", "_"))
+            if alias in fields:
+                near = [alias]
             hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(fields)}"
             problems.append(f"{path}: unknown key; {hint}")
             continue
@@ -155,21 +236,60 @@ def from_dict(cls: type[T], data: Any, where: str = "") -> T:
 
 
 def load_yaml(path: str | Path) -> Any:
-    """safe_load a file; syntax errors name the line and column."""
+    """safe_load a file; syntax errors and duplicate keys name the line and column."""
     p = Path(path)
     try:
+        if p.exists() and not p.is_file():  # a directory, FIFO or device: reading could block or never end
+            raise ConfigError(f"{path}: not a regular file; pass the path of a YAML job file")
         text = p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such job file; check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the job file ({e.__class__.__name__}); pass a readable YAML file") from None
+    except (OSError, ValueError) as e:  # permissions, a name too long, a NUL byte, not UTF-8
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e.__class__.__name__
+        raise ConfigError(f"{path}: cannot read the job file ({why}); pass a readable UTF-8 YAML file") from None
     try:
+        duplicate = _first_duplicate_key(text)
+        if duplicate:
+            raise ConfigError(f"{path}: {duplicate}")
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: YAML syntax error at {at}: {problem}; fix the YAML there") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the YAML nests too deeply to read; a job file is a few levels of key: value") from None
+
+
+def _first_duplicate_key(text: str) -> str | None:
+    """YAML keeps the last of two equal keys without a word; a job file that says lr twice is a mistake.
+
+    Walks the composed node tree (yaml.compose with SafeLoader builds no Python objects, so it is as safe as
+    safe_load) and names the first repeated key with both lines.
+    """
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    stack = [(root, "")] if root is not None else []
+    seen_nodes: set[int] = set()
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen_nodes:  # aliases share nodes
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, yaml.Node] = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                path = f"{where}.{name}" if where else str(name)
+                if name is not None and name in first and name != "<<":
+                    a, b = first[name].start_mark, key.start_mark
+                    return (f"{path}: duplicate key at line {b.line + 1}, column {b.column + 1} (first at line "
+                            f"{a.line + 1}); YAML keeps only the last one, so delete the one you do not mean")
+                if name is not None:
+                    first[name] = key
+                stack.append((value, path))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node.value))
+    return None
 
 
 def to_dict(obj: Any) -> Any:

@@ -1,0 +1,276 @@
+"""Malformed input through the real CLI: exit 2, one clear message (field, value, rule, fix), nothing started.
+
+Every case runs `launcher.cli.main.main([...])` in-process (a few also through the `launch` binary) inside a
+sandbox: the working dir, HOME and the launcher's cache are temporary, and after each case the sandbox holds
+nothing but the inputs the case wrote and the shared planner cache: no run dir, no logs, no rank started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.cli.main import main
+from tests.conftest import REPO, base_job
+
+LAUNCH = str(REPO / ".venv" / "bin" / "launch")
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    data: Path
+
+    def job(self, name: str = "job", **over) -> Path:
+        """A valid job (tiny GPT-2, 2 ranks, 1GB) with dotted overrides; None removes a key."""
+        p = self.root / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(base_job(str(self.data), **over), sort_keys=False))
+        return p
+
+    def raw(self, text: str, name: str = "raw") -> Path:
+        p = self.root / f"{name}.yaml"
+        p.write_text(text)
+        return p
+
+    def file(self, name: str, text: str = "x") -> Path:
+        p = self.root / name
+        p.write_text(text)
+        return p
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+
+@pytest.fixture(scope="session")
+def planner_cache(tmp_path_factory) -> Path:
+    """One introspection cache for every case (a temporary dir, shared so each case does not re-probe)."""
+    return tmp_path_factory.mktemp("launcher-cache")
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch, planner_cache) -> Sandbox:
+    root = tmp_path / "box"
+    root.mkdir()
+    monkeypatch.chdir(root)  # the default run dir (runs/...) would land here
+    monkeypatch.setenv("LAUNCHER_CACHE", str(planner_cache))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    data = root / "data.jsonl"
+    data.write_text("".join(f'{{"text": "sentence number {i} about memory"}}\n' for i in range(64)))
+    return Sandbox(root=root, data=data)
+
+
+@dataclass
+class Case:
+    id: str
+    argv: Callable[[Sandbox], list]
+    """The CLI arguments (after `launch`); --run-dir <sandbox>/run is added for the run verb unless given."""
+    expect: list[str]
+    """Substrings of stderr: the field, the value, the rule and the fix."""
+    verb: str = "run"
+    setup: Callable[[Sandbox], None] | None = None
+    keeps: list[str] = field(default_factory=list)
+    """Sandbox entries the case made on purpose before the CLI ran (they must stay exactly as they were)."""
+
+
+def _nvme_pins(**cluster) -> dict:
+    return {"strategy": {"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "nvme",
+                         "offload_params": "nvme"}, "cluster": cluster}
+
+
+CASES = [
+    # -- the YAML itself ------------------------------------------------------------------------------------------
+    Case("yaml-unclosed-flow", lambda s: [s.raw("name: x\ntrain: {global_batch_size: 8\nmodel: y\n")],
+         ["raw.yaml: YAML syntax error at line 3, column", "fix the YAML there"]),
+    Case("yaml-tab-indent", lambda s: [s.raw("name: x\ntrain:\n\tlr: 1\n")],
+         ["YAML syntax error at line 3, column 1", "'\\t' that cannot start any token"]),
+    Case("yaml-python-tag", lambda s: [s.raw("name: !!python/object/apply:os.system ['echo pwned']\n")],
+         ["YAML syntax error at line 1, column 7", "python/object/apply:os.system"]),
+    Case("yaml-duplicate-key", lambda s: [s.raw(s.job().read_text().replace("  lr: 0.001\n", "  lr: 0.001\n  lr: 1\n"))],
+         ["train.lr: duplicate key at line", "(first at line", "delete the one you do not mean"]),
+    Case("yaml-empty-file", lambda s: [s.raw("")], ["raw.yaml: the job file is empty", "examples/minilm-embed.yaml"]),
+    Case("yaml-top-level-list", lambda s: [s.raw("- name\n- model\n")],
+         ["must be a mapping of keys, got list", "write name:, model:"]),
+    Case("job-file-missing", lambda s: [s.root / "nope.yaml"], ["nope.yaml: no such job file; check the path"]),
+    Case("job-file-is-a-directory", lambda s: [s.root], ["not a regular file; pass the path of a YAML job file"]),
+    # -- keys and types -------------------------------------------------------------------------------------------
+    Case("unknown-top-level-key", lambda s: [s.raw(s.job().read_text().replace("train:", "trian:"))],
+         ["trian: unknown key; did you mean 'train'?"]),
+    Case("unknown-nested-key", lambda s: [s.job(**{"train.max_step": 4})],
+         ["train.max_step: unknown key; did you mean 'max_steps'?"]),
+    Case("wrong-type-int", lambda s: [s.job(**{"train.global_batch_size": "eight"})],
+         ["train.global_batch_size: 'eight' must be an integer", "as a whole number, e.g. 8"]),
+    Case("wrong-type-float", lambda s: [s.job(**{"train.lr": "fast"})],
+         ["train.lr: 'fast' must be a number", "e.g. 2.0e-5"]),
+    Case("bool-for-int", lambda s: [s.job(**{"train.max_steps": True})], ["train.max_steps: True must be an integer"]),
+    Case("enum-typo", lambda s: [s.job(task="causal")],
+         ["task: 'causal' is not one of 'causal_lm', 'seq_cls', 'sentence_embedding'", "did you mean 'causal_lm'?"]),
+    Case("float-for-zero-stage", lambda s: [s.job(**{"strategy.zero_stage": 1.0})],
+         ["strategy.zero_stage: 1.0 is not one of 0, 1, 2, 3", "did you mean"]),
+    Case("nan-learning-rate", lambda s: [s.raw(s.job().read_text().replace("lr: 0.001", "lr: .nan"))],
+         ["train.lr: nan must be a finite number", "e.g. 2.0e-5"]),
+    Case("inline-arch-not-divisible", lambda s: [s.job(**{"model.hidden_size": 66})],
+         ["model.hidden_size: 66 is not divisible by model.num_heads 4", "use a multiple of 4"]),
+    Case("seq-longer-than-position-table", lambda s: [s.job(**{"model.max_position_embeddings": 32})],
+         ["data.max_seq_len: 64 is longer than model.max_position_embeddings 32", "--seq-len 32"]),
+    # -- sizes ----------------------------------------------------------------------------------------------------
+    Case("negative-max-steps", lambda s: [s.job(**{"train.max_steps": -5})],
+         ["train.max_steps: -5 must be greater than 0", "max_steps: 100"]),
+    Case("zero-global-batch", lambda s: [s.job(**{"train.global_batch_size": 0})],
+         ["train.global_batch_size: 0 must be greater than 0", "global_batch_size: 32"]),
+    Case("zero-micro-batch", lambda s: [s.job(**{"strategy.micro_batch_size": 0})],
+         ["strategy.micro_batch_size: 0 must be greater than 0", "or leave it out"]),
+    Case("negative-seq-len-flag", lambda s: [s.job(), "--seq-len", "-4"],
+         ["argument --seq-len: '-4' must be greater than 0", "e.g. 4"]),
+    Case("zero-gpus-flag", lambda s: [s.job(), "--gpus", "0"], ["argument --gpus: '0' must be greater than 0"]),
+    Case("budget-unparsable-in-file", lambda s: [s.job(budget="lots")],
+         ["budget: 'lots' is not a size", "16GB, 16GiB"]),
+    Case("budget-unparsable-flag", lambda s: [s.job(), "--budget", "sixteen"],
+         ["argument --budget: 'sixteen' is not a size", "GB is 1e9 bytes"]),
+    Case("budget-overflows-float", lambda s: [s.job(), "--budget", "1e400GB"],
+         ["argument --budget: '1e400GB' is too large to be a size"]),
+    Case("budget-absurd", lambda s: [s.job(budget="50TB")],
+         ["budget: 50.00 TB per GPU is absurd", "e.g. --budget 80GB"]),
+    Case("budget-too-small", lambda s: [s.job(budget="10MB")],
+         ["budget: 10.00 MB is below 16 MB", "did you mean GB"]),
+    Case("budget-over-the-card", lambda s: [s.job(), "--hardware", "a100-40gb", "--budget", "80GB"],
+         ["budget: 80000000000 bytes is more than a a100-40gb holds", "give at most the card's memory"]),
+    Case("unknown-hardware", lambda s: [s.job(), "--hardware", "tpu-v9"],
+         ["cluster.hardware: 'tpu-v9' is not a known profile", "use one of"]),
+    Case("gpus-do-not-divide-global-batch", lambda s: [s.job(), "--gpus", "3"],
+         ["train.global_batch_size: 8 is not divisible by 3 GPUs", "use a multiple of 3"]),
+    Case("micro-batch-does-not-divide", lambda s: [s.job(**{"strategy.micro_batch_size": 3})],
+         ["strategy.micro_batch_size: 3 does not divide the per-rank batch 4", "use one of [1, 2, 4]"]),
+    Case("eval-fraction-out-of-range", lambda s: [s.job(**{"data.eval_fraction": 0.9})],
+         ["data.eval_fraction: 0.9 must be between 0 and 0.5", "e.g. 0.1"]),
+    Case("max-steps-and-epochs", lambda s: [s.job(**{"train.epochs": 1})],
+         ["train.epochs: given together with train.max_steps; keep one of them"]),
+    Case("negative-auto-fallback-flag", lambda s: [s.job(), "--auto-fallback", "-1"],
+         ["argument --auto-fallback: '-1' must not be negative"]),
+    Case("negative-hang-timeout", lambda s: [s.job(), "--hang-timeout", "-5"],
+         ["argument --hang-timeout: '-5' must be 0 or more seconds"]),
+    # -- data and model -------------------------------------------------------------------------------------------
+    Case("missing-data-file", lambda s: [s.job(**{"data.path": str(s.root / "nope.jsonl")})],
+         ["data.path: ", "nope.jsonl' does not exist", "check the path"]),
+    Case("empty-dataset", lambda s: [s.job(**{"data.path": str(s.file("empty.jsonl", "\n\n"))})],
+         ["data.path: ", "empty.jsonl' holds no examples", "add at least one record"]),
+    Case("data-not-jsonl", lambda s: [s.job(**{"data.path": str(s.file("data.txt"))})],
+         ["data.path: ", "data.txt' must end in .jsonl, .json or .csv", "convert the data to JSONL"]),
+    Case("model-dir-without-config", lambda s: [s.job(model=str(s.root))],
+         ["model: ", "is a directory without config.json", "point model at a transformers model dir"]),
+    Case("model-empty-name", lambda s: [s.job(model="  ")],
+         ["model: '  ' names no model", "a bundled name such as gpt2-124m"]),
+    Case("lora-targets-not-in-model", lambda s: [s.job(**{"train.lora": {"r": 4, "target_modules": ["q_proj"]}})],
+         ["train.lora.target_modules: ['q_proj'] match no linear layer of this gpt2 model", "use some of",
+          "c_attn"]),
+    Case("fp16-on-cpu-ranks", lambda s: [s.job(**{"train.precision": "fp16"})],
+         ["train.precision: 'fp16' is refused on CPU ranks", "use bf16 or fp32"]),
+    # -- host RAM, NVMe, the run dir ------------------------------------------------------------------------------
+    Case("nvme-path-under-a-file",
+         lambda s: [s.job(**_nvme_pins(nvme_path=str(s.root / "plain-file" / "nvme"), nvme_free="1TB"))],
+         ["cluster.nvme_path: ", "plain-file/nvme' cannot be created", "is a file, not a directory",
+          "point nvme_path at a directory"],
+         setup=lambda s: s.file("plain-file") and None, keeps=["plain-file"]),
+    Case("nvme-lacks-space", lambda s: [s.job(**_nvme_pins(nvme_path=str(s.root / "nvme"), nvme_free="1KB"))],
+         ["NVMe: needs", "has 1.00 KB free", "cluster.nvme_free: 1.00 KB is less than the NVMe offload needs"]),
+    Case("host-ram-too-small-for-offload",
+         lambda s: [s.job(strategy={"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
+                                    "offload_params": "cpu"}, cluster={"host_ram_per_node": "1MB"})],
+         ["host RAM: needs", "has 1.00 MB", "cluster.host_ram_per_node: 1.00 MB is less than the offload needs"]),
+    Case("run-dir-under-a-file", lambda s: [s.job(), "--run-dir", s.root / "plain-file" / "run"],
+         ["--run-dir: ", "plain-file/run' is not writable (Not a directory)", "choose a directory you can write"],
+         setup=lambda s: s.file("plain-file") and None, keeps=["plain-file"]),
+    Case("run-dir-is-a-file", lambda s: [s.job(), "--run-dir", s.root / "plain-file"],
+         ["--run-dir: ", "plain-file' exists and is not a directory", "choose another path"],
+         setup=lambda s: s.file("plain-file") and None, keeps=["plain-file"]),
+    Case("run-dir-holds-a-run", lambda s: [s.job()],
+         ["--run-dir: ", "already holds a run; pass --overwrite", "or choose another --run-dir"],
+         setup=lambda s: (s.run_dir.mkdir(), (s.run_dir / "report.json").write_text("{}")) and None, keeps=["run"]),
+    Case("resume-without-checkpoint", lambda s: [s.job(), "--resume"],
+         ["--resume: ", "has no checkpoint to resume from", "run without --resume"]),
+    Case("script-missing", lambda s: [s.job(), "--script", s.root / "train.py"],
+         ["--script: ", "train.py' does not exist", "give the path of your training script"]),
+    Case("multi-node-without-rendezvous", lambda s: [s.job(), "--nodes", "2"],
+         ["--nodes: a multi-node run needs --rdzv-endpoint host:port"]),
+    Case("auto-fallback-with-slurm", lambda s: [s.job(auto_fallback=2), "--slurm"],
+         ["auto_fallback: 2 relaunches the ranks of this node only", "set auto_fallback: 0"]),
+    # -- Slurm ----------------------------------------------------------------------------------------------------
+    Case("slurm-unknown-additional-parameter",
+         lambda s: [s.job(slurm={"additional_parameters": {"gpu_typo": 1}}), "--slurm"],
+         ["slurm.additional_parameters.gpu_typo: unknown key", "valid keys:", "mem_per_gpu"]),
+    # -- the plan verb shares the checks --------------------------------------------------------------------------
+    Case("plan-verb-unknown-key", lambda s: [s.job(**{"train.learning_rate": 1})],
+         ["train.learning_rate: unknown key; did you mean 'lr'?"], verb="plan"),
+]
+
+
+def _entries(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_exits_2_with_one_clear_message(case: Case, sandbox: Sandbox):
+    if case.setup:
+        case.setup(sandbox)
+    argv = [str(a) for a in case.argv(sandbox)]
+    if case.verb == "run" and "--run-dir" not in argv:
+        argv += ["--run-dir", str(sandbox.run_dir)]
+    argv = [case.verb, *argv, "--quiet"] if case.verb == "run" else [case.verb, *argv]
+    before = _entries(sandbox.root)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse rejects a flag's value itself, with exit status 2
+            code = e.code
+    text = err.getvalue()
+    assert code == 2, f"exit {code}; stderr:\n{text}"
+    assert "Traceback" not in text, text
+    errors = [ln for ln in text.splitlines() if " error: " in ln]
+    assert errors, f"no error line in:\n{text}"
+    for part in case.expect:
+        assert part in text, f"{part!r} not in:\n{text}"
+    # Nothing started: no run dir (or the one the case made is untouched), no rank logs, no new files at all.
+    if "run" not in case.keeps:
+        assert not sandbox.run_dir.exists(), "a run dir was created for bad input"
+    assert not list(sandbox.root.rglob("logs")), "rank logs exist: ranks were started"
+    assert _entries(sandbox.root) == before, f"new files: {_entries(sandbox.root) - before}"
+
+
+SUBPROCESS_CASES = ["yaml-unclosed-flow", "budget-unparsable-flag", "gpus-do-not-divide-global-batch",
+                    "lora-targets-not-in-model", "run-dir-under-a-file"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS_CASES], ids=SUBPROCESS_CASES)
+def test_bad_input_through_the_launch_binary(case: Case, sandbox: Sandbox, tmp_path):
+    """The same through the installed `launch` entry point: a separate process, a clean environment."""
+    if case.setup:
+        case.setup(sandbox)
+    argv = [str(a) for a in case.argv(sandbox)]
+    if "--run-dir" not in argv:
+        argv += ["--run-dir", str(sandbox.run_dir)]
+    before = _entries(sandbox.root)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
+    res = subprocess.run([LAUNCH, *argv, "--quiet"], capture_output=True, text=True, timeout=300, cwd=sandbox.root,
+                         env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    for part in case.expect:
+        assert part in res.stderr, f"{part!r} not in:\n{res.stderr}"
+    assert res.stdout == "", "nothing is planned or run, so nothing is printed"
+    assert not sandbox.run_dir.exists()
+    assert _entries(sandbox.root) == before

@@ -1,0 +1,216 @@
+"""The OOM ladder (launcher.fallback) as a pure function: rung order, the global batch, host RAM and NVMe skips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from launcher.config.jobfile import job_from_data
+from launcher.fallback import RUNGS, Measurement, correction_for, next_strategy
+from launcher.planner.search import make_plan, score
+from launcher.planning import plan_request
+from tests.conftest import TINY_GPT2
+
+PINNED_MB8 = {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_optimizer": "none",
+              "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False}
+
+
+def request(data_file, tmp_path, strategy: dict, **cluster):
+    doc = {"name": "ladder", "model": dict(TINY_GPT2), "task": "causal_lm",
+           "data": {"path": str(data_file), "max_seq_len": 128},
+           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "16MB",
+           "strategy": strategy, "cluster": cluster}
+    return plan_request(job_from_data(doc, tmp_path), force=True)
+
+
+def oom(peak: int, **by_category) -> Measurement:
+    return Measurement(kind="oom", peak_bytes=peak, by_category=by_category, rank=1, phase="forward", step=1)
+
+
+def test_micro_batch_first_largest_that_fits_and_the_global_batch_stays(data_file, tmp_path):
+    req = request(data_file, tmp_path, PINNED_MB8)
+    plan = make_plan(req)
+    fb = next_strategy(plan.strategy, plan.estimate, req, oom(16_600_000, activations=9_000_000))
+    s = fb.strategy
+    assert fb.rung == "micro_batch" and (s.micro_batch_size, s.grad_accum_steps) == (2, 4)
+    assert s.micro_batch_size * s.grad_accum_steps * req.world_size == req.global_batch_size == 16
+    assert (s.engine, s.activation_checkpointing) == ("fsdp", False)  # nothing else changed
+    assert fb.corrected_peak_bytes <= req.usable_bytes
+    assert "rank 1 ran out of memory in forward at step 1" in fb.reason and "micro-batch 8 -> 2" in fb.reason
+    assert any("mb=4x2" in x and "over" in x for x in fb.skipped), fb.skipped  # 4 was predicted not to fit
+
+
+def test_no_correction_when_the_prediction_was_not_low(data_file, tmp_path):
+    req = request(data_file, tmp_path, PINNED_MB8)
+    plan = make_plan(req)  # forced: predicted 36 MB, the OOM struck at 16.6 MB
+    fix = correction_for(plan.estimate, oom(16_600_000, params=2 * plan.estimate.breakdown["params"]))
+    assert set(fix.ratios.values()) == {1.0} and fix.uniform == 1.0
+
+
+def test_correction_scales_the_category_that_grew(data_file, tmp_path):
+    req = request(data_file, tmp_path, {**PINNED_MB8, "micro_batch_size": 2})
+    plan = make_plan(req)
+    acts = plan.estimate.breakdown["activations"] + plan.estimate.breakdown["logits"]
+    m = Measurement(kind="over_budget", peak_bytes=plan.estimate.peak_bytes + 2 * acts, by_category={"activations": 3 * acts})
+    fix = correction_for(plan.estimate, m)
+    assert fix.ratios["activations"] == pytest.approx(3.0) and fix.ratios["params"] == 1.0
+    assert fix.apply(plan.estimate) >= m.peak_bytes
+    fb = next_strategy(plan.strategy, plan.estimate, req, m)
+    assert fb.strategy is not None and fb.strategy.micro_batch_size == 1
+    assert "activations x3.00" in fb.reason
+
+
+def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
+    """A DeepSpeed run that keeps failing walks micro-batch, checkpointing, ZeRO stage, offload, then stops."""
+    req = request(data_file, tmp_path, {"engine": "deepspeed", "zero_stage": 0, "micro_batch_size": 8,
+                                         "activation_checkpointing": False, "offload_optimizer": "none",
+                                         "offload_params": "none"})
+    s = make_plan(req).strategy
+    est = score(req, s).estimate
+    tried, rungs = [], []
+    for _ in range(12):
+        # The budget keeps being crossed right where the planner said it fits: every rung gets its chance.
+        fb = next_strategy(s, est, req, oom(int(req.budget_bytes * 1.01)), tried)
+        if fb.strategy is None:
+            assert "no rung of the ladder is left" in fb.reason
+            break
+        assert fb.strategy.micro_batch_size * fb.strategy.grad_accum_steps * req.world_size == 16
+        assert fb.strategy.engine == "deepspeed"
+        rungs.append(fb.rung)
+        tried.append(s)
+        s, est = fb.strategy, score(req, fb.strategy).estimate
+    else:
+        raise AssertionError(f"the ladder did not end: {rungs}")
+    order = [RUNGS.index(r) for r in rungs]
+    assert order == sorted(order), rungs
+    firsts = [r for i, r in enumerate(rungs) if r not in rungs[:i]]
+    assert firsts[:3] == ["micro_batch", "activation_checkpointing", "sharding"], rungs
+    assert s.zero_stage == 3 and s.offload_optimizer == "cpu" and s.offload_params == "cpu", s.label()
+
+
+def gpu_request(tmp_path, strategy: dict, **cluster):
+    """gpt2-124m planned for an A100 (no run): offload there frees device memory and costs host RAM."""
+    doc = {"name": "ladder", "model": "gpt2-124m", "task": "causal_lm",
+           "data": {"path": str(tmp_path / "d.jsonl"), "max_seq_len": 128},
+           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "4GB",
+           "strategy": strategy, "cluster": {"hardware": "a100-40gb", **cluster}}
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    return plan_request(job_from_data(doc, tmp_path), force=True)
+
+
+def test_offload_host_ram_cannot_hold_is_skipped_for_nvme(tmp_path):
+    base = {"engine": "deepspeed", "zero_stage": 3, "micro_batch_size": 1, "activation_checkpointing": True,
+            "offload_optimizer": "none", "offload_params": "none"}
+    req = gpu_request(tmp_path, base, nvme_path=str(tmp_path), nvme_free="1TB")
+    s = make_plan(req).strategy
+    est = score(req, s).estimate
+    host_cpu_offload = score(req, dataclasses.replace(s, offload_optimizer="cpu")).estimate.host_bytes_per_node
+    host_nvme_offload = score(req, dataclasses.replace(s, offload_optimizer="nvme")).estimate.host_bytes_per_node
+    assert host_nvme_offload < host_cpu_offload
+    tight = dataclasses.replace(req, host_ram_per_node_bytes=(host_cpu_offload + host_nvme_offload) // 2)
+    fb = next_strategy(s, est, tight, oom(int(req.budget_bytes * 1.01)))
+    assert fb.strategy is not None and fb.rung == "nvme", fb.reason
+    assert fb.strategy.offload_optimizer == "nvme"
+    assert any(x.startswith("optimizer_offload") and "cluster.host_ram_per_node" in x for x in fb.skipped)
+    # Without an NVMe path the same host RAM leaves nothing to try.
+    no_nvme = dataclasses.replace(tight, nvme_free_bytes=None)
+    last = next_strategy(s, est, no_nvme, oom(int(req.budget_bytes * 1.01)))
+    assert last.strategy is None and "host RAM" in last.reason
+
+
+def test_nvme_is_not_a_rung_for_device_memory(tmp_path):
+    """NVMe frees host RAM, not device memory: with host RAM to spare the ladder never proposes it."""
+    req = gpu_request(tmp_path, {"engine": "deepspeed", "zero_stage": 3, "micro_batch_size": 1,
+                                 "activation_checkpointing": True, "offload_optimizer": "cpu", "offload_params": "cpu"},
+                      nvme_path=str(tmp_path), nvme_free="1TB")
+    plan = make_plan(req)
+    fb = next_strategy(plan.strategy, plan.estimate, req, oom(int(req.budget_bytes * 1.01)))
+    assert fb.strategy is None
+
+
+# -- the launcher's loop around it (launcher.cli.run.run_ladder), with the ranks faked -------------------------------
+
+def _fake_attempts(monkeypatch, run, results):
+    """Replace the real launch with one that writes what ranks would, per attempt: 'oom', 'over' or 'ok'."""
+    import launcher.cli.run as run_cli
+    from launcher.backends.base import Outcome, RankFailure
+    from launcher.errors import EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
+
+    seen = []
+
+    def fake(args, job, plan, run_dir):
+        kind = results[len(seen)]
+        seen.append(plan.strategy)
+        peak = {"oom": plan.budget_bytes + 1000, "over": plan.budget_bytes + 5000, "ok": plan.budget_bytes // 2}[kind]
+        for r in range(plan.world_size):
+            run_dir.write_json(f"ranks/rank-{r}.json", {
+                "rank": r, "status": "oom" if kind == "oom" else "completed", "measured_peak_bytes": peak,
+                "peak_by_category": {"activations": peak // 2}, "oom": {"phase": "backward", "step": 1,
+                                                                      "crossed_at_bytes": peak} if kind == "oom" else None})
+        run_dir.write_json("report.json", {"within_budget": kind == "ok", "ranks": [{"measured_peak_bytes": peak}]})
+        if kind == "oom":
+            return EXIT_TRAINING_FAILED, Outcome(ok=False, failures=[RankFailure(rank=0, exitcode=75)])
+        return (EXIT_OK if kind == "ok" else EXIT_OVER_BUDGET), Outcome(ok=True)
+
+    monkeypatch.setattr(run_cli, "run_attempt", fake)
+    return seen
+
+
+def _ladder_args(run_dir):
+    import argparse
+
+    return argparse.Namespace(node_rank=0, script=None, quiet=True, verbose=False, enforce=True)
+
+
+def _ladder_job(data_file, tmp_path, tries):
+    doc = {"name": "ladder", "model": dict(TINY_GPT2), "task": "causal_lm",
+           "data": {"path": str(data_file), "max_seq_len": 128},
+           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "16MB",
+           "strategy": {**PINNED_MB8, "engine": "deepspeed", "zero_stage": 0, "fsdp_reshard_after_forward": None},
+           "auto_fallback": tries}
+    return job_from_data(doc, tmp_path)
+
+
+def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, monkeypatch, capsys):
+    from launcher.cli.plan import write_plan_outputs
+    from launcher.cli.run import run_ladder
+    from launcher.planning import plan_job
+    from launcher.rundir import RunDir
+
+    job = _ladder_job(data_file, tmp_path, tries=3)
+    run = RunDir.create(tmp_path / "run")
+    plan = plan_job(job, force=True)
+    write_plan_outputs(run.path, plan, job)  # as prepare_run_dir does before attempt 1
+    seen = _fake_attempts(monkeypatch, run, ["oom", "over", "ok"])
+    code = run_ladder(_ladder_args(run), job, plan, run)
+    assert code == 0
+    report = json.loads((run.path / "report.json").read_text())
+    assert [a["outcome"] for a in report["attempts"]] == ["oom", "over_budget", "ok"]
+    assert [a["dir"] for a in report["attempts"]] == ["attempts/1", "attempts/2", "."]
+    assert report["attempts"][0]["oom"] == {"rank": 0, "phase": "backward", "step": 1}
+    assert all(a["global_batch_size"] == 16 for a in report["attempts"])
+    assert len({s.label() for s in seen}) == 3  # a new strategy each time
+    for k in (1, 2):
+        assert (run.path / "attempts" / str(k) / "plan.json").is_file()
+        assert (run.path / "attempts" / str(k) / "ranks" / "rank-0.json").is_file()
+    assert json.loads((run.path / "plan.json").read_text())["label"] == seen[-1].label()
+    assert "ended within budget on attempt 3" in capsys.readouterr().err
+
+
+def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, monkeypatch, capsys):
+    from launcher.cli.run import run_ladder
+    from launcher.errors import EXIT_OVER_BUDGET
+    from launcher.planning import plan_job
+    from launcher.rundir import RunDir
+
+    job = _ladder_job(data_file, tmp_path, tries=1)
+    run = RunDir.create(tmp_path / "run")
+    seen = _fake_attempts(monkeypatch, run, ["oom", "over", "ok"])
+    code = run_ladder(_ladder_args(run), job, plan_job(job, force=True), run)
+    assert code == EXIT_OVER_BUDGET and len(seen) == 2
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["attempts"][-1]["stopped"] == "auto_fallback: all 1 relaunch(es) used"
+    assert report["auto_fallback"] == {"tries": 1, "relaunches": 1, "ended_within_budget": False}
+    assert "all 1 relaunch(es) used" in capsys.readouterr().err
