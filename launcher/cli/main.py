@@ -39,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help"):
         argv.insert(0, "run")
     parser = build_parser()
+    # Everything after "--" belongs to the user's --script, untouched by our parser.
+    script_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.script_args = script_args
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -71,7 +71,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quiet", action="store_true", help="no live view")
     g.add_argument("--verbose", action="store_true", help="live view as lines even when not on a terminal")
-    p.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
 
 
 def cuda_available() -> bool:

@@ -207,7 +207,7 @@ def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
     job.write_text(yaml.safe_dump(data))
     script = REPO / "examples" / "hf_trainer" / "train.py"
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, "--", "--max-steps", "4",
-                 "--max-len", "48")
+                 "--max-len", "48", "--lr", str(data["train"]["lr"]))
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
