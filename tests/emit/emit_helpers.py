@@ -90,7 +90,7 @@ def json_text(d: dict) -> str:
 
 
 def run_ds_check(mode: str, configs: dict[str, dict], *, world_size: int = 1, width: int = 32,
-                 timeout_s: int = 600) -> dict:
+                 timeout_s: int = 900) -> dict:
     """Run tests/emit/ds_check.py in a fresh interpreter; name -> {"ok": ..., ...}."""
     req = json.dumps({"mode": mode, "world_size": world_size, "width": width, "configs": configs})
     proc = subprocess.run([sys.executable, str(DS_CHECK)], input=req, capture_output=True, text=True,

@@ -234,7 +234,7 @@ def test_timeout_requeue_resumes_at_the_exact_next_step(tmp_path, single_task):
                         f"is faster now than the {step_s:.3f} s/step measured by test_single_task_job")
         return found
 
-    first = wait_for(requeued_with_checkpoint, "a requeue after a checkpoint", timeout_s=330)
+    first = wait_for(requeued_with_checkpoint, "a requeue after a checkpoint", timeout_s=600)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True, timeout=30)
     wait_for(lambda: status(run_dir)["state"] == "COMPLETED", "the resumed run to complete", timeout_s=420, poll_s=3)
 
