@@ -39,6 +39,8 @@ class Sample:
     """Predicted peak per rank under given constants (the peak is not linear in them: a max of two moments)."""
     group: tuple[str, str] = ("", "")
     """(model_type, hardware profile): which constants file the sample belongs to."""
+    architecture: str = ""
+    """The model's shape (width, blocks, MLP width, vocabulary): constants are bytes per token of one shape."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,6 +59,8 @@ class FitResult:
             vals = [abs(r[key]) for r in self.rows if r[key] is not None]
             out[f"median_abs_{key}"] = float(np.median(vals)) if vals else float("nan")
             out[f"max_abs_{key}"] = float(max(vals)) if vals else float("nan")
+            # What the least squares minimizes (relative errors): it can fall while the median rises.
+            out[f"rms_{key}"] = float(np.sqrt(np.mean(np.square(vals)))) if vals else float("nan")
         return out
 
 

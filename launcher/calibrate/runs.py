@@ -18,8 +18,10 @@ from launcher.report import CATEGORY_GROUPS
 ACTIVATION_PHASES = ("forward", "backward")
 """Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""
 PRED_KEYS, MEAS_KEYS = CATEGORY_GROUPS["activations"]
-PARAM_COUNTS = {"num_params": 0, "trainable_params": 0, "lora_params": 0, "largest_layer_params": 0,
-                "block_params": 0, "non_block_params": 0, "per_block_params": []}
+SCALE = 1e12
+"""Constants are multiplied by this before predicting, so the backward start (where the activation group lives)
+is the planner's peak moment whatever the states and buffers are; the bytes are divided back. That relies on
+activation bytes being proportional to the constants, which activation_bytes() checks."""
 
 
 def measured_activation_bytes(rank: dict) -> float:
@@ -57,6 +59,26 @@ def run_job(run_dir: Path) -> Job:
     return job
 
 
+def activation_bytes(req, strategy, consts: ActivationConstants, values: dict[str, float]) -> dict[str, float]:
+    """The planner's activation-group bytes (by predicted key) under ``values``, at the backward start.
+
+    Raises ConfigError when the bytes are not proportional to the constants (the scaling would be wrong).
+    """
+    from launcher.planner.search import score
+
+    def at(scale: float) -> dict[str, float]:
+        c = with_constants(consts, {k: v * scale for k, v in values.items() if k in numeric_fields()
+                                    and k != "probe_seq_len"})
+        bd = score(dataclasses.replace(req, activations=c), strategy).estimate.breakdown
+        return {k: bd.get(k, 0) / scale for k in PRED_KEYS}
+
+    one, two = at(SCALE), at(2 * SCALE)
+    if any(abs(one[k] - two[k]) > 1e-6 * max(abs(one[k]), 1.0) for k in PRED_KEYS):
+        raise ConfigError("the memory model's activation bytes are not proportional to its constants; "
+                          "the least-squares fit does not apply")
+    return one
+
+
 def samples_from_run(run_dir: Path) -> list[Sample]:
     """One sample per rank that finished training; raises ConfigError naming what the run dir lacks."""
     from launcher.planner.search import score
@@ -73,22 +95,16 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
     req = plan_request(job)
     consts = req.activations
     current = constants_dict(consts)
-    # The activation group alone, at the backward moment: a model without parameters has no states, so the
-    # peak is activations + logits and stays linear in the constants whatever the states would have been.
-    counts = {f.name for f in dataclasses.fields(stats)} & set(PARAM_COUNTS)
-    stateless = dataclasses.replace(stats, **{k: PARAM_COUNTS[k] for k in counts})
-    act_req = dataclasses.replace(req, model=stateless)
 
     def group(values: dict[str, float]) -> float:
-        r = dataclasses.replace(act_req, activations=with_constants(consts, values))
-        breakdown = score(r, plan.strategy).estimate.breakdown
-        return float(sum(breakdown.get(k, 0) for k in PRED_KEYS))
+        return float(sum(activation_bytes(req, plan.strategy, consts, values).values()))
 
     def peak_of(values: dict[str, float]) -> float:
         r = dataclasses.replace(req, activations=with_constants(consts, values))
         return float(score(r, plan.strategy).estimate.peak_bytes)
 
-    base, coef, nonlinear = coefficients(group, list(current), current)
+    names = [k for k in current if k != "probe_seq_len"]  # where the constants were measured, not a term
+    base, coef, nonlinear = coefficients(group, names, current)
     if nonlinear > 1e-3:
         raise ConfigError(f"{run_dir}: the memory model is not linear in its activation constants "
                           f"({nonlinear:.1%} off); the least-squares fit does not apply")
@@ -103,5 +119,6 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
             name=f"{run_dir.name}/rank-{r['rank']}", measured_bytes=measured, base_bytes=base, coefficients=coef,
             current=current, measured_peak_bytes=float(r.get("measured_peak_bytes") or 0), peak_of=peak_of,
             group=(stats.model_type, plan.hardware),
+            architecture=f"h{stats.hidden_size}-L{stats.num_blocks}-I{stats.intermediate_size}-V{stats.vocab_size}",
         ))
     return out

@@ -14,6 +14,7 @@ EPILOG = """examples:
   launch calibrate --hardware cpu --gpus 2      the CPU-rank profile the planner uses for gloo runs
   launch calibrate --from runs/a runs/b         refit activation constants from finished run dirs
   launch calibrate --from runs/* --dry-run      show the before/after error, write nothing
+  launch calibrate --from runs/a* --merge       one set over runs of several architectures (a compromise)
 """
 
 
@@ -30,6 +31,11 @@ def add_parser(sub) -> None:
     p.add_argument("--terms", default=None,
                    help="comma-separated ActivationConstants fields to fit (default: every one the runs depend "
                         "on); the others keep their current values")
+    p.add_argument("--merge", action="store_true",
+                   help="fit one set of constants over runs of several architectures of one model type (the "
+                        "constants are bytes per token of one architecture, so this is a compromise)")
+    p.add_argument("--force", action="store_true",
+                   help="write the refit even when it makes the median peak error worse")
     p.add_argument("--dry-run", action="store_true", help="print the result, write no file")
     p.set_defaults(func=run)
 
@@ -124,9 +130,23 @@ def refit(args: argparse.Namespace) -> int:
     if not groups:
         raise ConfigError("--from: none of the run dirs has a finished rank to fit; " + "; ".join(problems))
     for (model_type, profile), samples in sorted(groups.items()):
+        archs = sorted({s.architecture for s in samples})
+        if len(archs) > 1 and not args.merge:
+            print(f"\n{model_type} on {profile}: runs of {len(archs)} architectures ({', '.join(archs)}); the "
+                  f"constants are bytes per token of one architecture and one file serves every {model_type} "
+                  "model, so nothing is written (give one architecture's runs, or --merge). Per architecture:")
+            for a in archs:
+                mine = [s for s in samples if s.architecture == a]
+                r = fit(mine, terms)
+                sm = r.summary()
+                print(f"  {a}: {len(mine)} samples; median |error| of activation bytes "
+                      f"{sm['median_abs_act_err_before']:.1%} -> {sm['median_abs_act_err_after']:.1%}, of the peak "
+                      f"{sm['median_abs_peak_err_before']:.1%} -> {sm['median_abs_peak_err_after']:.1%}; "
+                      + ", ".join(f"{k} {r.prior[k]:.4g} -> {r.constants[k]:.4g}" for k in r.fitted))
+            continue
         result = fit(samples, terms)
         runs = {s.name.rsplit("/", 1)[0] for s in samples}
-        print(f"\n{model_type} on {profile}: {len(samples)} rank samples from {len(runs)} runs; "
+        print(f"\n{model_type} on {profile} ({', '.join(archs)}): {len(samples)} rank samples from {len(runs)} runs; "
               "activation bytes = activations + temp at the forward/backward peak")
         print(f"{'run/rank':<36} {'measured':>11} {'before':>11} {'err':>7} {'after':>11} {'err':>7}  peak err before>after")
         for r in result.rows:
@@ -134,16 +154,19 @@ def refit(args: argparse.Namespace) -> int:
                   f"{r['act_err_before']:>+7.1%} {r['predicted_after']:>11.0f} {r['act_err_after']:>+7.1%}  "
                   f"{_pct(r['peak_err_before'])} > {_pct(r['peak_err_after'])}")
         s = result.summary()
-        print(f"median |error| of activation bytes: {s['median_abs_act_err_before']:.1%} -> "
-              f"{s['median_abs_act_err_after']:.1%} (max {s['max_abs_act_err_before']:.1%} -> "
-              f"{s['max_abs_act_err_after']:.1%}); of the peak: {s['median_abs_peak_err_before']:.1%} -> "
-              f"{s['median_abs_peak_err_after']:.1%} (max {s['max_abs_peak_err_before']:.1%} -> "
-              f"{s['max_abs_peak_err_after']:.1%})")
+        print(f"activation bytes |error|: median {s['median_abs_act_err_before']:.1%} -> "
+              f"{s['median_abs_act_err_after']:.1%}, rms {s['rms_act_err_before']:.1%} -> {s['rms_act_err_after']:.1%}"
+              f", max {s['max_abs_act_err_before']:.1%} -> {s['max_abs_act_err_after']:.1%}")
+        print(f"peak per rank |error|:    median {s['median_abs_peak_err_before']:.1%} -> "
+              f"{s['median_abs_peak_err_after']:.1%}, max {s['max_abs_peak_err_before']:.1%} -> "
+              f"{s['max_abs_peak_err_after']:.1%}")
         print("constants: " + ", ".join(f"{k} {result.prior[k]:.4g} -> {result.constants[k]:.4g}" for k in result.fitted))
-        if len({tuple(sorted(x.current.items())) for x in samples}) > 1:
-            print(f"note: these runs used different constants before (measured per architecture); the file below "
-                  f"applies one set to every {model_type} model on {profile}")
+        print(f"note: the file applies to every {model_type} model planned for {profile}, whatever its shape")
         if args.dry_run:
+            continue
+        if s["median_abs_peak_err_after"] > s["median_abs_peak_err_before"] and not args.force:
+            print("not written: the refit makes the median peak error worse; the gap is not in the activation "
+                  "constants (compare the categories in benchmarks/results/accuracy.md), or pass --force")
             continue
         path = save_activations(model_type, profile, result.constants, {
             "runs": sorted(str(Path(d).resolve()) for d in args.runs), "fitted_terms": result.fitted,

@@ -1,0 +1,338 @@
+"""Plan quality: is the planner's pick the fastest configuration that fits, and does everything it calls fitting fit?
+
+    .venv/bin/python benchmarks/plan_quality/run.py            # ~40 min on 2 idle cores
+    .venv/bin/python benchmarks/plan_quality/run.py --quick    # 2 budgets' picks and a few rivals, to try it out
+    .venv/bin/python benchmarks/plan_quality/run.py --recalibrate --reuse
+
+One model (tiny GPT-2: h 128, 4 blocks, vocab 4096, 1.35 M parameters; the smaller h 64 one peaks below the
+16 MB the job schema accepts as a budget), 64-token sequences, global batch 4 on 2 CPU ranks, so
+micro-batch 1 (x2 accumulation) or 2 (x1). Budgets (per rank): tight admits 6 candidates by the planner's own
+prediction, medium half of them, loose (1 GB) all. For each budget the candidates are what the planner itself
+enumerates (launcher.planner.search.evaluate), kept when its own check says they fit; the union over budgets
+is run through `launch`, each fully pinned, at the smallest budget the planner accepts it under (so the
+emitted config is the one the planner would use there, and the report's verdict is the breach check).
+
+1. screening: every candidate, 5 optimizer steps; step time = median of the 4 step-to-step intervals after
+   the first step (steps/rank-0.jsonl 'time').
+2. confirmation: the 3 fastest per budget and the planner's picks again, 8 steps each, in 2 rounds that run
+   every one of them in turn (so a change in the machine's load lands on all of them, not on one); the median
+   of their 14 intervals replaces the screening one (the machine is shared: screening medians of 4 are noisy).
+Budgets are per rank. The cost model reads the `cpu` profile that `launch calibrate` measured (into the
+benchmark's own cache: .cache/bench-launcher, run first if missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.accuracy.harness import (  # noqa: E402
+    BENCH_CACHE,
+    DATA,
+    RESULTS,
+    RUNS,
+    bench_env,
+    launch,
+    log,
+    machine,
+    median_or_none,
+    rank_files,
+    read_json,
+    step_times_s,
+    write_job,
+)
+
+ROOT = RUNS / "plan_quality"
+TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
+"""Budgets follow the planner's own predictions (memory.py is being refit, so fixed MB figures would drift):
+tight = the smallest budget, in 0.1 MB steps, under which 6 candidates fit; medium = half of them; loose = 1 GB,
+where everything fits."""
+SCREEN_STEPS, CONFIRM_STEPS, CONFIRM_TOP, CONFIRM_ROUNDS = 5, 8, 3, 2
+GOAL_RATIO = 1.05
+
+
+def base_job(budget_mb: float, steps: int) -> dict:
+    return {
+        "name": "plan-quality", "task": "causal_lm",
+        "model": {"family": "gpt2", "hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 4096,
+                  "max_position_embeddings": 256},
+        "data": {"path": str(DATA / "causal.jsonl"), "text_field": "text", "max_seq_len": 64, "eval_fraction": 0.0},
+        "train": {"global_batch_size": 4, "precision": "bf16", "lr": 1.0e-4, "max_steps": steps},
+        "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": f"{budget_mb}MB",
+    }
+
+
+def key(s) -> str:
+    """A file-name-safe id of a strategy."""
+    eng = f"z{s.zero_stage}" if s.engine == "deepspeed" else ("fsdp" if s.fsdp_reshard_after_forward else "fsdpnr")
+    off = f"-opt{s.offload_optimizer}" if s.offload_optimizer != "none" else ""
+    off += f"-par{s.offload_params}" if s.offload_params != "none" else ""
+    return f"{eng}{off}-mb{s.micro_batch_size}{'-ac' if s.activation_checkpointing else ''}"
+
+
+def pins(s) -> dict:
+    return {"engine": s.engine, "zero_stage": s.zero_stage, "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
+            "offload_optimizer": s.offload_optimizer, "offload_params": s.offload_params,
+            "micro_batch_size": s.micro_batch_size, "activation_checkpointing": s.activation_checkpointing}
+
+
+def ensure_calibrated(force: bool) -> dict:
+    import subprocess
+
+    path = BENCH_CACHE / "profiles" / "cpu.json"
+    if force or not path.is_file():
+        log("calibrating the cpu profile (launch calibrate --hardware cpu) ...")
+        subprocess.run([str(Path(sys.executable).parent / "launch"), "calibrate", "--hardware", "cpu", "--gpus", "2"],
+                       env=bench_env(), check=True, capture_output=True)
+    return json.loads(path.read_text())
+
+
+def choose_budgets() -> dict[str, float]:
+    """Budgets in MB from the candidates' predicted peaks (see TIGHT_FITS)."""
+    import math
+
+    os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
+    from launcher.config.jobfile import job_from_data
+    from launcher.planner.search import evaluate
+    from launcher.planning import plan_request
+
+    req = plan_request(job_from_data(base_job(LOOSE_MB, SCREEN_STEPS), "."))
+    peaks = sorted(c.estimate.peak_bytes for c in evaluate(req))
+    margin = 1.0 - req.pins.safety_margin
+
+    def admitting(n: int) -> float:
+        return math.ceil(peaks[n - 1] / margin / 1e5) / 10  # MB, rounded up to 0.1
+
+    return {"tight": admitting(TIGHT_FITS), "medium": admitting(max(TIGHT_FITS + 1, int(len(peaks) * MEDIUM_SHARE))),
+            "loose": LOOSE_MB}
+
+
+def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
+    """Per budget: the planner's candidates with their predictions, which fit, and its pick."""
+    os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
+    from launcher.config.jobfile import job_from_data
+    from launcher.planner.search import evaluate, make_plan
+    from launcher.planning import plan_request
+
+    out = {}
+    for name, mb in budgets_mb.items():
+        req = plan_request(job_from_data(base_job(mb, SCREEN_STEPS), "."))
+        scored = evaluate(req)
+        plan = make_plan(req)
+        out[name] = {
+            "budget_mb": mb, "budget_bytes": req.budget_bytes, "usable_bytes": req.usable_bytes, "pick": key(plan.strategy),
+            "candidates": {key(c.strategy): {"strategy": c.strategy, "label": c.strategy.label(),
+                                             "predicted_peak_bytes": c.estimate.peak_bytes,
+                                             "predicted_step_time_s": c.estimate.step_time_s,
+                                             "fits": c.problem is None, "problem": c.problem} for c in scored},
+        }
+    return out
+
+
+def run_candidate(k: str, strategy, budget_mb: float, steps: int, tag: str, reuse: bool) -> dict:
+    run_dir = ROOT / tag / k
+    if not (reuse and (run_dir / "report.json").is_file()):
+        job = {**base_job(budget_mb, steps), "name": f"pq-{k}", "strategy": pins(strategy)}
+        job_file = write_job(job, ROOT / "jobs" / f"{tag}-{k}.yaml")
+        res = launch(job_file, run_dir, gpus=2, budget=f"{budget_mb}MB", cache=BENCH_CACHE)
+        log(f"    {tag} {k}: exit {res.returncode} in {res.wall_s:.0f} s")
+    report = read_json(run_dir / "report.json") or {}
+    times = step_times_s(run_dir)
+    peaks = [r["measured_peak_bytes"] for r in report.get("ranks", [])]
+    training = [r.get("training_peak_bytes") or 0 for r in rank_files(run_dir)] if (run_dir / "ranks").is_dir() else []
+    return {"run_dir": str(run_dir), "step_times_s": times, "median_step_s": median_or_none(times),
+            "measured_peak_bytes": max(peaks) if peaks else None,
+            "training_peak_bytes": max(training) if training else None,
+            "completed": bool(report.get("ranks")) and all(r["status"] == "completed" for r in report["ranks"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="only the picks and the 3 rivals the planner ranks next")
+    ap.add_argument("--reuse", action="store_true", help="keep run dirs that already hold a report")
+    ap.add_argument("--recalibrate", action="store_true", help="measure the cpu profile again first")
+    args = ap.parse_args(argv)
+
+    profile = ensure_calibrated(args.recalibrate)
+    budgets = enumerate_budgets(choose_budgets())
+    log("budgets (MB per rank): " + ", ".join(f"{n} {b['budget_mb']:g}" for n, b in budgets.items()))
+    # Each candidate runs once, under the smallest budget the planner says it fits.
+    smallest: dict[str, tuple[float, object]] = {}
+    for b in sorted(budgets.values(), key=lambda b: -b["budget_mb"]):
+        for k, c in b["candidates"].items():
+            if c["fits"]:
+                smallest[k] = (b["budget_mb"], c["strategy"])
+    todo = sorted(smallest)
+    if args.quick:
+        keep = set()
+        for b in budgets.values():
+            fit = sorted((c["predicted_step_time_s"], k) for k, c in b["candidates"].items() if c["fits"])
+            keep |= {k for _, k in fit[:4]}
+        todo = [k for k in todo if k in keep]
+    log(f"screening {len(todo)} candidates ({SCREEN_STEPS} steps each) ...")
+    screen = {}
+    for i, k in enumerate(todo, 1):
+        log(f"[{i}/{len(todo)}] {k}")
+        screen[k] = run_candidate(k, smallest[k][1], smallest[k][0], SCREEN_STEPS, "screen", args.reuse)
+    # Confirmation: per budget the fastest few measured plus the pick, again with more steps.
+    confirm_keys = set()
+    for b in budgets.values():
+        fit = [k for k, c in b["candidates"].items() if c["fits"] and screen.get(k, {}).get("median_step_s")]
+        confirm_keys |= set(sorted(fit, key=lambda k: screen[k]["median_step_s"])[:CONFIRM_TOP])
+        if b["pick"] in screen:
+            confirm_keys.add(b["pick"])
+    log(f"confirming {len(confirm_keys)} candidates ({CONFIRM_ROUNDS} rounds of {CONFIRM_STEPS} steps) ...")
+    confirm: dict[str, dict] = {}
+    for rnd in range(CONFIRM_ROUNDS):
+        for k in sorted(confirm_keys):
+            res = run_candidate(k, smallest[k][1], smallest[k][0], CONFIRM_STEPS, f"confirm-r{rnd + 1}", args.reuse)
+            c = confirm.setdefault(k, {"rounds": [], "step_times_s": []})
+            c["rounds"].append(res)
+            c["step_times_s"] += res["step_times_s"]
+            c["median_step_s"] = median_or_none(c["step_times_s"])
+    results = evaluate_budgets(budgets, screen, confirm)
+    write_outputs(results, budgets, screen, confirm, profile, quick=args.quick)
+    return 0
+
+
+def measured_time(k: str, screen: dict, confirm: dict) -> float | None:
+    c = confirm.get(k, {}).get("median_step_s")
+    return c if c is not None else screen.get(k, {}).get("median_step_s")
+
+
+def evaluate_budgets(budgets: dict, screen: dict, confirm: dict) -> dict:
+    out = {}
+    for name, b in budgets.items():
+        fit = [k for k, c in b["candidates"].items() if c["fits"]]
+        timed = {k: measured_time(k, screen, confirm) for k in fit if measured_time(k, screen, confirm)}
+        best = min(timed, key=timed.get) if timed else None
+        pick = b["pick"]
+        breaches = []
+        for k in fit:
+            peak = screen.get(k, {}).get("measured_peak_bytes")
+            if peak is not None and peak > b["budget_bytes"]:
+                breaches.append({"candidate": k, "measured_peak_bytes": peak, "budget_bytes": b["budget_bytes"]})
+        out[name] = {
+            "budget_bytes": b["budget_bytes"], "fitting": len(fit), "measured": len(timed), "pick": pick,
+            "pick_label": b["candidates"][pick]["label"], "pick_step_s": timed.get(pick),
+            "best": best, "best_label": b["candidates"][best]["label"] if best else None,
+            "best_step_s": timed.get(best) if best else None,
+            "ratio": (timed[pick] / timed[best]) if best and timed.get(pick) else None,
+            "breaches": breaches, "unmeasured": sorted(set(fit) - set(timed)),
+        }
+    return out
+
+
+def write_outputs(results: dict, budgets: dict, screen: dict, confirm: dict, profile: dict, quick: bool) -> None:
+    meta = machine()
+    stem = "plan_quality-quick" if quick else "plan_quality"
+    rows = []
+    for name, b in budgets.items():
+        for k, c in sorted(b["candidates"].items(), key=lambda kv: kv[1]["predicted_step_time_s"]):
+            rows.append({"budget": name, "candidate": k, "label": c["label"], "fits": c["fits"],
+                         "predicted_peak_bytes": c["predicted_peak_bytes"],
+                         "predicted_step_time_s": c["predicted_step_time_s"],
+                         "screen": screen.get(k), "confirm": confirm.get(k),
+                         "measured_step_s": measured_time(k, screen, confirm)})
+    data = {"meta": meta, "budgets_mb": {n: b["budget_mb"] for n, b in budgets.items()}, "results": results,
+            "cpu_profile": profile, "rows": rows}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(results, budgets, screen, confirm, profile, meta, stem))
+    for name, r in results.items():
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] else "-"
+        print(f"{name:<7} pick {r['pick_label']:<40} {r['pick_step_s'] or 0:.3f} s  best {r['best_label']:<40} "
+              f"{r['best_step_s'] or 0:.3f} s  ratio {ratio}  breaches {len(r['breaches'])}")
+    print(f"wrote {RESULTS / (stem + '.md')} and .json")
+
+
+def _json_default(o):
+    return dataclasses.asdict(o) if dataclasses.is_dataclass(o) else str(o)
+
+
+def markdown(results, budgets, screen, confirm, profile, meta, stem) -> str:
+    hw = profile.get("hardware", {})
+    lines = [
+        "# Plan quality: the planner's pick against every fitting configuration, measured",
+        "",
+        f"Runs {_run_span(screen, confirm)}, written {meta['time']}, on {meta['cores']} cores (a shared machine), "
+        "2 CPU ranks (gloo), tiny GPT-2 (h 128, 4 blocks, vocab 4096), 64 tokens, global "
+        f"batch 4, bf16. Planner: memory.py `{meta['planner_memory_sha']}`, cost.py `{meta['planner_cost_sha']}`; "
+        f"cpu profile measured by `launch calibrate` at {profile.get('measured_at')} "
+        f"(block_overhead_s {hw.get('block_overhead_s', 0):.3g}, flops_bf16 {hw.get('flops_bf16', 0):.3g}, "
+        f"intra_node_bw {hw.get('intra_node_bw', 0):.3g} B/s, cpu_adam {hw.get('cpu_adam_params_per_s', 0):.3g} "
+        "params/s).",
+        "Rerun: `.venv/bin/python benchmarks/plan_quality/run.py`.",
+        "",
+        "| budget (per rank) | fitting (planner) | measured | planner's pick | pick s/step | best measured | "
+        "best s/step | pick / best | breaches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        ratio = f"**{r['ratio']:.3f}**" if r["ratio"] else "-"
+        lines.append(
+            f"| {name}: {r['budget_bytes'] / 1e6:g} MB | {r['fitting']} | {r['measured']} | {r['pick_label']} | "
+            f"{_s(r['pick_step_s'])} | {r['best_label']} | {_s(r['best_step_s'])} | {ratio} | {len(r['breaches'])} |")
+    ok = all(r["ratio"] is not None and r["ratio"] <= GOAL_RATIO for r in results.values())
+    nb = sum(len(r["breaches"]) for r in results.values())
+    lines += ["", "Step times: the machine is shared, and screening (44 runs) and confirmation may see different "
+              "load; pick / best compares the two confirmed figures (same interleaved rounds) whenever both were "
+              "confirmed, which the picks and the fastest three per budget are.",
+              "", "Budgets follow the planner's predictions: tight is the smallest (0.1 MB steps) under which "
+              f"{TIGHT_FITS} candidates fit, medium admits half of the candidates, loose is {LOOSE_MB:g} MB.",
+              "", f"Goal: pick <= {GOAL_RATIO} x best and 0 breaches: "
+              f"{'met' if ok and nb == 0 else 'NOT met'} ({nb} breach(es)).", ""]
+    for name, r in results.items():
+        for b in r["breaches"]:
+            lines.append(f"- breach at {name}: {b['candidate']} measured {b['measured_peak_bytes'] / 1e6:.2f} MB > "
+                         f"{b['budget_bytes'] / 1e6:g} MB")
+    lines += ["", "## Every candidate", "",
+              f"Predicted by the planner, measured by the run (screening: median of {SCREEN_STEPS - 1} intervals; "
+              f"confirmed: of {CONFIRM_ROUNDS * (CONFIRM_STEPS - 1)} over {CONFIRM_ROUNDS} interleaved rounds, where "
+              "run). Peak = largest per-rank measured peak (screening run).", "",
+              "| candidate | fits at | predicted peak MB | measured peak MB | predicted s/step | screened s/step | "
+              "confirmed s/step |", "|---|---|---|---|---|---|---|"]
+    all_keys = sorted({k for b in budgets.values() for k in b["candidates"]},
+                      key=lambda k: budgets["loose"]["candidates"][k]["predicted_step_time_s"])
+    for k in all_keys:
+        c = budgets["loose"]["candidates"][k]
+        fits_at = ", ".join(n for n, b in budgets.items() if b["candidates"][k]["fits"]) or "-"
+        sc, cf = screen.get(k, {}), confirm.get(k, {})
+        lines.append(f"| {c['label']} | {fits_at} | {c['predicted_peak_bytes'] / 1e6:.2f} | "
+                     f"{_mb(sc.get('measured_peak_bytes'))} | {c['predicted_step_time_s']:.3f} | "
+                     f"{_s(sc.get('median_step_s'))} | {_s(cf.get('median_step_s'))} |")
+    lines += ["", "Pruning: none inside the planner's own search space for this job (ZeRO-0..3, ZeRO-Offload of the "
+              "optimizer at stages 2-3 and of params at 3, FSDP2 with and without resharding and CPU offload, "
+              "checkpointing on/off, micro-batch 1 or 2). The space itself is small on purpose: global batch 4 "
+              "(2 micro-batch sizes), no NVMe path (no NVMe candidates), a 4-block model; each run costs ~30 s of "
+              "process start-up and model build for a few seconds of steps.", ""]
+    return "\n".join(lines)
+
+
+def _run_span(screen: dict, confirm: dict) -> str:
+    """When the runs behind the figures finished (their report.json times), first to last."""
+    import time
+
+    dirs = [Path(r["run_dir"]) for r in screen.values()]
+    dirs += [Path(x["run_dir"]) for c in confirm.values() for x in c.get("rounds", [])]
+    times = [(d / "report.json").stat().st_mtime for d in dirs if (d / "report.json").is_file()]
+    if not times:
+        return "-"
+    return " to ".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (min(times), max(times)))
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""`launch calibrate`: a short real measurement, and a refit from run dirs that recovers known constants."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.cli.main import main
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
+
+
+def test_quick_hardware_calibration_writes_sane_numbers(cache, capsys):
+    assert main(["calibrate", "--hardware", "cpu", "--gpus", "2", "--quick"]) == 0
+    data = json.loads((cache / "profiles" / "cpu.json").read_text())
+    hw = data["hardware"]
+    for key in ("flops_bf16", "flops_fp32", "intra_node_bw", "collective_latency_s", "host_link_bw",
+                "cpu_adam_params_per_s", "block_overhead_s"):
+        assert hw[key] > 0, key
+    assert 1e8 < hw["flops_fp32"] < 1e14  # a core does 1-200 GFLOP/s; anything else is a unit slip
+    assert 1e6 < hw["intra_node_bw"] < 1e12
+    assert 1e-7 < hw["collective_latency_s"] < 1.0
+    assert 1e-7 < hw["block_overhead_s"] < 10.0
+    assert data["details"]["ranks"] == 2 and len(data["details"]["per_rank"]) == 2
+    assert "wrote" in capsys.readouterr().out
+
+
+ARCHS = [  # h, layers, intermediate, vocab, seq, micro-batch, checkpointing
+    (64, 2, 128, 1024, 64, 2, False), (64, 4, 512, 2048, 32, 4, False), (128, 2, 256, 4096, 64, 2, True),
+    (96, 3, 384, 1024, 32, 2, False), (128, 3, 1024, 2048, 64, 1, False), (64, 2, 256, 4096, 32, 4, True),
+]
+
+
+def make_run(root, i, arch):
+    h, layers, inner, vocab, seq, mb, ac = arch
+    job = {"name": f"r{i}", "task": "causal_lm",
+           "model": {"family": "gpt2", "hidden_size": h, "num_layers": layers, "num_heads": 4,
+                     "intermediate_size": inner, "vocab_size": vocab, "max_position_embeddings": 256},
+           "data": {"path": DATA, "max_seq_len": seq},
+           "train": {"global_batch_size": 2 * mb, "max_steps": 3},
+           "strategy": {"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
+                        "micro_batch_size": mb, "activation_checkpointing": ac},
+           "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": "4GB"}
+    d = root / f"r{i}"
+    d.mkdir()
+    (d / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["plan", str(d / "job.yaml"), "--out", str(d)]) == 0
+    return d
+
+
+def test_refit_from_run_dirs_recovers_constants(tmp_path, cache, capsys):
+    from launcher.calibrate.runs import samples_from_run
+
+    runs = [make_run(tmp_path, i, a) for i, a in enumerate(ARCHS)]
+    coefs = {d: stub_sample(d, samples_from_run) for d in runs}
+    # "True" constants: the planner's current ones for the first run, moved by a different factor each, then
+    # kept to those the runs can identify (the rest must stay where they are).
+    first = coefs[runs[0]]
+    true = {k: v * (1.2 + 0.1 * i) if v else 100.0 for i, (k, v) in enumerate(first.current.items())}
+    for d in runs:
+        s = coefs[d]
+        act = s.base_bytes + sum(s.coefficients[k] * true[k] for k in s.coefficients)
+        (d / "ranks").mkdir()
+        for rank in (0, 1):
+            rec = {"rank": rank, "status": "completed", "steps_done": 3, "measured_peak_bytes": int(act * 2),
+                   "phases": {"forward": int(act), "backward": int(act * 2)},
+                   "phase_breakdown": {"forward": {"activations": int(act * 0.9)},
+                                       "backward": {"activations": int(act * 0.7), "temp": int(act * 0.3),
+                                                    "params": int(act)}}}
+            (d / "ranks" / f"rank-{rank}.json").write_text(json.dumps(rec))
+    # Six shapes of one model type: the per-token constants of one shape cannot serve all, so nothing is written
+    # unless asked to merge.
+    assert main(["calibrate", "--from", *map(str, runs)]) == 0
+    assert "runs of 6 architectures" in capsys.readouterr().out
+    assert not (cache / "profiles" / "activations-gpt2-cpu.json").exists()
+    # The synthetic bytes come from one set of constants, so a merged fit reproduces them all.
+    assert main(["calibrate", "--from", *map(str, runs), "--merge", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "12 rank samples from 6 runs" in out
+    fitted = json.loads((cache / "profiles" / "activations-gpt2-cpu.json").read_text())
+    samples = [coefs[d] for d in runs]
+    for s in samples:  # every run's activation bytes are reproduced by the written constants
+        got = s.base_bytes + sum(s.coefficients[k] * fitted[k] for k in s.coefficients)
+        want = s.base_bytes + sum(s.coefficients[k] * true[k] for k in s.coefficients)
+        assert got == pytest.approx(want, rel=0.01)
+    identifiable = [k for k in true if any(s.coefficients.get(k) for s in samples)]
+    assert identifiable
+    # The planner now uses (and names) the refit constants.
+    assert main(["plan", str(runs[0] / "job.yaml"), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["constants"]["activations"]["source"].startswith("calibrated: ")
+    for k in identifiable:
+        assert plan["constants"]["activations"][k] == pytest.approx(fitted[k]), k
+
+
+def stub_sample(d, samples_from_run):
+    """samples_from_run needs a rank file; a placeholder one gives the run's coefficients."""
+    (d / "ranks").mkdir()
+    (d / "ranks" / "rank-0.json").write_text(json.dumps(
+        {"rank": 0, "status": "completed", "steps_done": 1, "phase_breakdown": {"forward": {"activations": 1}}}))
+    try:
+        (s,) = samples_from_run(d)
+        return s
+    finally:
+        (d / "ranks" / "rank-0.json").unlink()
+        (d / "ranks").rmdir()

@@ -1,0 +1,50 @@
+"""Calibration files round-trip through the planner's loaders."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.calibrate.profiles import activations_path, numeric_fields, save_activations, save_hardware
+from launcher.config.jobfile import job_from_data
+from launcher.planner.hardware import PROFILES
+from launcher.planning import hardware_profile, plan_request
+
+DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
+
+
+def job(hardware="cpu"):
+    data = {"name": "t", "model": {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4},
+            "task": "causal_lm", "data": {"path": DATA}, "train": {"global_batch_size": 8, "max_steps": 1},
+            "cluster": {"hardware": hardware}, "gpus": 2, "budget": "4GB"}
+    return job_from_data(data, ".")
+
+
+def test_hardware_profile_round_trips(cache):
+    values = {"flops_bf16": 1.5e11, "flops_fp32": 9e10, "intra_node_bw": 8e8, "collective_latency_s": 1.4e-4,
+              "host_link_bw": 7.9e8, "cpu_adam_params_per_s": 8.5e8, "block_overhead_s": 0.2}
+    path = save_hardware("cpu", values, {"ranks": 2})
+    assert path == cache / "profiles" / "cpu.json"
+    data = json.loads(path.read_text())
+    assert data["hardware"] == values and data["measured_at"] and data["host"]
+    prof = hardware_profile(job())
+    for k, v in values.items():
+        assert getattr(prof, k) == v, k
+    # Fields not measured keep the built-in values.
+    assert prof.device_is_host is True and prof.mfu == PROFILES["cpu"].mfu
+
+
+def test_unknown_hardware_field_is_refused():
+    with pytest.raises(ValueError, match="not HardwareProfile fields"):
+        save_hardware("cpu", {"flops_int8": 1.0})
+
+
+def test_activation_constants_round_trip():
+    fitted = {name: 10.0 + i for i, name in enumerate(numeric_fields())}
+    path = save_activations("gpt2", "cpu", fitted, {"runs": ["a"]})
+    assert path == activations_path("gpt2", "cpu")
+    assert json.loads(path.with_suffix(".fit.json").read_text())["runs"] == ["a"]
+    c = plan_request(job()).activations  # what the planner reads for a gpt2 job on the cpu profile
+    assert {k: getattr(c, k) for k in fitted} == fitted
+    assert c.source.startswith("calibrated: ")
+    assert plan_request(job("a100-80gb")).activations.source != c.source  # one file per profile
