@@ -1,4 +1,4 @@
-"""The planner's prediction at each of its two moments, not only at the larger one.
+"""The planner's prediction at its backward-start and optimizer-step moments, not only at the largest one.
 
 memory.py takes the peak as the larger of the backward start (states + activations + logits) and the optimizer
 step (states + the step's gradients and fp32 copies), and reports the breakdown of the larger only. When the run

@@ -88,10 +88,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
         out.append(f"| DeepSpeed estimator, DeepSpeed cells only | {d['cells']} | {d['median_abs']:.1%} | "
                    f"{d['max_abs']:.1%} | {d['median_signed']:+.1%} | {d['under']} | {d['within_goal']} |")
     out += ["", "## Which planner terms are off", "",
-            "The planner takes the peak as the larger of two moments (memory.py): the backward start (states, "
-            "saved activations, logits and loss temporaries) and the optimizer step (states plus the step's "
-            "gradients and fp32 copies). Each is compared with the matching measured phase: the larger of the "
-            "forward and backward phase peaks, and the optimizer_step phase peak (`benchmarks/accuracy/moments.py`).",
+            "The planner takes the peak as the largest of three moments (memory.py): the backward start (states, "
+            "saved activations, logits and loss temporaries), the gradient reduce (ZeRO-1/2's bucket, ZeRO-3's and "
+            "FSDP2's end of backward) and the optimizer step (states plus the step's gradients and fp32 copies). "
+            "Two are compared here with the matching measured phase: the backward start against the larger of the "
+            "forward and backward phase peaks, the step against the optimizer_step phase peak "
+            "(`benchmarks/accuracy/moments.py`).",
             "", "| cell | planner's peak | run's peak | backward: pred / meas MB | err | step: pred / meas MB | err | "
             "pred. offloaded MB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -36,7 +36,7 @@ class Sample:
     """The constants the planner uses for this run now."""
     measured_peak_bytes: float = 0.0
     peak_of: Callable[[dict[str, float]], float] | None = field(default=None, repr=False)
-    """Predicted peak per rank under given constants (the peak is not linear in them: a max of two moments)."""
+    """Predicted peak per rank under given constants (the peak is not linear in them: a max of moments)."""
     group: tuple[str, str] = ("", "")
     """(model_type, hardware profile): which constants file the sample belongs to."""
     architecture: str = ""

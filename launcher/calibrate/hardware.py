@@ -304,9 +304,13 @@ def measure(opts: CalibrationOptions, timeout_s: float = 600.0) -> Calibration:
                 rank, res = queue.get(timeout=min(remaining, 5.0))
             except Exception:
                 dead = [i for i, p in enumerate(procs) if not p.is_alive() and i not in results]
-                if dead:
+                if not dead:
+                    continue
+                # A rank may exit right after its result went into the pipe: read what is there first.
+                try:
+                    rank, res = queue.get(timeout=2.0)
+                except Exception:
                     raise RuntimeError(f"calibration rank(s) {dead} exited without a result") from None
-                continue
             if isinstance(res, tuple) and res[0] == "stage":
                 stage[rank] = res[1]
                 continue

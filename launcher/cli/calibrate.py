@@ -12,7 +12,8 @@ from launcher.errors import ConfigError
 EPILOG = """examples:
   launch calibrate                              measure this machine (cpu, or the detected GPU) with 2 ranks
   launch calibrate --hardware cpu --gpus 2      the CPU-rank profile the planner uses for gloo runs
-  launch calibrate --from runs/a runs/b         refit activation constants from finished run dirs
+  launch calibrate --from runs/a runs/b         refit activation constants and the engines' per-step
+                                                seconds from finished run dirs
   launch calibrate --from runs/* --dry-run      show the before/after error, write nothing
   launch calibrate --from runs/a* --merge       one set over runs of several architectures (a compromise)
 """
@@ -109,6 +110,7 @@ def refit(args: argparse.Namespace) -> int:
     from launcher.calibrate.profiles import numeric_fields, save_activations
     from launcher.calibrate.runs import samples_from_run
 
+    refit_step_overheads(args)
     terms = [t.strip() for t in args.terms.split(",")] if args.terms else None
     unknown = [t for t in terms or [] if t not in numeric_fields()]
     if unknown:
@@ -178,3 +180,30 @@ def refit(args: argparse.Namespace) -> int:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1%}"
+
+
+def refit_step_overheads(args: argparse.Namespace) -> None:
+    """The cost model's per-step engine seconds, from the runs' measured step times (written into the hardware
+    profile file next to what `launch calibrate` measured there)."""
+    import json
+
+    from launcher.calibrate.profiles import hardware_path, save_hardware
+    from launcher.calibrate.timing import fit_overheads
+
+    fitted = fit_overheads(args.runs)
+    if not fitted:
+        print("step time: no run has 3 or more timed steps and a plan with step-time terms; engine overheads kept")
+        return
+    for profile, fields in sorted(fitted.items()):
+        print(f"\nstep time on {profile}: measured seconds per step minus the cost model's other terms")
+        for field, (seconds, samples) in sorted(fields.items()):
+            spread = ", ".join(f"{s.residual_s:+.3f}" for s in samples[:8]) + (" ..." if len(samples) > 8 else "")
+            print(f"  {field} = {seconds:.4g} s (median of {len(samples)} runs: {spread})")
+        if args.dry_run:
+            continue
+        path = hardware_path(profile)
+        current = json.loads(path.read_text()) if path.is_file() else {}
+        values = {**current.get("hardware", {}), **{f: v for f, (v, _) in fields.items()}}
+        details = {**current.get("details", {}),
+                   "step_overheads_from": sorted({s.run for _, ss in fields.values() for s in ss})}
+        print(f"wrote {save_hardware(profile, values, details)}")

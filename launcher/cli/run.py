@@ -310,6 +310,23 @@ def announce(plan: Plan, run_dir: RunDir, attempt: int | None = None) -> None:
           flush=True)
 
 
+def preload_plotting() -> None:
+    """Import matplotlib while the ranks train: it costs most of a second that would otherwise come after the
+    ranks exit, between the last step and the verdict (benchmarks/results/overhead.md)."""
+    import threading
+
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # plotting is optional; plot_memory reports its own failure
+            pass
+
+    threading.Thread(target=load, name="preload-matplotlib", daemon=True).start()
+
+
 def launch_local(args, job: Job, plan: Plan, run_dir: RunDir) -> int:
     return run_attempt(args, job, plan, run_dir)[0]
 
@@ -325,6 +342,7 @@ def run_attempt(args, job: Job, plan: Plan, run_dir: RunDir) -> tuple[int, Outco
     grace = args.checkpoint_timeout if args.checkpoint_on_interrupt else 0.0
     view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(args.quiet, args.verbose))
     view.start()
+    preload_plotting()
     try:
         outcome = LocalBackend(checkpoint_on_interrupt_s=grace).run(run_dir, spec)
     finally:

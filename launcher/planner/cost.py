@@ -4,6 +4,7 @@ compute   = 6·Ψ·tokens FLOPs (8·Ψ·tokens with full recompute) [Kaplan et a
             LoRA skips frozen weight gradients: 4·Ψ·tokens (+2·Ψ with recompute).
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step].
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840].
+engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 """
 
 from __future__ import annotations
@@ -58,8 +59,13 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
         offload += accum * 2 * w * m.num_params / n / hw.host_link_bw
         if s.offload_params == "nvme":
             offload += accum * 2 * w * m.num_params / n * inp.gpus_per_node / hw.nvme_bw
+    if hw.device_is_host:
+        # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
+        # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
+        offload = 0.0
     exposed_comm = comm * (1.0 - hw.comm_overlap)
-    return {"compute": compute + overhead, "communication": exposed_comm, "offload": offload}
+    engine = hw.deepspeed_step_overhead_s if s.engine == "deepspeed" else hw.fsdp_step_overhead_s
+    return {"compute": compute + overhead, "communication": exposed_comm, "offload": offload, "engine": engine}
 
 
 def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:

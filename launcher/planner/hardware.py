@@ -42,6 +42,11 @@ class HardwareProfile:
     """Fixed seconds per transformer block per micro-step (kernel launches, Python), forward plus backward."""
     collective_latency_s: float = 5e-5
     """Fixed seconds per collective call (NCCL / gloo latency)."""
+    deepspeed_step_overhead_s: float = 0.0
+    """Fixed seconds the DeepSpeed engine adds per optimizer step (flat-buffer copies, hooks, overflow check,
+    the engine's Python); 0 until `launch calibrate --from` fits it from finished runs."""
+    fsdp_step_overhead_s: float = 0.0
+    """The same for FSDP2 (hooks, DTensor bookkeeping); 0 until fitted."""
     comm_overlap: float = 0.5
     """Share of communication hidden behind compute, 0 to 1."""
     device_is_host: bool = False
@@ -74,6 +79,9 @@ PROFILES: dict[str, HardwareProfile] = {
         name="cpu", memory_bytes=0, context_bytes=0, fragmentation=0.0, flops_bf16=20e9, flops_fp32=50e9,
         mfu=1.0, intra_node_bw=1.0 * GB, inter_node_bw=1.0 * GB, host_link_bw=5.0 * GB,
         cpu_adam_params_per_s=2.0e8, nvme_bw=1.0 * GB, block_overhead_s=2e-3, collective_latency_s=5e-4,
+        # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
+        # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
+        deepspeed_step_overhead_s=1.0, fsdp_step_overhead_s=0.09,
         comm_overlap=0.0, device_is_host=True,
     ),
 }

@@ -6,9 +6,12 @@ Sources, cited where each term is computed:
   [Kort]  Korthikanti et al., arXiv:2205.05198, eq. (1): sbh(34 + 5as/h) bytes per layer, 2sbh with full recompute.
   [ZInf]  ZeRO-Infinity, arXiv:2104.07857 §3: activation checkpoints 2·b·s·h·layers/ci bytes.
 
-The peak is the larger of two moments, as measured on real ranks (benchmarks/accuracy):
+The peak is the largest of three moments, as measured on real ranks (benchmarks/accuracy):
   backward start  the states that persist through a micro-step plus every saved activation and the loss's
                   temporaries (gradients of this micro-step do not exist yet);
+  gradient reduce ZeRO-1/2: the reduce bucket, allocated at the first gradient hook while the blocks'
+                  activations are still saved; ZeRO-3 and FSDP2: the end of backward, the largest unit
+                  gathered with its gradient;
   optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies.
 All inputs are plain numbers; nothing here touches a device.
 """
@@ -124,9 +127,18 @@ class States:
     buffers: float = 0.0
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
+    backward_extra: float = 0.0
+    """Bytes next to the saved activations at the backward start: ZeRO-3's gathered weights, or a ZeRO-1/2 reduce
+    bucket kept from the previous micro-step."""
+    backward_extra_category: str = "params"
+    """The breakdown category backward_extra is shown under."""
     backward_end_extra: float = 0.0
-    """Bytes at the end of backward, when the largest unit's gradient is reduced (buffers already freed)."""
+    """Bytes at the gradient-reduce moment, when the reduce bucket or largest unit's gradient exists."""
+    reduce_with_blocks: bool = False
+    """The gradient-reduce moment comes while the blocks' activations are still saved (ZeRO-1/2)."""
     host: float = 0.0
+    host_step_extra: float = 0.0
+    """Host bytes that exist only during the optimizer step (offloaded gradients)."""
     nvme: float = 0.0
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
@@ -154,17 +166,40 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
     st.grads = grads16 if stage == 3 or accumulating else 0.0
     # The step adds this step's gradients, their fp32 partition and an fp32 conversion of it.
     st.step_extra = (grads16 - st.grads) + 2 * grads32
+    if stage == 2:
+        # get_flat_partition copies the 16-bit partition into averaged_gradients next to grads_in_partition
+        # (stage_1_and_2.py; measured: +wΨ/N at the step).
+        st.step_extra += grads16
+    elif stage == 3:
+        # A third fp32 partition-sized tensor lives through the step (measured: +4Ψ/N over 2·grads32).
+        st.step_extra += grads32
     st.model_states = st.params + grads16 + grads32 + st.optimizer
     if stage == 3:
-        # The reduce bucket is allocated whole, however few parameters train (measured). [DS]'s 4L (the
-        # largest layer gathered with its gradient) is not alive at the backward-start peak: the loss's
-        # temporaries are freed before the head's weights are gathered for their gradient.
+        # The reduce bucket is allocated whole, however few parameters train (measured).
         st.buffers = w * buckets.reduce_bucket_size
         st.model_states += 2 * w * m.largest_layer_params
+        # Gathered weights still live when backward starts. ZeRO-3 keeps a weight gathered while its reuse
+        # distance is within stage3_max_reuse_distance (= max_live here): with the cap at or above Ψ nothing
+        # is released and the whole model stays gathered (measured on GPT-2: +wΨ). Below it, a causal LM's
+        # output head is reused at once by its own gradient.
+        if buckets.stage3_max_live_parameters >= psi:
+            st.backward_extra = w * psi  # the gathered copy sits beside the 16-bit partition
+        elif m.task == "causal_lm":
+            st.backward_extra = w * m.vocab_size * m.hidden_size
+        # End of backward: the largest layer gathered, its 16-bit gradient, and the reduce's copies of it.
+        # [DS] counts 4L bytes (param + grad at 2 bytes each); measured on MiniLM's embedding: about 2x that.
+        # Frozen layers (LoRA) have no gradient: only the gathered weight counts for them.
+        trainable_share = m.trainable_params / m.num_params
+        st.backward_end_extra = st.buffers + w * m.largest_layer_params * (1 + 3 * trainable_share)
     elif stage in (1, 2):
-        # The gradient reduce bucket is allocated whole at the first reduce, late in backward, once most
-        # activations are freed (measured): its own moment, not a persistent buffer.
-        st.backward_end_extra = w * buckets.reduce_bucket_size * (2 if inp.overlap_comm else 1)
+        # The gradient reduce bucket is allocated whole at the first gradient hook, once the loss's temporaries
+        # are freed but with the blocks' activations still saved (measured): its own moment.
+        bucket = w * buckets.reduce_bucket_size * (2 if inp.overlap_comm else 1)
+        st.backward_end_extra = bucket
+        st.reduce_with_blocks = True
+        if accumulating:
+            # The bucket outlives a micro-step: the next one's backward starts with it (measured).
+            st.backward_extra, st.backward_extra_category = bucket, "buffers"
     if s.offload_optimizer != "none":
         # ZeRO-Offload copies reduced buckets straight to host fp32 gradients: no optimizer state and no
         # gradient partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload].
@@ -174,6 +209,13 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         st.grads = grads16 if stage == 3 else 0.0
         st.step_extra = 0.0
         st.model_states = st.params + st.grads + (2 * w * m.largest_layer_params if stage == 3 else 0.0)
+        if stage in (1, 2):
+            # stage_1_and_2.py's ZeRO-Offload staging: a 16-bit copy of the partition for the upload, a host and
+            # a device buffer the size of the largest parameter (largest layer here), and with accumulation a
+            # 16-bit host gradient per partition parameter (accumulated_grads_in_cpu). Measured: exact.
+            moved += w * psi_t / shard_opt + w * m.largest_layer_params + (w * psi_t / shard_opt if accumulating else 0)
+            st.buffers += w * m.largest_layer_params
+            st.backward_end_extra += w * m.largest_layer_params  # the device buffer is not freed by then
         if s.offload_optimizer == "cpu":
             st.host += moved
         else:
@@ -203,11 +245,13 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.grads = sharded_grads
     else:
         st.step_extra = sharded_grads
-    # Unsharded working copies at the backward start: the root's params (embeddings, head) with the
-    # all-gather buffer they were copied out of, and either the last block plus the next prefetched one
-    # (FULL_SHARD) or every block (SHARD_GRAD_OP).
-    gathered_blocks = 2 if s.fsdp_reshard_after_forward else m.num_blocks
-    st.buffers = w * (2 * m.non_block_params + gathered_blocks * m.block_params)
+    # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head) with
+    # the all-gather buffer they were just copied out of, the last block and the next one prefetched.
+    # SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out buffers long freed (measured: wΨ).
+    if s.fsdp_reshard_after_forward:
+        st.buffers = w * (2 * m.non_block_params + 2 * m.block_params)
+    else:
+        st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
     # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
     root_trainable = m.non_block_params * m.trainable_params / m.num_params
@@ -215,7 +259,10 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else (4 + 4 / n) * unit
     st.backward_end_extra = 4 * (m.trainable_params - root_trainable) / n + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
-        st.host = st.params + sharded_grads + st.optimizer
+        # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
+        # step (measured: a CPU rank's peak is the same with and without the policy).
+        st.host = st.params + st.grads + st.optimizer
+        st.host_step_extra = st.step_extra
         st.params = st.grads = st.optimizer = st.step_extra = 0.0
     return st
 
@@ -227,23 +274,27 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                                     s.activation_checkpointing)
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
-        "backward": persistent + blocks + head,
+        "backward": persistent + blocks + head + st.backward_extra,
         "step": persistent + st.step_extra,
-        "backward_end": persistent - st.buffers + st.backward_end_extra,
+        "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
+    if inp.hardware.device_is_host:
+        moments["step"] += st.host_step_extra
     moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
         "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
         "buffers": st.buffers if moment != "backward_end" else 0.0,
-        "activations": blocks if moment == "backward" else 0.0,
+        "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
+    if moment == "backward":
+        breakdown[st.backward_extra_category] += st.backward_extra
     hw = inp.hardware
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
-        breakdown["offloaded"] = st.host
+        breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
     tensors = sum(breakdown.values())
     breakdown["reserve"] = hw.fragmentation * tensors + hw.context_bytes
     breakdown = {k: int(v) for k, v in breakdown.items()}
@@ -253,7 +304,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # built sharded (ZeRO-3 zero.Init, FSDP2 meta-device init) [DS: "4nP·f without zero.Init"].
     builds_sharded = s.engine == "fsdp" or (s.zero_stage or 0) >= 3
     load = 0 if builds_sharded else 4 * m.num_params * ranks
-    host = ranks * peak if hw.device_is_host else ranks * st.host
+    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment)

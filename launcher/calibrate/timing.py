@@ -1,0 +1,67 @@
+"""Fit each engine's fixed seconds per step from finished runs: measured step time minus the cost model's
+other terms (launcher.planner.cost), the median over runs, per hardware profile and engine."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+FIELD = {"deepspeed": "deepspeed_step_overhead_s", "fsdp": "fsdp_step_overhead_s"}
+"""The HardwareProfile field each engine's overhead is written to."""
+MIN_INTERVALS = 2
+"""Step-to-step intervals a run needs after its first step (which carries one-off start-up costs)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class StepSample:
+    run: str
+    profile: str
+    engine: str
+    measured_s: float
+    """Median seconds between consecutive steps on rank 0, the first step left out."""
+    modeled_s: float
+    """The plan's predicted seconds per step without its engine term."""
+
+    @property
+    def residual_s(self) -> float:
+        return self.measured_s - self.modeled_s
+
+
+def measured_step_s(run_dir: Path) -> float | None:
+    path = run_dir / "steps" / "rank-0.jsonl"
+    if not path.is_file():
+        return None
+    stamps = [json.loads(line)["time"] for line in path.read_text().splitlines() if line.strip()]
+    intervals = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return statistics.median(intervals) if len(intervals) >= MIN_INTERVALS else None
+
+
+def step_sample(run_dir: Path) -> StepSample | None:
+    plan_file = run_dir / "plan.json"
+    measured = measured_step_s(run_dir)
+    if measured is None or not plan_file.is_file():
+        return None
+    plan = json.loads(plan_file.read_text())
+    terms = plan.get("step_time_terms") or {}
+    if plan.get("engine") not in FIELD or not terms:
+        return None
+    modeled = sum(v for k, v in terms.items() if k != "engine")
+    return StepSample(run=str(run_dir), profile=str(plan.get("hardware", "cpu")), engine=plan["engine"],
+                      measured_s=measured, modeled_s=modeled)
+
+
+def fit_overheads(run_dirs: list[Path]) -> dict[str, dict[str, tuple[float, list[StepSample]]]]:
+    """{profile: {HardwareProfile field: (seconds, samples)}}; never negative (a faster run than modeled means
+    the other terms over-predict, which is not the engine's doing)."""
+    groups: dict[tuple[str, str], list[StepSample]] = defaultdict(list)
+    for d in run_dirs:
+        s = step_sample(Path(d))
+        if s is not None:
+            groups[(s.profile, s.engine)].append(s)
+    out: dict[str, dict[str, tuple[float, list[StepSample]]]] = defaultdict(dict)
+    for (profile, engine), samples in groups.items():
+        out[profile][FIELD[engine]] = (max(0.0, statistics.median(s.residual_s for s in samples)), samples)
+    return dict(out)
