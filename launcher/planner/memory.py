@@ -196,6 +196,10 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         # are freed but with the blocks' activations still saved (measured): its own moment.
         bucket = w * buckets.reduce_bucket_size * (2 if inp.overlap_comm else 1)
         st.backward_end_extra = bucket
+        if m.task == "causal_lm":
+            # The first hook fires on the output head: its gradient is copied into the bucket the hook has just
+            # allocated, so both exist for a moment (contiguous_gradients; measured on tiny GPT-2).
+            st.backward_end_extra += w * m.vocab_size * m.hidden_size * m.trainable_params / m.num_params
         st.reduce_with_blocks = True
         if accumulating:
             # The bucket outlives a micro-step: the next one's backward starts with it (measured).
