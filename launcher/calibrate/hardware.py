@@ -15,6 +15,7 @@ Every figure is in seconds-based units (FLOP/s, bytes/s, params/s, s) and maps o
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -25,6 +26,8 @@ from pathlib import Path
 
 TIME_BOX_S = 0.4
 """Seconds each repeated measurement runs for (at least 3 repeats)."""
+MAX_REPS = 200
+"""At most this many timed repeats of one measurement."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,20 +59,36 @@ def ranks_threads(ranks: int) -> int:
     return 1 if ranks > 1 else (os.cpu_count() or 1)
 
 
-def _timed(fn: Callable[[], object], sync: Callable[[], object], box_s: float, min_reps: int = 3) -> float:
-    """Median seconds of ``fn`` over repeats filling ``box_s`` (one untimed warm-up)."""
+def _timed(fn: Callable[[], object], sync: Callable[[], object], box_s: float, min_reps: int = 3,
+           reps: int | None = None) -> float:
+    """Median seconds of ``fn`` over repeats filling ``box_s`` (one untimed warm-up), or exactly ``reps``."""
     fn()
     sync()
     times: list[float] = []
     start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < box_s:
+    while len(times) < (reps or min_reps) or (reps is None and time.perf_counter() - start < box_s):
         t = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - t)
-        if len(times) >= 200:
+        if len(times) >= MAX_REPS:
             break
     return statistics.median(times)
+
+
+def agreed_reps(torch, dist, device, fn: Callable[[], object], sync: Callable[[], object], box_s: float) -> int:
+    """How many repeats of the collective ``fn`` fill ``box_s``, the same number on every rank.
+
+    A rank that stops its loop by its own clock can leave the others waiting in a collective it never joins.
+    One timed call gives each rank its count; the group takes the largest.
+    """
+    t = time.perf_counter()
+    fn()
+    sync()
+    once_s = max(time.perf_counter() - t, 1e-9)
+    n = torch.tensor([min(MAX_REPS, max(3, math.ceil(box_s / once_s)))], dtype=torch.int64, device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
 
 
 def matmul_flops(torch, dtype, n: int, device, sync, box_s: float) -> float:
@@ -85,7 +104,8 @@ def allreduce(torch, dist, device, sync, sizes_bytes: list[int], box_s: float) -
     for size in sizes_bytes:
         t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         dist.barrier()
-        out[size] = _timed(lambda t=t: dist.all_reduce(t), sync, box_s)
+        reduce = lambda t=t: dist.all_reduce(t)  # noqa: E731
+        out[size] = _timed(reduce, sync, box_s, reps=agreed_reps(torch, dist, device, reduce, sync, box_s))
     largest = max(sizes_bytes)
     return {"latency_s": out[min(sizes_bytes)],
             "bus_bw": 2.0 * (n - 1) / n * largest / out[largest] if n > 1 else largest / out[largest],
