@@ -1,5 +1,3 @@
-import sys
+from launcher.cli.entry import main
 
-from launcher.cli.main import main
-
-sys.exit(main())
+main()

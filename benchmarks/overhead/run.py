@@ -7,8 +7,9 @@ bare:   `launch plan --out D` once (plus job.yaml, what launch's prepare_run_dir
         `python -m torch.distributed.run --standalone --nproc-per-node 2 -m launcher.rank_entry D` with the
         environment launch gives its ranks (launcher.cli.run.rank_env); the worker's outputs are cleared between
         repeats so it never resumes.
-launch: `launch --gpus 2 --budget 4GB JOB --run-dir D2 --overwrite --quiet`: plan, run dir, torchrun (in
-        process), live view off, report.json, memory.png, verdict.
+launch: `launch --gpus 2 --budget 4GB JOB --run-dir D2 --overwrite --quiet` (D2 removed before the clock starts,
+        as bare clears its outputs): plan, run dir, torchrun (in process), live view off, report.json,
+        memory.png, verdict.
 The pairs alternate (launch, bare, launch, ...) so drift in the machine's load hits both. The launch runs are
 split by file times: start -> plan.json written (planning), -> last rank file (ranks), -> report.json (merge),
 -> exit (plot, print, exit).
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     run_bare(bare_dir, env)
     launches, bares, stages = [], [], []
     for i in range(args.pairs):
+        # As run_bare clears its outputs before its clock starts: --overwrite's rmtree of the last run (its
+        # checkpoint included) is not launcher overhead.
+        shutil.rmtree(launch_dir, ignore_errors=True)
         t_wall = time.time()
         res = launch(job_file, launch_dir, gpus=2, budget="4GB", cache=BENCH_CACHE)
         if res.returncode != 0:

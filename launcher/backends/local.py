@@ -19,12 +19,16 @@ from launcher.rundir import RunDir
 RANK_MODULE = "launcher.rank_entry"
 CPU_PROGRESS_S = 0.1
 """CPU seconds a rank must burn between two watchdog polls to count as busy (gloo waits burn ~0)."""
+MONITOR_INTERVAL_S = 0.05
+"""How often the elastic agent looks at its ranks; a finished run waits up to this long to be noticed (torchrun's
+default is 0.1 s; the poll is a waitpid per rank)."""
 DUMP_WAIT_S = 5.0
 """How long the watchdog waits for the ranks it aborted to write their stacks and exit."""
 
 
 def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | None = None) -> list[str]:
-    argv = ["--nproc-per-node", str(spec.gpus_per_node), "--max-restarts", "0", "--monitor-interval", "0.2"]
+    argv = ["--nproc-per-node", str(spec.gpus_per_node), "--max-restarts", "0",
+            "--monitor-interval", str(MONITOR_INTERVAL_S)]
     if signals_to_handle:
         argv += ["--signals-to-handle", signals_to_handle]
     if spec.nodes == 1 and not spec.rdzv_endpoint:

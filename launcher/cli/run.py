@@ -317,10 +317,8 @@ def preload_plotting() -> None:
 
     def load() -> None:
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot  # noqa: F401
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
         except Exception:  # plotting is optional; plot_memory reports its own failure
             pass
 

@@ -1,0 +1,44 @@
+"""The `launch` binary and `python -m launcher` leave through os._exit: exit codes and output must survive that."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+LAUNCH = str(REPO / ".venv" / "bin" / "launch")
+
+
+def test_help_exits_0_and_prints_everything():
+    res = subprocess.run([LAUNCH, "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert "GiB is 2^30" in res.stdout and "Exit codes:" in res.stdout
+    assert res.stdout.rstrip().endswith("show this help message and exit")  # the last line, flushed
+
+
+def test_bad_flag_exits_2_with_usage(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "launcher", "plan", "--no-such-flag", "job.yaml"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in res.stderr
+
+
+def test_plan_json_is_flushed_whole_and_bad_input_keeps_exit_2(write_job):
+    job = write_job()
+    ok = subprocess.run([LAUNCH, "plan", str(job), "--json"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["engine"] in ("deepspeed", "fsdp")  # the whole document, not a cut buffer
+    bad = subprocess.run([LAUNCH, "plan", str(job), "--gpus", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "not divisible by 3" in bad.stderr
+
+
+def test_a_closed_pipe_is_no_traceback(write_job):
+    job = write_job()
+    # The reader goes away after one byte; the launcher must still end with its own status, not a traceback.
+    p = subprocess.Popen([LAUNCH, "plan", str(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
+    assert "Traceback" not in err
