@@ -41,11 +41,19 @@ def step_losses(run_dir: Path, rank: int = 0) -> list[float]:
     return [json.loads(ln)["loss"] for ln in lines if ln.strip()]
 
 
+RANK_KEYS = {"rank", "host", "measured_peak_bytes", "predicted_peak_bytes", "budget_bytes", "within_budget"}
+"""report.json's public contract for each rank."""
+
+
 def check_report(run_dir: Path, world_size: int) -> dict:
     report = json.loads((run_dir / "report.json").read_text())
+    plan = json.loads((run_dir / "plan.json").read_text())
     assert report["within_budget"] is True
     assert sorted(r["rank"] for r in report["ranks"]) == list(range(world_size))
     for r in report["ranks"]:
+        assert RANK_KEYS <= set(r), f"missing {RANK_KEYS - set(r)}"
+        assert r["host"] and r["host"] != "?"
+        assert r["budget_bytes"] == plan["budget_bytes"] and r["predicted_peak_bytes"] == plan["predicted_peak_bytes"]
         assert r["within_budget"] and r["measured_peak_bytes"] > 0
         err = abs(r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
         assert err <= ACCURACY, f"rank {r['rank']}: predicted {r['predicted_peak_bytes']} measured " \
@@ -65,6 +73,8 @@ def test_zero2_tiny_gpt2(tmp_path):
     ds = json.loads((tmp_path / "run" / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == plan["zero_stage"] == 2
     assert "every rank within budget" in res.stdout
+    header = next(ln for ln in res.stdout.splitlines() if ln.lstrip().startswith("rank"))
+    assert header.split() == ["rank", "host", "predicted", "measured", "budget", "headroom", "verdict", "largest"]
 
 
 def test_zero3_cpu_optimizer_offload(tmp_path):
@@ -155,25 +165,81 @@ def test_existing_run_dir_is_never_overwritten(tmp_path):
     assert (run / "precious.txt").read_text() == "results"
 
 
-def test_rank_crash_stops_all_ranks_and_names_it(tmp_path):
-    script = tmp_path / "crash.py"
-    script.write_text(
-        "import os, time, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "if dist.get_rank() == 1:\n"
-        "    raise RuntimeError('boom on purpose')\n"
-        "time.sleep(120)\n"
-    )
-    job = job_file(tmp_path, "crash")
-    t = time.monotonic()
-    res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, timeout=120)
-    assert time.monotonic() - t < 60
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "rank 1 on" in res.stderr and "boom on purpose" in res.stderr
-    state = json.loads((tmp_path / "run" / "state.json").read_text())
-    assert state["state"] == "failed"
-    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"ranks left alive: {left}"
+CRASH_SCRIPT = """
+import sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+for step in range(1, 10_000):
+    x = torch.randn(32, 64)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    for p in model.parameters():  # data parallel by hand: every step waits for every rank
+        dist.all_reduce(p.grad)
+    opt.step()
+    opt.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if rank == 1 and step == 5:
+        open(sys.argv[1], "w").write(repr(time.time()))
+        raise RuntimeError("boom on purpose at step 5")
+    time.sleep(0.2)
+"""
+
+
+def process_tree(pid: int) -> list:
+    import psutil
+
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def alive(procs: list) -> list[str]:
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_rank_crash_mid_training_stops_all_ranks_within_10_s_and_names_it(tmp_path):
+    script, crashed_at = tmp_path / "crash.py", tmp_path / "crashed_at"
+    script.write_text(CRASH_SCRIPT)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([LAUNCH, str(job_file(tmp_path, "crash")), "--run-dir", str(run), "--quiet",
+                             "--script", str(script), "--", str(crashed_at)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log0 = run / "logs" / "rank-0.log"
+    wait_for(lambda: log0.is_file() and "step 3 " in log0.read_text(), 180, "rank 0 to train 3 steps")
+    before = process_tree(proc.pid)
+    ranks = [p for p in before if "launcher.rank_entry" in " ".join(p.cmdline())]
+    assert len(ranks) == 2, f"expected 2 rank processes under launch, saw: {alive(before)}"
+    out, err = proc.communicate(timeout=120)
+    ended = time.time()
+    assert proc.returncode == 1, out + err
+    stop_s = ended - float(crashed_at.read_text())
+    print(f"crash to launch exit: {stop_s:.1f} s")
+    assert stop_s < 10, f"launch took {stop_s:.1f} s from the crash to its exit"
+    assert "rank 1 on" in err and "boom on purpose at step 5" in err  # the rank, and the tail of its traceback
+    assert "Traceback" in err
+    steps_before_crash = [ln for ln in log0.read_text().splitlines() if ln.startswith("step ")]
+    assert len(steps_before_crash) >= 4  # it was training, not starting up, when rank 1 died
+    assert json.loads((run / "state.json").read_text())["state"] == "failed"
+    assert alive(before) == [], "processes of the run still alive"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -183,19 +249,18 @@ def test_signal_to_launch_terminates_ranks(tmp_path, sig):
     job = job_file(tmp_path, f"sig{sig.value}")
     proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(tmp_path / "run"), "--quiet", "--script", str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if len(subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()) >= 2:
-            break
-        time.sleep(0.5)
+
+    def ranks_up() -> bool:
+        return sum("launcher.rank_entry" in " ".join(p.cmdline()) for p in process_tree(proc.pid)) >= 2
+
+    wait_for(ranks_up, 60, "both ranks to start")
     time.sleep(2)
+    before = process_tree(proc.pid)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 130, out + err
     assert json.loads((tmp_path / "run" / "state.json").read_text())["state"] == "interrupted"
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"orphans: {left}"
+    wait_for(lambda: not alive(before), 10, "the run's processes to end")
 
 
 def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
