@@ -54,3 +54,17 @@ def write_job(tmp_path, data_file):
         return p
 
     return _write
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: they run wherever a GPU is present and say why they skip elsewhere."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -50,6 +50,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run dir from its last checkpoint")
     p.add_argument("--enforce", action="store_true",
                    help="cap each rank at the budget (CUDA: per-process memory fraction; CPU: the probe raises OOM)")
+    p.add_argument("--memory-snapshot", action="store_true",
+                   help="CUDA: record the allocator's history through the first step into "
+                        "RUN/memory-snapshot/rank-K.pickle (view it at pytorch.org/memory_viz)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank in a multi-node run")
     p.add_argument("--rdzv-endpoint", help="host:port of the c10d rendezvous for multi-node runs")
     p.add_argument("--script", help="run this training script under the launcher instead of the built-in recipe")
@@ -79,9 +82,13 @@ def cuda_available() -> bool:
     return detect_gpu_name() is not None
 
 
-def check_runnable(job: Job, plan: Plan) -> None:
+def check_runnable(job: Job, plan: Plan, args: argparse.Namespace | None = None) -> None:
     if plan.precision == "fp16" and plan.hardware == "cpu":
         raise ConfigError("train.precision: 'fp16' is refused on CPU ranks (no fp16 kernels); use bf16 or fp32")
+    if args is not None and getattr(args, "memory_snapshot", False) and job.launcher == "local" \
+            and not cuda_available():
+        raise ConfigError("--memory-snapshot: records the CUDA allocator's history, and this machine has no CUDA "
+                          "GPU; drop the flag (CPU ranks already write their breakdown to ranks/rank-K.json)")
     if job.launcher == "local":  # a Slurm job's NVMe is on the compute nodes, not here
         problems = check_nvme(job, plan)
         if problems:
@@ -165,7 +172,7 @@ def resume_plan(args: argparse.Namespace, job: Job, plan: Plan) -> tuple[Job, Pl
     return job, plan_job(job, force=True)
 
 
-def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool) -> dict[str, str]:
+def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = False) -> dict[str, str]:
     env = {
         "LAUNCHER_RUN_DIR": str(run.path),
         "LAUNCHER_PLAN": str(run.path / "plan.json"),
@@ -176,6 +183,8 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool) -> dict[str, str]
         env["LAUNCHER_DS_CONFIG"] = str(run.path / "ds_config.json")
     if enforce:
         env["LAUNCHER_ENFORCE_BYTES"] = str(plan.budget_bytes)
+    if snapshot:
+        env["LAUNCHER_MEMORY_SNAPSHOT"] = "1"
     # A rank aborted by the hang watchdog (SIGABRT) writes its Python stack into its log on the way out.
     env["PYTHONFAULTHANDLER"] = "1"
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
@@ -281,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         raise NoPlanError(str(e) + cluster_hints(job, str(e))) from None
     if args.resume:
         job, plan = resume_plan(args, job, plan)
-    check_runnable(job, plan)
+    check_runnable(job, plan, args)
     if plan.status == "forced":
         print(f"launch: warning: running a plan predicted over budget because of --force: {plan.reasons[0]}",
               file=sys.stderr)
@@ -335,7 +344,8 @@ def run_attempt(args, job: Job, plan: Plan, run_dir: RunDir) -> tuple[int, Outco
 
     spec = LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=args.node_rank,
                       rdzv_endpoint=args.rdzv_endpoint, script=str(Path(args.script).resolve()) if args.script else None,
-                      script_args=list(args.script_args), env=rank_env(run_dir, plan, job, args.enforce),
+                      script_args=list(args.script_args),
+                      env=rank_env(run_dir, plan, job, args.enforce, args.memory_snapshot),
                       hang_timeout_s=args.hang_timeout)
     grace = args.checkpoint_timeout if args.checkpoint_on_interrupt else 0.0
     view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(args.quiet, args.verbose))

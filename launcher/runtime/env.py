@@ -18,6 +18,9 @@ ENFORCE_ENV = "LAUNCHER_ENFORCE_BYTES"
 """Per-rank byte cap set by --enforce; crossing it raises torch.OutOfMemoryError."""
 TRACK_ENV = "LAUNCHER_TRACK_CATEGORIES"
 """'1' tracks tensors by category with MemTracker on CUDA too (always on for CPU ranks; slows CUDA runs)."""
+SNAPSHOT_ENV = "LAUNCHER_MEMORY_SNAPSHOT"
+"""Set to 1 (launch --memory-snapshot): CUDA ranks record the allocator's history through their first step and
+dump it to RUN_DIR/memory-snapshot/rank-K.pickle (open it at pytorch.org/memory_viz)."""
 
 EXIT_OOM = 75
 """Exit code of a rank that ran out of memory (or crossed the enforced cap); other failures exit 1."""

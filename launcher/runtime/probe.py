@@ -32,6 +32,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+SNAPSHOT_MAX_ENTRIES = 200_000
+"""Allocation events kept by --memory-snapshot (PyTorch's memory_viz reads them)."""
+
+
 class MemoryProbe:
     """Measures one rank. Use ``with probe:`` around the work, ``probe.phase(name)`` around each part.
 
@@ -79,6 +83,8 @@ class MemoryProbe:
         self._oom_raised = False
         self.after_step_snap: dict | None = None
         self._t_step = time.perf_counter()
+        self.snapshot = self.is_cuda and os.environ.get(env.SNAPSHOT_ENV) == "1" and self.run_dir is not None
+        """Record the CUDA allocator's history from start() through the first step (launch --memory-snapshot)."""
         self.step_log = JsonlLog(self.run_dir / "steps" / f"rank-{self.rank}.jsonl") if self.run_dir else None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -93,6 +99,9 @@ class MemoryProbe:
         if self.is_cuda and self.enforce_bytes:
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.enforce_bytes / total), self.device)
+        if self.snapshot:
+            # A bounded ring of allocation events: one step of a large model stays well inside it.
+            torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
         if self.track_categories and self.tracker is None:
             self._enter(PhaseMemTracker())
 
@@ -215,7 +224,19 @@ class MemoryProbe:
         if self.tracker is not None:
             self.after_step_snap = self.tracker.current_snap()
             self.tracker.reset_mod_stats()
+        if self.snapshot:
+            self.dump_snapshot()
         return row
+
+    def dump_snapshot(self) -> Path:
+        """RUN_DIR/memory-snapshot/rank-K.pickle: every allocation from start() through this step, with stacks."""
+        path = self.run_dir / "memory-snapshot" / f"rank-{self.rank}.pickle"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self.snapshot = False
+        self.record(memory_snapshot=str(path))
+        return path
 
     def restart_step_clock(self) -> None:
         self._t_step = time.perf_counter()

@@ -279,3 +279,10 @@ def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
     assert all(r["measured_peak_bytes"] > 0 for r in report["ranks"])
     log = (tmp_path / "run" / "logs" / "rank-0.log").read_text()
     assert "ds_config.json" in log or "DeepSpeed" in log
+
+
+def test_memory_snapshot_without_cuda_is_refused_before_anything_runs(tmp_path):
+    res = launch(job_file(tmp_path, "snap"), "--run-dir", tmp_path / "run", "--memory-snapshot")
+    assert res.returncode == 2
+    assert "--memory-snapshot: records the CUDA allocator's history" in res.stderr and "drop the flag" in res.stderr
+    assert not (tmp_path / "run").exists()

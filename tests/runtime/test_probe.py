@@ -110,3 +110,33 @@ def test_init_phase_allocations_count_as_other_until_labelled():
         assert probe.report(status="running")["phase_breakdown"]["init"]["other"] == 400
         probe.track(params=[w])
         assert probe.tracker.total_bytes() == 400
+
+
+def test_memory_snapshot_is_for_cuda_ranks_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_MEMORY_SNAPSHOT", "1")
+    probe = MemoryProbe(device="cpu", run_dir=tmp_path)
+    assert probe.snapshot is False  # CPU ranks have no allocator history; their breakdown is in ranks/rank-K.json
+    model = tiny()
+    with probe:
+        run_steps(probe, model, torch.optim.AdamW(model.parameters(), foreach=False), steps=1)
+    assert not (tmp_path / "memory-snapshot").exists()
+
+
+@pytest.mark.gpu
+def test_memory_snapshot_covers_init_and_the_first_step(tmp_path, monkeypatch):
+    import pickle
+
+    monkeypatch.setenv("LAUNCHER_MEMORY_SNAPSHOT", "1")
+    probe = MemoryProbe(device="cuda:0", run_dir=tmp_path)
+    with probe:
+        model = tiny().cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for step in (1, 2):
+            loss = model(torch.randn(8, 16, device="cuda")).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            probe.step_done(step, loss.item(), tokens=8)
+    snap = pickle.loads((tmp_path / "memory-snapshot" / "rank-0.pickle").read_bytes())
+    assert snap["segments"] and snap["device_traces"][0], "no allocation recorded"
+    assert probe.snapshot is False and probe.fields["memory_snapshot"].endswith("rank-0.pickle")
