@@ -99,6 +99,7 @@ class LiveView(threading.Thread):
             return
         self._last_printed = step
         parts = [f"r{r['rank']} {r['state']} loss={r.get('loss', float('nan')):.4f} "
+                 f"tok/s={r.get('tokens_per_s', 0):.0f} mem={format_bytes(r.get('mem_current_bytes', 0))} "
                  f"peak={format_bytes(r.get('mem_peak_bytes', 0))}" for r in rows]
         print(f"[{time.strftime('%H:%M:%S')}] step {step}/{self.total_steps or '?'}: " + "; ".join(parts), flush=True)
 
