@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -10,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 from launcher.config.job import InlineArch, Job
@@ -43,12 +45,30 @@ def _model_fingerprint(job: Job) -> str:
         if cfg is not None and cfg.is_file():
             src += cfg.read_text()
     lora = dataclasses.asdict(job.train.lora) if job.train.lora else None
-    try:
-        tf = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        tf = "?"
-    key = json.dumps([src, job.task, job.data.num_labels, lora, tf, 3], sort_keys=True, default=str)
+    versions = []
+    for package in ("transformers", "peft"):  # peft decides what a LoRA job trains
+        try:
+            versions.append(importlib.metadata.version(package))
+        except importlib.metadata.PackageNotFoundError:
+            versions.append("?")
+    key = json.dumps([src, job.task, job.data.num_labels, lora, versions, 4], sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers' warnings about the meta and fake-tensor builds (a default loss_type, deprecations) are noise
+    on a planning run, and on bad input they would stand between the user and the one error message."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def model_stats(job: Job) -> ModelStats:
@@ -61,7 +81,8 @@ def model_stats(job: Job) -> ModelStats:
             pass  # stale or torn cache entry: rebuild it
     from launcher.model.introspect import introspect
 
-    stats = introspect(job)
+    with _transformers_quiet():
+        stats = introspect(job)
     _write_cache(path, stats.to_json())
     return stats
 
@@ -113,7 +134,8 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
     from launcher.model.activations import probe_activations
 
     try:
-        constants = probe_activations(job, seq_len=job.data.max_seq_len, precision=job.train.precision)
+        with _transformers_quiet():
+            constants = probe_activations(job, seq_len=job.data.max_seq_len, precision=job.train.precision)
     except Exception as e:  # an architecture fake tensors cannot run: fall back to the paper, and say so
         from launcher.planner.memory import analytic_constants
 
@@ -151,21 +173,48 @@ def nvme_free_bytes(job: Job) -> int | None:
     return shutil.disk_usage(p).free
 
 
+def request_problems(job: Job) -> list[str]:
+    """The plan request's rules that need no model: the hardware profile, the budget against its card, and the
+    global batch against the ranks. The loader runs them beside the job's own rules, so one error lists all."""
+    from launcher.config.jobfile import check_budget
+
+    problems: list[str] = []
+    try:
+        profile = hardware_profile(job)
+    except ConfigError as e:
+        problems += e.problems
+        profile = None
+    budget = job.budget_bytes
+    # An absurd or tiny budget already has its own message; "more than the card" would only repeat it.
+    if profile is not None and profile.memory_bytes and budget is not None and not check_budget(budget) \
+            and budget > profile.memory_bytes:
+        problems.append(
+            f"budget: {budget} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
+            f"give at most the card's memory or set cluster.hardware"
+        )
+    gbs = job.train.global_batch_size
+    if job.gpus is not None and job.gpus > 0 and job.nodes > 0 and gbs > 0:
+        # The same rule as launcher.planner.search.candidates, said here so it joins the other problems.
+        world = job.gpus * job.nodes
+        if gbs % world:
+            problems.append(
+                f"train.global_batch_size: {gbs} is not divisible by {world} GPUs; use a multiple of {world} "
+                f"(e.g. {world * max(1, round(gbs / world))}) or another --gpus"
+            )
+    return problems
+
+
 def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
     problems = []
     if job.gpus is None:
         problems.append("gpus: missing; pass --gpus N (GPUs, or CPU ranks, per node)")
     if job.budget_bytes is None:
         problems.append("budget: missing; pass --budget 16GB (per GPU; GB is 1e9 bytes, GiB is 2^30)")
+    problems += request_problems(job)
     if problems:
         raise ConfigError(problems)
     stats = model_stats(job)
     profile = hardware_profile(job)
-    if profile.memory_bytes and job.budget_bytes > profile.memory_bytes:
-        raise ConfigError(
-            f"budget: {job.budget_bytes} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
-            f"give at most the card's memory or set cluster.hardware"
-        )
     return PlanRequest(
         model=stats, gpus_per_node=job.gpus, nodes=job.nodes, budget_bytes=job.budget_bytes,
         seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,

@@ -10,6 +10,9 @@ from launcher.units import BYTES_HELP, parse_bytes
 
 
 def _size(text: str) -> int:
+    if text.strip().startswith("-"):
+        # parse_bytes would only say "not a size"; the sign is the mistake, so say that.
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0 (memory per GPU); give e.g. 16GB")
     try:
         return parse_bytes(text)
     except ValueError as e:
@@ -52,7 +55,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="the job file (YAML)")
     p.add_argument("--gpus", type=_positive_int, help="GPUs (or CPU ranks) per node; overrides gpus: in the job")
     p.add_argument("--budget", type=_size, help=f"memory budget per GPU; {BYTES_HELP}")
-    p.add_argument("--nodes", type=_positive_int, help="nodes (default 1)")
+    # --nnodes is torchrun's name for it; multi-node c10d users reach for it first.
+    p.add_argument("--nodes", "--nnodes", dest="nodes", type=_positive_int, help="nodes (default 1)")
     p.add_argument("--seq-len", type=_positive_int, help="override data.max_seq_len, tokens")
     p.add_argument("--global-batch", type=_positive_int, help="override train.global_batch_size, sequences")
     p.add_argument("--hardware", help="override cluster.hardware: a100-40gb, a100-80gb, h100-80gb, l4, v100-16gb, cpu")
@@ -65,7 +69,4 @@ def job_from_args(args: argparse.Namespace, extra: dict | None = None) -> Job:
         "gpus": args.gpus, "budget": args.budget, "nodes": args.nodes, "data.max_seq_len": args.seq_len,
         "train.global_batch_size": args.global_batch, "cluster.hardware": args.hardware, **(extra or {}),
     }
-    job = load_job(args.job, overrides)
-    if job.gpus is None and job.cluster.gpus_per_node is not None:
-        job.gpus = job.cluster.gpus_per_node
-    return job
+    return load_job(args.job, overrides)

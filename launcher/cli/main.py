@@ -34,6 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Flags taking one number or size: "--budget -4GB" must reach the flag's own check, which names the rule.
+VALUE_FLAGS = ("--budget", "--gpus", "--nodes", "--nnodes", "--seq-len", "--global-batch", "--auto-fallback",
+               "--hang-timeout", "--checkpoint-timeout", "--node-rank", "--array-parallelism")
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """``--budget -4GB`` as ``--budget=-4GB``: argparse takes a dash-led word that is not a plain number for a
+    flag, and would answer "expected one argument" instead of the flag's own message."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a in VALUE_FLAGS and nxt is not None and len(nxt) > 1 and nxt[0] == "-" and (nxt[1].isdigit() or nxt[1] == "."):
+            out.append(f"{a}={nxt}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help"):
@@ -44,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_values(argv))
     args.script_args = script_args
     if not getattr(args, "func", None):
         parser.print_help()

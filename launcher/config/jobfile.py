@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 from launcher.config.job import InlineArch, Job
-from launcher.config.load import from_dict, load_yaml, show
+from launcher.config.load import from_dict_partial, load_yaml, show
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
@@ -39,17 +40,36 @@ def load_job_data(path: str | Path) -> dict:
 
 
 def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | None = None) -> Job:
-    """Typed Job from plain data plus dotted overrides; every problem in one ConfigError."""
+    """Typed Job from plain data plus dotted overrides; every problem in one ConfigError.
+
+    Type and key problems, the rules over values, and the plan request's own rules (budget against the card,
+    batch against the ranks) are gathered together; a value refused by its type is not judged again.
+    """
     data = copy.deepcopy(data)
     for key, value in (overrides or {}).items():
         if value is not None:
             set_dotted(data, key, value)
-    job = from_dict(Job, data)
-    job.base_dir = str(Path(base_dir).resolve())
-    problems = check_job(job)
+    built = from_dict_partial(Job, data)
+    problems = list(built.problems)
+    job: Job | None = built.value
+    if job is not None:
+        job.base_dir = str(Path(base_dir).resolve())
+        if job.gpus is None and job.cluster.gpus_per_node is not None:
+            job.gpus = job.cluster.gpus_per_node
+        checks = check_job(job)
+        if job.sweep is None:  # a sweep's variants change gpus and batch, and each is checked for itself
+            from launcher.planning import request_problems
+
+            checks += request_problems(job)
+        problems += [p for p in checks if not _judges(p, built.failed)]
     if problems:
         raise ConfigError(problems)
-    return job
+    return job  # type: ignore[return-value]
+
+
+def _judges(problem: str, failed: list[str]) -> bool:
+    """Whether a rule's message names a field whose value was already refused (its default stood in)."""
+    return any(re.search(rf"(?<![\w.]){re.escape(path)}(?!\w)", problem) for path in failed)
 
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Job:

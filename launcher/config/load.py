@@ -72,6 +72,12 @@ def _type_name(tp: Any) -> str:
 
 
 class _Problems(list):
+    """Problem lines, plus the dotted paths whose values were refused (so later rules leave them alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: list[str] = []
+
     def add(self, where: str, value: Any, rule: str, fix: str) -> None:
         self.append(f"{where}: {show(value)} {rule}; {fix}")
 
@@ -112,6 +118,10 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        shapes = [a for a in non_none if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(shapes) == 1:
+            # A mapping can only mean the one structured member: name its bad fields, not "string or mapping".
+            return _convert(shapes[0], value, where, problems, is_bytes=is_bytes)
         # Try each member quietly; report once with all alternatives.
         for arg in non_none:
             trial = _Problems()
@@ -199,12 +209,17 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
 
 
 def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None:
+    """``cls`` from ``data``; a refused field falls back to its default so the rest can still be checked.
+
+    None only when a required field is refused or missing: then nothing of ``cls`` can be checked further.
+    """
     if not isinstance(data, dict):
         problems.add(where or "document", data, "must be a mapping of keys", f"write {where or 'the job'} as key: value lines")
         return None
     hints = typing.get_type_hints(cls)
     fields = {yaml_key(f): f for f in public_fields(cls)}
     kwargs: dict[str, Any] = {}
+    complete = True
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         f = fields.get(key)
@@ -213,26 +228,65 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
             alias = KEY_ALIASES.get(str(key).lower().replace("-", "_"))
             if alias in fields:
                 near = [alias]
-            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(fields)}"
-            problems.append(f"{path}: unknown key; {hint}")
+            valid = f"valid keys: {', '.join(fields)}"
+            if near:
+                problems.append(f"{path}: unknown key; did you mean {near[0]!r}? {valid}")
+                if near[0] not in data:  # its default stands in for what the user meant: no rule may judge it
+                    problems.failed.append(f"{where}.{near[0]}" if where else near[0])
+            else:
+                problems.append(f"{path}: unknown key; {valid}")
             continue
-        kwargs[f.name] = _convert(hints[f.name], value, path, problems, is_bytes=f.name.endswith("_bytes"))
+        before = len(problems)
+        out = _convert(hints[f.name], value, path, problems, is_bytes=f.name.endswith("_bytes"))
+        # A nested mapping with a bad field inside still comes back built (it marked its own paths).
+        if len(problems) > before and not dataclasses.is_dataclass(out):
+            problems.failed.append(path)
+            if _required(f):
+                complete = False
+            continue
+        kwargs[f.name] = out
     for key, f in fields.items():
-        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if f.name not in kwargs and _required(f) and key in data:
+            continue  # refused above, already reported
+        if f.name not in kwargs and _required(f):
             path = f"{where}.{key}" if where else key
             problems.append(f"{path}: missing; add {path}: <{_type_name(hints[f.name])}> to the job file")
-    if problems:
+            problems.failed.append(path)
+            complete = False
+    if not complete:
         return None
     return cls(**kwargs)
 
 
-def from_dict(cls: type[T], data: Any, where: str = "") -> T:
-    """Build ``cls`` from plain data or raise one ConfigError listing every problem."""
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Partial:
+    """What from_dict_partial built, with the problems it found on the way."""
+
+    value: Any
+    """The built object (refused fields at their defaults), or None when a required field was refused."""
+    problems: list[str]
+    """Every type and key problem, one line each."""
+    failed: list[str]
+    """Dotted paths whose values were refused or left out; rules over values must not judge them."""
+
+
+def from_dict_partial(cls: type[T], data: Any, where: str = "") -> Partial:
+    """Build ``cls`` as far as the data allows, so value rules can run beside the type problems."""
     problems = _Problems()
     out = _build(cls, data, where, problems)
-    if problems:
-        raise ConfigError(list(problems))
-    return out  # type: ignore[return-value]
+    return Partial(value=out, problems=list(problems), failed=list(problems.failed))
+
+
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Build ``cls`` from plain data or raise one ConfigError listing every problem."""
+    built = from_dict_partial(cls, data, where)
+    if built.problems:
+        raise ConfigError(built.problems)
+    return built.value
 
 
 def load_yaml(path: str | Path) -> Any:

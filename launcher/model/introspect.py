@@ -8,10 +8,9 @@ imports, reading the cache costs milliseconds.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from dataclasses import dataclass, field
 
-from launcher.config.job import Job, LoraConfig
+from launcher.config.job import Job
 from launcher.errors import ConfigError
 
 
@@ -23,7 +22,8 @@ class ModelStats:
     num_params: int
     """All parameters, shared ones counted once."""
     trainable_params: int
-    """Parameters with gradients: all, or the LoRA adapters only."""
+    """Parameters with gradients: all (less a frozen pooler), or what peft trains under LoRA: the adapters, plus
+    the classifier head for seq_cls."""
     lora_params: int
     """Adapter parameters added by LoRA (0 without LoRA)."""
     largest_layer_params: int
@@ -79,38 +79,6 @@ def _find_blocks(model):
     return best[0], best[1]
 
 
-def lora_param_count(model, lora: LoraConfig) -> tuple[int, list[str]]:
-    """Adapter parameters peft would add: r * (in + out) per targeted linear; and the targets found."""
-    import torch.nn as nn
-
-    total = 0
-    hits: set[str] = set()
-    for name, mod in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        matched = [t for t in lora.target_modules if leaf == t or name.endswith("." + t) or fnmatch.fnmatch(leaf, t)]
-        if not matched:
-            continue
-        if isinstance(mod, nn.Linear):
-            fin, fout = mod.in_features, mod.out_features
-        elif type(mod).__name__ == "Conv1D":  # GPT-2 stores its projections transposed.
-            fin, fout = mod.weight.shape
-        else:
-            continue
-        hits.update(matched)
-        total += lora.r * (fin + fout)
-    return total, sorted(hits)
-
-
-def linear_leaf_names(model) -> list[str]:
-    import torch.nn as nn
-
-    names = set()
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D":
-            names.add(name.rsplit(".", 1)[-1])
-    return sorted(names)
-
-
 def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     """Build the job's model on the meta device and measure it."""
     from launcher.model.build import build_model, model_config
@@ -128,15 +96,14 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     if job.task == "sentence_embedding" and getattr(model, "pooler", None) is not None:
         # Mean pooling never calls BERT's pooler; the recipe freezes it (launcher.worker.model.build).
         frozen = sum(p.numel() for p in model.pooler.parameters())
+    trainable = num_params - frozen
     lora_params = 0
     if job.train.lora is not None:
-        lora_params, hits = lora_param_count(model, job.train.lora)
-        missing = [t for t in job.train.lora.target_modules if t not in hits]
-        if missing:
-            raise ConfigError(
-                f"train.lora.target_modules: {missing!r} match no linear layer of this {config.model_type} model; "
-                f"use some of {linear_leaf_names(model)}"
-            )
+        from launcher.model.lora import apply_lora, trainable_counts
+
+        # The worker's own wrap, on meta: what peft trains (adapters, and the head it keeps for seq_cls) is
+        # counted, not re-derived. It raises the ConfigError for targets that match nothing.
+        trainable, lora_params = trainable_counts(apply_lora(model, job.train.lora, job.task))
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -145,7 +112,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         model_type=model_type,
         task=job.task,
         num_params=num_params,
-        trainable_params=lora_params if job.train.lora else num_params - frozen,
+        trainable_params=trainable,
         lora_params=lora_params,
         largest_layer_params=largest,
         num_blocks=len(per_block),

@@ -7,13 +7,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from launcher.config.job import InlineArch, Job, LoraConfig
+from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
 from launcher.model.build import build_model, model_config, resolve_model_dir
+from launcher.model.lora import apply_lora
 from launcher.worker.recipes import Recipe
 from launcher.worker.tokenizer import load_tokenizer
 
-_PEFT_TASK = {"causal_lm": "CAUSAL_LM", "seq_cls": "SEQ_CLS", "sentence_embedding": "FEATURE_EXTRACTION"}
+__all__ = ["apply_lora", "build", "count_params", "model_dir", "to_device", "tokenizer_for"]
 
 
 def model_dir(job: Job) -> Path | None:
@@ -45,28 +46,6 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool) -> 
     if job.train.lora is not None:
         model = apply_lora(model, job.train.lora, recipe.task)
     return model
-
-
-def apply_lora(model: nn.Module, lora: LoraConfig, task: str) -> nn.Module:
-    """Wrap with peft so only the adapters (and a classifier head for seq_cls) train."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import TaskType, get_peft_model
-
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) or "Conv1D" in type(m).__name__}
-    missing = [t for t in lora.target_modules if t not in names]
-    if missing:
-        raise ConfigError(
-            f"train.lora.target_modules: {missing} not found in {type(model).__name__}; "
-            f"its linear layers are named {sorted(names)}"
-        )
-    cfg = PeftLoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type=getattr(TaskType, _PEFT_TASK[task]),
-    )
-    return get_peft_model(model, cfg)
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

@@ -78,3 +78,56 @@ def test_yaml_is_loaded_safely(tmp_path, data_file):
 def test_overrides_replace_file_values(write_job):
     job = load_job(write_job(), {"gpus": 4, "data.max_seq_len": 128, "budget": 5 * 10**9})
     assert (job.gpus, job.data.max_seq_len, job.budget_bytes) == (4, 128, 5 * 10**9)
+
+
+def test_type_key_value_and_request_problems_come_in_one_error(write_job):
+    """A typo'd key, a negative length, a budget over the card and a batch the ranks do not divide: all four."""
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.max_step": 4, "train.max_steps": None, "data.max_seq_len": -5,
+                              "cluster.hardware": "a100-40gb", "budget": "80GB", "gpus": 3}))
+    problems = e.value.problems
+    assert len(problems) == 4, problems
+    assert problems[0].startswith("train.max_step: unknown key; did you mean 'max_steps'?")
+    assert any(p.startswith("data.max_seq_len: -5 must be greater than 0; use e.g. max_seq_len: 512") for p in problems)
+    assert any(p.startswith("budget: 80000000000 bytes is more than a a100-40gb holds") for p in problems)
+    assert any(p.startswith("train.global_batch_size: 8 is not divisible by 3 GPUs") for p in problems)
+    # max_steps is absent only because of the typo: "train.max_steps: missing" would say the same thing twice.
+
+
+def test_a_value_refused_for_its_type_is_not_judged_again(write_job):
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.max_steps": "four", "train.lr": -1.0, "gpus": "two"}))
+    problems = e.value.problems
+    assert len(problems) == 3, problems
+    # Type problems first, then the rules over the values that passed them.
+    assert problems[0].startswith("train.max_steps: 'four' must be an integer")  # not also "max_steps: missing"
+    assert problems[1].startswith("gpus: 'two' must be an integer")  # nor judged as a divisor of the batch
+    assert problems[2].startswith("train.lr: -1.0 must be greater than 0")
+
+
+def test_an_inline_model_names_its_bad_field(write_job, data_file):
+    model = {"family": "gpt2", "hidden_size": "wide", "num_layers": 2, "num_heads": 4}
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(base_job(str(data_file), model=model)))
+    assert e.value.problems == ["model.hidden_size: 'wide' must be an integer; write model.hidden_size as a whole "
+                                "number, e.g. 8"]
+
+
+def test_unknown_slurm_key_lists_every_valid_one(write_job):
+    from launcher.config.job import SlurmConfig
+    from launcher.config.load import public_fields, yaml_key
+
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"slurm.partiton": "gpu", "slurm.timeout_min": -1}))
+    typo = next(p for p in e.value.problems if p.startswith("slurm.partiton"))
+    assert "unknown key; did you mean 'partition'?" in typo
+    valid = [yaml_key(f) for f in public_fields(SlurmConfig)]
+    assert typo.endswith("valid keys: " + ", ".join(valid)) and len(valid) == 13
+    assert "slurm.timeout_min: -1 must be greater than 0; use e.g. timeout_min: 60" in e.value.problems
+
+
+def test_gpus_per_node_stands_in_for_gpus(write_job):
+    job = load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 4}))
+    assert job.gpus == 4
+    with pytest.raises(ConfigError, match="not divisible by 3 GPUs"):
+        load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 3}))

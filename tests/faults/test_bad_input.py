@@ -83,6 +83,19 @@ class Case:
     """Sandbox entries the case made on purpose before the CLI ran (they must stay exactly as they were)."""
 
 
+def _read_only_dir(s: Sandbox) -> Path:
+    """A directory this process may not write in. Tests run as root, where access(W_OK) on a 0o555 directory is
+    still true; /proc/self is read-only for root too."""
+    ro = s.root / "read-only"
+    ro.mkdir(exist_ok=True)
+    ro.chmod(0o555)
+    if not os.access(ro, os.W_OK | os.X_OK):
+        return ro
+    if not os.access("/proc/self", os.W_OK | os.X_OK):
+        return Path("/proc/self")
+    pytest.skip("no read-only directory here: neither a 0o555 dir nor /proc/self refuses writes")
+
+
 def _nvme_pins(**cluster) -> dict:
     return {"strategy": {"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "nvme",
                          "offload_params": "nvme"}, "cluster": cluster}
@@ -208,10 +221,95 @@ CASES = [
     Case("slurm-unknown-additional-parameter",
          lambda s: [s.job(slurm={"additional_parameters": {"gpu_typo": 1}}), "--slurm"],
          ["slurm.additional_parameters.gpu_typo: unknown key", "valid keys:", "mem_per_gpu"]),
+    # -- every problem in one error ------------------------------------------------------------------------------
+    Case("four-problems-of-four-kinds",
+         lambda s: [s.job(**{"train.max_step": 4, "train.max_steps": None, "data.max_seq_len": -5,
+                             "cluster.hardware": "a100-40gb", "budget": "80GB"}), "--gpus", "3"],
+         ["train.max_step: unknown key; did you mean 'max_steps'?",
+          "data.max_seq_len: -5 must be greater than 0",
+          "budget: 80000000000 bytes is more than a a100-40gb holds",
+          "train.global_batch_size: 8 is not divisible by 3 GPUs"]),
+    Case("slurm-section-typo", lambda s: [s.job(slurm={"partiton": "gpu"}), "--slurm"],
+         ["slurm.partiton: unknown key; did you mean 'partition'?",
+          "valid keys: partition, account, qos, timeout_min, cpus_per_task, mem_gb, constraint, exclusive, "
+          "signal_delay_s, max_requeues, array_parallelism, additional_parameters, setup"]),
+    # -- flags ----------------------------------------------------------------------------------------------------
+    Case("negative-budget-flag", lambda s: [s.job(), "--budget", "-4GB"],
+         ["argument --budget: '-4GB' must be greater than 0"]),
+    Case("nnodes-is-nodes", lambda s: [s.job(), "--nnodes", "2"],
+         ["--nodes: a multi-node run needs --rdzv-endpoint host:port"]),
+    Case("nvme-path-read-only",
+         lambda s: [s.job(**_nvme_pins(nvme_path=str(_read_only_dir(s) / "nvme"), nvme_free="1TB"))],
+         ["cluster.nvme_path: ", "/nvme' is not writable", "is read-only or not yours"]),
     # -- the plan verb shares the checks --------------------------------------------------------------------------
     Case("plan-verb-unknown-key", lambda s: [s.job(**{"train.learning_rate": 1})],
          ["train.learning_rate: unknown key; did you mean 'lr'?"], verb="plan"),
 ]
+
+
+# The fix each case's message must give, by case id: a message that names the problem but not the way out fails.
+FIXES = {
+    "yaml-unclosed-flow": "fix the YAML there",
+    "yaml-tab-indent": "fix the YAML there",
+    "yaml-python-tag": "fix the YAML there",
+    "yaml-duplicate-key": "delete the one you do not mean",
+    "yaml-empty-file": "start from examples/minilm-embed.yaml",
+    "yaml-top-level-list": "write name:, model:, task:, data:, train: lines",
+    "job-file-missing": "check the path",
+    "job-file-is-a-directory": "pass the path of a YAML job file",
+    "unknown-top-level-key": "did you mean 'train'?",
+    "unknown-nested-key": "did you mean 'max_steps'?",
+    "wrong-type-int": "write train.global_batch_size as a whole number, e.g. 8",
+    "wrong-type-float": "write train.lr as a number, e.g. 2.0e-5",
+    "bool-for-int": "write train.max_steps as a whole number",
+    "enum-typo": "did you mean 'causal_lm'?",
+    "float-for-zero-stage": "did you mean 1?",
+    "nan-learning-rate": "write train.lr as a number, e.g. 2.0e-5",
+    "inline-arch-not-divisible": "use a multiple of 4",
+    "seq-longer-than-position-table": "use --seq-len 32 or raise max_position_embeddings",
+    "negative-max-steps": "use e.g. max_steps: 100",
+    "zero-global-batch": "use e.g. global_batch_size: 32",
+    "zero-micro-batch": "use e.g. micro_batch_size: 4 or leave it out",
+    "negative-seq-len-flag": "give e.g. 4",
+    "zero-gpus-flag": "give e.g. 4",
+    "budget-unparsable-in-file": "sizes take a unit: 16GB, 16GiB",
+    "budget-unparsable-flag": "sizes take a unit: 16GB, 16GiB",
+    "budget-overflows-float": "sizes take a unit: 16GB",
+    "budget-absurd": "give the per-GPU budget, e.g. --budget 80GB",
+    "budget-too-small": "did you mean GB (e.g. --budget 16GB)?",
+    "budget-over-the-card": "give at most the card's memory or set cluster.hardware",
+    "unknown-hardware": "use one of",
+    "gpus-do-not-divide-global-batch": "use a multiple of 3",
+    "micro-batch-does-not-divide": "use one of [1, 2, 4]",
+    "eval-fraction-out-of-range": "use e.g. 0.1",
+    "max-steps-and-epochs": "keep one of them",
+    "negative-auto-fallback-flag": "give 0 (off) or e.g. 3",
+    "negative-hang-timeout": "give e.g. 120",
+    "missing-data-file": "check the path",
+    "empty-dataset": "add at least one record",
+    "data-not-jsonl": "convert the data to JSONL",
+    "model-dir-without-config": "point model at a transformers model dir",
+    "model-empty-name": "give a local model dir, a bundled name such as gpt2-124m",
+    "lora-targets-not-in-model": "use some of",
+    "fp16-on-cpu-ranks": "use bf16 or fp32",
+    "nvme-path-under-a-file": "point nvme_path at a directory",
+    "nvme-lacks-space": "free space at cluster.nvme_path or point it at a larger drive",
+    "host-ram-too-small-for-offload": "is less than the offload needs; raise it",
+    "run-dir-under-a-file": "choose a directory you can write",
+    "run-dir-is-a-file": "choose another path",
+    "run-dir-holds-a-run": "pass --overwrite",
+    "resume-without-checkpoint": "run without --resume",
+    "script-missing": "give the path of your training script",
+    "multi-node-without-rendezvous": "needs --rdzv-endpoint host:port",
+    "auto-fallback-with-slurm": "set auto_fallback: 0",
+    "slurm-unknown-additional-parameter": "valid keys:",
+    "four-problems-of-four-kinds": "use e.g. max_seq_len: 512",
+    "slurm-section-typo": "did you mean 'partition'?",
+    "negative-budget-flag": "give e.g. 16GB",
+    "nnodes-is-nodes": "needs --rdzv-endpoint host:port",
+    "nvme-path-read-only": "point nvme_path at a directory you can write",
+    "plan-verb-unknown-key": "did you mean 'lr'?",
+}
 
 
 def _entries(root: Path) -> set[str]:
@@ -220,6 +318,22 @@ def _entries(root: Path) -> set[str]:
 
 def test_the_table_is_big_enough():
     assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+def test_every_case_names_its_fix():
+    assert set(FIXES) == {c.id for c in CASES}
+    assert all(fix.strip() for fix in FIXES.values())
+
+
+def _one_error_block(text: str) -> list[str]:
+    """The error lines of stderr, checked to be one block: argparse's usage lines may come first, then only
+    `error:` lines and their indented continuations; nothing else (no traceback, no progress, no second report)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = next((i for i, ln in enumerate(lines) if " error: " in ln), None)
+    assert first is not None, f"no error line in:\n{text}"
+    assert all(ln.startswith(("usage:", " ")) for ln in lines[:first]), f"output before the error:\n{text}"
+    assert all(" error: " in ln or ln.startswith("  ") for ln in lines[first:]), f"not one error block:\n{text}"
+    return lines[first:]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -231,8 +345,8 @@ def test_bad_input_exits_2_with_one_clear_message(case: Case, sandbox: Sandbox):
         argv += ["--run-dir", str(sandbox.run_dir)]
     argv = [case.verb, *argv, "--quiet"] if case.verb == "run" else [case.verb, *argv]
     before = _entries(sandbox.root)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main(argv)
         except SystemExit as e:  # argparse rejects a flag's value itself, with exit status 2
@@ -240,9 +354,9 @@ def test_bad_input_exits_2_with_one_clear_message(case: Case, sandbox: Sandbox):
     text = err.getvalue()
     assert code == 2, f"exit {code}; stderr:\n{text}"
     assert "Traceback" not in text, text
-    errors = [ln for ln in text.splitlines() if " error: " in ln]
-    assert errors, f"no error line in:\n{text}"
-    for part in case.expect:
+    _one_error_block(text)
+    assert out.getvalue() == "", f"bad input printed a plan or a run:\n{out.getvalue()}"
+    for part in [*case.expect, FIXES[case.id]]:
         assert part in text, f"{part!r} not in:\n{text}"
     # Nothing started: no run dir (or the one the case made is untouched), no rank logs, no new files at all.
     if "run" not in case.keeps:
@@ -252,7 +366,8 @@ def test_bad_input_exits_2_with_one_clear_message(case: Case, sandbox: Sandbox):
 
 
 SUBPROCESS_CASES = ["yaml-unclosed-flow", "budget-unparsable-flag", "gpus-do-not-divide-global-batch",
-                    "lora-targets-not-in-model", "run-dir-under-a-file"]
+                    "lora-targets-not-in-model", "run-dir-under-a-file", "four-problems-of-four-kinds",
+                    "negative-budget-flag"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS_CASES], ids=SUBPROCESS_CASES)
@@ -269,8 +384,32 @@ def test_bad_input_through_the_launch_binary(case: Case, sandbox: Sandbox, tmp_p
                          env=env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr, res.stderr
-    for part in case.expect:
+    _one_error_block(res.stderr)
+    for part in [*case.expect, FIXES[case.id]]:
         assert part in res.stderr, f"{part!r} not in:\n{res.stderr}"
     assert res.stdout == "", "nothing is planned or run, so nothing is printed"
     assert not sandbox.run_dir.exists()
     assert _entries(sandbox.root) == before
+
+
+@pytest.mark.parametrize("flag", ["--nodes", "--nnodes"])
+def test_nnodes_is_an_alias_of_nodes(flag):
+    from launcher.cli.main import build_parser
+
+    for verb in ("run", "plan"):
+        args = build_parser().parse_args([verb, flag, "3", "job.yaml"])
+        assert args.nodes == 3
+
+
+def test_a_negative_looking_value_reaches_its_flag(sandbox: Sandbox, capsys):
+    from launcher.cli.main import attach_negative_values
+
+    # A dash-led word that is not a number (a missing value followed by the next flag) is left to argparse.
+    assert attach_negative_values(["--budget", "-4GB", "--gpus", "-2", "--nnodes", "-.5", "--budget", "--gpus"]) == [
+        "--budget=-4GB", "--gpus=-2", "--nnodes=-.5", "--budget", "--gpus"]
+    with pytest.raises(SystemExit) as e:
+        main(["plan", str(sandbox.job()), "--budget", "-0.5GB"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --budget: '-0.5GB' must be greater than 0 (memory per GPU); give e.g. 16GB" in err
+    assert "expected one argument" not in err

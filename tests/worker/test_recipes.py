@@ -121,3 +121,18 @@ def test_lora_unknown_target_lists_real_names(tmp_path):
     job = make_job(tmp_path, TINY_GPT2, "causal_lm", rows, lora={"target_modules": ["q_proj"]})
     with pytest.raises(ConfigError, match="c_attn"):
         build(job, make_recipe(job.task, job.data), seq_len=16, hf_checkpointing=False)
+
+
+def test_seq_cls_lora_trains_adapters_and_the_head(tmp_path):
+    """peft's SEQ_CLS keeps the fresh classifier trainable next to the adapters: a frozen random head could not
+    learn the labels. The planner counts the same set (tests/model/test_lora.py)."""
+    rows = [{"text": "great product", "label": "pos"}, {"text": "awful service", "label": "neg"}] * 2
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", rows, lora={"r": 4, "target_modules": ["query", "value"]})
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(rows)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert {("lora_" in n, "classifier" in n) for n in names} == {(True, False), (False, True)}
+    # The adapters start as a no-op (lora_B = 0), so the two texts only drift apart after a few steps.
+    losses = train_losses(job, rows, steps=15, lr=5e-2)
+    assert losses[-1] < losses[0] - 0.3

@@ -1,0 +1,99 @@
+"""LoRA as both the planner and the worker see it: one rule for which modules get adapters, one peft wrap.
+
+The planner wraps its meta-device model with ``apply_lora`` and counts what requires grad; the worker wraps its
+real model with the same call. So the planner's trainable count is what peft really trains, adapters and the
+seq_cls head that peft keeps trainable beside them (``modules_to_save``) alike.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from launcher.config.job import LoraConfig
+from launcher.errors import ConfigError
+
+PEFT_TASK = {"causal_lm": "CAUSAL_LM", "seq_cls": "SEQ_CLS", "sentence_embedding": "FEATURE_EXTRACTION"}
+"""peft TaskType per recipe task: SEQ_CLS also trains the classifier head in full."""
+
+
+def is_adaptable(module) -> bool:
+    """A layer LoRA can wrap: nn.Linear, or transformers' Conv1D (GPT-2's transposed linear)."""
+    import torch.nn as nn
+
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Whether the module at dotted ``name`` is what ``pattern`` asks for.
+
+    A pattern is a leaf name (q_proj), a dotted suffix (attention.self.query) or an fnmatch pattern over the
+    leaf or the whole name (*_proj, encoder.layer.0.*).
+    """
+    leaf = name.rsplit(".", 1)[-1]
+    return (leaf == pattern or name == pattern or name.endswith("." + pattern) or fnmatch.fnmatchcase(leaf, pattern)
+            or fnmatch.fnmatchcase(name, pattern))
+
+
+def _skipped(name: str, task: str) -> bool:
+    # Mean pooling never calls BERT's pooler: adapters there would get no gradient, and DDP / ZeRO would wait
+    # for one.
+    return task == "sentence_embedding" and (name == "pooler" or name.startswith("pooler."))
+
+
+def adaptable_names(model, task: str) -> list[str]:
+    """Leaf names of the layers LoRA could target, for the message when a target matches none."""
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if is_adaptable(m) and not _skipped(n, task)})
+
+
+def lora_targets(model, lora: LoraConfig, task: str) -> list[str]:
+    """Full dotted names of the modules that get adapters; ConfigError when a target matches no layer."""
+    found: list[str] = []
+    used: set[str] = set()
+    for name, mod in model.named_modules():
+        if not name or not is_adaptable(mod) or _skipped(name, task):
+            continue
+        hit = [t for t in lora.target_modules if matches(name, t)]
+        if hit:
+            found.append(name)
+            used.update(hit)
+    missing = [t for t in lora.target_modules if t not in used]
+    if missing:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ConfigError(
+            f"train.lora.target_modules: {missing!r} match no linear layer of this {model_type} model; "
+            f"use some of {adaptable_names(model, task)}"
+        )
+    return found
+
+
+def apply_lora(model, lora: LoraConfig, task: str):
+    """Wrap with peft so only the adapters (and, for seq_cls, the classifier head) train."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import TaskType, get_peft_model
+
+    targets = lora_targets(model, lora, task)
+    modules = dict(model.named_modules())
+    cfg = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        # Full names: peft's own matching (exact or dotted suffix) then wraps exactly what lora_targets chose.
+        target_modules=targets,
+        # Conv1D keeps its weight transposed; said up front, peft does not warn on every rank that it fixed it.
+        fan_in_fan_out=all(type(modules[n]).__name__ == "Conv1D" for n in targets),
+        task_type=getattr(TaskType, PEFT_TASK[task]),
+    )
+    return get_peft_model(model, cfg)
+
+
+def trainable_counts(model) -> tuple[int, int]:
+    """(parameters that require grad, of which LoRA adapters); a shared tensor counts once."""
+    seen: set[int] = set()
+    trainable = adapters = 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        trainable += p.numel()
+        adapters += p.numel() if "lora_" in name else 0
+    return trainable, adapters
