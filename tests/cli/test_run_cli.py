@@ -277,8 +277,11 @@ def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
     assert all(r["measured_peak_bytes"] > 0 for r in report["ranks"])
-    log = (tmp_path / "run" / "logs" / "rank-0.log").read_text()
-    assert "ds_config.json" in log or "DeepSpeed" in log
+    for rank in (0, 1):  # the script prints what TrainingArguments(deepspeed=...) got
+        log = (tmp_path / "run" / "logs" / f"rank-{rank}.log").read_text()
+        assert f"rank {rank} of 2, deepspeed=True" in log, log[-2000:]
+    steps = [json.loads(ln) for ln in (tmp_path / "run" / "steps" / "rank-0.jsonl").read_text().splitlines()]
+    assert steps and steps[-1]["step"] == 4 and all(s["loss"] > 0 for s in steps)
 
 
 def test_memory_snapshot_without_cuda_is_refused_before_anything_runs(tmp_path):
