@@ -2,7 +2,8 @@
 
     RUN/job.yaml  plan.json  ds_config.json | fsdp.yaml  state.json  report.json  memory.png
     RUN/ranks/rank-K.json    peak memory by phase and category, written by each rank
-    RUN/steps/rank-K.jsonl   one line per optimizer step
+    RUN/steps/rank-K.jsonl   one line per optimizer step, stamped with the attempt that ran it
+    RUN/steps/rank-K.discarded.jsonl  lines a resume set aside: steps logged after the checkpoint it resumed from
     RUN/logs/rank-K.log      each rank's stdout and stderr
     RUN/checkpoint/          the last checkpoint (engine-native)
     RUN/control/             files the launcher drops to ask ranks for something (checkpoint)
@@ -12,7 +13,8 @@
 
 What the launcher writes here passes through ``redact``: the values of secret-looking environment
 variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs
-are scrubbed the same way when the run ends.
+are scrubbed the same way when the run ends (on Slurm also submitit's own .out/.err files, by each task as it
+ends and again by `--wait`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,51 @@ def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
     return True
 
 
+LIVE_STATES = ("submitted", "running")
+"""state.json states in which a job or a launch may still be writing the run dir."""
+
+
+def launch_alive(pid: int) -> bool:
+    """True when ``pid`` is a live launcher process (not a zombie, not a reused pid of something else)."""
+    import psutil
+
+    if pid == os.getpid():
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmdline = " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return "launch" in cmdline
+
+
+def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
+    """``redact_file`` for a file another process may still append to (Slurm opens submitit's logs with
+    --open-mode=append): the same inode is rewritten and truncated, so later appends land in the scrubbed file
+    instead of an unlinked one that a rename would leave behind."""
+    secrets = secret_values() if secrets is None else secrets
+    if not secrets:
+        return False
+    try:
+        with path.open("r+b") as f:
+            data = f.read()
+            needles = [v.encode() for v in secrets]
+            if not any(n in data for n in needles):
+                return False
+            for n in needles:
+                data = data.replace(n, REDACTED.encode())
+            f.seek(0)
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return False
+    return True
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "job"
 
@@ -147,6 +194,12 @@ class RunDir:
                               "choose a directory you can write") from None
         run = cls(path.resolve())
         run.lock()
+        if existing:
+            try:
+                run.refuse_if_live(overwrite=overwrite and not resume)
+            except ConfigError:
+                run.unlock()
+                raise
         if existing and overwrite and not resume:
             run.clear()
         for d in (run.ranks, run.steps, run.logs, run.control):
@@ -174,6 +227,44 @@ class RunDir:
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
 
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def refuse_if_live(self, *, overwrite: bool) -> None:
+        """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
+
+        After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
+        itself, but its pid is checked too in case the dir is reached through another mount.
+        """
+        st = self.state()
+        if st.get("state") not in LIVE_STATES:
+            return
+        what = "--overwrite would delete the files it is writing" if overwrite else \
+            "a second launch would write into the same files"
+        job_id = st.get("slurm_job_id")
+        if job_id:
+            from launcher.backends.slurm_state import live_state
+
+            try:
+                live = live_state(str(job_id))
+            except ConfigError as e:
+                raise ConfigError(
+                    f"--run-dir: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
+                    f"whether it still runs cannot be checked ({e}); {what}. Stop it with `launch cancel "
+                    f"{self.path}` where Slurm answers, or choose another --run-dir") from None
+            if live:
+                raise ConfigError(
+                    f"--run-dir: {str(self.path)!r} belongs to slurm job {job_id}, which is still {live}; {what}. "
+                    f"Stop it first with `launch cancel {self.path}`, or choose another --run-dir")
+            return
+        pid = st.get("pid")
+        if isinstance(pid, int) and launch_alive(pid):
+            raise ConfigError(
+                f"--run-dir: {str(self.path)!r} is in use by launch process {pid}, which is still running; {what}. "
+                f"Stop it first (kill -INT {pid}), or choose another --run-dir")
+
     def clear(self) -> None:
         import shutil
 
@@ -199,6 +290,20 @@ class RunDir:
             return []
         files = [p for d in (self.logs, self.path / "attempts") if d.is_dir() for p in d.rglob("*.log")]
         return [p for p in files if p.is_file() and redact_file(p, secrets)]
+
+    def redact_submitit_logs(self, files: list[Path] | None = None) -> list[Path]:
+        """Scrub submitit's stdout/stderr files (the torchrun agent's and submitit's own output); the files changed.
+
+        ``files`` limits it to those (a task scrubs only its own, which nothing else writes); by default every
+        ``*_log.out``/``*_log.err`` under RUN/submitit, for when the job has ended.
+        """
+        secrets = secret_values()
+        if not secrets:
+            return []
+        if files is None:
+            folder = self.path / "submitit"
+            files = sorted(folder.glob("*_log.out")) + sorted(folder.glob("*_log.err")) if folder.is_dir() else []
+        return [p for p in files if p.is_file() and redact_file_in_place(p, secrets)]
 
     def archive_attempt(self, attempt: int) -> Path:
         """Move attempt ``attempt``'s outputs to RUN/attempts/<attempt>/ and leave RUN ready for the next one."""

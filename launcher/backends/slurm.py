@@ -86,6 +86,7 @@ class SlurmBackend(Backend):
         task.script, task.script_args, task.env = spec.script, list(spec.script_args), {**task.env, **spec.env}
         sjob = self.submit(run, task)
         wait_jobs([sjob])
+        run.redact_submitit_logs()
         return job_outcome(sjob)
 
 
@@ -178,4 +179,5 @@ def submit_from_cli(args: argparse.Namespace, job: Job, plan: Plan) -> int:
         return 130
     finally:
         view.stop()
+    run.redact_submitit_logs()  # the job has ended: nothing writes them now, submitit's last lines included
     return finish(run, plan, job_outcome(sjob))

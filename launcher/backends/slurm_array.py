@@ -120,6 +120,7 @@ def submit_sweep_from_cli(args: argparse.Namespace, job: Job) -> int:
     if not args.wait:
         return EXIT_BAD_INPUT if unplanned else EXIT_OK
     wait_jobs(sjobs, print_state if args.verbose else None)
+    root.redact_submitit_logs()  # one submitit folder for the whole array, under the root
     codes = [finish_quietly(run, plan, sjob) for run, sjob, (_, _, plan) in zip(runs, sjobs, planned, strict=True)]
     print(summary_table(root.path))
     root.set_state("completed" if not any(codes) and not unplanned else "failed", updated_summary=time.time())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -105,24 +106,88 @@ def node_view(env: Mapping[str, str], *, gpus_per_node: int, run: Runner = scont
     )
 
 
+def _env_int(env: Mapping[str, str], key: str) -> int | None:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise RendezvousError(f"{key}={raw!r} is not an integer; Slurm sets it to a count, so something in the "
+                              "job's environment overwrote it; unset it in the submitting shell") from None
+
+
+def allocated_nodes(env: Mapping[str, str]) -> int | None:
+    """Nodes Slurm gave the job (SLURM_JOB_NUM_NODES, or SLURM_NNODES on older Slurm)."""
+    n = _env_int(env, "SLURM_JOB_NUM_NODES")
+    return n if n is not None else _env_int(env, "SLURM_NNODES")
+
+
+def allocated_gpus_per_node(env: Mapping[str, str]) -> int | None:
+    """GPUs Slurm bound to this node of the job; None when Slurm says nothing about GPUs."""
+    n = _env_int(env, "SLURM_GPUS_ON_NODE")
+    if n is not None:
+        return n
+    per_node = env.get("SLURM_GPUS_PER_NODE", "")
+    if per_node:
+        # "2", "a100:2" or "gpu:a100:2": the count is the last field.
+        return _env_int({"SLURM_GPUS_PER_NODE": per_node.rsplit(":", 1)[-1]}, "SLURM_GPUS_PER_NODE")
+    ids = env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")
+    return len([g for g in ids.split(",") if g]) if ids else None
+
+
+def tasks_per_node(env: Mapping[str, str]) -> list[int]:
+    """SLURM_TASKS_PER_NODE expanded ("2(x3),1" -> [2, 2, 2, 1]); empty when unset or unreadable."""
+    out: list[int] = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return []
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
 def check_shape(env: Mapping[str, str], *, nodes: int, gpus_per_node: int, world_size: int) -> list[str]:
-    """The allocation must be the plan's shape: nodes x GPUs = world size, one task per node."""
+    """What Slurm allocated must be the plan's shape: its nodes x GPUs per node = the plan's world size.
+
+    ``nodes``, ``gpus_per_node`` and ``world_size`` come from the run dir's plan.json; the other side of each
+    comparison is read from Slurm's variables, so a job that got fewer nodes or GPUs than planned (a
+    heterogeneous partition, an edited sbatch line, a re-planned run dir) fails here instead of training a
+    world of the wrong size or waiting in the rendezvous for ranks that never come.
+    """
     p = []
-    seen = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
     node_name = env.get("SLURMD_NODENAME") or os.uname().nodename
-    if seen != nodes:
-        p.append(f"SLURM_JOB_NUM_NODES: {seen} but the plan is for {nodes} node(s); resubmit with nodes: {nodes}")
+    seen_nodes = allocated_nodes(env)
+    seen_gpus = allocated_gpus_per_node(env)
     if nodes * gpus_per_node != world_size:
-        p.append(f"world size: plan.json says {world_size} but nodes x GPUs per node = {nodes} x {gpus_per_node}; "
-                 "re-plan the run dir")
-    tasks = env.get("SLURM_NTASKS")
-    if tasks is not None and int(tasks) != nodes:
-        p.append(f"SLURM_NTASKS: {tasks} but one task per node is needed ({nodes}); leave ntasks out of "
+        p.append(f"plan.json: world_size {world_size} but nodes x gpus_per_node = {nodes} x {gpus_per_node} = "
+                 f"{nodes * gpus_per_node}; the plan is inconsistent: re-plan the run dir (launch --overwrite)")
+    if seen_nodes is None:
+        p.append("SLURM_JOB_NUM_NODES and SLURM_NNODES are unset: this is not running inside a Slurm job, so its "
+                 "size cannot be checked against the plan; submit with launch --slurm")
+        seen_nodes = nodes
+    elif seen_nodes != nodes:
+        p.append(f"SLURM_JOB_NUM_NODES: Slurm allocated {seen_nodes} node(s) but the plan is for {nodes}; "
+                 f"resubmit with nodes: {nodes}, or re-plan for {seen_nodes} with --nodes {seen_nodes}")
+    if seen_gpus is not None and seen_gpus != gpus_per_node:
+        p.append(f"SLURM_GPUS_ON_NODE: Slurm allocated {seen_gpus} GPU(s) on {node_name} but the plan runs "
+                 f"{gpus_per_node} rank(s) per node; resubmit with gpus: {gpus_per_node}, or re-plan with "
+                 f"--gpus {seen_gpus}")
+    slurm_world = seen_nodes * (gpus_per_node if seen_gpus is None else seen_gpus)
+    if slurm_world != world_size:
+        gpus_text = f"{seen_gpus}" if seen_gpus is not None else f"{gpus_per_node} (planned; Slurm set no GPU count)"
+        p.append(f"world size: Slurm gave {seen_nodes} node(s) x {gpus_text} GPU(s) = {slurm_world} rank(s), but "
+                 f"the plan needs {nodes} x {gpus_per_node} = {world_size}; resubmit with nodes: {nodes} and gpus: "
+                 f"{gpus_per_node} so the allocation matches the plan, or re-plan the run dir for {slurm_world}")
+    tasks = _env_int(env, "SLURM_NTASKS")
+    if tasks is not None and tasks != seen_nodes:
+        p.append(f"SLURM_NTASKS: {tasks} but one task per node is needed ({seen_nodes}); leave ntasks out of "
                  "slurm.additional_parameters")
-    gpus_on_node = env.get("SLURM_GPUS_ON_NODE")
-    if gpus_on_node and int(gpus_on_node) != gpus_per_node:
-        p.append(f"SLURM_GPUS_ON_NODE: {gpus_on_node} on {node_name} but the plan runs {gpus_per_node} "
-                 "rank(s) per node; request gpus_per_node to match")
+    per_node = tasks_per_node(env)
+    if per_node and any(t != 1 for t in per_node):
+        p.append(f"SLURM_TASKS_PER_NODE: {env.get('SLURM_TASKS_PER_NODE')} but one task per node is needed (each "
+                 "runs the torchrun agent for that node's ranks); leave ntasks_per_node out of "
+                 "slurm.additional_parameters")
     return p
 
 

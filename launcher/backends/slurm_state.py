@@ -129,3 +129,27 @@ def read_requeues(run_dir: Path) -> list[dict]:
         except ValueError:
             continue
     return rows
+
+
+def squeue_states(job_id: str, run: Callable[[list[str]], str] = _run) -> list[str]:
+    """States slurmctld still holds for the job (every task of an array); empty once it has forgotten the job."""
+    try:
+        out = run(["squeue", "-h", "-j", str(job_id), "-o", "%T"])
+    except ConfigError as e:
+        if "Invalid job id" in str(e):  # finished and purged (MinJobAge): sacct still knows it
+            return []
+        raise
+    return [s for s in out.split() if s]
+
+
+def live_state(job_id: str, run: Callable[[list[str]], str] = _run) -> str | None:
+    """The job's state while it (or any task of its array) is queued or running; None once it has ended.
+
+    squeue answers for jobs slurmctld still holds; sacct for the rest. A job neither knows is taken as gone.
+    Raises ConfigError when neither tool answers: whether the job lives cannot be known then.
+    """
+    live = [s for s in squeue_states(job_id, run) if is_active(s)]
+    if live:
+        return live[0]
+    state = current_state(sacct_rows([str(job_id)], run), str(job_id))
+    return state if state and is_active(state) else None

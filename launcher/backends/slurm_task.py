@@ -29,6 +29,7 @@ from launcher.backends.base import LaunchSpec, Outcome, RankFailure
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
 from launcher.rundir import RunDir
 
+ATTEMPT_ENV = "LAUNCHER_ATTEMPT"  # launcher.worker.loop.ATTEMPT_ENV, without importing torch here
 CONTROL_FILE = "checkpoint"  # launcher.runtime.control.CONTROL_FILE, without importing torch here
 TERMINAL = ("completed", "checkpointed", "failed", "oom")
 REQUEUE_MARGIN_S = 3.0
@@ -65,10 +66,17 @@ class SlurmTask:
     def __call__(self) -> dict:
         _attempt.update(started=time.time(), decision=None)
         run = RunDir(Path(self.run_dir))
+        try:
+            return self._call(run)
+        finally:
+            scrub_own_logs(run)
+
+    def _call(self, run: RunDir) -> dict:
         node_rank = int(os.environ.get("SLURM_NODEID", 0))
         endpoint = self._rendezvous(run)
         env = dict(self.env)
         env["LAUNCHER_RDZV_ID"] = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+        env[ATTEMPT_ENV] = str(int(os.environ.get("SLURM_RESTART_COUNT") or 0))  # stamped on every step line
         if node_rank == 0:
             # A request left from the run before a requeue would stop the resumed run at its first step.
             (run.control / CONTROL_FILE).unlink(missing_ok=True)
@@ -80,6 +88,7 @@ class SlurmTask:
         with ranks_shielded_from(signal.SIGUSR2):
             outcome = self._run_agent(run, spec)
         if _attempt["decision"] == "requeue":
+            scrub_own_logs(run)  # Slurm ends this process during the wait: no finally runs
             _wait_for_requeue_kill()
         outcome = self._interpreted(run, outcome)
         result = {"node_rank": node_rank, "node": os.environ.get("SLURMD_NODENAME", ""), "ok": outcome.ok,
@@ -91,8 +100,7 @@ class SlurmTask:
 
     def _rendezvous(self, run: RunDir) -> str | None:
         """None on one node (torchrun's standalone rendezvous picks a free port); the head's host:port otherwise."""
-        problems = check_shape(os.environ, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
-                               world_size=self.world_size)
+        problems = self.shape_problems(run, os.environ)
         if problems:
             raise RendezvousError("\n".join(problems))
         if self.nodes == 1:
@@ -100,6 +108,22 @@ class SlurmTask:
         view = node_view(os.environ, gpus_per_node=self.gpus_per_node)
         agree(run.path, view)
         return view.endpoint
+
+    def shape_problems(self, run: RunDir, environ) -> list[str]:
+        """The plan in the run dir against this task and against what Slurm allocated (``environ``)."""
+        problems = []
+        try:
+            plan = json.loads((run.path / "plan.json").read_text())
+            shape = {k: int(plan[k]) for k in ("nodes", "gpus_per_node", "world_size")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problems.append(f"plan.json in {run.path} cannot be read ({e}); the run dir was changed after "
+                            "submission: resubmit with launch --slurm --overwrite")
+            shape = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "world_size": self.world_size}
+        if (shape["nodes"], shape["gpus_per_node"]) != (self.nodes, self.gpus_per_node):
+            problems.append(f"plan.json: {shape['nodes']} node(s) x {shape['gpus_per_node']} GPU(s) but this job was "
+                            f"submitted for {self.nodes} x {self.gpus_per_node}; the run dir was re-planned after "
+                            "submission: resubmit with launch --slurm --overwrite")
+        return problems + check_shape(environ, **shape)
 
     def _run_agent(self, run: RunDir, spec: LaunchSpec) -> Outcome:
         from submitit.core.utils import UncompletedJobError
@@ -173,6 +197,25 @@ class SlurmTask:
         # and submitit would then write a result for a job that is about to run again.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return DelayedSubmission(dataclasses.replace(self, requeues=self.requeues + 1))
+
+
+def scrub_own_logs(run: RunDir) -> list[Path]:
+    """Secret values out of the rank logs and out of this task's submitit .out/.err, before the job ends.
+
+    Only this task's own submitit files: another node's task may still be appending to its own. Whatever
+    submitit prints after the callable returns (its completion lines) is scrubbed again by `--wait`.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    files = []
+    try:
+        import submitit
+
+        paths = submitit.JobEnvironment().paths
+        files = [paths.stdout, paths.stderr]
+    except Exception:  # noqa: BLE001 - outside a submitit job (a unit test): only the rank logs
+        files = []
+    return run.redact_logs() + run.redact_submitit_logs([Path(f) for f in files])
 
 
 @contextlib.contextmanager

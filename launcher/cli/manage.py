@@ -164,19 +164,26 @@ def tail(path: Path, lines: int) -> str:
 
 
 def logs(args: argparse.Namespace) -> int:
+    from launcher.rundir import redact, secret_values
+
     rec = read_slurm_json(args.run_dir)
     files = log_files(args.run_dir, rec, args.rank)
+    # The files themselves are scrubbed only when the job ends; while it runs they hold what the ranks printed.
+    secrets = secret_values()
     for label, path in files:
         print(f"==> {label}: {path} <==")
-        print(tail(path, args.lines))
+        print(redact(tail(path, args.lines), secrets))
     sys.stdout.flush()
     if args.follow:
-        follow(files, rec)
+        follow(files, rec, secrets=secrets)
     return 0
 
 
-def follow(files: list[tuple[str, Path]], rec: dict, poll_s: float = 0.5, check_every_s: float = 2.0) -> None:
-    """Print what the files gain, line by line with their label, until sacct says the job is over."""
+def follow(files: list[tuple[str, Path]], rec: dict, poll_s: float = 0.5, check_every_s: float = 2.0, *,
+           secrets: list[str] | None = None) -> None:
+    """Print what the files gain, line by line with their label (secret values redacted), until the job is over."""
+    from launcher.rundir import redact
+
     offsets = {p: (p.stat().st_size if p.is_file() else 0) for _, p in files}
     job_id = rec["job_ids"][0]
     last_check, active = 0.0, True
@@ -190,7 +197,7 @@ def follow(files: list[tuple[str, Path]], rec: dict, poll_s: float = 0.5, check_
             complete = chunk[: chunk.rfind(b"\n") + 1]  # print whole lines only
             offsets[p] += len(complete)
             for ln in complete.decode(errors="replace").splitlines():
-                print(f"[{label}] {ln}")
+                print(f"[{label}] {redact(ln, secrets)}")
             sys.stdout.flush()
         if not active:
             return

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.job import Job
+from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
@@ -25,12 +30,104 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
+"""Set by the Slurm task to SLURM_RESTART_COUNT; absent on local runs, which count their resumes instead."""
+
+
+def check_world(environ: Mapping[str, str], plan: Plan, group_size: int) -> None:
+    """The world torchrun formed must be the plan's nodes x GPUs per node, or the data split and the memory
+    verdict are for a run that is not this one. ``group_size`` is what the process group reports."""
+    want = plan.nodes * plan.gpus_per_node
+    p = []
+    if plan.world_size != want:
+        p.append(f"plan.json: world_size {plan.world_size} but nodes x gpus_per_node = {plan.nodes} x "
+                 f"{plan.gpus_per_node} = {want}; re-plan the run dir (launch --overwrite)")
+    for key, expected, fix in (
+        ("WORLD_SIZE", want, f"start {plan.nodes} node(s) with --nproc-per-node {plan.gpus_per_node} "
+                             f"(launch --nodes {plan.nodes} --gpus {plan.gpus_per_node}), or re-plan for the world "
+                             "you have"),
+        ("LOCAL_WORLD_SIZE", plan.gpus_per_node, f"start {plan.gpus_per_node} rank(s) on every node "
+                                                  f"(--gpus {plan.gpus_per_node}), or re-plan"),
+    ):
+        raw = environ.get(key)
+        if raw is None:
+            continue
+        try:
+            seen = int(raw)
+        except ValueError:
+            p.append(f"{key}={raw!r} is not an integer; torchrun sets it, so start the ranks with torchrun "
+                     "(launch does)")
+            continue
+        if seen != expected:
+            p.append(f"{key}: torchrun started {seen} rank(s) but the plan is {plan.nodes} node(s) x "
+                     f"{plan.gpus_per_node} GPU(s), so {key} must be {expected}; {fix}")
+    if group_size != want and not any(x.startswith("WORLD_SIZE") for x in p):
+        p.append(f"process group: {group_size} rank(s) joined but the plan is {plan.nodes} x {plan.gpus_per_node} = "
+                 f"{want}; start {want} ranks, or re-plan for {group_size}")
+    if p:
+        raise ConfigError(p)
+
+
+def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str | None) -> int:
+    """Keep lines with step <= ``step`` in ``path``; append the others to rank-K.discarded.jsonl. Returns how many.
+
+    A resumed run redoes the steps after its checkpoint, and each step must appear once in the step log; the
+    dropped lines are the only record that those steps ran once already (after a crash past the last
+    checkpoint), so they are kept aside with why, instead of being deleted.
+    """
+    if not path.is_file():
+        return 0
+    keep, dropped = [], []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if line.strip():
+                dropped.append({"unparsable_line": line})  # cut short by a kill: evidence all the same
+            continue
+        if row.get("step", 0) <= step:
+            keep.append(line)
+        else:
+            dropped.append(row)
+    if not dropped:
+        return 0
+    discarded = path.with_name(path.name.removesuffix(".jsonl") + ".discarded.jsonl")
+    stamp = {"discarded_at": time.time(), "discarded_by_attempt": attempt, "resumed_from_step": step,
+             "resumed_from": resumed_from}
+    with discarded.open("a") as f:
+        for row in dropped:
+            f.write(json.dumps({**row, **stamp}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+    return len(dropped)
+
+
+def attempts_in(path: Path) -> list[int]:
+    """The attempt stamps in a step log (lines from before attempts were stamped count as attempt 0)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(int(json.loads(line).get("attempt", 0)))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return out
+
+
 class Trainer:
     def __init__(self, *, job: Job, plan: Plan, engine, run_dir: Path, device: torch.device, probe: MemoryProbe):
         self.job, self.plan, self.engine, self.device, self.probe = job, plan, engine, device, probe
         self.run_dir = run_dir
         self.ckpt_root = run_dir / "checkpoint"
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        check_world(os.environ, plan, self.world_size)
+        self.attempt = 0
+        """Stamped on every step line: SLURM_RESTART_COUNT on Slurm, the resume count on a local run."""
+        self.step_stamp: dict[str, object] = {}
         self.requests = CheckpointRequests(run_dir)
         self.first_loss: float | None = None
         self.eval_loss: float | None = None
@@ -89,9 +186,42 @@ class Trainer:
         return to_device({k: v.index_select(0, index) for k, v in data.items()}, self.device)
 
     # -- run --------------------------------------------------------------------------------------------------
+    def _step_log_path(self) -> Path | None:
+        return self.probe.step_log.path if self.probe.step_log is not None else None
+
+    def _find_attempt(self) -> int:
+        """This run's attempt number; every rank must stamp the same one, so a local count is agreed (MAX)."""
+        raw = os.environ.get(ATTEMPT_ENV)
+        if raw is not None:
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"{ATTEMPT_ENV}={raw!r} is not an integer; it is set by the Slurm task to "
+                                  "SLURM_RESTART_COUNT: unset it in the submitting shell") from None
+        path = self._step_log_path()
+        seen = []
+        if path is not None:
+            seen = attempts_in(path) + attempts_in(path.with_name(path.name.removesuffix(".jsonl") +
+                                                                  ".discarded.jsonl"))
+        mine = max(seen) + 1 if seen else 0
+        t = torch.tensor([mine], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t[0])
+
     def resume(self) -> int:
+        self.attempt = self._find_attempt()
+        self.step_stamp = {"attempt": self.attempt}
+        if os.environ.get(ATTEMPT_ENV) is not None and os.environ.get("SLURM_JOB_ID"):
+            # A `launch --slurm --resume` is a new job whose restart count starts at 0 again.
+            self.step_stamp["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
         tag = checkpoint.latest_tag(self.ckpt_root)
+        path = self._step_log_path()
+        if path is not None:
+            self.probe.step_log.close()  # reopened in append mode by the next step; the file is replaced below
         if tag is None:
+            # Requeued or restarted before the first checkpoint: every step runs again from step 1.
+            if path is not None:
+                move_steps_after(path, 0, attempt=self.attempt, resumed_from=None)
             return 0
         state = checkpoint.load(
             self.engine,
@@ -101,8 +231,8 @@ class Trainer:
             samples_per_step_per_rank=self.stream.samples_per_step,
         )
         self.first_loss = state.first_loss
-        if self.probe.step_log is not None:
-            self.probe.step_log.truncate_after(state.global_step)
+        if path is not None:
+            move_steps_after(path, state.global_step, attempt=self.attempt, resumed_from=tag)
         self.probe.step = state.global_step
         self.probe.record(resumed_from_step=state.global_step, resumed_from=tag)
         return state.global_step
@@ -164,7 +294,7 @@ class Trainer:
             mean_loss, global_tokens = self._global_mean(loss_sum / accum, tokens)
             if self.first_loss is None:
                 self.first_loss = mean_loss
-            self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr())
+            self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **self.step_stamp)
             self.probe.record(first_loss=self.first_loss)
             if train_cfg.eval_every_steps and step % train_cfg.eval_every_steps == 0 and step < self.total_steps:
                 self.evaluate()

@@ -108,6 +108,34 @@ def test_follow_prints_whole_new_lines_and_stops_when_the_job_ends(run_dir, sacc
     assert out == "[rank 1] new line\n"  # the partial line waits for its newline
 
 
+def test_logs_never_print_a_secret_the_live_files_still_hold(run_dir, sacct, capsys, monkeypatch):
+    token = "hf_fakeLiveToken1234567890"
+    monkeypatch.setenv("HF_TOKEN", token)
+    (run_dir / "logs" / "rank-0.log").write_text(f"logging in with {token}\n")
+    (run_dir / "submitit").mkdir()
+    (run_dir / "submitit" / "77_0_log.out").write_text(f"setup: HF_TOKEN={token}\n")
+    assert main(["logs", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert token not in out
+    assert "logging in with [redacted]" in out and "setup: HF_TOKEN=[redacted]" in out
+    assert token in (run_dir / "logs" / "rank-0.log").read_text()  # the file is the job's until it ends
+
+    log = run_dir / "logs" / "rank-1.log"
+    polls = {"n": 0}
+
+    def sleep(_s):
+        polls["n"] += 1
+        if polls["n"] == 1:
+            log.write_text(log.read_text() + f"token {token} again\n")
+        if polls["n"] == 2:
+            sacct["out"] = SACCT.replace("RUNNING", "COMPLETED")
+        assert polls["n"] < 20
+
+    monkeypatch.setattr(manage.time, "sleep", sleep)
+    manage.follow([("rank 1", log)], json.loads((run_dir / "slurm.json").read_text()), poll_s=0, check_every_s=0)
+    assert capsys.readouterr().out == "[rank 1] token [redacted] again\n"
+
+
 def test_cancel_scancels_and_waits_for_cancelled(run_dir, sacct, capsys, monkeypatch):
     import subprocess
 

@@ -80,11 +80,65 @@ def test_scontrol_failure_names_the_command(monkeypatch):
 def test_shape_checks():
     problems = check_shape(env(SLURM_GPUS_ON_NODE="8", SLURM_NTASKS="16"), nodes=1, gpus_per_node=1, world_size=3)
     text = "\n".join(problems)
-    assert "SLURM_JOB_NUM_NODES: 2 but the plan is for 1 node(s)" in text
-    assert "world size: plan.json says 3 but nodes x GPUs per node = 1 x 1" in text
-    assert "SLURM_NTASKS: 16 but one task per node is needed (1)" in text
-    assert "SLURM_GPUS_ON_NODE: 8 on node2 but the plan runs 1 rank(s) per node" in text
+    assert "SLURM_JOB_NUM_NODES: Slurm allocated 2 node(s) but the plan is for 1" in text
+    assert "plan.json: world_size 3 but nodes x gpus_per_node = 1 x 1 = 1" in text
+    assert "SLURM_NTASKS: 16 but one task per node is needed (2)" in text
+    assert "SLURM_GPUS_ON_NODE: Slurm allocated 8 GPU(s) on node2 but the plan runs 1 rank(s) per node" in text
     assert check_shape(env(), nodes=2, gpus_per_node=1, world_size=2) == []
+
+
+# The variables below are what the dev cluster's slurmd sets for `sbatch -N1 --ntasks-per-node=1
+# --gpus-per-node=2` (captured with `env | grep SLURM_`), trimmed to those the check reads.
+ONE_NODE_TWO_GPUS = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1",
+                     "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_NTASKS": "1",
+                     "SLURM_TASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "2", "SLURM_GPUS_PER_NODE": "2",
+                     "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_the_allocation_slurm_gave_matches_the_plan():
+    assert check_shape(ONE_NODE_TWO_GPUS, nodes=1, gpus_per_node=2, world_size=2) == []
+
+
+def test_fewer_gpus_than_planned_fails_naming_both_world_sizes():
+    # The plan wants 1 x 4 = 4 ranks; Slurm bound 2 GPUs on the node, so the world would be 2.
+    problems = check_shape(ONE_NODE_TWO_GPUS, nodes=1, gpus_per_node=4, world_size=4)
+    text = "\n".join(problems)
+    assert "world size: Slurm gave 1 node(s) x 2 GPU(s) = 2 rank(s), but the plan needs 1 x 4 = 4" in text
+    assert "resubmit with nodes: 1 and gpus: 4" in text
+    assert "SLURM_GPUS_ON_NODE: Slurm allocated 2 GPU(s) on node1 but the plan runs 4 rank(s) per node" in text
+
+
+def test_more_nodes_than_planned_fails_naming_both_world_sizes():
+    two_nodes = {**ONE_NODE_TWO_GPUS, "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NTASKS": "2",
+                 "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "node[1-2]"}
+    text = "\n".join(check_shape(two_nodes, nodes=1, gpus_per_node=2, world_size=2))
+    assert "world size: Slurm gave 2 node(s) x 2 GPU(s) = 4 rank(s), but the plan needs 1 x 2 = 2" in text
+    assert "SLURM_JOB_NUM_NODES: Slurm allocated 2 node(s) but the plan is for 1" in text
+
+
+def test_gpu_count_from_older_slurm_variables():
+    # No SLURM_GPUS_ON_NODE: SLURM_GPUS_PER_NODE with a type ("a100:2"), then the bound GPU ids.
+    typed = {k: v for k, v in ONE_NODE_TWO_GPUS.items() if k != "SLURM_GPUS_ON_NODE"} | {"SLURM_GPUS_PER_NODE": "a100:2"}
+    assert "2 GPU(s)" in "\n".join(check_shape(typed, nodes=1, gpus_per_node=3, world_size=3))
+    ids_only = {k: v for k, v in typed.items() if k != "SLURM_GPUS_PER_NODE"}
+    assert check_shape(ids_only, nodes=1, gpus_per_node=2, world_size=2) == []
+    assert "= 2 rank(s)" in "\n".join(check_shape(ids_only, nodes=1, gpus_per_node=1, world_size=1))
+
+
+def test_two_tasks_on_a_node_fail():
+    text = "\n".join(check_shape({**ONE_NODE_TWO_GPUS, "SLURM_TASKS_PER_NODE": "2", "SLURM_NTASKS": "2"},
+                                 nodes=1, gpus_per_node=2, world_size=2))
+    assert "SLURM_TASKS_PER_NODE: 2 but one task per node is needed" in text
+    assert "SLURM_NTASKS: 2 but one task per node is needed (1)" in text
+
+
+def test_outside_a_slurm_job_the_shape_cannot_be_checked():
+    assert "not running inside a Slurm job" in "\n".join(check_shape({}, nodes=1, gpus_per_node=1, world_size=1))
+
+
+def test_an_overwritten_count_is_named():
+    with pytest.raises(RendezvousError, match="SLURM_GPUS_ON_NODE='two' is not an integer"):
+        check_shape({**ONE_NODE_TWO_GPUS, "SLURM_GPUS_ON_NODE": "two"}, nodes=1, gpus_per_node=2, world_size=2)
 
 
 def _views(tmp_path, **node0_over):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,37 @@ def test_a_second_launch_on_a_locked_run_dir_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="is in use by another launch"):
         RunDir.create(tmp_path / "run", overwrite=True)
     assert (first.path / "report.json").read_text() == "{}"  # --overwrite did not clear a live run
+
+
+def test_overwrite_refuses_a_run_dir_whose_launch_still_lives(tmp_path):
+    """The lock dies with its process; a launch that state.json names and that still runs keeps its dir."""
+    first = RunDir.create(tmp_path / "run")
+    first.unlock()  # as seen from another mount: the lock says nothing, the pid does
+    (first.path / "report.json").write_text("{}")
+    # A real process whose command line names the launcher, as `launch` does.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launch"])
+    try:
+        first.set_state("running", pid=proc.pid)
+        with pytest.raises(ConfigError) as e:
+            RunDir.create(tmp_path / "run", overwrite=True)
+        assert f"is in use by launch process {proc.pid}, which is still running; --overwrite would delete" in str(e.value)
+        assert "another --run-dir" in str(e.value)
+        assert (first.path / "report.json").read_text() == "{}"
+    finally:
+        proc.kill()
+        proc.wait()
+    # The process is gone: the dir may be replaced now.
+    RunDir.create(tmp_path / "run", overwrite=True).unlock()
+    assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_a_live_pid_that_is_not_a_launch_does_not_hold_the_dir(tmp_path):
+    first = RunDir.create(tmp_path / "run")
+    first.unlock()
+    proc = subprocess.Popen(["sleep", "60"])  # the pid was reused by something else
+    try:
+        first.set_state("running", pid=proc.pid)
+        RunDir.create(tmp_path / "run", overwrite=True).unlock()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -7,6 +7,7 @@ dev machine, most of it the timeout -> requeue -> resume test.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -82,6 +83,11 @@ def status(run_dir: Path) -> dict:
 def steps(run_dir: Path, rank: int = 0) -> list[int]:
     p = run_dir / "steps" / f"rank-{rank}.jsonl"
     return [json.loads(ln)["step"] for ln in p.read_text().splitlines() if ln.strip()] if p.is_file() else []
+
+
+def step_rows(run_dir: Path, rank: int = 0) -> list[dict]:
+    p = run_dir / "steps" / f"rank-{rank}.jsonl"
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
 
 
 def wait_for(pred, what: str, timeout_s: float = JOB_DEADLINE_S, poll_s: float = 0.5):
@@ -160,7 +166,7 @@ def test_array_of_four_variants_with_a_summary(tmp_path):
     job = job_file(tmp_path, **{"train.max_steps": 3, "sweep": {
         "grid": {"train.lr": [1.0e-4, 3.0e-4], "train.seed": [0, 1]},
         "list": [{"model": "gpt2-124m", "budget": "100MB"}]}})  # cannot fit: listed, not submitted
-    out = launch(job, "--slurm", "--wait", "--array-parallelism", "4", "--run-dir", run_dir)
+    out = launch(job, "--slurm", "--wait", "--array-parallelism", "2", "--run-dir", run_dir)
     # Exit 2: every submitted variant is fine, but one could not be planned, and a script must notice.
     assert out.returncode == 2, out.stdout + out.stderr
     assert "variant 4 (model=gpt2-124m,budget=100MB) not submitted" in out.stderr
@@ -177,6 +183,39 @@ def test_array_of_four_variants_with_a_summary(tmp_path):
         assert report_ranks(Path(v["run_dir"])) == [0]
     st = status(run_dir)
     assert [v["state"] for v in st["variants"]] == ["COMPLETED"] * 4
+    # The cap: Slurm's own start and end times of the four tasks never have three running at once.
+    array_id = rec["job_id"]
+    assert "--array=0-3%2" in (run_dir / "submitit" / f"{array_id}_submission.sh").read_text()
+    spans = task_spans(array_id)
+    assert sorted(spans) == [f"{array_id}_{k}" for k in range(4)], spans
+    assert max_running_at_once(list(spans.values())) <= 2, spans
+
+
+def task_spans(array_id: str) -> dict[str, tuple[float, float]]:
+    """Array task -> (start, end) in epoch seconds from sacct (one-second resolution), last run of each."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,Start,End", "-j", array_id], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+
+    def epoch(t: str) -> float:
+        return time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S"))
+
+    return {jid: (epoch(a), epoch(b)) for jid, a, b in (ln.split("|") for ln in out.splitlines() if ln.strip())}
+
+
+def max_running_at_once(spans: list[tuple[float, float]]) -> int:
+    # A task that ends in the second another starts is not counted with it: Slurm starts the next task of a
+    # throttled array only after one has ended, and both times fall in the same second.
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, delta in events:
+        running += delta
+        most = max(most, running)
+    return most
+
+
+def test_max_running_at_once_counts_overlaps():
+    assert max_running_at_once([(0, 10), (0, 10), (10, 20), (10, 20)]) == 2
+    assert max_running_at_once([(0, 10), (1, 11), (2, 12), (12, 13)]) == 3
 
 
 def test_cancel_a_running_job(tmp_path):
@@ -241,6 +280,21 @@ def test_timeout_requeue_resumes_at_the_exact_next_step(tmp_path, single_task):
     saved_at = int(first["checkpoint"].split("-")[-1])
     assert 1 <= saved_at < max_steps
     assert steps(run_dir) == list(range(1, max_steps + 1)), "every step exactly once, none lost"
+    # Which attempt ran each step (the per-step log is stamped with SLURM_RESTART_COUNT): the first attempt ran
+    # up to the step it saved at the signal, and each requeued attempt began at exactly the next step.
+    rows = step_rows(run_dir)
+    runs_of: dict[int, list[int]] = {}
+    for r in rows:
+        assert r["slurm_job_id"] == job_id, r
+        runs_of.setdefault(r["attempt"], []).append(r["step"])
+    order = list(runs_of)
+    assert order[0] == 0 and len(order) >= 2 and order == sorted(order), runs_of.keys()
+    assert runs_of[0][-1] == saved_at, (runs_of[0][-1], saved_at)
+    for before, after in itertools.pairwise(order):
+        assert runs_of[after][0] == runs_of[before][-1] + 1, (before, after, runs_of[before][-1], runs_of[after][0])
+    # The checkpoint was taken at the signal, so no step ran past it and had to be redone.
+    discarded = run_dir / "steps" / "rank-0.discarded.jsonl"
+    assert not discarded.exists() or discarded.read_text().strip() == "", discarded.read_text()
     rank0 = json.loads((run_dir / "ranks" / "rank-0.json").read_text())
     assert rank0["status"] == "completed" and rank0["steps_done"] == max_steps
     assert rank0["resumed_from_step"] >= saved_at  # the last resume started right after a saved step
@@ -249,3 +303,104 @@ def test_timeout_requeue_resumes_at_the_exact_next_step(tmp_path, single_task):
     assert report_ranks(run_dir) == [0]
     log = (run_dir / "submitit" / f"{job_id}_0_log.out").read_text()
     assert "this job is timed-out" in log and f"Requeued job {job_id}" in log
+
+
+WAITING_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+
+# Prints a secret the way a careless script would, then waits for the test to say go.
+print("rank sees HF_TOKEN=" + os.environ.get("HF_TOKEN", "<unset>"), flush=True)
+go = Path(sys.argv[1])
+deadline = time.monotonic() + float(sys.argv[2])
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.5)
+if sys.argv[3] == "train":
+    from launcher.worker.main import main
+    sys.exit(main([os.environ["LAUNCHER_RUN_DIR"]]))
+"""
+
+
+def file_tree(run_dir: Path) -> dict[str, int]:
+    return {str(p.relative_to(run_dir)): p.stat().st_size for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_overwrite_refuses_the_run_dir_of_a_live_job(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(WAITING_SCRIPT)
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path)
+    out = launch(job, "--slurm", "--run-dir", run_dir, "--script", script, "--", tmp_path / "never", 300, "idle",
+                 timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    try:
+        wait_for(lambda: (run_dir / "logs" / "rank-0.log").is_file(), "the rank to start", timeout_s=120)
+        before = file_tree(run_dir)
+        again = launch(job, "--slurm", "--run-dir", run_dir, "--overwrite", timeout=120)
+        assert again.returncode == 2, again.stdout + again.stderr
+        refusal = again.stderr
+        assert f"belongs to slurm job {job_id}, which is still RUNNING; --overwrite would delete the files it is " \
+               "writing" in refusal
+        assert f"launch cancel {run_dir}" in refusal and "another --run-dir" in refusal
+        assert "submitted slurm job" not in again.stdout and "Traceback" not in refusal
+        second = launch(job, "--slurm", "--run-dir", run_dir, timeout=120)  # a second submission, no flags
+        assert second.returncode == 2 and "already holds a run" in second.stderr, second.stderr
+        after = file_tree(run_dir)
+        assert set(before) <= set(after), sorted(set(before) - set(after))  # nothing cleared
+        assert json.loads((run_dir / "slurm.json").read_text())["job_id"] == job_id
+        # Still running after both refusals (squeue: sacct's record lags slurmctld by seconds).
+        assert subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                              timeout=30).stdout.split() == ["RUNNING"]
+    finally:
+        cancel = launch("cancel", run_dir, timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    # Once the job has ended, the same run dir may be replaced.
+    from launcher.rundir import RunDir
+
+    RunDir.create(run_dir, overwrite=True).unlock()
+    assert not (run_dir / "slurm.json").exists()
+
+
+def test_a_secret_a_rank_prints_is_in_no_file_and_no_logs_output(tmp_path):
+    token = f"hf_fake{uuid.uuid4().hex}"
+    script = tmp_path / "leak.py"
+    script.write_text(WAITING_SCRIPT)
+    go = tmp_path / "go"
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path, **{"slurm.setup": ["echo setup sees HF_TOKEN=$HF_TOKEN"]})
+    secret_env = {**env(), "HF_TOKEN": token}
+
+    def launch_with_token(*argv, timeout=120):
+        return subprocess.run([sys.executable, "-m", "launcher", *map(str, argv)], capture_output=True, text=True,
+                              timeout=timeout, env=secret_env, cwd=REPO)
+
+    out = launch_with_token(job, "--slurm", "--run-dir", run_dir, "--script", script, "--", go, 240, "train")
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    rank_log = run_dir / "logs" / "rank-0.log"
+    submitit_out = run_dir / "submitit" / f"{job_id}_0_log.out"
+    try:
+        # While the job runs, the files hold what was printed, the secret included...
+        wait_for(lambda: rank_log.is_file() and token in rank_log.read_text(), "the rank to print the token",
+                 timeout_s=180)
+        assert token in submitit_out.read_text()
+        # ...but `launch logs` never shows it.
+        live = launch_with_token("logs", run_dir, "--lines", "50")
+        assert live.returncode == 0, live.stderr
+        assert token not in live.stdout + live.stderr
+        assert "rank sees HF_TOKEN=[redacted]" in live.stdout and "setup sees HF_TOKEN=[redacted]" in live.stdout
+    finally:
+        go.touch()
+    wait_for(lambda: status(run_dir)["state"] == "COMPLETED", "the job to complete", timeout_s=240, poll_s=2)
+    wait_for(lambda: (run_dir / "submitit" / f"{job_id}_0_result.pkl").is_file(), "submitit's result", timeout_s=60)
+    assert json.loads((run_dir / "state.json").read_text())["state"] == "completed"
+    leaked = [str(p) for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert leaked == []
+    assert "rank sees HF_TOKEN=[redacted]" in rank_log.read_text()
+    assert "setup sees HF_TOKEN=[redacted]" in submitit_out.read_text()
+    # submitit's lines after the task returned were appended to the scrubbed file, not lost with an old inode.
+    assert "completed successfully" in submitit_out.read_text() or "Exiting after successful completion" in \
+        submitit_out.read_text() + (run_dir / "submitit" / f"{job_id}_0_log.err").read_text()
+    after = launch_with_token("logs", run_dir, "--lines", "50")
+    assert after.returncode == 0 and token not in after.stdout + after.stderr

@@ -1,17 +1,22 @@
 """Checkpoint round trips on a 1-rank gloo group (FSDP2 + DCP), and resume through the worker's entry point."""
 
+import dataclasses
 import json
 import random
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.config.load import from_dict
+from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
 from launcher.runtime import memory_probe, read_jsonl
 from launcher.worker import checkpoint
 from launcher.worker.engines.fsdp import FsdpEngine
+from launcher.worker.loop import check_world
 from launcher.worker.main import main
 from launcher.worker.model import build
 from launcher.worker.recipes import make_recipe
@@ -102,3 +107,90 @@ def test_worker_resume_repeats_no_step_and_matches_a_straight_run(make_run_dir, 
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert [r["loss"] for r in steps] == [r["loss"] for r in read_jsonl(straight / "steps" / "rank-0.jsonl")]
     assert report["first_loss"] == steps[0]["loss"] and report["eval_loss"] is not None
+
+
+def _small_job(examples_data, max_steps: int = 4) -> tuple[dict, dict]:
+    plan = plan_dict(engine="fsdp", micro_batch_size=2, grad_accum_steps=1, world_size=1, seq_len=32,
+                     precision="fp32")
+    job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=max_steps)
+    job["data"]["max_seq_len"] = 32
+    job["train"]["global_batch_size"] = 2
+    return job, plan
+
+
+def test_resume_moves_steps_past_the_checkpoint_aside_and_stamps_the_attempt(make_run_dir, single_rank,
+                                                                           examples_data, monkeypatch):
+    monkeypatch.delenv("LAUNCHER_ATTEMPT", raising=False)
+    job, plan = _small_job(examples_data)
+    straight = make_run_dir(job, plan, name="straight")
+    assert main([str(straight)]) == 0
+    straight_rows = read_jsonl(straight / "steps" / "rank-0.jsonl")
+    assert [(r["step"], r["attempt"]) for r in straight_rows] == [(1, 0), (2, 0), (3, 0), (4, 0)]
+
+    run = make_run_dir(job, plan, name="crashed")
+    (run / "control").mkdir()
+    (run / "control" / "checkpoint").touch()
+    assert main([str(run)]) == 0  # saved step 1
+    # Then the same attempt went on to log steps 2 and 3 and was killed before its next checkpoint.
+    with (run / "steps" / "rank-0.jsonl").open("a") as f:
+        for r in straight_rows[1:3]:
+            f.write(json.dumps(r) + "\n")
+        f.write('{"step": 4, "lo')  # the line the kill cut short
+    assert main([str(run)]) == 0
+    rows = read_jsonl(run / "steps" / "rank-0.jsonl")
+    assert [(r["step"], r["attempt"]) for r in rows] == [(1, 0), (2, 1), (3, 1), (4, 1)]
+    assert [r["loss"] for r in rows] == [r["loss"] for r in straight_rows]  # redone exactly
+    discarded = read_jsonl(run / "steps" / "rank-0.discarded.jsonl")
+    assert [(r.get("step"), r.get("attempt")) for r in discarded] == [(2, 0), (3, 0), (None, None)]
+    assert discarded[2]["unparsable_line"] == '{"step": 4, "lo'
+    assert all(r["discarded_by_attempt"] == 1 and r["resumed_from_step"] == 1 for r in discarded)
+    assert discarded[0]["resumed_from"] == "step-00000001" and discarded[0]["loss"] == straight_rows[1]["loss"]
+
+
+def test_a_requeue_before_the_first_checkpoint_sets_every_earlier_step_aside(make_run_dir, single_rank,
+                                                                            examples_data, monkeypatch):
+    job, plan = _small_job(examples_data, max_steps=3)
+    run = make_run_dir(job, plan)
+    (run / "steps").mkdir(exist_ok=True)
+    (run / "steps" / "rank-0.jsonl").write_text("".join(json.dumps({"step": s, "loss": 7.0, "attempt": 0}) + "\n"
+                                                        for s in (1, 2)))
+    monkeypatch.setenv("LAUNCHER_ATTEMPT", "1")  # what SlurmTask passes: SLURM_RESTART_COUNT
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert main([str(run)]) == 0
+    rows = read_jsonl(run / "steps" / "rank-0.jsonl")
+    assert [(r["step"], r["attempt"], r["slurm_job_id"]) for r in rows] == [(s, 1, "4242") for s in (1, 2, 3)]
+    discarded = read_jsonl(run / "steps" / "rank-0.discarded.jsonl")
+    assert [(r["step"], r["attempt"], r["resumed_from_step"]) for r in discarded] == [(1, 0, 0), (2, 0, 0)]
+
+
+def _plan(**kw) -> Plan:
+    return Plan.from_json(plan_dict(engine="fsdp", **kw))
+
+
+def test_torchruns_world_must_be_the_plans_nodes_times_gpus():
+    plan = _plan(world_size=2)  # 1 node x 2
+    check_world({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, plan, 2)
+    with pytest.raises(ConfigError) as e:
+        check_world({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, plan, 4)
+    assert "WORLD_SIZE: torchrun started 4 rank(s) but the plan is 1 node(s) x 2 GPU(s), so WORLD_SIZE must be 2" \
+        in str(e.value)
+    assert "launch --nodes 1 --gpus 2" in str(e.value)
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE: torchrun started 1 rank.s. .* must be 2"):
+        check_world({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, plan, 2)
+    with pytest.raises(ConfigError, match="process group: 3 rank.s. joined but the plan is 1 x 2 = 2"):
+        check_world({}, plan, 3)
+    inconsistent = dataclasses.replace(plan, world_size=3)
+    with pytest.raises(ConfigError, match="plan.json: world_size 3 but nodes x gpus_per_node = 1 x 2 = 2"):
+        check_world({"WORLD_SIZE": "2"}, inconsistent, 2)
+
+
+def test_a_rank_in_a_world_of_the_wrong_size_fails_at_start(make_run_dir, single_rank, examples_data):
+    job, _ = _small_job(examples_data)
+    job["train"]["global_batch_size"] = 4
+    plan = plan_dict(engine="fsdp", micro_batch_size=2, world_size=2, seq_len=32, precision="fp32")
+    run = make_run_dir(job, plan)  # planned for 2 ranks; single_rank starts a world of 1
+    assert main([str(run)]) == 2
+    error = json.loads((run / "ranks" / "rank-0.json").read_text())["error"]
+    assert "WORLD_SIZE: torchrun started 1 rank(s) but the plan is 1 node(s) x 2 GPU(s), so WORLD_SIZE must be 2" \
+        in error
+    assert not (run / "steps" / "rank-0.jsonl").exists() or read_jsonl(run / "steps" / "rank-0.jsonl") == []
