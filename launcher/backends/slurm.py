@@ -49,9 +49,10 @@ def task_for(run: RunDir, job: Job, plan: Plan, args: argparse.Namespace | None 
     from launcher.cli.run import rank_env
 
     enforce = bool(getattr(args, "enforce", False))
+    snapshot = bool(getattr(args, "memory_snapshot", False))
     script = getattr(args, "script", None)
     return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                     env=rank_env(run, plan, job, enforce), script=str(Path(script).resolve()) if script else None,
+                     env=rank_env(run, plan, job, enforce, snapshot), script=str(Path(script).resolve()) if script else None,
                      script_args=list(getattr(args, "script_args", []) or []),
                      hang_timeout_s=float(getattr(args, "hang_timeout", 0.0) or 0.0),
                      signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues)

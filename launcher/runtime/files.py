@@ -37,22 +37,6 @@ class JsonlLog:
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
 
-    def truncate_after(self, step: int) -> None:
-        """Drop lines with step > ``step``: a resumed run redoes them, and each step must appear once."""
-        if not self.path.exists():
-            return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if row.get("step", 0) <= step:
-                keep.append(line + "\n")
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, self.path)
-
     def close(self) -> None:
         if self._f is not None:
             self._f.close()

@@ -181,3 +181,15 @@ def test_single_job_cli_prints_the_job_id_and_run_dir(tmp_path, data_file, fake_
     assert f"submitted slurm job 1000 (1 node(s) x 1 rank(s), time limit 60 min); run dir {tmp_path / 'r'}" in out
     assert json.loads((tmp_path / "r" / "slurm.json").read_text())["job_id"] == "1000"
     assert (tmp_path / "r" / "plan.json").is_file() and (tmp_path / "r" / "job.yaml").is_file()
+
+
+def test_the_ranks_of_a_slurm_task_get_the_run_flags(tmp_path, make_job, make_plan):
+    import argparse
+
+    job, plan = make_job(), make_plan(nodes=1, gpus_per_node=2)
+    run = RunDir(tmp_path / "run")
+    plain = task_for(run, job, plan, argparse.Namespace())
+    flagged = task_for(run, job, plan, argparse.Namespace(enforce=True, memory_snapshot=True))
+    assert "LAUNCHER_ENFORCE_BYTES" not in plain.env and "LAUNCHER_MEMORY_SNAPSHOT" not in plain.env
+    assert flagged.env["LAUNCHER_ENFORCE_BYTES"] == str(plan.budget_bytes)
+    assert flagged.env["LAUNCHER_MEMORY_SNAPSHOT"] == "1"
