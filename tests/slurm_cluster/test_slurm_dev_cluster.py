@@ -86,7 +86,9 @@ def test_srun_gets_fake_gpus():
         timeout=DEADLINE_S,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0,1"
+    # Two of the node's 8 fake GPUs, bound to the step; which two depends on what other jobs hold.
+    ids = out.stdout.strip().split(",")
+    assert len(ids) == 2 and len(set(ids)) == 2 and all(i in {str(n) for n in range(8)} for i in ids), out.stdout
 
 
 def test_scancel_shows_cancelled_in_sacct(tmp_path):
