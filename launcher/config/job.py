@@ -15,6 +15,9 @@ Task = Literal["causal_lm", "seq_cls", "sentence_embedding"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Engine = Literal["deepspeed", "fsdp"]
 Offload = Literal["none", "cpu", "nvme"]
+FsdpSharding = Literal["full", "hybrid"]
+"""FSDP2 sharding group: full shards over every rank; hybrid shards within a node and replicates across nodes
+(HSDP, FSDP1's HYBRID_SHARD)."""
 Family = Literal["gpt2", "llama", "bert"]
 
 
@@ -48,6 +51,8 @@ class InlineArch:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
+    """The training data: one local file, tokenized to a fixed length."""
+
     path: str
     """A local JSONL or CSV file, relative to the job file's directory or absolute."""
     text_field: str = "text"
@@ -66,8 +71,10 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LoraConfig:
+    """Low-rank adapters (peft) on the named modules; everything else is frozen."""
+
     r: int = 8
-    """Adapter rank."""
+    """Adapter rank, in features."""
     alpha: float = 16
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = 0.0
@@ -78,6 +85,8 @@ class LoraConfig:
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
+    """What one training run does: batch, precision, optimizer, schedule, length."""
+
     global_batch_size: int
     """Sequences per optimizer step over all ranks; the planner never changes it."""
     precision: Precision = "bf16"
@@ -116,6 +125,8 @@ class StrategyConfig:
     """DeepSpeed ZeRO stage."""
     fsdp_reshard_after_forward: bool | None = None
     """FSDP2: True is FULL_SHARD, False is SHARD_GRAD_OP."""
+    fsdp_sharding: FsdpSharding | None = None
+    """FSDP2: full shards over all ranks; hybrid shards within a node and replicates across nodes (nodes > 1)."""
     offload_optimizer: Offload | None = None
     """Where optimizer states live: none (GPU), cpu or nvme."""
     offload_params: Offload | None = None
@@ -130,6 +141,8 @@ class StrategyConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ClusterConfig:
+    """The machines the job runs on: host RAM, NVMe, GPUs per node and the hardware profile."""
+
     host_ram_per_node_bytes: int | None = _yaml("host_ram_per_node", default=None)
     """Host RAM per node, bytes ('512GB' in the file); None reads this machine's."""
     nvme_path: str | None = None
@@ -144,6 +157,8 @@ class ClusterConfig:
 
 @dataclass(kw_only=True, slots=True)
 class SlurmConfig:
+    """Slurm submission settings (launcher: slurm); each maps to an #SBATCH option or submitit parameter."""
+
     partition: str | None = None
     """Slurm partition."""
     account: str | None = None
@@ -174,6 +189,8 @@ class SlurmConfig:
 
 @dataclass(kw_only=True, slots=True)
 class SweepConfig:
+    """Variants of the job, each planned and run on its own (a Slurm array)."""
+
     # builtins.list: inside this class the name `list` is the field below, and the annotations are
     # evaluated in the class namespace (from __future__ import annotations).
     grid: dict[str, builtins.list[object]] = field(default_factory=dict)
@@ -184,6 +201,8 @@ class SweepConfig:
 
 @dataclass(kw_only=True, slots=True)
 class Job:
+    """A job file: what to train, on what data, under which per-GPU budget."""
+
     name: str
     """Job name; the run dir starts with it."""
     model: str | InlineArch
@@ -191,13 +210,19 @@ class Job:
     task: Task
     """Which recipe runs: causal_lm, seq_cls or sentence_embedding."""
     data: DataConfig
+    """The data section (no unit): file, fields, max_seq_len in tokens."""
     train: TrainConfig
+    """The train section (no unit): batch in sequences, lr, steps."""
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    """The strategy section (no unit): pinned engine/sharding/offload/micro-batch; the rest is planned."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The cluster section (no unit): host RAM and NVMe in bytes, GPUs per node, hardware profile."""
     launcher: Literal["local", "slurm"] = "local"
     """local runs through torchrun here; slurm submits through submitit."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """The slurm section (no unit): partition, time limit in minutes, requeues."""
     sweep: SweepConfig | None = None
+    """The sweep section (no unit): grid or list of variants; None runs the job once."""
     gpus: int | None = None
     """GPUs (ranks) per node; --gpus overrides."""
     nodes: int = 1

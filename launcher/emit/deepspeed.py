@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
+from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_elems
 from launcher.planner.plan import Plan
 
 DS_CONFIGS_DIR = Path(__file__).parents[2] / "ds_configs"
@@ -250,10 +250,10 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # sub_group_size, so this caps them at the planner's buffer_count x reduce_bucket_size x 4 B.
         z["sub_group_size"] = b.reduce_bucket_size
     if s.offload_params == "nvme":
-        # Parameter swap buffers are buffer_count x buffer_size elements and each must hold one parameter's
-        # shard (DeepSpeed asserts otherwise); the planner sizes them at the prefetch bucket.
-        shard = math.ceil(largest_layer_params / plan.world_size)
-        z["offload_param"]["buffer_size"] = max(b.stage3_prefetch_bucket_size, shard)
+        # Parameter swap buffers: the same size and count the planner's host figure counts.
+        z["offload_param"]["buffer_size"] = nvme_param_buffer_elems(b.stage3_prefetch_bucket_size,
+                                                                    largest_layer_params, plan.world_size)
+        z["offload_param"]["buffer_count"] = NVME_PARAM_BUFFER_COUNT
         # DeepSpeed keeps the first max_in_cpu shard elements in host RAM and only the rest on NVMe; its
         # default (1e9) keeps a whole 7B shard in RAM. Params go to NVMe because RAM is short, and the
         # planner's host figure holds only the swap buffers, so all of them go.

@@ -1,6 +1,11 @@
 """The FSDP2 settings for a plan: what our worker applies, and the same as an ``accelerate launch`` config.
 
-Pure: ``fsdp_config`` and ``fsdp_yaml_text`` read and write nothing.
+Pure: ``fsdp_config``, ``fsdp_yaml_text`` and ``accelerate_yaml_text`` read and write nothing.
+
+``fsdp.yaml`` is one YAML document with two sections: ``fsdp2`` (the fully_shard settings: resharding, the
+device mesh, MixedPrecisionPolicy and CPUOffloadPolicy, checkpointing, the wrapped units) and ``accelerate``
+(a config file for ``accelerate launch``, whose loader rejects any other top-level key, so it gets the
+``accelerate`` section alone: ``accelerate_yaml_text``, or the command in the file's header).
 
 The two sections agree on sharding, offload, checkpointing and the wrap unit. They differ in one place
 accelerate does not let a config file control: accelerate's FSDP2 mixed precision reduces gradients in the
@@ -22,6 +27,17 @@ BLOCK_CLASS_BY_FAMILY = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "ber
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
+MESH_DIM_NAMES_HYBRID = ("replicate", "shard")
+"""Device mesh dimension names for hybrid sharding: nodes replicate, the ranks of a node shard."""
+MESH_DIM_NAMES_FULL = ("shard",)
+
+_YAML_HEADER = """\
+# FSDP2 plan: `fsdp2` is what the launcher's worker applies (torch.distributed.fsdp.fully_shard);
+# `accelerate` is the same as an `accelerate launch` config. accelerate reads only that section:
+#   python -c "import sys, yaml; yaml.safe_dump(yaml.safe_load(open('fsdp.yaml'))['accelerate'], sys.stdout)" \\
+#     > accelerate.yaml && accelerate launch --config_file accelerate.yaml train.py
+"""
+
 
 def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
     """``{"fsdp2": ..., "accelerate": ...}`` for an FSDP plan.
@@ -39,23 +55,38 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         block_class = BLOCK_CLASS_BY_FAMILY[job.model.family]
     # FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
     cpu_offload = s.offload_params == "cpu"
+    hybrid = s.fsdp_hybrid
+    if hybrid:
+        # HSDP: fully_shard over a 2-D mesh shards on the last dimension and replicates on the first.
+        mesh = {"shape": [plan.nodes, plan.gpus_per_node], "dim_names": list(MESH_DIM_NAMES_HYBRID)}
+    else:
+        mesh = {"shape": [plan.world_size], "dim_names": list(MESH_DIM_NAMES_FULL)}
 
     fsdp2 = {
         "reshard_after_forward": s.fsdp_reshard_after_forward,
+        "sharding": "hybrid" if hybrid else "full",
+        "mesh": mesh,
         # torch dtype attribute names: getattr(torch, name) gives MixedPrecisionPolicy's arguments.
         "param_dtype": _PARAM_DTYPE[plan.precision],
         "reduce_dtype": "float32",
         "cpu_offload": cpu_offload,
         "activation_checkpointing": s.activation_checkpointing,
+        # One FSDP unit per block_class module, then the root (the rest: embeddings, final norm, head).
+        # None: the model's _no_split_modules decide.
         "block_class": block_class,
+        "wrap": [block_class or "_no_split_modules", "root"],
     }
 
     fsdp_section = {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
-        "fsdp_offload_params": cpu_offload,
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
     }
+    if hybrid:
+        # FSDP1's name for it, which accelerate's FSDP2 path does not read; the mesh comes from
+        # parallelism_config below.
+        fsdp_section["fsdp_sharding_strategy"] = "HYBRID_SHARD"
+    fsdp_section["fsdp_offload_params"] = cpu_offload
+    fsdp_section["fsdp_auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
     if block_class is not None:
         fsdp_section["fsdp_transformer_layer_cls_to_wrap"] = block_class
     fsdp_section.update({
@@ -81,11 +112,22 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         "debug": False,
         "fsdp_config": fsdp_section,
     }
+    if hybrid:
+        # accelerate builds FSDP2's HSDP mesh (dp_replicate x dp_shard) from this section (ParallelismConfig).
+        accelerate["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": plan.nodes,
+            "parallelism_config_dp_shard_size": plan.gpus_per_node,
+        }
     return {"fsdp2": fsdp2, "accelerate": accelerate}
 
 
 def fsdp_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None) -> str:
-    """The ``accelerate`` section as YAML, for ``accelerate launch --config_file``."""
+    """``fsdp.yaml``: both sections in one YAML document, under a header saying how accelerate reads it."""
+    return _YAML_HEADER + yaml.safe_dump(fsdp_config(plan, job, block_class=block_class), sort_keys=False)
+
+
+def accelerate_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None) -> str:
+    """The ``accelerate`` section alone, for ``accelerate launch --config_file``."""
     return yaml.safe_dump(fsdp_config(plan, job, block_class=block_class)["accelerate"], sort_keys=False)
 
 
@@ -94,6 +136,16 @@ def _problems(plan: Plan) -> list[str]:
     if s.engine != "fsdp":
         return [f"strategy.engine: {s.engine!r} is not fsdp; emit a DeepSpeed config with ds_config(plan, job)"]
     problems = []
+    if s.fsdp_hybrid and plan.nodes < 2:
+        problems.append(
+            f"strategy.fsdp_sharding: 'hybrid' needs nodes > 1 (it replicates across nodes), got nodes "
+            f"{plan.nodes}; use fsdp_sharding: full or re-plan for more nodes"
+        )
+    if s.fsdp_hybrid and plan.world_size != plan.nodes * plan.gpus_per_node:
+        problems.append(
+            f"plan.world_size: {plan.world_size} != nodes {plan.nodes} * gpus_per_node {plan.gpus_per_node}, "
+            "so the hybrid mesh has no shape; re-plan"
+        )
     if s.fsdp_reshard_after_forward is None:
         problems.append(
             "strategy.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "

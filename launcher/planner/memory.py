@@ -18,6 +18,7 @@ All inputs are plain numbers; nothing here touches a device.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.model.introspect import ModelStats
@@ -28,6 +29,18 @@ BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Optimizer state bytes per trainable parameter: Adam keeps fp32 momentum and variance, SGD one momentum.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 copy of parameters"]
+# DeepSpeed's offload_param buffer_count default; the emitter writes it explicitly.
+NVME_PARAM_BUFFER_COUNT = 5
+
+
+def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:
+    """Elements in one NVMe parameter swap buffer (DeepSpeed's offload_param.buffer_size).
+
+    Each buffer must hold the largest parameter's shard, ceil(L / N) (partitioned_param_swapper.py asserts it),
+    and is at least the prefetch bucket. The emitter writes this and the memory model counts
+    NVME_PARAM_BUFFER_COUNT of them, so the two cannot disagree.
+    """
+    return max(prefetch_bucket_elems, math.ceil(largest_layer_params / world_size))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,26 +95,39 @@ class MemoryInputs:
     """Everything the memory model reads, as plain numbers."""
 
     model: ModelStats
+    """Parameter counts and shapes of the model (counts in parameters, sizes in features)."""
     world_size: int
+    """Data-parallel ranks in all, N."""
     gpus_per_node: int
+    """Ranks per node (the hybrid FSDP2 shard group)."""
     nodes: int
+    """Machines."""
     seq_len: int
     """Tokens per sequence."""
     precision: str
+    """Working dtype: bf16, fp16 (2 bytes) or fp32 (4 bytes)."""
     optimizer: str
+    """adamw, adam (8 state bytes per trainable parameter) or sgd (4)."""
     hardware: HardwareProfile
+    """Device constants: context bytes, fragmentation share, whether device memory is host memory."""
     activations: ActivationConstants
+    """Activation bytes per token (measured, calibrated or from the paper)."""
     overlap_comm: bool = False
     """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
 
 
 @dataclass(kw_only=True, slots=True)
 class MemoryEstimate:
+    """The memory model's answer for one strategy."""
+
     breakdown: dict[str, int]
     """Device bytes per rank by category, at the predicted peak."""
     peak_bytes: int
+    """Predicted peak device bytes per rank (the breakdown's sum)."""
     host_bytes_per_node: int
+    """Host RAM bytes per node: offloaded state and pinned buffers of every rank, or the weight load."""
     nvme_bytes_per_node: int
+    """NVMe bytes per node for offloaded optimizer state and parameters."""
     peak_moment: str = "backward"
     """Which moment is the peak: backward (activations), backward_end (gradient reduce) or step (optimizer)."""
 
@@ -119,12 +145,16 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
 
 @dataclass(slots=True)
 class States:
-    """Model states per rank: what persists through a micro-step, and what the optimizer step adds."""
+    """Model states per rank, bytes: what persists through a micro-step, and what the optimizer step adds."""
 
     params: float = 0.0
+    """Device bytes of the parameters (partition or full copy) between uses."""
     grads: float = 0.0
+    """Device bytes of gradients that persist through a micro-step (accumulation, ZeRO-3's partition)."""
     optimizer: float = 0.0
+    """Device bytes of optimizer state and fp32 master weights."""
     buffers: float = 0.0
+    """Device bytes of engine buffers alive at the backward start (reduce bucket, FSDP2 unsharded copies)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
     backward_extra: float = 0.0
@@ -137,9 +167,11 @@ class States:
     reduce_with_blocks: bool = False
     """The gradient-reduce moment comes while the blocks' activations are still saved (ZeRO-1/2)."""
     host: float = 0.0
+    """Host bytes per rank: offloaded state and pinned staging or swap buffers."""
     host_step_extra: float = 0.0
     """Host bytes that exist only during the optimizer step (offloaded gradients)."""
     nvme: float = 0.0
+    """NVMe bytes per rank: swapped-out optimizer state and parameters."""
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
 
@@ -232,13 +264,26 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
             st.host += moved
         else:
             st.nvme += moved
-            st.host += min(moved, 5 * buckets.stage3_prefetch_bucket_size * w)  # param swap buffers (buffer_count 5)
+            # Pinned parameter swap buffers, allocated whole at initialize (partitioned_param_swapper.py).
+            buffer_elems = nvme_param_buffer_elems(buckets.stage3_prefetch_bucket_size, m.largest_layer_params, n)
+            st.host += NVME_PARAM_BUFFER_COUNT * buffer_elems * w
     return st
 
 
+def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
+    """Ranks one FSDP2 parameter is sharded over: all of them, or with hybrid sharding one node's
+    [PyTorch FSDP, arXiv:2304.11277 §3.2.2: hybrid sharding shards within a group and replicates across groups]."""
+    return inp.gpus_per_node if s.fsdp_hybrid else inp.world_size
+
+
 def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
-    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use."""
-    m, n = inp.model, inp.world_size
+    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use.
+
+    Every term divides by the shard group, n = fsdp_shard_ranks: hybrid sharding holds the states of full
+    sharding at world = gpus_per_node. Its cross-node all-reduce runs in place on the reduce-scatter's output
+    (FSDP2 foreach_reduce), so it adds no buffer.
+    """
+    m, n = inp.model, fsdp_shard_ranks(inp, s)
     w = BYTES[inp.precision]
     k = OPTIMIZER_STATE_BYTES[inp.optimizer]
     st = States()

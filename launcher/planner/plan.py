@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.config.job import Engine, Offload, Precision
+from launcher.config.job import Engine, FsdpSharding, Offload, Precision
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,23 +33,35 @@ class Strategy:
     """One point of the search space."""
 
     engine: Engine
+    """deepspeed or fsdp (no unit)."""
     zero_stage: int | None
     """DeepSpeed ZeRO stage, None for FSDP."""
     fsdp_reshard_after_forward: bool | None
     """FSDP2 FULL_SHARD (True) / SHARD_GRAD_OP (False); None for DeepSpeed."""
     offload_optimizer: Offload
+    """Where the optimizer state lives: none (device), cpu or nvme."""
     offload_params: Offload
+    """Where the parameter partition lives between uses: none (device), cpu or nvme."""
     micro_batch_size: int
     """Sequences per rank per forward."""
     grad_accum_steps: int
     """Micro-batches per optimizer step."""
     activation_checkpointing: bool
+    """Full recompute of every block in backward."""
+    fsdp_sharding: FsdpSharding | None = None
+    """FSDP2 shard group: full (all ranks) or hybrid (the ranks of one node, replicated across nodes); None for
+    DeepSpeed, and read as full where an older plan.json lacks it."""
+
+    @property
+    def fsdp_hybrid(self) -> bool:
+        return self.engine == "fsdp" and self.fsdp_sharding == "hybrid"
 
     def label(self) -> str:
         if self.engine == "deepspeed":
             s = f"ZeRO-{self.zero_stage}"
         else:
-            s = "FSDP2 " + ("full-shard" if self.fsdp_reshard_after_forward else "grad-op-shard")
+            s = "FSDP2 " + ("hybrid " if self.fsdp_hybrid else "") + (
+                "full-shard" if self.fsdp_reshard_after_forward else "grad-op-shard")
         if self.offload_optimizer != "none":
             s += f" +opt->{self.offload_optimizer}"
         if self.offload_params != "none":
@@ -80,17 +92,28 @@ class Estimate:
 
 @dataclass(kw_only=True, slots=True)
 class Rejected:
+    """An alternative the planner did not choose, and why."""
+
     label: str
+    """The strategy, as Strategy.label() writes it (no unit)."""
     reason: str
+    """Why not: over budget by how many bytes, host RAM or NVMe short, or slower by how much."""
     peak_bytes: int
+    """Its predicted peak per rank, bytes."""
     step_time_s: float
+    """Its predicted seconds per optimizer step."""
 
 
 @dataclass(kw_only=True, slots=True)
 class Plan:
+    """The chosen strategy with its estimate, the request it answers, and the reasons."""
+
     strategy: Strategy
+    """What runs (no unit)."""
     estimate: Estimate
+    """Its predicted bytes per rank and seconds per step."""
     buckets: Buckets
+    """DeepSpeed communication buffers, elements."""
     num_params: int
     """All parameters of the model."""
     trainable_params: int
@@ -100,12 +123,17 @@ class Plan:
     usable_bytes: int
     """Budget less the safety margin: what the prediction had to fit under."""
     world_size: int
+    """Ranks in all, GPUs (or CPU ranks)."""
     nodes: int
+    """Machines, each running gpus_per_node ranks."""
     gpus_per_node: int
+    """Ranks per node, GPUs (or CPU ranks)."""
     global_batch_size: int
+    """Sequences per optimizer step over all ranks."""
     seq_len: int
     """Tokens per sequence."""
     precision: Precision
+    """Working dtype of params and activations (no unit)."""
     hardware: str
     """Hardware profile name."""
     reasons: list[str] = field(default_factory=list)
@@ -117,6 +145,7 @@ class Plan:
     constants: dict[str, object] = field(default_factory=dict)
     """Memory-model constants used and where they came from."""
     status: Literal["fits", "forced"] = "fits"
+    """fits: predicted within the usable budget; forced: a fully pinned plan run over it (--force)."""
     largest_layer_params: int = 0
     """DeepSpeed's L: the largest module's own parameters (sizes NVMe swap buffers)."""
     block_class: str | None = None
@@ -128,6 +157,7 @@ class Plan:
             "engine": s.engine,
             "zero_stage": s.zero_stage,
             "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
+            "fsdp_sharding": s.fsdp_sharding,
             "offload_optimizer": s.offload_optimizer,
             "offload_params": s.offload_params,
             "micro_batch_size": s.micro_batch_size,
@@ -163,7 +193,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict) -> Plan:
-        strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)})
+        # Fields with a default were added later; a plan.json written before them still loads.
+        strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)
+                               if f.name in d or f.default is dataclasses.MISSING})
         estimate = Estimate(
             breakdown=d["breakdown"], peak_bytes=d["predicted_peak_bytes"],
             host_bytes_per_node=d["host_bytes_per_node"], nvme_bytes_per_node=d["nvme_bytes_per_node"],

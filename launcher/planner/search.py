@@ -19,23 +19,35 @@ from launcher.planner.plan import Buckets, Estimate, Plan, Rejected, Strategy
 from launcher.units import format_bytes
 
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce/allgather default, elements (2 GB at fp32)
+DS_DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default, elements (zero/config.py)
 BUCKET_BUDGET_SHARE = 0.02  # share of the usable budget one communication bucket may take
 MIN_BUCKET = 1_000_000
 
 
 @dataclass(kw_only=True, slots=True)
 class PlanRequest:
+    """What the planner is asked: a model, a cluster shape, a batch and a per-GPU budget."""
+
     model: ModelStats
+    """Parameter counts and shapes (counts in parameters, sizes in features)."""
     gpus_per_node: int
+    """Ranks per node, GPUs (or CPU ranks)."""
     nodes: int
+    """Machines, each with gpus_per_node ranks."""
     budget_bytes: int
-    """Per-GPU budget."""
+    """Per-GPU budget, bytes."""
     seq_len: int
+    """Tokens per sequence."""
     global_batch_size: int
+    """Sequences per optimizer step over all ranks; never changed by the planner."""
     precision: str
+    """Working dtype: bf16, fp16 or fp32."""
     optimizer: str
+    """adamw, adam or sgd."""
     hardware: HardwareProfile
+    """Device constants the memory and cost models read."""
     pins: StrategyConfig = field(default_factory=StrategyConfig)
+    """Strategy fields the job fixed; None fields are searched."""
     host_ram_per_node_bytes: int | None = None
     """None skips the host check (unknown)."""
     nvme_free_bytes: int | None = None
@@ -66,7 +78,8 @@ def size_buckets(req: PlanRequest, *, smallest: bool = False) -> Buckets:
     bucket = max(MIN_BUCKET, min(DS_DEFAULT_BUCKET, by_budget, m.trainable_params))
     # HF's "auto" rules for ZeRO-3: prefetch 0.9·h², persistence 10·h; live params capped at the bucket.
     h2 = m.hidden_size * m.hidden_size
-    prefetch = max(MIN_BUCKET, min(bucket, int(0.9 * h2)))
+    # Capped at DeepSpeed's own default, which 0.9·h² passes from h ≈ 7.5k on.
+    prefetch = max(MIN_BUCKET, min(bucket, int(0.9 * h2), DS_DEFAULT_PREFETCH))
     return Buckets(
         reduce_bucket_size=bucket,
         allgather_bucket_size=bucket,
@@ -76,17 +89,22 @@ def size_buckets(req: PlanRequest, *, smallest: bool = False) -> Buckets:
     )
 
 
-def _sharding_options(pins: StrategyConfig) -> list[tuple[str, int | None, bool | None]]:
-    opts = [("deepspeed", z, None) for z in (0, 1, 2, 3)] + [("fsdp", None, True), ("fsdp", None, False)]
+def _sharding_options(pins: StrategyConfig, nodes: int) -> list[tuple[str, int | None, bool | None, str | None]]:
+    # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
+    fsdp_groups = ("full", "hybrid") if nodes > 1 else ("full",)
+    opts = [("deepspeed", z, None, None) for z in (0, 1, 2, 3)]
+    opts += [("fsdp", None, reshard, group) for group in fsdp_groups for reshard in (True, False)]
     out = []
-    for engine, zero, reshard in opts:
+    for engine, zero, reshard, group in opts:
         if pins.engine is not None and engine != pins.engine:
             continue
         if pins.zero_stage is not None and zero != pins.zero_stage:
             continue
         if pins.fsdp_reshard_after_forward is not None and reshard != pins.fsdp_reshard_after_forward:
             continue
-        out.append((engine, zero, reshard))
+        if pins.fsdp_sharding is not None and group != pins.fsdp_sharding:
+            continue
+        out.append((engine, zero, reshard, group))
     return out
 
 
@@ -116,6 +134,11 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             f"use a multiple of {req.world_size} (e.g. {req.world_size * max(1, round(req.global_batch_size / req.world_size))}) "
             "or another --gpus"
         )
+    if p.fsdp_sharding == "hybrid" and req.nodes == 1:
+        raise ConfigError(
+            "strategy.fsdp_sharding: 'hybrid' shards within a node and replicates across nodes, but this job runs "
+            "on 1 node; use fsdp_sharding: full, or --nodes 2 or more"
+        )
     mbs = micro_batches(req)
     if p.micro_batch_size is not None:
         if p.micro_batch_size not in mbs:
@@ -126,7 +149,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         mbs = [p.micro_batch_size]
     acs = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
     out = []
-    for engine, zero, reshard in _sharding_options(p):
+    for engine, zero, reshard, group in _sharding_options(p, req.nodes):
         for opt_off, par_off in _offload_options(engine, zero, req.nvme_free_bytes is not None):
             if p.offload_optimizer is not None and opt_off != p.offload_optimizer:
                 continue
@@ -135,7 +158,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             for ac, mb in itertools.product(acs, mbs):
                 accum = req.global_batch_size // (mb * req.world_size)
                 out.append(Strategy(engine=engine, zero_stage=zero, fsdp_reshard_after_forward=reshard,
-                                    offload_optimizer=opt_off, offload_params=par_off, micro_batch_size=mb,
+                                    fsdp_sharding=group, offload_optimizer=opt_off, offload_params=par_off, micro_batch_size=mb,
                                     grad_accum_steps=accum, activation_checkpointing=ac))
     if not out:
         raise ConfigError(
@@ -277,6 +300,25 @@ def _fits_with(req: PlanRequest, **changes) -> Scored | None:
     return min(fits, key=lambda c: c.estimate.step_time_s) if fits else None
 
 
+LORA_RANK = 8
+
+
+def lora_suggestion(m: ModelStats, r: int = LORA_RANK) -> tuple[list[str], int]:
+    """The attention query and value projections of this model family, by their module names, and the adapter
+    parameters LoRA of rank ``r`` adds on them [Hu et al., arXiv:2106.09685 §4.2: W_q and W_v; r·(d_in + d_out)
+    per adapted matrix].
+    """
+    h = m.hidden_size
+    kv = m.num_kv_heads * m.head_dim
+    if m.model_type == "gpt2":
+        # GPT-2 fuses Q, K and V into one Conv1D (h -> 3h); peft adapts the whole of it.
+        return ["c_attn"], r * (h + 3 * h) * m.num_blocks
+    if m.model_type in ("bert", "roberta", "xlm-roberta"):
+        return ["query", "value"], 2 * r * (h + h) * m.num_blocks
+    # llama and its kin (mistral, qwen2, ...): q_proj h -> h, v_proj h -> the key/value heads' width (GQA).
+    return ["q_proj", "v_proj"], r * ((h + h) + (h + kv)) * m.num_blocks
+
+
 def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> str:
     """Exit-2 message: the smallest footprint, and what would make the job fit, with numbers."""
     smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
@@ -320,12 +362,11 @@ def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> str:
         seq //= 2
     m = req.model
     if m.trainable_params == m.num_params:
-        # LoRA r=8 on the attention query and value projections: 2 adapters of r·(h + h) per block.
-        lora = 2 * 8 * 2 * m.hidden_size * m.num_blocks
+        targets, lora = lora_suggestion(m)
         hit = _fits_with(req, model=dataclasses.replace(m, trainable_params=lora, lora_params=lora))
         if hit:
-            lines.append(f"  - LoRA (train.lora: {{r: 8, target_modules: [q_proj, v_proj]}}, ~{lora:,} trainable): "
-                         f"{hit.strategy.label()} at {format_bytes(hit.estimate.peak_bytes)}")
+            lines.append(f"  - LoRA (train.lora: {{r: {LORA_RANK}, target_modules: [{', '.join(targets)}]}}, "
+                         f"~{lora:,} trainable): {hit.strategy.label()} at {format_bytes(hit.estimate.peak_bytes)}")
     if req.pins.micro_batch_size not in (None, 1):
         hit = _fits_with(req, pins=dataclasses.replace(req.pins, micro_batch_size=None))
         if hit:

@@ -38,9 +38,10 @@ def make_plan(*, world_size: int = 8, nodes: int = 1, precision: str = "bf16", b
     s = dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="none",
              offload_params="none", micro_batch_size=2, grad_accum_steps=4, activation_checkpointing=False)
     s.update(strategy)
-    if s["engine"] == "fsdp":  # FSDP plans carry no ZeRO stage; full shard unless told otherwise
+    if s["engine"] == "fsdp":  # FSDP plans carry no ZeRO stage; full shard over all ranks unless told otherwise
         s["zero_stage"] = strategy.get("zero_stage")
         s["fsdp_reshard_after_forward"] = strategy.get("fsdp_reshard_after_forward", True)
+        s["fsdp_sharding"] = strategy.get("fsdp_sharding", "full")
     gbs = global_batch_size if global_batch_size is not None else s["micro_batch_size"] * s["grad_accum_steps"] * world_size
     return Plan(
         strategy=Strategy(**s),

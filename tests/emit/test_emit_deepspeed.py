@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import importlib
 import itertools
 import math
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 from launcher.emit import ds_config
 from launcher.emit.deepspeed import TEMPLATES, template_name
 from launcher.errors import ConfigError
+from launcher.planner.hardware import PROFILES
+from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, MemoryInputs, analytic_constants, deepspeed_states
+from tests.planner.conftest import llama_stats
 
 # The golden cases: strategy overrides on make_plan's ZeRO-2 / world 8 / mb 2x4 default.
 GOLDEN = {
@@ -164,10 +168,25 @@ def test_nvme_swap_buffers_are_sized_as_planned():
     assert z["offload_param"]["buffer_size"] == math.ceil(big / world)
     z = ds_config(plan, make_job(), largest_layer_params=1)["zero_optimization"]
     assert z["offload_param"]["buffer_size"] == BUCKETS["stage3_prefetch_bucket_size"]
+    assert z["offload_param"]["buffer_count"] == NVME_PARAM_BUFFER_COUNT
     # Pinned optimizer swap buffers are buffer_count x sub_group_size fp32 elements.
     assert z["sub_group_size"] == BUCKETS["reduce_bucket_size"]
     with pytest.raises(ValueError, match="largest_layer_params"):
         ds_config(plan, make_job())
+
+
+@pytest.mark.parametrize("largest_layer_params,world", [(1, 8), (10 * 3_686 * 8, 8), (65_536, 1), (10**9, 64)])
+def test_nvme_param_buffers_are_what_the_memory_model_counts(largest_layer_params, world):
+    """The host RAM the planner counts for parameter swap buffers is exactly what the emitted config pins."""
+    m = llama_stats(num_params=200_000_000, blocks=2, h=64, vocab=1024)
+    m = dataclasses.replace(m, largest_layer_params=largest_layer_params)
+    inp = MemoryInputs(model=m, world_size=world, gpus_per_node=world, nodes=1, seq_len=128, precision="bf16",
+                       optimizer="adamw", hardware=PROFILES["a100-80gb"], activations=analytic_constants(m, "bf16"))
+    plan = make_plan(world_size=world, zero_stage=3, offload_params="nvme")
+    host = deepspeed_states(inp, plan.strategy, plan.buckets).host  # the optimizer stays on the device
+    z = ds_config(plan, make_job(), largest_layer_params=largest_layer_params)["zero_optimization"]["offload_param"]
+    assert host == z["buffer_count"] * z["buffer_size"] * 2  # bf16 buffers
+    assert z["buffer_size"] >= math.ceil(largest_layer_params / world)  # DeepSpeed asserts a shard fits one
 
 
 def test_mixed_offload_tiers_keep_only_what_each_device_uses():

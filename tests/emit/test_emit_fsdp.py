@@ -4,15 +4,18 @@ import socket
 import pytest
 import torch
 import yaml
-from emit_helpers import check_golden, json_text, make_job, make_plan
+from emit_helpers import check_golden, make_job, make_plan
 
 from launcher.emit import fsdp_config, fsdp_yaml_text
-from launcher.emit.fsdp import BLOCK_CLASS_BY_FAMILY
+from launcher.emit.fsdp import BLOCK_CLASS_BY_FAMILY, accelerate_yaml_text
 from launcher.errors import ConfigError
 
-GOLDEN = {
-    "fsdp_full_shard_ac": dict(fsdp_reshard_after_forward=True, activation_checkpointing=True),
-    "fsdp_grad_op_cpu_offload": dict(fsdp_reshard_after_forward=False, offload_optimizer="cpu", offload_params="cpu"),
+TWO_NODES = dict(world_size=16, nodes=2)
+GOLDEN = {  # name -> (Plan fields, Strategy fields)
+    "fsdp_full_shard_ac": ({}, dict(fsdp_reshard_after_forward=True, activation_checkpointing=True)),
+    "fsdp_grad_op_cpu_offload": ({}, dict(fsdp_reshard_after_forward=False, offload_optimizer="cpu",
+                                          offload_params="cpu")),
+    "fsdp_hybrid_two_nodes": (TWO_NODES, dict(fsdp_reshard_after_forward=True, fsdp_sharding="hybrid")),
 }
 
 
@@ -20,16 +23,37 @@ def fsdp_plan(plan_kw: dict | None = None, **strategy):
     return make_plan(engine="fsdp", **(plan_kw or {}), **strategy)
 
 
+def golden_plan(name: str):
+    plan_kw, strategy = GOLDEN[name]
+    return fsdp_plan(plan_kw, **strategy)
+
+
 @pytest.mark.parametrize("name", GOLDEN)
 def test_golden(name):
-    plan, job = fsdp_plan(**GOLDEN[name]), make_job()
-    check_golden(f"{name}.json", json_text(fsdp_config(plan, job)))
-    check_golden(f"{name}.accelerate.yaml", fsdp_yaml_text(plan, job))
+    check_golden(f"{name}.fsdp.yaml", fsdp_yaml_text(golden_plan(name), make_job()))
 
 
-def test_yaml_text_is_the_accelerate_section():
-    plan, job = fsdp_plan(**GOLDEN["fsdp_full_shard_ac"]), make_job()
-    assert yaml.safe_load(fsdp_yaml_text(plan, job)) == fsdp_config(plan, job)["accelerate"]
+@pytest.mark.parametrize("name", GOLDEN)
+def test_fsdp_yaml_is_one_document_with_both_sections(name):
+    plan, job = golden_plan(name), make_job()
+    text = fsdp_yaml_text(plan, job)
+    assert list(yaml.safe_load_all(text)) == [fsdp_config(plan, job)]
+    assert yaml.safe_load(accelerate_yaml_text(plan, job)) == fsdp_config(plan, job)["accelerate"]
+
+
+def test_fsdp2_section_holds_the_fully_shard_settings():
+    f = fsdp_config(golden_plan("fsdp_full_shard_ac"), make_job())["fsdp2"]
+    assert (f["reshard_after_forward"], f["sharding"], f["activation_checkpointing"]) == (True, "full", True)
+    assert f["mesh"] == {"shape": [8], "dim_names": ["shard"]}
+    assert f["wrap"] == ["GPT2Block", "root"]
+    f = fsdp_config(golden_plan("fsdp_hybrid_two_nodes"), make_job())["fsdp2"]
+    assert f["sharding"] == "hybrid"
+    assert f["mesh"] == {"shape": [2, 8], "dim_names": ["replicate", "shard"]}
+
+
+def test_hybrid_needs_two_nodes():
+    with pytest.raises(ConfigError, match="'hybrid' needs nodes > 1"):
+        fsdp_config(fsdp_plan(fsdp_sharding="hybrid"), make_job())
 
 
 def test_fsdp2_section_builds_torch_policies():
@@ -40,7 +64,7 @@ def test_fsdp2_section_builds_torch_policies():
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, f["param_dtype"]),
                                   reduce_dtype=getattr(torch, f["reduce_dtype"]))
         assert mp.param_dtype == dtype and mp.reduce_dtype == torch.float32
-    f = fsdp_config(fsdp_plan(**GOLDEN["fsdp_grad_op_cpu_offload"]), make_job())["fsdp2"]
+    f = fsdp_config(golden_plan("fsdp_grad_op_cpu_offload"), make_job())["fsdp2"]
     assert f["cpu_offload"] is True and f["reshard_after_forward"] is False
     CPUOffloadPolicy()  # what the worker builds for cpu_offload
 
@@ -89,24 +113,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-CASES = {name: ({}, s) for name, s in GOLDEN.items()}
+CASES = dict(GOLDEN)
 CASES["two_nodes_fp32"] = (dict(world_size=16, nodes=2, precision="fp32"), dict(fsdp_reshard_after_forward=True))
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeypatch):
-    """The file goes through accelerate's own path: its config loader, `accelerate launch`'s argument merge and
-    validation, the environment it hands to the ranks, and the FSDP plugin each rank builds from that."""
+    """fsdp.yaml's accelerate section goes through accelerate's own path: its config loader, `accelerate launch`'s
+    argument merge and validation, the environment it hands to the ranks, and the FSDP plugin and parallelism
+    config each rank builds from that."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
     plan_kw, strategy = CASES[name]
     plan, job = fsdp_plan(plan_kw, **strategy), make_job()
+    (tmp_path / "fsdp.yaml").write_text(fsdp_yaml_text(plan, job))
+    # What fsdp.yaml's header tells accelerate users to run: its accelerate section, on its own.
     path = tmp_path / "accelerate.yaml"
-    path.write_text(fsdp_yaml_text(plan, job))
+    path.write_text(yaml.safe_dump(yaml.safe_load((tmp_path / "fsdp.yaml").read_text())["accelerate"]))
 
     # Top-level keys: ClusterConfig rejects unknown ones.
     loaded = load_config_from_file(str(path))
@@ -123,12 +151,15 @@ def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeyp
     env = prepare_multi_gpu_env(args)
     assert int(args.nproc_per_node) == plan.gpus_per_node
 
-    for key in [k for k in os.environ if k.startswith(("FSDP_", "ACCELERATE_"))]:
+    prefixes = ("FSDP_", "ACCELERATE_", "PARALLELISM_CONFIG_")
+    for key in [k for k in os.environ if k.startswith(prefixes)]:
         monkeypatch.delenv(key)
     for key, value in env.items():
-        if key.startswith(("FSDP_", "ACCELERATE_")):
+        if key.startswith(prefixes):
             monkeypatch.setenv(key, value)
     plugin = FullyShardedDataParallelPlugin()
+    # Built from the environment only when accelerate launch asked for it (Accelerator does the same).
+    hsdp = ParallelismConfig() if env.get("ACCELERATE_USE_PARALLELISM_CONFIG") == "true" else None
 
     s = plan.strategy
     assert plugin.fsdp_version == 2
@@ -138,3 +169,8 @@ def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeyp
     assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"]
     assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
     assert env["ACCELERATE_MIXED_PRECISION"] == {"bf16": "bf16", "fp32": "no"}[plan.precision]
+    if s.fsdp_sharding == "hybrid":
+        assert (hsdp.dp_replicate_size, hsdp.dp_shard_size) == (plan.nodes, plan.gpus_per_node)
+        assert hsdp.dp_replicate_enabled and hsdp.dp_shard_enabled
+    else:
+        assert hsdp is None

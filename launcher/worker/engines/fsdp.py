@@ -1,6 +1,8 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard): one FSDP unit per transformer block, then the root.
 
 Activation checkpointing wraps each block (non-reentrant) before it is sharded.
+Hybrid sharding (HSDP) passes a 2-D mesh (nodes x ranks per node) to fully_shard, which shards over the
+second dimension and all-reduces the shards' gradients over the first.
 Gradients are reduce-scattered after every micro-batch: accumulating unsharded
 gradients instead (set_requires_gradient_sync(False)) would hold a full gradient
 copy per rank, which the memory plan does not budget for.
@@ -8,13 +10,14 @@ copy per rank, which the memory plan does not budget for.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.config.job import TrainConfig
+from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
 from launcher.worker.engines.base import build_optimizer, lr_lambda
 
@@ -50,7 +53,9 @@ class FsdpEngine:
         precision: str,
         grad_accum_steps: int,
         device: torch.device,
+        sharding: FsdpSharding | None = None,
     ):
+        """``sharding`` None takes the plan's (``$LAUNCHER_PLAN``), full when there is no plan."""
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
         if offload_optimizer != offload_params:
@@ -65,6 +70,7 @@ class FsdpEngine:
         self.precision = precision
         self.grad_accum_steps = grad_accum_steps
         self.device = device
+        self.sharding = sharding
         self.micro = 0
         self.scaler = None
 
@@ -81,7 +87,8 @@ class FsdpEngine:
 
             for i, block in enumerate(blocks):
                 blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        shape, dim_names = self.mesh_shape()
+        mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
         dtype = _DTYPES.get(self.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
@@ -96,6 +103,31 @@ class FsdpEngine:
             # fp16 runs only on CUDA (the worker refuses it on CPU); grads need loss scaling.
             self.scaler = torch.amp.GradScaler("cuda")
         probe.use_fsdp_tracker(model, self.optimizer)
+
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(shape, dimension names) of the device mesh: (world,) or, hybrid, (nodes, ranks per node)."""
+        from launcher.emit.fsdp import MESH_DIM_NAMES_FULL, MESH_DIM_NAMES_HYBRID
+
+        world = dist.get_world_size()
+        if self._planned_sharding() != "hybrid":
+            return (world,), MESH_DIM_NAMES_FULL
+        # torchrun's ranks per node; the loop has checked it equals the plan's gpus_per_node.
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if world % per_node or world // per_node < 2:
+            raise ConfigError(
+                f"strategy.fsdp_sharding: 'hybrid' needs 2 or more nodes of equal size, but this run has "
+                f"{world} ranks with {per_node} per node; use fsdp_sharding: full or run on more nodes"
+            )
+        return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
+
+    def _planned_sharding(self) -> str:
+        if self.sharding is not None:
+            return self.sharding
+        from launcher.runtime.env import PLAN_ENV, load_plan
+
+        if not os.environ.get(PLAN_ENV):
+            return "full"
+        return load_plan().strategy.fsdp_sharding or "full"
 
     def forward(self, **inputs):
         return self.model(**inputs)

@@ -1,0 +1,149 @@
+"""The cost model's terms against the sources it cites: compute FLOPs, collective volumes, offload time."""
+
+import dataclasses
+
+import pytest
+
+from launcher.planner.cost import communication, step_time_terms
+from launcher.planner.hardware import PROFILES
+from launcher.planner.memory import MemoryInputs, analytic_constants
+from launcher.planner.plan import Strategy
+from tests.planner.conftest import llama_stats
+
+P = 6_738_415_616
+TOKENS_PER_STEP = 2 * 4 * 2048  # micro-batch 2 x accumulation 4 x seq 2048, per rank
+
+
+def inputs(model=None, gpus=8, nodes=1, hw="a100-80gb", precision="bf16") -> MemoryInputs:
+    m = model or llama_stats()
+    return MemoryInputs(model=m, world_size=gpus * nodes, gpus_per_node=gpus, nodes=nodes, seq_len=2048,
+                        precision=precision, optimizer="adamw", hardware=PROFILES[hw],
+                        activations=analytic_constants(m, precision))
+
+
+def strategy(engine="deepspeed", stage=2, reshard=None, sharding=None, opt="none", par="none", mb=2, accum=4,
+             ac=False) -> Strategy:
+    if engine == "fsdp":
+        stage, reshard, sharding = None, True if reshard is None else reshard, sharding or "full"
+    return Strategy(engine=engine, zero_stage=stage, fsdp_reshard_after_forward=reshard, fsdp_sharding=sharding,
+                    offload_optimizer=opt, offload_params=par, micro_batch_size=mb, grad_accum_steps=accum,
+                    activation_checkpointing=ac)
+
+
+def no_overhead(inp: MemoryInputs) -> MemoryInputs:
+    return dataclasses.replace(inp, hardware=dataclasses.replace(inp.hardware, block_overhead_s=0.0))
+
+
+@pytest.mark.parametrize("ac,flops_per_param_token", [(False, 6), (True, 8)])
+def test_compute_is_6_psi_tokens_and_8_with_recompute(ac, flops_per_param_token):
+    # [Kaplan et al. 2020]: forward 2Ψ + backward 4Ψ per token; full recompute repeats the forward [Kort §5].
+    inp = no_overhead(inputs())
+    hw = inp.hardware
+    got = step_time_terms(inp, strategy(ac=ac), 10**6)["compute"]
+    assert got == pytest.approx(flops_per_param_token * P * TOKENS_PER_STEP / (hw.flops_bf16 * hw.mfu))
+
+
+def test_compute_uses_the_fp32_peak_for_fp32():
+    bf16 = step_time_terms(no_overhead(inputs()), strategy(), 10**6)["compute"]
+    fp32 = step_time_terms(no_overhead(inputs(precision="fp32")), strategy(), 10**6)["compute"]
+    hw = PROFILES["a100-80gb"]
+    assert fp32 / bf16 == pytest.approx(hw.flops_bf16 / hw.flops_fp32)
+
+
+def test_lora_skips_the_frozen_weight_gradients():
+    # Frozen weights still pass activation gradients back (2Ψ) but compute no weight gradient (2Ψ).
+    lora = no_overhead(inputs(model=llama_stats(trainable=4_000_000)))
+    full = no_overhead(inputs())
+    assert step_time_terms(lora, strategy(), 10**6)["compute"] / step_time_terms(full, strategy(), 10**6)[
+        "compute"] == pytest.approx(4 / 6)
+
+
+def test_block_overhead_is_paid_per_micro_step():
+    inp = inputs()
+    one = step_time_terms(inp, strategy(mb=8, accum=1), 10**6)["compute"]
+    four = step_time_terms(inp, strategy(mb=2, accum=4), 10**6)["compute"]
+    assert four - one == pytest.approx(3 * inp.model.num_blocks * inp.hardware.block_overhead_s)
+
+
+def volume(s: Strategy, **kw) -> float:
+    t = communication(inputs(**kw), s, 10**9)
+    return t.intra_node_bytes + t.inter_node_bytes
+
+
+def test_zero_stage_volumes_follow_the_paper():
+    ring, w = 7 / 8, 2
+    dp = volume(strategy(stage=0, accum=1))
+    # [ZeRO §7]: data parallelism all-reduces the gradients, 2Ψ per rank (reduce-scatter + all-gather).
+    assert dp == pytest.approx(2 * w * P * ring)
+    # ZeRO-2 moves the same volume as DP; ZeRO-3 1.5x (a second gather of the parameters) [ZeRO §7.2].
+    assert volume(strategy(stage=2, accum=1)) == pytest.approx(dp)
+    assert volume(strategy(stage=3, accum=1)) == pytest.approx(1.5 * dp)
+    # ZeRO-1 re-gathers the updated parameters after the step: one more Ψ.
+    assert volume(strategy(stage=1, accum=1)) == pytest.approx(1.5 * dp)
+
+
+def test_accumulation_repeats_only_what_runs_per_micro_step():
+    w, ring = 2, 7 / 8
+    # ZeRO-0/1 reduce once per step; ZeRO-2 reduce-scatters every micro-step; ZeRO-3 also gathers every one.
+    assert volume(strategy(stage=0, accum=4)) == volume(strategy(stage=0, accum=1))
+    assert volume(strategy(stage=2, accum=4)) == pytest.approx((4 + 1) * w * P * ring)
+    assert volume(strategy(stage=3, accum=4)) == pytest.approx(4 * volume(strategy(stage=3, accum=1)))
+
+
+def test_fsdp_volumes_by_sharding():
+    w, ring = 2, 7 / 8
+    assert volume(strategy("fsdp", accum=1)) == pytest.approx(3 * w * P * ring)  # FULL_SHARD: as ZeRO-3
+    assert volume(strategy("fsdp", reshard=False, accum=1)) == pytest.approx(2 * w * P * ring)  # SHARD_GRAD_OP
+    t = communication(inputs(nodes=2), strategy("fsdp", sharding="hybrid", accum=1), 10**9)
+    assert t.intra_node_bytes == pytest.approx(3 * w * P * ring)
+    assert t.inter_node_bytes == pytest.approx(2 * (1 / 2) * w * P / 8)
+
+
+def test_a_group_across_nodes_runs_at_network_speed():
+    one = communication(inputs(gpus=8, nodes=1), strategy(stage=2), 10**9)
+    two = communication(inputs(gpus=4, nodes=2), strategy(stage=2), 10**9)
+    assert (one.inter_node_bytes, two.intra_node_bytes) == (0, 0)
+    assert one.intra_node_bytes == pytest.approx(two.inter_node_bytes)
+    hw = PROFILES["a100-80gb"]
+    t_one = step_time_terms(inputs(gpus=8, nodes=1), strategy(stage=2), 10**9)["communication"]
+    t_two = step_time_terms(inputs(gpus=4, nodes=2), strategy(stage=2), 10**9)["communication"]
+    assert t_two > t_one * hw.intra_node_bw / hw.inter_node_bw * 0.99
+
+
+def test_one_rank_communicates_nothing():
+    t = communication(inputs(gpus=1), strategy(stage=3), 10**6)
+    assert (t.intra_node_bytes, t.inter_node_bytes, t.calls) == (0, 0, 0)
+
+
+def test_smaller_buckets_cost_more_calls():
+    inp = inputs()
+    few = communication(inp, strategy(stage=2, accum=1), 10**9).calls
+    many = communication(inp, strategy(stage=2, accum=1), 10**6).calls
+    assert (few, many) == (-(-P // 10**9) + 1, -(-P // 10**6) + 1)  # one reduce per bucket, one gather
+
+
+def test_offload_is_pcie_plus_cpu_adam_on_a_gpu_profile():
+    # [ZeRO-Offload, arXiv:2101.06840 §4]: 16-bit gradients down and parameters up over PCIe per step, and the
+    # CPU Adam over the node's partitions (8 ranks share the node's CPUs).
+    inp = inputs()
+    hw = inp.hardware
+    shard = P / 8
+    got = step_time_terms(inp, strategy(stage=2, opt="cpu"), 10**6)["offload"]
+    assert got == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s)
+    assert step_time_terms(inp, strategy(stage=2), 10**6)["offload"] == 0.0
+    # Param offload (ZeRO-3) fetches each micro-step's parameters over PCIe, both ways.
+    par = step_time_terms(inp, strategy(stage=3, opt="cpu", par="cpu"), 10**6)["offload"]
+    assert par - step_time_terms(inp, strategy(stage=3, opt="cpu"), 10**6)["offload"] == pytest.approx(
+        4 * 2 * 2 * P / 8 / hw.host_link_bw)
+
+
+def test_offload_costs_nothing_on_cpu_ranks():
+    assert step_time_terms(inputs(hw="cpu"), strategy(stage=2, opt="cpu"), 10**6)["offload"] == 0.0
+
+
+def test_hybrid_fsdp_offload_runs_adam_over_the_node_shard():
+    inp = inputs(nodes=2)
+    hw = inp.hardware
+    hybrid = step_time_terms(inp, strategy("fsdp", sharding="hybrid", opt="cpu", par="cpu"), 10**6)["offload"]
+    shard = P / 8  # one node's shard, not the world's 1/16
+    assert hybrid == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s)
