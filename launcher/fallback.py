@@ -277,7 +277,7 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
 def pins_for(s: Strategy, safety_margin: float) -> StrategyConfig:
     """A job's strategy: section that pins every field to ``s`` (so the planner reproduces it)."""
     return StrategyConfig(engine=s.engine, zero_stage=s.zero_stage, fsdp_reshard_after_forward=s.fsdp_reshard_after_forward,
-                          offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
+                          fsdp_sharding=s.fsdp_sharding, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                           micro_batch_size=s.micro_batch_size, activation_checkpointing=s.activation_checkpointing,
                           safety_margin=safety_margin)
 

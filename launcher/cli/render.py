@@ -25,6 +25,8 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
     else:
         engine = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
                              else "SHARD_GRAD_OP (keep params after forward)")
+        if s.fsdp_sharding == "hybrid":
+            engine += f", HYBRID_SHARD (shard within each node, replicate across the {plan.nodes} nodes)"
     b = plan.buckets
     lines = [
         f"plan for {job_name}: {plan.world_size} GPU(s) = {plan.nodes} node(s) x {plan.gpus_per_node}, "

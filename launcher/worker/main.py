@@ -81,6 +81,7 @@ def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
         precision=plan.precision,
         grad_accum_steps=s.grad_accum_steps,
         device=device,
+        sharding=s.fsdp_sharding or "full",
     )
 
 
