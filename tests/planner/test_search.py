@@ -2,7 +2,7 @@ import dataclasses
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from launcher.config.job import StrategyConfig
@@ -96,17 +96,29 @@ models = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(model=models, gpus=st.sampled_from([1, 2, 4, 8]), budget_gb=st.floats(0.5, 80),
-       seq=st.sampled_from([128, 512, 2048]), hw=st.sampled_from(["a100-80gb", "cpu"]), grow=st.floats(1.0, 4.0))
-def test_plans_fit_and_more_budget_never_hurts(request_for, model, gpus, budget_gb, seq, hw, grow):
-    req = request_for(model=model, gpus_per_node=gpus, budget_bytes=int(budget_gb * 1e9), seq_len=seq,
-                      hardware=PROFILES[hw], global_batch_size=8 * gpus, host_ram_per_node_bytes=256 * 10**9)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=models, gpus=st.sampled_from([1, 2, 4, 8]), nodes=st.sampled_from([1, 2, 4]), budget_gb=st.floats(0.5, 80),
+       seq=st.sampled_from([128, 512, 2048]), hw=st.sampled_from(["a100-80gb", "cpu"]), grow=st.floats(1.0, 4.0),
+       lora_fraction=st.sampled_from([None, 0.001, 0.01]), nvme_free=st.sampled_from([None, 2 * 10**12]))
+def test_plans_fit_and_more_budget_never_hurts(request_for, model, gpus, nodes, budget_gb, seq, hw, grow,
+                                               lora_fraction, nvme_free):
+    if lora_fraction is not None:  # adapters train, the base is frozen: the planner sees only trainable_params
+        lora = max(1, int(model.num_params * lora_fraction))
+        model = dataclasses.replace(model, trainable_params=lora, lora_params=lora)
+    req = request_for(model=model, gpus_per_node=gpus, nodes=nodes, budget_bytes=int(budget_gb * 1e9), seq_len=seq,
+                      hardware=PROFILES[hw], global_batch_size=8 * gpus * nodes, host_ram_per_node_bytes=256 * 10**9,
+                      nvme_free_bytes=nvme_free)
     try:
         plan = make_plan(req)
     except NoPlanError:
+        event("no plan fits")
         return
+    event("planned")
     assert plan.estimate.peak_bytes <= plan.usable_bytes <= plan.budget_bytes
     assert plan.estimate.host_bytes_per_node <= req.host_ram_per_node_bytes
+    assert plan.estimate.nvme_bytes_per_node <= (nvme_free or 0)
+    s = plan.strategy
+    assert s.micro_batch_size * s.grad_accum_steps * gpus * nodes == req.global_batch_size  # the global batch is kept
+    assert s.fsdp_sharding != "hybrid" or nodes > 1
     bigger = make_plan(dataclasses.replace(req, budget_bytes=int(req.budget_bytes * grow)))
     assert bigger.estimate.peak_bytes <= bigger.usable_bytes
