@@ -64,7 +64,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(smaller micro-batch, checkpointing, more sharding, offload) up to N times; the global "
                         "batch never changes (auto_fallback: in the job)")
     p.add_argument("--checkpoint-on-interrupt", action="store_true",
-                   help="on Ctrl-C or SIGTERM ask the ranks to checkpoint and wait for them (then --resume continues)")
+                   help="on Ctrl-C or SIGTERM ask the ranks to checkpoint and wait for them (then --resume continues; "
+                        "checkpoint_on_interrupt: true in the job)")
     p.add_argument("--checkpoint-timeout", type=seconds, default=120.0, metavar="S",
                    help="with --checkpoint-on-interrupt: wait at most S seconds for the checkpoint (default 120)")
     p.add_argument("--slurm", action="store_true", help="submit through submitit to Slurm (as launcher: slurm)")
@@ -334,6 +335,11 @@ def preload_plotting() -> None:
     threading.Thread(target=load, name="preload-matplotlib", daemon=True).start()
 
 
+def interrupt_grace_s(args, job: Job) -> float:
+    """Seconds a signal waits for the ranks' checkpoint: the flag or the job's checkpoint_on_interrupt asks for it."""
+    return float(args.checkpoint_timeout) if (args.checkpoint_on_interrupt or job.checkpoint_on_interrupt) else 0.0
+
+
 def launch_local(args, job: Job, plan: Plan, run_dir: RunDir) -> int:
     return run_attempt(args, job, plan, run_dir)[0]
 
@@ -347,7 +353,7 @@ def run_attempt(args, job: Job, plan: Plan, run_dir: RunDir) -> tuple[int, Outco
                       script_args=list(args.script_args),
                       env=rank_env(run_dir, plan, job, args.enforce, args.memory_snapshot),
                       hang_timeout_s=args.hang_timeout)
-    grace = args.checkpoint_timeout if args.checkpoint_on_interrupt else 0.0
+    grace = interrupt_grace_s(args, job)
     view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(args.quiet, args.verbose))
     view.start()
     preload_plotting()

@@ -231,5 +231,8 @@ class Job:
     """Per-GPU memory budget, bytes ('16GB' in the file); --budget overrides."""
     auto_fallback: int = 0
     """On OOM, relaunch down the remedy ladder up to this many times."""
+    checkpoint_on_interrupt: bool = False
+    """On Ctrl-C or SIGTERM, ask the ranks to checkpoint at the next step and wait for them (up to
+    --checkpoint-timeout seconds) before stopping; --checkpoint-on-interrupt sets it too."""
     base_dir: str = field(default=".", metadata={"internal": True})
     """Directory of the job file; relative data paths start here."""

@@ -289,3 +289,20 @@ def test_memory_snapshot_without_cuda_is_refused_before_anything_runs(tmp_path):
     assert res.returncode == 2
     assert "--memory-snapshot: records the CUDA allocator's history" in res.stderr and "drop the flag" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_checkpoint_on_interrupt_comes_from_the_flag_or_the_job(tmp_path):
+    import argparse
+
+    from launcher.cli.run import interrupt_grace_s
+    from launcher.config.jobfile import load_job
+
+    plain = load_job(job_file(tmp_path, "plain"))
+    asks = load_job(job_file(tmp_path, "asks", checkpoint_on_interrupt=True))
+    assert asks.checkpoint_on_interrupt is True and plain.checkpoint_on_interrupt is False
+    flag = argparse.Namespace(checkpoint_on_interrupt=True, checkpoint_timeout=45.0)
+    none = argparse.Namespace(checkpoint_on_interrupt=False, checkpoint_timeout=45.0)
+    assert interrupt_grace_s(none, plain) == 0.0
+    assert interrupt_grace_s(flag, plain) == interrupt_grace_s(none, asks) == 45.0
+    bad = launch("plan", job_file(tmp_path, "bad", checkpoint_on_interrupt="later"))
+    assert bad.returncode == 2 and "checkpoint_on_interrupt" in bad.stderr and "'later'" in bad.stderr

@@ -4,7 +4,7 @@ Each test costs one to two real launches (~15-30 s each on a 2-core machine), so
   - an OOM at micro-batch 8 under --enforce: the ladder relaunches and ends within budget, same global batch;
   - a rank that never reaches a collective: --hang-timeout names it, no process is left, and meanwhile a second
     launch on the same run dir is refused;
-  - SIGINT with --checkpoint-on-interrupt: the ranks checkpoint, --resume continues, no step repeats;
+  - SIGINT to a job with checkpoint_on_interrupt: true: the ranks checkpoint, --resume continues, no step repeats;
   - in all of them, fake secrets in the environment appear in no file of the run dir and in no output.
 """
 
@@ -172,10 +172,11 @@ def test_hang_in_a_collective_names_the_rank_that_did_not_arrive(tmp_path):
 # -- 3. interrupt with a checkpoint, then resume ------------------------------------------------------------------
 
 def test_sigint_checkpoints_and_resume_continues_without_repeating_a_step(tmp_path):
+    # The job asks for the checkpoint (checkpoint_on_interrupt: true); --checkpoint-on-interrupt is the same switch.
     job = job_file(tmp_path, "interrupt", train={"global_batch_size": 8, "precision": "bf16", "lr": 3e-3,
-                                                 "max_steps": 14})
+                                                 "max_steps": 14}, checkpoint_on_interrupt=True)
     run = tmp_path / "run"
-    proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(run), "--quiet", "--checkpoint-on-interrupt"],
+    proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(run), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     t0 = time.monotonic()
     while proc.poll() is None and len(steps(run)) < 3 and time.monotonic() - t0 < 180:
