@@ -17,6 +17,7 @@ import sys
 def main() -> None:
     from launcher.cli.main import main as launch_main
 
+    broken_pipe = 128 + signal.SIGPIPE  # what a shell reports for a writer whose reader left
     try:
         code = launch_main()
     except SystemExit as e:  # argparse's --help and usage errors
@@ -26,12 +27,15 @@ def main() -> None:
     except BrokenPipeError:
         # The reader went away (launch plan | head): say so the way a shell would, not with a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 128 + signal.SIGPIPE
+        code = broken_pipe
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (launch ... | head): nothing more can reach it
+        except BrokenPipeError:
+            # Output still buffered could not be delivered: not a success, but a real failure's code wins.
+            code = code or broken_pipe
+        except (OSError, ValueError):  # a closed stream: nothing more can reach it
             pass
     os._exit(code)
 
