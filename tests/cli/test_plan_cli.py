@@ -59,6 +59,25 @@ def test_cli_flags_override_the_file(capsys, write_job):
     assert (plan["world_size"], plan["seq_len"], plan["global_batch_size"]) == (4, 32, 16)
 
 
+@pytest.mark.parametrize("flag", ["--nodes", "--nnodes"])
+def test_nodes_flag_plans_across_nodes(capsys, write_job, flag):
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", flag, "2", "--global-batch", "16", "--json",
+                             "--hardware", "a100-80gb", "--budget", "40GB", write_job(model="llama-1b"))
+    assert code == 0, err
+    plan = json.loads(out)
+    assert (plan["nodes"], plan["gpus_per_node"], plan["world_size"]) == (2, 2, 4)
+    assert plan["micro_batch_size"] * plan["grad_accum_steps"] * 4 == 16
+    # Two nodes open the hybrid FSDP candidate; on one node it is never offered.
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", flag, "2", "--global-batch", "16", "--json",
+                             "--hardware", "a100-80gb", "--budget", "40GB", write_job(model="llama-1b",
+                             **{"strategy.engine": "fsdp", "strategy.fsdp_sharding": "hybrid"}))
+    assert code == 0, err
+    assert json.loads(out)["fsdp_sharding"] == "hybrid"
+    code, _, err = run_cli(capsys, "plan", "--gpus", "2", "--json", "--hardware", "a100-80gb", "--budget", "40GB",
+                           write_job(model="llama-1b", **{"strategy.engine": "fsdp", "strategy.fsdp_sharding": "hybrid"}))
+    assert code == 2 and "fsdp_sharding" in err
+
+
 @pytest.mark.parametrize("argv_tail,over,message", [
     (["--budget", "lots"], {}, "argument --budget: 'lots' is not a size"),
     (["--gpus", "0"], {}, "argument --gpus: '0' must be greater than 0"),

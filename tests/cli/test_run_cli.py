@@ -306,3 +306,16 @@ def test_checkpoint_on_interrupt_comes_from_the_flag_or_the_job(tmp_path):
     assert interrupt_grace_s(flag, plain) == interrupt_grace_s(none, asks) == 45.0
     bad = launch("plan", job_file(tmp_path, "bad", checkpoint_on_interrupt="later"))
     assert bad.returncode == 2 and "checkpoint_on_interrupt" in bad.stderr and "'later'" in bad.stderr
+
+
+def test_run_verb_writes_the_default_run_dir(tmp_path):
+    import re
+
+    res = launch("run", job_file(tmp_path, "named"), "--quiet", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    dirs = list((tmp_path / "runs").iterdir())
+    assert len(dirs) == 1 and re.fullmatch(r"named-\d{8}-\d{6}", dirs[0].name), dirs
+    assert f"run dir: {dirs[0]}" in res.stdout
+    check_report(dirs[0], 2)
+    for name in ("job.yaml", "plan.json", "state.json", "report.json", "memory.png"):
+        assert (dirs[0] / name).is_file(), name
