@@ -21,7 +21,7 @@ from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
-from launcher.planner.search import PlanRequest, make_plan
+from launcher.planner.search import PlanRequest, batch_problem, make_plan
 
 
 def cache_dir() -> Path:
@@ -194,13 +194,10 @@ def request_problems(job: Job) -> list[str]:
         )
     gbs = job.train.global_batch_size
     if job.gpus is not None and job.gpus > 0 and job.nodes > 0 and gbs > 0:
-        # The same rule as launcher.planner.search.candidates, said here so it joins the other problems.
-        world = job.gpus * job.nodes
-        if gbs % world:
-            problems.append(
-                f"train.global_batch_size: {gbs} is not divisible by {world} GPUs; use a multiple of {world} "
-                f"(e.g. {world * max(1, round(gbs / world))}) or another --gpus"
-            )
+        # The search's own rule, said here so it joins the other problems.
+        problem = batch_problem(gbs, job.gpus * job.nodes)
+        if problem:
+            problems.append(problem)
     return problems
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from launcher.rundir import RunDir
-from launcher.units import GB, KB, MB, TB, format_bytes
+from launcher.units import decimal_unit, format_bytes
 
 # Predicted categories and the measured (MemTracker) categories they correspond to.
 CATEGORY_GROUPS = {
@@ -108,11 +108,9 @@ that a linear axis would flatten the bars, so the title states the budget instea
 
 
 def plot_unit(largest_bytes: float) -> tuple[str, float]:
-    """The decimal unit the peaks read best in (the same units users type)."""
-    for name, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
-        if largest_bytes >= size:
-            return name, size
-    return "bytes", 1.0
+    """The decimal unit the peaks read best in (the same units users type), spelled out for an axis label."""
+    unit, size = decimal_unit(largest_bytes)
+    return ("bytes", 1.0) if unit == "B" else (unit, size)
 
 
 def plot_memory(report: dict, path: Path) -> Path | None:

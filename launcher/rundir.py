@@ -73,20 +73,27 @@ def redact_data(obj, secrets: list[str] | None = None):
     return obj
 
 
+def _scrubbed(data: bytes, secrets: list[str]) -> bytes | None:
+    """``data`` with every secret value replaced, or None when it held none (the file stays untouched)."""
+    needles = [v.encode() for v in secrets]
+    if not any(n in data for n in needles):
+        return None
+    for n in needles:
+        data = data.replace(n, REDACTED.encode())
+    return data
+
+
 def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
     """Rewrite ``path`` (atomically) without secret values; True when it held one. Untouched otherwise."""
     secrets = secret_values() if secrets is None else secrets
     if not secrets:
         return False
     try:
-        data = path.read_bytes()
+        data = _scrubbed(path.read_bytes(), secrets)
     except OSError:
         return False
-    needles = [v.encode() for v in secrets]
-    if not any(n in data for n in needles):
+    if data is None:
         return False
-    for n in needles:
-        data = data.replace(n, REDACTED.encode())
     tmp = path.with_name(f".{path.name}.redact")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -122,12 +129,9 @@ def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
         return False
     try:
         with path.open("r+b") as f:
-            data = f.read()
-            needles = [v.encode() for v in secrets]
-            if not any(n in data for n in needles):
+            data = _scrubbed(f.read(), secrets)
+            if data is None:
                 return False
-            for n in needles:
-                data = data.replace(n, REDACTED.encode())
             f.seek(0)
             f.write(data)
             f.truncate()

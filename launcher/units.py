@@ -64,11 +64,17 @@ def parse_bytes(value: object) -> int:
     return n
 
 
+def decimal_unit(n: float) -> tuple[str, float]:
+    """The largest decimal unit (TB, GB, MB, KB) that ``n`` bytes reach, or ("B", 1) below a KB."""
+    for unit, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
+        if abs(n) >= size:
+            return unit, size
+    return "B", 1
+
+
 def format_bytes(n: float) -> str:
     """Human-readable bytes in decimal units (GB = 1e9), matching what users type."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{int(n)} B"
+    unit, size = decimal_unit(n)
+    if unit == "B":
+        return f"{int(n)} B"
+    return f"{n / size:.2f} {unit}"

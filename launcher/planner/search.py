@@ -126,14 +126,20 @@ def micro_batches(req: PlanRequest) -> list[int]:
     return [d for d in range(1, per_rank + 1) if per_rank % d == 0]
 
 
+def batch_problem(global_batch_size: int, world_size: int) -> str | None:
+    """The global batch must split evenly over the data-parallel ranks: it is never changed to fit."""
+    if global_batch_size % world_size == 0:
+        return None
+    example = world_size * max(1, round(global_batch_size / world_size))
+    return (f"train.global_batch_size: {global_batch_size} is not divisible by {world_size} GPUs; use a multiple of "
+            f"{world_size} (e.g. {example}) or another --gpus")
+
+
 def candidates(req: PlanRequest) -> list[Strategy]:
     p = req.pins
-    if req.global_batch_size % req.world_size:
-        raise ConfigError(
-            f"train.global_batch_size: {req.global_batch_size} is not divisible by {req.world_size} GPUs; "
-            f"use a multiple of {req.world_size} (e.g. {req.world_size * max(1, round(req.global_batch_size / req.world_size))}) "
-            "or another --gpus"
-        )
+    problem = batch_problem(req.global_batch_size, req.world_size)
+    if problem:
+        raise ConfigError(problem)
     if p.fsdp_sharding == "hybrid" and req.nodes == 1:
         raise ConfigError(
             "strategy.fsdp_sharding: 'hybrid' shards within a node and replicates across nodes, but this job runs "

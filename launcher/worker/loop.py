@@ -68,6 +68,11 @@ def check_world(environ: Mapping[str, str], plan: Plan, group_size: int) -> None
         raise ConfigError(p)
 
 
+def discarded_path(path: Path) -> Path:
+    """steps/rank-K.discarded.jsonl beside steps/rank-K.jsonl: the lines a resume set aside."""
+    return path.with_name(path.name.removesuffix(".jsonl") + ".discarded.jsonl")
+
+
 def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str | None) -> int:
     """Keep lines with step <= ``step`` in ``path``; append the others to rank-K.discarded.jsonl. Returns how many.
 
@@ -91,7 +96,7 @@ def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str |
             dropped.append(row)
     if not dropped:
         return 0
-    discarded = path.with_name(path.name.removesuffix(".jsonl") + ".discarded.jsonl")
+    discarded = discarded_path(path)
     stamp = {"discarded_at": time.time(), "discarded_by_attempt": attempt, "resumed_from_step": step,
              "resumed_from": resumed_from}
     with discarded.open("a") as f:
@@ -201,8 +206,7 @@ class Trainer:
         path = self._step_log_path()
         seen = []
         if path is not None:
-            seen = attempts_in(path) + attempts_in(path.with_name(path.name.removesuffix(".jsonl") +
-                                                                  ".discarded.jsonl"))
+            seen = attempts_in(path) + attempts_in(discarded_path(path))
         mine = max(seen) + 1 if seen else 0
         t = torch.tensor([mine], dtype=torch.int64, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

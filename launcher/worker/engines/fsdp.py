@@ -53,9 +53,8 @@ class FsdpEngine:
         precision: str,
         grad_accum_steps: int,
         device: torch.device,
-        sharding: FsdpSharding | None = None,
+        sharding: FsdpSharding = "full",
     ):
-        """``sharding`` None takes the plan's (``$LAUNCHER_PLAN``), full when there is no plan."""
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
         if offload_optimizer != offload_params:
@@ -109,7 +108,7 @@ class FsdpEngine:
         from launcher.emit.fsdp import MESH_DIM_NAMES_FULL, MESH_DIM_NAMES_HYBRID
 
         world = dist.get_world_size()
-        if self._planned_sharding() != "hybrid":
+        if self.sharding != "hybrid":
             return (world,), MESH_DIM_NAMES_FULL
         # torchrun's ranks per node; the loop has checked it equals the plan's gpus_per_node.
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -119,15 +118,6 @@ class FsdpEngine:
                 f"{world} ranks with {per_node} per node; use fsdp_sharding: full or run on more nodes"
             )
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
-
-    def _planned_sharding(self) -> str:
-        if self.sharding is not None:
-            return self.sharding
-        from launcher.runtime.env import PLAN_ENV, load_plan
-
-        if not os.environ.get(PLAN_ENV):
-            return "full"
-        return load_plan().strategy.fsdp_sharding or "full"
 
     def forward(self, **inputs):
         return self.model(**inputs)
