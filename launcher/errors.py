@@ -25,9 +25,23 @@ class ConfigError(LauncherError):
 
 
 class NoPlanError(LauncherError):
-    """No candidate fits the budget; the message says what would."""
+    """No candidate fits the budget; the message says what would.
+
+    The message is the search's explanation (launcher.planner.search.explain_no_fit): the reason lines, then
+    "what would fit:" and one "  - " line per suggestion (a caller may append more such lines).
+    """
 
     exit_code = EXIT_BAD_INPUT
+
+    @property
+    def reasons(self) -> list[str]:
+        lines = str(self).splitlines()
+        head = lines[: lines.index("what would fit:")] if "what would fit:" in lines else lines
+        return [ln.strip() for ln in head if ln.strip() and not ln.startswith("  - ")]
+
+    @property
+    def suggestions(self) -> list[str]:
+        return [ln[4:] for ln in str(self).splitlines() if ln.startswith("  - ")]
 
 
 class TrainingFailed(LauncherError):

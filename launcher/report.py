@@ -28,6 +28,20 @@ def grown_category(predicted: dict[str, int], measured: dict[str, int]) -> tuple
     return best, int(growth or 0)
 
 
+FAILED_STATUSES = ("failed", "oom")
+"""Rank statuses (launcher.worker.main) of a rank that ended with an error."""
+
+
+def rank_verdict(status: str, measured_bytes: int, budget_bytes: int) -> str:
+    """ok, OVER, oom or failed. A rank that failed, or measured nothing, is never "ok": 0 bytes measured is
+    no evidence of fitting, and the table would otherwise read "ok, measured 0 B"."""
+    if status == "oom":
+        return "oom"
+    if status in FAILED_STATUSES or measured_bytes <= 0:
+        return "failed"
+    return "ok" if measured_bytes <= budget_bytes else "OVER"
+
+
 def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
     rows = []
     budget = int(plan["budget_bytes"])
@@ -38,16 +52,20 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
         cats = {k: int(v) for k, v in (r.get("peak_by_category") or {}).items()}
         largest = max(cats, key=cats.get) if cats else None
         grew, growth = grown_category(plan.get("breakdown", {}), cats)
+        status = r.get("status", "unknown")
         rows.append({
             "rank": int(r["rank"]),
             "host": r.get("host", "?"),
             "device": r.get("device", "cpu"),
-            "status": r.get("status", "unknown"),
+            "status": status,
+            "verdict": rank_verdict(status, measured, budget),
+            "measured": measured > 0,
             "measured_peak_bytes": measured,
             "predicted_peak_bytes": predicted,
             "budget_bytes": budget,
             "headroom_bytes": budget - measured,
-            "within_budget": measured <= budget,
+            # Nothing measured is not "within": the rank gave no evidence either way.
+            "within_budget": 0 < measured <= budget,
             "relative_error": (predicted - measured) / measured if measured else None,
             "largest_category": largest,
             "grew_most": grew,
@@ -76,7 +94,7 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
 
 
 def over_budget_message(report: dict) -> str | None:
-    worst = [r for r in report["ranks"] if not r["within_budget"]]
+    worst = [r for r in report["ranks"] if r["measured_peak_bytes"] > r["budget_bytes"]]
     if not worst:
         return None
     r = max(worst, key=lambda row: row["measured_peak_bytes"])
@@ -90,11 +108,13 @@ def render_report(report: dict) -> str:
     head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<7} largest"
     lines = [head]
     for r in report["ranks"]:
-        verdict = "ok" if r["within_budget"] else "OVER"
+        verdict = r.get("verdict") or rank_verdict(r.get("status", "unknown"), r["measured_peak_bytes"],
+                                                   r["budget_bytes"])
+        measured = r.get("measured", r["measured_peak_bytes"] > 0)
         lines.append(
             f"{r['rank']:>4}  {r['host'][:12]:<12} {format_bytes(r['predicted_peak_bytes']):>10} "
-            f"{format_bytes(r['measured_peak_bytes']):>10} {format_bytes(r['budget_bytes']):>10} "
-            f"{format_bytes(r['headroom_bytes']):>10}  {verdict:<7} {r['largest_category'] or '-'}"
+            f"{format_bytes(r['measured_peak_bytes']) if measured else '-':>10} {format_bytes(r['budget_bytes']):>10} "
+            f"{format_bytes(r['headroom_bytes']) if measured else '-':>10}  {verdict:<7} {r['largest_category'] or '-'}"
         )
     if report["missing_ranks"]:
         lines.append(f"missing ranks (no memory file): {report['missing_ranks']}")

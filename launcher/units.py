@@ -21,19 +21,18 @@ TiB = 1024**4
 _SUFFIX_BYTES = {
     "": 1,
     "B": 1,
+    "kB": KB,
     "KB": KB,
     "MB": MB,
     "GB": GB,
     "TB": TB,
-    "KIB": KiB,
-    "MIB": MiB,
-    "GIB": GiB,
-    "TIB": TiB,
-    "K": KB,
-    "M": MB,
-    "G": GB,
-    "T": TB,
+    "KiB": KiB,
+    "MiB": MiB,
+    "GiB": GiB,
+    "TiB": TiB,
 }
+"""The units a size may carry, spelled exactly: the byte is a capital B, the binary ones carry an i."""
+
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 BYTES_HELP = (
@@ -41,10 +40,26 @@ BYTES_HELP = (
 )
 
 
+_POWERS = {"K": (3, 10), "M": (6, 20), "G": (9, 30), "T": (12, 40)}
+"""Unit letter to its decimal and binary exponents: kB = 10^3 against KiB = 2^10, and so on."""
+
+
+def _ambiguous(number: str, suffix: str) -> str | None:
+    """Why a unit such as G, Gb, g or gib is refused: Slurm reads 16G as GiB, disk vendors as GB, and a
+    lowercase b is a bit. None when the suffix is no unit at all (the generic message applies then)."""
+    letter = suffix[:1].upper()
+    if letter not in _POWERS or suffix[1:].lower() not in ("", "b", "i", "ib"):
+        return None
+    dec, binary = ("kB" if letter == "K" else f"{letter}B"), f"{letter}iB"
+    ten, two = _POWERS[letter]
+    return f"{dec} (10^{ten}) or {binary} (2^{two})? write {number}{dec} or {number}{binary}"
+
+
 def parse_bytes(value: object) -> int:
     """Parse '16GB', '16GiB', '0.5TB', 17179869184 into a byte count.
 
-    Raises ValueError with the rule and an example when the text is not a size.
+    Raises ValueError with the rule and an example when the text is not a size, and asks "GB (10^9) or
+    GiB (2^30)?" for a unit that could be either (16G, 16Gb, 16g).
     """
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
@@ -54,9 +69,13 @@ def parse_bytes(value: object) -> int:
         n = int(value)
     elif isinstance(value, str):
         m = _BYTES_RE.match(value)
-        if not m or m.group(2).upper() not in _SUFFIX_BYTES:
+        if m and m.group(2) not in _SUFFIX_BYTES:
+            why = _ambiguous(m.group(1), m.group(2))
+            if why:
+                raise ValueError(f"{value!r} is ambiguous: {why}")
+        if not m or m.group(2) not in _SUFFIX_BYTES:
             raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
-        n = int(float(m.group(1)) * _SUFFIX_BYTES[m.group(2).upper()])
+        n = int(float(m.group(1)) * _SUFFIX_BYTES[m.group(2)])
     else:
         raise ValueError(f"{value!r} is not a size; {BYTES_HELP}")
     if n <= 0:

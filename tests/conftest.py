@@ -36,6 +36,24 @@ def base_job(data_path: str, **over) -> dict:
     return job
 
 
+def relative_project(root, *, nvme: bool = False):
+    """A job dir with a relative model dir (config.json only: random weights), data file and NVMe path."""
+    import json
+
+    (root / "models" / "tiny").mkdir(parents=True)
+    (root / "models" / "tiny" / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_embd": TINY_GPT2["hidden_size"], "n_layer": TINY_GPT2["num_layers"],
+        "n_head": TINY_GPT2["num_heads"], "vocab_size": TINY_GPT2["vocab_size"],
+        "n_positions": TINY_GPT2["max_position_embeddings"]}))
+    (root / "data").mkdir()
+    (root / "data" / "d.jsonl").write_text("".join(f'{{"text": "line {i} of the data"}}\n' for i in range(32)))
+    doc = base_job("data/d.jsonl", model="models/tiny", **{"train.precision": "fp32"})
+    if nvme:
+        doc["cluster"] = {"nvme_path": "scratch/nvme", "nvme_free": "1TB"}
+    (root / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return root / "job.yaml"
+
+
 @pytest.fixture
 def data_file(tmp_path) -> Path:
     p = tmp_path / "data.jsonl"

@@ -42,3 +42,27 @@ def test_over_budget_message_names_the_rank_peak_budget_and_category():
     assert "activations grew most" in msg and "(1 more rank(s) over)" in msg
     assert over_budget_message(report(budget=9_000_000)) is None
     json.dumps(report(1))  # the report stays plain JSON
+
+
+def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):
+    from launcher.report import build_report, render_report
+    from launcher.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps(
+        {"rank": 0, "host": "h", "status": "completed", "measured_peak_bytes": 5_000_000,
+         "peak_by_category": {"params": 5_000_000}}))
+    (tmp_path / "ranks" / "rank-1.json").write_text(json.dumps(
+        {"rank": 1, "host": "h", "status": "failed", "measured_peak_bytes": 0, "peak_by_category": None,
+         "error": "ConfigError: model: './m' is a directory without config.json"}))
+    plan = {"budget_bytes": 10_000_000, "predicted_peak_bytes": 6_000_000, "breakdown": {"params": 6_000_000}}
+    rep = build_report(run, plan, expected_ranks=2)
+    r0, r1 = rep["ranks"]
+    assert (r0["verdict"], r0["measured"], r0["within_budget"]) == ("ok", True, True)
+    assert (r1["verdict"], r1["measured"], r1["within_budget"]) == ("failed", False, False)
+    assert rep["within_budget"] is False
+    assert over_budget_message(rep) is None  # failed is not over budget
+    row1 = next(ln for ln in render_report(rep).splitlines() if ln.split()[0] == "1")
+    assert row1.split()[1:] == ["h", "6.00", "MB", "-", "10.00", "MB", "-", "failed", "-"]
+    assert "NOT within budget" in render_report(rep)

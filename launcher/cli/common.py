@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from launcher.config.job import Job
-from launcher.config.jobfile import load_job
+from launcher.config.jobfile import load_job, parse_overrides
 from launcher.units import BYTES_HELP, parse_bytes
 
 
@@ -52,8 +52,12 @@ def seconds(text: str) -> float:
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("job", help="the job file (YAML)")
-    p.add_argument("--gpus", type=_positive_int, help="GPUs (or CPU ranks) per node; overrides gpus: in the job")
+    p.add_argument("job", help="the job file (YAML); KEY=VALUE after it sets any job key, e.g. train.lr=1e-4 "
+                               "strategy.zero_stage=3 (values read as YAML, checked as the file is)")
+    p.add_argument("--gpus", type=_positive_int,
+                   help="GPUs (or CPU ranks) per node (torchrun's --nproc-per-node works too); overrides gpus: in the job")
+    # torchrun's name for it; a separate flag so an error names the one the user typed.
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="gpus", type=_positive_int, help=argparse.SUPPRESS)
     p.add_argument("--budget", type=_size, help=f"memory budget per GPU; {BYTES_HELP}")
     # --nnodes is torchrun's name for it; multi-node c10d users reach for it first.
     p.add_argument("--nodes", "--nnodes", dest="nodes", type=_positive_int, help="nodes (default 1)")
@@ -64,9 +68,12 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="run a fully pinned plan even if its prediction is over the budget (to exercise the check)")
 
 
-def job_from_args(args: argparse.Namespace, extra: dict | None = None) -> Job:
-    overrides = {
+def job_from_args(args: argparse.Namespace, extra: dict | None = None, *, for_run: bool = True) -> Job:
+    """The job file, then the KEY=VALUE overrides, then the flags; ``for_run`` adds what only a run needs
+    (train.max_steps or epochs, an existing data file)."""
+    flags = {
         "gpus": args.gpus, "budget": args.budget, "nodes": args.nodes, "data.max_seq_len": args.seq_len,
         "train.global_batch_size": args.global_batch, "cluster.hardware": args.hardware, **(extra or {}),
     }
-    return load_job(args.job, overrides)
+    sets = parse_overrides(getattr(args, "overrides", None) or [])
+    return load_job(args.job, flags, sets=sets, for_run=for_run)

@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+from pathlib import Path
 
 from launcher.errors import EXIT_BAD_INPUT, LauncherError
 from launcher.units import BYTES_HELP
@@ -28,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="launch", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", "-V", action="version", version=f"launch {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
     for mod in (run, plan, calibrate, manage):
         mod.add_parser(sub)
@@ -35,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Flags taking one number or size: "--budget -4GB" must reach the flag's own check, which names the rule.
-VALUE_FLAGS = ("--budget", "--gpus", "--nodes", "--nnodes", "--seq-len", "--global-batch", "--auto-fallback",
+VALUE_FLAGS = ("--budget", "--gpus", "--nproc-per-node", "--nproc_per_node", "--nodes", "--nnodes", "--seq-len", "--global-batch", "--auto-fallback",
                "--hang-timeout", "--checkpoint-timeout", "--node-rank", "--array-parallelism")
 
 
@@ -56,18 +60,63 @@ def attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help"):
-        argv.insert(0, "run")
-    parser = build_parser()
-    # Everything after "--" belongs to the user's --script, untouched by our parser.
+def version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("launcher")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+OVERRIDE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
+"""A dotted job key set from the command line: train.lr=1e-4 (torchtune's and Hydra's form)."""
+
+
+def unknown_verb(word: str) -> str | None:
+    """The one-line answer for a first word that is neither a verb, a flag nor a job file, or None."""
+    if word in VERBS or word.startswith("-") or OVERRIDE_RE.match(word) or Path(word).exists():
+        return None
+    near = difflib.get_close_matches(word, VERBS, n=1, cutoff=0.6)
+    if near:
+        return f"unknown command {word!r}; did you mean {near[0]!r}?"
+    if Path(word).suffix or "/" in word:  # reads as a path: the job-file check names it
+        return None
+    return f"unknown command {word!r}; use one of {', '.join(VERBS)}, or give a job file (launch job.yaml)"
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(our arguments, KEY=VALUE overrides, the --script's own arguments).
+
+    After ``--``: with --script, the rest is the script's, untouched; without it, ``--`` ends our options as
+    usual (``launch plan -- job.yaml``). Overrides may stand anywhere before the script's arguments.
+    """
     script_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, script_args = argv[:cut], argv[cut + 1:]
+        if any(a == "--script" or a.startswith("--script=") for a in argv[:cut]):
+            argv, script_args = argv[:cut], argv[cut + 1:]
+    ours = [a for a in argv if not OVERRIDE_RE.match(a)]
+    return ours, [a for a in argv if OVERRIDE_RE.match(a)], script_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help", "-V", "--version"):
+        problem = unknown_verb(argv[0])
+        if problem:
+            print(f"launch: error: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        argv.insert(0, "run")
+    parser = build_parser()
+    argv, overrides, script_args = split_argv(argv)
     args = parser.parse_args(attach_negative_values(argv))
     args.script_args = script_args
+    args.overrides = overrides
+    if overrides and args.verb not in ("run", "plan"):
+        print(f"launch: error: {overrides[0]}: KEY=VALUE job overrides apply to run and plan, not to {args.verb}; "
+              "drop it", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

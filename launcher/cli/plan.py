@@ -9,6 +9,7 @@ from pathlib import Path
 from launcher.cli.common import add_job_args, job_from_args
 from launcher.cli.render import render_plan
 from launcher.config.job import InlineArch, Job
+from launcher.errors import ConfigError, NoPlanError
 from launcher.planner.plan import Plan
 from launcher.planning import plan_job
 
@@ -23,7 +24,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="compute and explain a plan; run nothing", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_args(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object: the plan, {"status": "no_fit", "reasons", "suggestions"} (exit 2), '
+                        'or {"status": "bad_input", "errors"} (exit 2, the errors also on stderr)')
     p.add_argument("--out", type=Path, help="write plan.json and ds_config.json or fsdp.yaml into this directory")
     p.add_argument("--sbatch", action="store_true", help="also write an sbatch script (with --out) or print it")
     p.set_defaults(func=run)
@@ -49,9 +52,23 @@ def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
     return written
 
 
+def no_fit_json(e: NoPlanError) -> dict:
+    return {"status": "no_fit", "reasons": e.reasons, "suggestions": e.suggestions}
+
+
 def run(args: argparse.Namespace) -> int:
-    job = job_from_args(args)
-    plan = plan_job(job, force=args.force)
+    try:
+        job = job_from_args(args, for_run=False)
+        plan = plan_job(job, force=args.force)
+    except NoPlanError as e:
+        if not args.json:
+            raise
+        print(json.dumps(no_fit_json(e), indent=2))
+        return e.exit_code
+    except ConfigError as e:
+        if args.json:  # stdout still holds one object a script can read; stderr has the lines as always
+            print(json.dumps({"status": "bad_input", "errors": e.problems}, indent=2))
+        raise
     if args.out:
         for path in write_plan_outputs(args.out, plan, job):
             print(f"wrote {path}")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from launcher.config.job import InlineArch, Job
-from launcher.config.load import from_dict_partial, load_yaml, show
+from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
@@ -39,24 +40,51 @@ def load_job_data(path: str | Path) -> dict:
     return data
 
 
-def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | None = None) -> Job:
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """``["train.lr=1e-4", "strategy.zero_stage=3"]`` as (dotted key, YAML value) pairs, in order.
+
+    A value is read as one YAML value (1e-4 a number, 3 an int, true a bool, [a, b] a list, null None), so a
+    key set here gets exactly the checks it would get in the file.
+    """
+    problems, out = [], []
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out.append((key, parse_yaml_value(raw)))
+        except ValueError as e:
+            problems.append(f"{key}: {raw!r} (from {item!r} on the command line) is not a YAML value ({e}); "
+                            "quote it or fix its syntax")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | None = None, *,
+                  sets: list[tuple[str, Any]] | None = None, for_run: bool = True) -> Job:
     """Typed Job from plain data plus dotted overrides; every problem in one ConfigError.
 
-    Type and key problems, the rules over values, and the plan request's own rules (budget against the card,
-    batch against the ranks) are gathered together; a value refused by its type is not judged again.
+    ``sets`` are KEY=VALUE overrides from the command line (None is a value there: key=null); ``overrides``
+    are the flags (None: not given), applied after them. Type and key problems, the rules over values, and the
+    plan request's own rules (budget against the card, batch against the ranks) are gathered together; a value
+    refused by its type is not judged again. ``for_run`` adds the rules only a run needs (train.max_steps or
+    epochs, a data file with records). Relative model, data and NVMe paths become absolute against ``base_dir``.
     """
     data = copy.deepcopy(data)
-    for key, value in (overrides or {}).items():
-        if value is not None:
+    problems: list[str] = []
+    for key, value in [*(sets or []), *((k, v) for k, v in (overrides or {}).items() if v is not None)]:
+        try:
             set_dotted(data, key, value)
+        except ConfigError as e:
+            problems += e.problems
     built = from_dict_partial(Job, data)
-    problems = list(built.problems)
+    problems += built.problems
     job: Job | None = built.value
     if job is not None:
         job.base_dir = str(Path(base_dir).resolve())
+        resolve_paths(job)
         if job.gpus is None and job.cluster.gpus_per_node is not None:
             job.gpus = job.cluster.gpus_per_node
-        checks = check_job(job)
+        checks = check_job(job, for_run=for_run)
         if job.sweep is None:  # a sweep's variants change gpus and batch, and each is checked for itself
             from launcher.planning import request_problems
 
@@ -67,13 +95,40 @@ def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | 
     return job  # type: ignore[return-value]
 
 
+def _absolute(path: str, base_dir: str) -> str:
+    """``path`` with ~ expanded and, if relative, joined to ``base_dir`` (normalized, symlinks kept)."""
+    p = Path(path).expanduser()
+    return str(p) if p.is_absolute() else os.path.normpath(Path(base_dir) / p)
+
+
+def resolve_paths(job: Job) -> None:
+    """Relative paths in the job start at the job file's directory, wherever plan, run or Slurm reads them.
+
+    Made absolute once here, so the run dir's job.yaml (read by the ranks with the run dir as their base) and
+    an sbatch script name the same files. A model name that is no directory there (a bundled config, a hub
+    id) stays as written unless it is spelled as a path (./ or ../).
+    """
+    base = job.base_dir
+    try:
+        job.data.path = _absolute(job.data.path, base) if job.data.path.strip() else job.data.path
+        if job.cluster.nvme_path:
+            job.cluster.nvme_path = _absolute(job.cluster.nvme_path, base)
+        if isinstance(job.model, str) and job.model.strip():
+            local = _absolute(job.model, base)
+            if job.model.startswith(("./", "../", "~")) or Path(local).is_dir():
+                job.model = local
+    except (OSError, RuntimeError, ValueError):  # a NUL byte, an unknown ~user: the checks name the value
+        pass
+
+
 def _judges(problem: str, failed: list[str]) -> bool:
     """Whether a rule's message names a field whose value was already refused (its default stood in)."""
     return any(re.search(rf"(?<![\w.]){re.escape(path)}(?!\w)", problem) for path in failed)
 
 
-def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> Job:
-    return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides)
+def load_job(path: str | Path, overrides: dict[str, Any] | None = None, *,
+             sets: list[tuple[str, Any]] | None = None, for_run: bool = True) -> Job:
+    return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides, sets=sets, for_run=for_run)
 
 
 def data_path(job: Job) -> Path:
@@ -123,8 +178,11 @@ def check_data_path(job: Job) -> list[str]:
     return []
 
 
-def check_job(job: Job) -> list[str]:
-    """Rules that span fields or touch the file system; returns every problem found."""
+def check_job(job: Job, *, for_run: bool = True) -> list[str]:
+    """Rules that span fields or touch the file system; returns every problem found.
+
+    Planning reads neither the length of training nor the data, so without ``for_run`` those are not required.
+    """
     p: list[str] = []
     if not job.name.strip():
         p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
@@ -145,7 +203,7 @@ def check_job(job: Job) -> list[str]:
             p.append(f"train.{name}: {v!r} must not be negative; use 0 or more")
     if job.auto_fallback < 0:
         p.append(f"auto_fallback: {job.auto_fallback!r} must not be negative; use 0 (off) or the number of retries")
-    if job.train.max_steps is None and job.train.epochs is None:
+    if for_run and job.train.max_steps is None and job.train.epochs is None:
         p.append("train.max_steps: missing; give train.max_steps (e.g. 100) or train.epochs (e.g. 1)")
     if job.train.max_steps is not None and job.train.epochs is not None:
         p.append("train.epochs: given together with train.max_steps; keep one of them")
@@ -174,7 +232,8 @@ def check_job(job: Job) -> list[str]:
         except RuntimeError as e:  # '~nosuchuser/model'
             p.append(f"model: {job.model!r} cannot be expanded ({e}); give an absolute path or a hub id")
     _positive(p, "data.num_labels", job.data.num_labels, "leave it out to count the labels in the data")
-    p += check_data_path(job)
+    if for_run:
+        p += check_data_path(job)
     return p
 
 

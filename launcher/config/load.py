@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import reprlib
 import types
 import typing
@@ -289,6 +290,32 @@ def from_dict(cls: type[T], data: Any, where: str = "") -> T:
     return built.value
 
 
+class JobLoader(yaml.SafeLoader):
+    """SafeLoader that also reads 1e-4 as a number: PyYAML follows YAML 1.1, whose floats need a dot
+    (1.0e-4), so `lr: 1e-4` was a string that the float check refused. YAML 1.2 (and every JSON reader)
+    takes it as a float."""
+
+
+JobLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml_value(text: str) -> Any:
+    """One YAML value from the command line (``1e-4``, ``3``, ``true``, ``[q_proj, v_proj]``, ``null``).
+
+    An empty text is the empty string, not null: ``name=`` must not delete a key by accident.
+    """
+    if text.strip() == "":
+        return text
+    try:
+        return yaml.load(text, Loader=JobLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ValueError(getattr(e, "problem", None) or str(e).splitlines()[0]) from None
+
+
 def load_yaml(path: str | Path) -> Any:
     """safe_load a file; syntax errors and duplicate keys name the line and column."""
     p = Path(path)
@@ -305,7 +332,7 @@ def load_yaml(path: str | Path) -> Any:
         duplicate = _first_duplicate_key(text)
         if duplicate:
             raise ConfigError(f"{path}: {duplicate}")
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=JobLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

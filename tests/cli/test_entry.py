@@ -15,7 +15,7 @@ def test_help_exits_0_and_prints_everything():
     res = subprocess.run([LAUNCH, "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
     assert "GiB is 2^30" in res.stdout and "Exit codes:" in res.stdout
-    assert res.stdout.rstrip().endswith("show this help message and exit")  # the last line, flushed
+    assert res.stdout.rstrip().endswith("show program's version number and exit")  # the last line, flushed
 
 
 def test_bad_flag_exits_2_with_usage(tmp_path):

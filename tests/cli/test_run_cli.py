@@ -319,3 +319,18 @@ def test_run_verb_writes_the_default_run_dir(tmp_path):
     check_report(dirs[0], 2)
     for name in ("job.yaml", "plan.json", "state.json", "report.json", "memory.png"):
         assert (dirs[0] / name).is_file(), name
+
+
+def test_a_relative_model_dir_runs_from_another_directory(tmp_path):
+    """Relative model and data paths start at the job file's directory in run too (the ranks read the run dir's
+    job.yaml with the run dir as their base, so it must carry them absolute)."""
+    from tests.conftest import relative_project
+
+    job = relative_project(tmp_path / "proj")
+    (tmp_path / "elsewhere").mkdir()
+    res = launch("../proj/job.yaml", "--run-dir", "run", "--quiet", "train.max_steps=2", cwd=tmp_path / "elsewhere")
+    assert res.returncode == 0, res.stdout + res.stderr
+    written = yaml.safe_load((tmp_path / "elsewhere" / "run" / "job.yaml").read_text())
+    assert written["model"] == str(job.parent / "models" / "tiny")
+    assert written["data"]["path"] == str(job.parent / "data" / "d.jsonl")
+    assert written["train"]["max_steps"] == 2

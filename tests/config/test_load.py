@@ -4,7 +4,7 @@ from launcher.config.job import Job
 from launcher.config.jobfile import load_job
 from launcher.config.load import from_dict, to_dict
 from launcher.errors import ConfigError
-from tests.conftest import base_job
+from tests.conftest import base_job, relative_project
 
 
 def test_minimal_job_loads_with_typed_fields(write_job):
@@ -131,3 +131,36 @@ def test_gpus_per_node_stands_in_for_gpus(write_job):
     assert job.gpus == 4
     with pytest.raises(ConfigError, match="not divisible by 3 GPUs"):
         load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 3}))
+
+
+def test_relative_paths_start_at_the_job_files_directory(tmp_path, monkeypatch):
+    from launcher.config.jobfile import job_to_data
+
+    job_path = relative_project(tmp_path / "proj", nvme=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job = load_job(job_path)
+    proj = str(tmp_path / "proj")
+    assert job.model == f"{proj}/models/tiny"
+    assert job.data.path == f"{proj}/data/d.jsonl"
+    assert job.cluster.nvme_path == f"{proj}/scratch/nvme"
+    # The run dir's job.yaml (read by the ranks, whose base is the run dir) and sbatch carry the same paths.
+    data = job_to_data(job)
+    assert (data["model"], data["data"]["path"], data["cluster"]["nvme_path"]) == (
+        job.model, job.data.path, job.cluster.nvme_path)
+
+
+def test_a_model_name_that_is_no_local_dir_stays_as_written(write_job):
+    assert load_job(write_job(model="gpt2-124m")).model == "gpt2-124m"
+
+
+def test_plan_and_sbatch_see_the_resolved_paths(tmp_path, monkeypatch):
+    from launcher.emit.sbatch import sbatch_text
+    from launcher.planning import plan_job
+
+    job_path = relative_project(tmp_path / "proj")
+    monkeypatch.chdir(tmp_path)
+    job = load_job(job_path)
+    text = sbatch_text(plan_job(job), job, run_dir=tmp_path / "run")
+    assert f"model: {tmp_path}/proj/models/tiny" in text and f"path: {tmp_path}/proj/data/d.jsonl" in text
