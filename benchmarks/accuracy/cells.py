@@ -1,31 +1,35 @@
-"""The accuracy matrix: which configurations run, and the job file each one becomes.
+"""The accuracy matrix: which configurations run, the job file each becomes, and the fit / held-out split.
 
-Axes (values): sharding (ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-3 + CPU optimizer offload, FSDP2 full-shard, FSDP2
-grad-op-shard), activation checkpointing (off, on), model (tiny GPT-2, MiniLM), micro-batch (1, 2) and sequence
-length (32, 128 tokens). The full product is 96 runs; on 2 cores that is hours, so:
+Axes (values): precision (fp32, bf16), task (causal_lm, seq_cls, sentence_embedding), model (tiny GPT-2 1.3M,
+tiny Llama 7M with GQA and a SwiGLU MLP, MiniLM 22.7M, GPT-2 124M), LoRA (off, on), gradient accumulation
+(1, 2), sequence length (64 to 1024 tokens), ranks (2, 4), sharding (ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-3 + CPU
+optimizer offload, FSDP2 full-shard and grad-op-shard, FSDP2 with CPU offload) and activation checkpointing.
+The full product is thousands of runs; on 2 shared cores the matrix is a hand-laid list (MATRIX) in which
+every axis value appears several times, fp32 in most cells (bf16 may be slow on a CPU without native bf16),
+the 124M and 1024-token cells sized so that two ranks stay under ~5 GB of host RAM.
 
-  - every sharding gets 4 cells: model x checkpointing in full (so each engine's error is seen on both
-    models, with and without recompute);
-  - micro-batch and sequence length follow a fractional design inside those 4: micro-batch is the parity of
-    (model, checkpointing, sharding index), sequence length the parity of (model, sharding index // 2); each
-    sharding sees both micro-batches and both lengths, and each model sees every sharding at both lengths;
-  - the GPT-2 cells alternate two sizes (h 64 / 2 layers / vocab 1024 and h 128 / 4 layers / vocab 4096) so
-    a refit sees more than one width.
+The split (split()) is a hash of the cell's name with a salt: the smallest salt for which both halves hold
+every axis value and neither half is more than 60 % of the cells. It depends on the names alone, so adding a
+cell never moves another cell across the split unless the salt has to change (the results file names it).
+Every constant fitted to measurements (launcher/calibrate/fit.py, `launch calibrate --from`) is fitted on the
+"fit" cells only; the headline error is the "held-out" cells'.
 
-24 runs in all. Each runs 3 optimizer steps with no gradient accumulation (global batch = 2 ranks x
-micro-batch) and no held-out evaluation (eval_fraction 0: the eval passes would only add time and a peak the
-planner does not model), under a 4 GB budget nobody comes near, so every run completes and reports its peak.
+Each run takes STEPS optimizer steps (global batch = ranks x micro-batch x accumulation) with no evaluation
+(eval_fraction 0) under a budget nobody comes near, so every run completes and reports its peak.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from benchmarks.accuracy.harness import DATA
 
 RANKS = 2
-STEPS = 3
-BUDGET = "4GB"
+"""Default ranks of a cell."""
+STEPS = 2
+"""Optimizer steps per run: the second step's backward starts with the optimizer state allocated."""
+BUDGET = "16GB"
 
 SHARDINGS: dict[str, dict] = {
     "z1": {"engine": "deepspeed", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none"},
@@ -36,65 +40,160 @@ SHARDINGS: dict[str, dict] = {
              "offload_params": "none"},
     "fsdp-noreshard": {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_optimizer": "none",
                        "offload_params": "none"},
+    "fsdpoff": {"engine": "fsdp", "fsdp_reshard_after_forward": True, "offload_optimizer": "cpu",
+                "offload_params": "cpu"},
 }
 SHARDING_LABEL = {"z1": "ZeRO-1", "z2": "ZeRO-2", "z3": "ZeRO-3", "z3off": "ZeRO-3 +opt->cpu",
-                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard"}
-GPT2 = {
-    "gpt2s": {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024,
-              "max_position_embeddings": 256},
-    "gpt2m": {"family": "gpt2", "hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 4096,
-              "max_position_embeddings": 256},
+                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard", "fsdpoff": "FSDP2 +offload"}
+MODELS: dict[str, dict | str] = {
+    "gpt2s": {"family": "gpt2", "hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 4096,
+              "max_position_embeddings": 1024},
+    "llama": {"family": "llama", "hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+              "vocab_size": 8192, "max_position_embeddings": 1024},
+    "minilm": "all-MiniLM-L6-v2",
+    "gpt2-124m": "gpt2-124m",
 }
-MICRO_BATCHES = (1, 2)
-SEQ_LENS = (32, 128)
+LORA_TARGETS = {"gpt2s": ["c_attn"], "gpt2-124m": ["c_attn"], "llama": ["q_proj", "v_proj"],
+                "minilm": ["query", "value"]}
+"""Each family's usual attention targets (peft's defaults for these architectures)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Cell:
     sharding: str
     model: str
-    """gpt2s, gpt2m or minilm."""
+    """A key of MODELS."""
     checkpointing: bool
     micro_batch: int
     seq_len: int
+    task: str = "causal_lm"
+    precision: str = "fp32"
+    ranks: int = RANKS
+    accum: int = 1
+    """Gradient accumulation steps."""
+    lora: bool = False
 
     @property
     def name(self) -> str:
         ac = "ac" if self.checkpointing else "noac"
-        return f"{self.sharding}-{self.model}-{ac}-mb{self.micro_batch}-s{self.seq_len}"
+        task = {"causal_lm": "clm", "seq_cls": "cls", "sentence_embedding": "emb"}[self.task]
+        extra = "".join([f"-ga{self.accum}" if self.accum > 1 else "", "-lora" if self.lora else ""])
+        return (f"{self.sharding}-{self.model}-{task}-{self.precision}-{ac}-mb{self.micro_batch}-s{self.seq_len}"
+                f"-r{self.ranks}{extra}")
+
+    def axes(self) -> dict[str, object]:
+        """The axis values the split must show on both sides."""
+        return {"precision": self.precision, "task": self.task, "model": self.model, "lora": self.lora,
+                "accum": self.accum > 1, "ranks": self.ranks, "sharding": self.sharding,
+                "checkpointing": self.checkpointing, "long": self.seq_len >= 512}
 
     def job(self) -> dict:
         strategy = {**SHARDINGS[self.sharding], "micro_batch_size": self.micro_batch,
                     "activation_checkpointing": self.checkpointing}
-        if self.model == "minilm":
-            model, task = "all-MiniLM-L6-v2", "sentence_embedding"
+        model = MODELS[self.model]
+        model = dict(model) if isinstance(model, dict) else model
+        if self.task == "sentence_embedding":
             data = {"path": str(DATA / "pairs.jsonl"), "text_field": "text", "pair_field": "positive"}
+        elif self.task == "seq_cls":
+            data = {"path": str(DATA / "sentiment.jsonl"), "text_field": "text", "label_field": "label"}
         else:
-            model, task = dict(GPT2[self.model]), "causal_lm"
             data = {"path": str(DATA / "causal.jsonl"), "text_field": "text"}
         data.update(max_seq_len=self.seq_len, eval_fraction=0.0)
-        return {
-            "name": self.name, "model": model, "task": task, "data": data,
-            "train": {"global_batch_size": RANKS * self.micro_batch, "precision": "bf16", "lr": 1.0e-4,
-                      "max_steps": STEPS},
-            "strategy": strategy, "cluster": {"hardware": "cpu"},
-        }
+        train = {"global_batch_size": self.ranks * self.micro_batch * self.accum, "precision": self.precision,
+                 "lr": 1.0e-4, "max_steps": STEPS}
+        if self.lora:
+            train["lora"] = {"r": 8, "alpha": 16, "target_modules": LORA_TARGETS[self.model]}
+        return {"name": self.name, "model": model, "task": self.task, "data": data, "train": train,
+                "strategy": strategy, "cluster": {"hardware": "cpu"}}
+
+
+def _c(sharding, model, task, precision, ac, mb, seq, ranks=2, accum=1, lora=False) -> Cell:
+    return Cell(sharding, model, ac, mb, seq, task, precision, ranks, accum, lora)
+
+
+MATRIX: tuple[Cell, ...] = (
+    # tiny GPT-2 causal LM: every sharding, short and long sequences, fp32 mostly
+    _c("z1", "gpt2s", "causal_lm", "fp32", False, 2, 256),
+    _c("z2", "gpt2s", "causal_lm", "fp32", False, 1, 1024),
+    _c("z2", "gpt2s", "causal_lm", "bf16", False, 2, 128),
+    _c("z3", "gpt2s", "causal_lm", "fp32", True, 2, 512),
+    _c("z3off", "gpt2s", "causal_lm", "fp32", False, 1, 512, accum=2),
+    _c("fsdp", "gpt2s", "causal_lm", "fp32", False, 2, 512),
+    _c("fsdp-noreshard", "gpt2s", "causal_lm", "fp32", True, 1, 1024),
+    _c("fsdp", "gpt2s", "causal_lm", "bf16", True, 2, 256, ranks=4),
+    _c("z2", "gpt2s", "causal_lm", "fp32", False, 1, 256, ranks=4, accum=2),
+    _c("z1", "gpt2s", "causal_lm", "fp32", True, 1, 1024, lora=True),
+    _c("fsdpoff", "gpt2s", "causal_lm", "fp32", False, 1, 256, lora=True),
+    # tiny Llama (GQA, SwiGLU, untied head)
+    _c("z1", "llama", "causal_lm", "fp32", False, 1, 512),
+    _c("z2", "llama", "causal_lm", "fp32", True, 2, 512, accum=2),
+    _c("z3", "llama", "causal_lm", "bf16", False, 1, 256),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 1, 1024),
+    _c("fsdp-noreshard", "llama", "causal_lm", "fp32", False, 2, 256, lora=True),
+    _c("z3", "llama", "causal_lm", "fp32", False, 1, 256, ranks=4),
+    _c("fsdpoff", "llama", "causal_lm", "fp32", True, 1, 512, lora=True),
+    _c("z2", "llama", "causal_lm", "fp32", False, 1, 1024, lora=True, accum=2),
+    # MiniLM: sentence embedding and classification
+    _c("z2", "minilm", "seq_cls", "fp32", False, 4, 128),
+    _c("z1", "minilm", "seq_cls", "bf16", False, 4, 64),
+    _c("fsdp", "minilm", "seq_cls", "fp32", True, 4, 256),
+    _c("z3", "minilm", "seq_cls", "fp32", False, 2, 128, ranks=4),
+    _c("z3off", "minilm", "seq_cls", "fp32", False, 4, 128, lora=True),
+    _c("fsdp-noreshard", "minilm", "seq_cls", "fp32", False, 8, 256, accum=2),
+    _c("z2", "minilm", "sentence_embedding", "fp32", False, 2, 256),
+    _c("z3", "minilm", "sentence_embedding", "fp32", True, 4, 128),
+    _c("fsdp", "minilm", "sentence_embedding", "bf16", False, 2, 128),
+    _c("z1", "minilm", "sentence_embedding", "fp32", False, 2, 512, ranks=4, lora=True),
+    _c("fsdp-noreshard", "minilm", "sentence_embedding", "fp32", False, 4, 256, accum=2),
+    # GPT-2 124M: real widths, LoRA at long sequences
+    _c("z2", "gpt2-124m", "causal_lm", "fp32", True, 1, 1024, lora=True),
+    _c("fsdp", "gpt2-124m", "causal_lm", "fp32", False, 1, 512, lora=True),
+    _c("z3", "gpt2-124m", "causal_lm", "fp32", False, 1, 256),
+    _c("z1", "gpt2-124m", "causal_lm", "bf16", False, 1, 256, lora=True),
+)
 
 
 def full_matrix() -> list[Cell]:
-    cells = []
-    for i, sharding in enumerate(SHARDINGS):
-        for j in range(4):
-            is_minilm, ac = j // 2, j % 2
-            mb = MICRO_BATCHES[is_minilm ^ ac ^ (i % 2)]
-            seq = SEQ_LENS[is_minilm ^ ((i // 2) % 2)]
-            model = "minilm" if is_minilm else ("gpt2s" if (i + ac) % 2 == 0 else "gpt2m")
-            cells.append(Cell(sharding, model, bool(ac), mb, seq))
-    return cells
+    return list(MATRIX)
 
 
-QUICK = ("z2-gpt2s-ac-mb1-s32", "z3off-gpt2m-noac-mb2-s128", "fsdp-gpt2s-noac-mb1-s32", "z2-minilm-noac-mb1-s128")
-"""--quick: 4 cells, both engines, offload, checkpointing and both models (about 4 minutes on 2 idle cores)."""
+def _side(name: str, salt: int) -> str:
+    digest = hashlib.sha256(f"{salt}:{name}".encode()).digest()
+    return "fit" if digest[0] % 2 == 0 else "held-out"
+
+
+def balanced(cells: list[Cell], sides: dict[str, str]) -> bool:
+    """Both sides hold every axis value that two or more cells share, and neither side has over 60 %."""
+    held = sum(s == "held-out" for s in sides.values())
+    if not 0.4 * len(cells) <= held <= 0.6 * len(cells):
+        return False
+    values: dict[tuple[str, object], set[str]] = {}
+    counts: dict[tuple[str, object], int] = {}
+    for c in cells:
+        for axis, v in c.axes().items():
+            values.setdefault((axis, v), set()).add(sides[c.name])
+            counts[(axis, v)] = counts.get((axis, v), 0) + 1
+    return all(len(s) == 2 for k, s in values.items() if counts[k] >= 2)
+
+
+def split_salt(cells: list[Cell] | None = None) -> int:
+    cells = list(MATRIX) if cells is None else cells
+    for salt in range(10_000):
+        if balanced(cells, {c.name: _side(c.name, salt) for c in cells}):
+            return salt
+    raise ValueError("no salt balances the split; add cells")
+
+
+def split(cells: list[Cell] | None = None) -> dict[str, str]:
+    """Cell name -> "fit" or "held-out": a salted hash, the salt the smallest that balances every axis."""
+    cells = list(MATRIX) if cells is None else cells
+    salt = split_salt(cells)
+    return {c.name: _side(c.name, salt) for c in cells}
+
+
+QUICK = ("z2-gpt2s-clm-bf16-noac-mb2-s128-r2", "z3off-minilm-cls-fp32-noac-mb4-s128-r2-lora",
+         "fsdp-llama-clm-fp32-noac-mb1-s1024-r2")
+"""--quick: 3 cells, both engines, offload, LoRA and both precisions."""
 
 
 def select(cells: list[Cell], patterns: list[str] | None) -> list[Cell]:

@@ -23,7 +23,9 @@ import io
 from dataclasses import dataclass
 from functools import cache
 
-from benchmarks.accuracy.cells import RANKS, Cell
+import dataclasses
+
+from benchmarks.accuracy.cells import Cell
 
 ACCELERATE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -40,14 +42,14 @@ class External:
 
 
 @cache
-def _meta_model_sizes(cell_model: str, seq_len: int) -> tuple[int, int, int]:
+def _meta_model_sizes(cell: Cell) -> tuple[int, int, int]:
     """(params, largest layer params, accelerate's total load bytes) of the cell's model on the meta device."""
     from accelerate.utils import calculate_maximum_sizes
 
     from launcher.config.jobfile import job_from_data
     from launcher.model.build import build_model, model_config
 
-    job = job_from_data(Cell("z2", cell_model, False, 1, seq_len).job(), ".")
+    job = job_from_data(cell.job(), ".")
     model = build_model(job, model_config(job), device="meta")
     total_params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -55,19 +57,19 @@ def _meta_model_sizes(cell_model: str, seq_len: int) -> tuple[int, int, int]:
     return total_params, largest, int(total_size)
 
 
-def deepspeed_gpu_bytes(sharding: str, total_params: int, largest_layer_params: int) -> tuple[int, str]:
+def deepspeed_gpu_bytes(sharding: str, total_params: int, largest_layer_params: int, ranks: int) -> tuple[int, str]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     analogue = " (analogue)" if sharding.startswith("fsdp") else ""
     with contextlib.redirect_stdout(io.StringIO()):  # the estimators print as they go
         if sharding in ("z1", "z2", "fsdp-noreshard"):
-            _, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=RANKS, num_nodes=1,
+            _, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=ranks, num_nodes=1,
                                                           cpu_offload=False)
             return int(gpu), "zero2 offload_optimizer=none" + analogue
         offload = sharding == "z3off"
         _, gpu, _ = estimate_zero3_model_states_mem_needs(
-            total_params, largest_layer_params, num_gpus_per_node=RANKS, num_nodes=1, cpu_offload=offload,
+            total_params, largest_layer_params, num_gpus_per_node=ranks, num_nodes=1, cpu_offload=offload,
             cpu_offload_params=False, zero_init=True)
         return int(gpu), f"zero3 offload_optimizer={'cpu' if offload else 'none'} zero_init=1" + analogue
 
@@ -80,8 +82,8 @@ def accelerate_training_bytes(load_bytes: int, precision: str) -> int:
 
 
 def external(cell: Cell, precision: str = "bf16") -> External:
-    total, largest, load = _meta_model_sizes(cell.model, cell.seq_len)
-    ds, row = deepspeed_gpu_bytes(cell.sharding, total, largest)
+    total, largest, load = _meta_model_sizes(dataclasses.replace(cell, sharding="z2"))
+    ds, row = deepspeed_gpu_bytes(cell.sharding, total, largest, cell.ranks)
     return External(deepspeed_bytes=ds, deepspeed_row=row, accelerate_bytes=accelerate_training_bytes(load, precision),
                     accelerate_fp32_bytes=accelerate_training_bytes(load, "fp32"), total_params=total,
                     largest_layer_params=largest)

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.replan and not (args.reuse and (run_dir / "report.json").is_file()):
             job_file = write_job(cell.job(), ROOT / "jobs" / f"{cell.name}.yaml")
             log(f"[{i}/{len(chosen)}] {cell.name} ...")
-            res = launch(job_file, run_dir, gpus=RANKS, budget=BUDGET)
+            res = launch(job_file, run_dir, gpus=cell.ranks, budget=BUDGET, timeout_s=1500)
             log(f"    exit {res.returncode} in {res.wall_s:.0f} s")
             if res.returncode != 0:
                 failures.append({"cell": cell.name, "exit": res.returncode, "tail": res.output_tail})
