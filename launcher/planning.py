@@ -124,11 +124,14 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
         return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
     from launcher.model.activations import PROBE_VERSION
 
-    key = f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}-v{PROBE_VERSION}"
+    key = (f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}-"
+           f"{job.train.attn_implementation or 'model'}-v{PROBE_VERSION}")
     cached = cache_dir() / "activations" / f"{key}.json"
+    from launcher.model.activations import on_device
+
     if cached.is_file():
         try:
-            return ActivationConstants(**json.loads(cached.read_text()))
+            return on_device(ActivationConstants(**json.loads(cached.read_text())), profile.device_is_host)
         except (TypeError, ValueError):
             pass
     from launcher.model.activations import probe_activations
@@ -137,13 +140,11 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
         with _transformers_quiet():
             constants = probe_activations(job, seq_len=job.data.max_seq_len, precision=job.train.precision)
     except Exception as e:  # an architecture fake tensors cannot run: fall back to the paper, and say so
-        from launcher.planner.memory import analytic_constants
+        from launcher.model.activations import probe_fallback
 
-        constants = analytic_constants(stats, job.train.precision)
-        constants.source += f" (fake-tensor probe failed: {type(e).__name__})"
-        return constants
+        return probe_fallback(job, stats, e)
     _write_cache(cached, dataclasses.asdict(constants))
-    return constants
+    return on_device(constants, profile.device_is_host)
 
 
 def _write_cache(path: Path, data: dict) -> None:

@@ -19,11 +19,10 @@ usually quoted) is kept in the JSON as ``accelerate_fp32_bytes``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from dataclasses import dataclass
 from functools import cache
-
-import dataclasses
 
 from benchmarks.accuracy.cells import Cell
 

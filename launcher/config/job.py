@@ -111,6 +111,9 @@ class TrainConfig:
     """Steps between evaluations; 0 evaluates once at the end."""
     lora: LoraConfig | None = None
     """Train low-rank adapters only (peft)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    """transformers' attention kernel; None keeps the model config's (_attn_implementation), else sdpa. eager
+    saves the a·s² score matrices per block, sdpa and flash_attention_2 do not: the plan's activation term follows."""
     checkpoint_every_steps: int = 0
     """Steps between checkpoints; 0 saves once at the end."""
 

@@ -16,7 +16,7 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 """Part of the cache key: bump when what the probe measures changes."""
 
 
@@ -77,11 +77,15 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     """Activation constants of this model and task, measured on fake tensors (bytes per example-token)."""
     import torch
 
-    from launcher.model.build import model_config
+    from launcher.model.build import attention_implementation, model_config
     from launcher.worker.recipes import make_recipe
 
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     config = model_config(job)
+    attention = attention_implementation(config)
+    if attention == "flash_attention_2":
+        # flash-attn needs CUDA; sdpa's fused kernels save the same tensors (no a·s² scores, an s-sized logsumexp).
+        config._attn_implementation = "sdpa"
     if job.task == "seq_cls":
         config.num_labels = job.data.num_labels or 2
     recipe = make_recipe(job.task, job.data)
@@ -119,8 +123,42 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         head_bytes_per_token=head,
         head_ckpt_bytes_per_token=head_ckpt,
         probe_seq_len=seq_len,
-        source=f"measured on fake tensors ({job.task}, {precision}, seq {seq_len})",
+        source=f"measured on fake tensors ({job.task}, {precision}, seq {seq_len}, {attention} attention"
+               + (", probed as sdpa" if attention == "flash_attention_2" else "") + ")",
+        attention=attention,
     )
+
+
+def on_device(c: ActivationConstants, device_is_host: bool) -> ActivationConstants:
+    """The probe's constants for the device the plan targets. The probe runs CPU kernels: there sdpa falls back
+    to the math path whenever attention dropout is on (GPT-2, BERT), saving scores and mask (a·s² per block,
+    measured on real CPU ranks). On CUDA, sdpa's flash / memory-efficient kernels and flash_attention_2 take
+    dropout and a causal mask in the kernel and save only an s-sized logsumexp, so the a·s² term goes."""
+    if device_is_host or c.attention == "eager" or not c.block_bytes_per_token_per_seq:
+        return c
+    return dataclasses.replace(c, block_bytes_per_token_per_seq=0.0,
+                               source=c.source + "; a·s² term dropped: CUDA's fused kernels save no scores")
+
+
+def probe_fallback(job: Job, stats, error: BaseException) -> ActivationConstants:
+    """The paper's constants when the probe cannot run the model, saying so on stderr and in the plan."""
+    import sys
+
+    from launcher.planner.memory import analytic_constants
+
+    try:
+        from launcher.model.build import attention_implementation, model_config
+
+        attention = attention_implementation(model_config(job))
+    except Exception:  # the config itself is what failed: the job's own choice, else transformers' default
+        attention = job.train.attn_implementation or "sdpa"
+    constants = analytic_constants(stats, job.train.precision, attention)
+    detail = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}".rstrip(": ")
+    constants.probe_error = detail
+    constants.source += f" (fake-tensor probe failed: {detail})"
+    print(f"launch: warning: the fake-tensor activation probe failed for this model ({detail}); planning with "
+          f"Korthikanti et al.'s per-layer constants, {attention} attention, which may be off", file=sys.stderr)
+    return constants
 
 
 def constants_json(c: ActivationConstants) -> dict:

@@ -99,8 +99,24 @@ def _llama_intermediate(h: int) -> int:
     return 256 * ((inter + 255) // 256)
 
 
+ATTENTION_DEFAULT = "sdpa"
+"""transformers' choice when neither the job nor the model config names a kernel (torch has sdpa)."""
+
+
+def attention_implementation(config) -> str:
+    """The attention kernel a model built from ``config`` runs: sdpa, eager or flash_attention_2."""
+    return getattr(config, "_attn_implementation", None) or ATTENTION_DEFAULT
+
+
 def model_config(job: Job):
-    """The transformers config for the job's model; never touches the network."""
+    """The transformers config for the job's model, with the job's attention kernel; never touches the network."""
+    config = _model_config(job)
+    if job.train.attn_implementation is not None:
+        config._attn_implementation = job.train.attn_implementation
+    return config
+
+
+def _model_config(job: Job):
     hub_offline()
     from transformers import AutoConfig
 

@@ -5,7 +5,8 @@ compute   = 6·Ψ·tokens FLOPs (8·Ψ·tokens with full recompute) [Kaplan et a
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step];
             FSDP2 hybrid sharding gathers and reduce-scatters within a node and all-reduces its 1/n shard of
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
-offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840].
+offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
+            parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 """
 
@@ -104,6 +105,12 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
         offload += pcie + adam
         if s.offload_optimizer == "nvme":
             offload += 2 * 16 * trainable_shard * inp.gpus_per_node / hw.nvme_bw
+    if s.engine == "fsdp" and s.offload_params == "cpu":
+        # CPUOffloadPolicy keeps every fp32 shard on the host and copies it to the device before each all-gather:
+        # once in forward and again in backward when resharded, every micro-step, frozen (LoRA) weights
+        # included, since the device holds no copy between uses [PyTorch FSDP2 fully_shard offload_policy].
+        gathers = 2 if s.fsdp_reshard_after_forward else 1
+        offload += accum * gathers * 4 * m.num_params / fsdp_shard_ranks(inp, s) / hw.host_link_bw
     if s.offload_params != "none" and s.engine == "deepspeed":
         offload += accum * 2 * w * m.num_params / n / hw.host_link_bw
         if s.offload_params == "nvme":

@@ -67,10 +67,15 @@ class ActivationConstants:
     """Sequence length the numbers were measured at (0: derived from the paper)."""
     source: str = "Korthikanti et al. 2022"
     """Where the numbers came from."""
+    attention: str = "sdpa"
+    """The attention kernel assumed: eager saves the a·s² scores (block_bytes_per_token_per_seq), sdpa and
+    flash_attention_2 do not."""
+    probe_error: str = ""
+    """Why the fake-tensor probe could not measure this model ('' when it did or was not asked to)."""
 
 
-def analytic_constants(m: ModelStats, precision: str) -> ActivationConstants:
-    """[Kort] eq. (1) with sdpa attention (no score term), scaled to this architecture and dtype.
+def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -> ActivationConstants:
+    """[Kort] eq. (1) scaled to this architecture and dtype; the score term only with eager attention.
 
     Per block per token: 8h activation-dtype tensors (QKV input, Q, K, V, projection input: 5h; two norm
     inputs: 2h; MLP input: h), 2 I-sized MLP tensors (3 for gated MLPs) and 2h bytes of dropout masks:
@@ -85,9 +90,13 @@ def analytic_constants(m: ModelStats, precision: str) -> ActivationConstants:
         head = 2 * m.hidden_size * w + m.vocab_size * (w + 12)
     else:
         head = 2 * m.hidden_size * w
-    return ActivationConstants(block_bytes_per_token=block, block_bytes_per_token_per_seq=0.0,
+    # [Kort] 5as²b at fp16: the scores' softmax output and its dropout output (w bytes each) and the dropout
+    # mask (1 byte) per head per token pair. Fused kernels (sdpa, flash) keep only an s-sized logsumexp.
+    scores = m.num_heads * (2 * w + 1) if attention == "eager" else 0.0
+    return ActivationConstants(block_bytes_per_token=block, block_bytes_per_token_per_seq=scores,
                                ckpt_bytes_per_token=m.hidden_size * w, head_bytes_per_token=head,
-                               head_ckpt_bytes_per_token=head)
+                               head_ckpt_bytes_per_token=head, attention=attention,
+                               source=f"Korthikanti et al. 2022 ({attention} attention)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -191,14 +200,21 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
 
     st = States()
     st.params = w * psi / shard_param
-    st.optimizer = ((MASTER_BYTES if mixed else 0) + k) * psi_t / shard_opt
+    # The fp32 master partition exists at fp32 too: ZeRO-1/2 and ZeRO-3 build it as a .clone().float() of the
+    # flat partition (single_partition_of_fp32_groups, fp32_partitioned_groups_flat), a copy whatever the dtype
+    # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
+    st.optimizer = (MASTER_BYTES + k) * psi_t / shard_opt
     grads16 = w * psi_t / shard_grad
-    grads32 = 4 * psi_t / shard_opt if mixed else 0.0  # the "4_grads_32bit" of [DS]
+    grads32 = 4 * psi_t / shard_opt  # the "4_grads_32bit" of [DS]
     # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
     st.grads = grads16 if stage == 3 or accumulating else 0.0
     # The step adds this step's gradients, their fp32 partition and an fp32 conversion of it.
     st.step_extra = (grads16 - st.grads) + 2 * grads32
-    if stage == 2:
+    if not mixed and stage in (1, 2):
+        # fp32: the working gradients are already fp32 and the partition is taken from them without a 16-bit
+        # copy; three fp32 partition-sized tensors live through the step (measured, ZeRO-1 and ZeRO-2).
+        st.step_extra = 3 * grads32
+    elif stage == 2:
         # get_flat_partition copies the 16-bit partition into averaged_gradients next to grads_in_partition
         # (stage_1_and_2.py; measured: +wΨ/N at the step).
         st.step_extra += grads16

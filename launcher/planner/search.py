@@ -258,8 +258,15 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         )
         dominant = max(b.step_time_terms, key=b.step_time_terms.get)
         reasons.append(f"step time is dominated by {dominant} ({b.step_time_terms[dominant]:.3g} s)")
+        hw = req.hardware
+        if req.precision == "bf16" and hw.flops_bf16 < hw.flops_fp32:
+            # CPUs without AMX / AVX512-BF16 emulate bf16 matmuls (~13x slower): `launch calibrate` measures it.
+            reasons.append(f"bf16 matmuls run {hw.flops_fp32 / hw.flops_bf16:.1f}x slower than fp32 on the "
+                           f"{hw.name} profile ({hw.flops_bf16:.3g} vs {hw.flops_fp32:.3g} FLOP/s); the compute "
+                           "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    reasons += activation_reasons(_constants(req))
     return Plan(
         strategy=best.strategy, estimate=b, buckets=best.buckets, num_params=req.model.num_params,
         trainable_params=req.model.trainable_params, budget_bytes=req.budget_bytes, usable_bytes=req.usable_bytes,
@@ -269,6 +276,16 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         constants={"activations": dataclasses.asdict(_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
     )
+
+
+def activation_reasons(c: ActivationConstants) -> list[str]:
+    """What the activation term assumed: the attention kernel, and a probe that failed (never silently)."""
+    scores = "a·s² score matrices saved per block" if c.attention == "eager" else "fused, no a·s² scores saved"
+    out = [f"activations assume {c.attention} attention ({scores})"]
+    if c.probe_error:
+        out.append(f"activation probe FAILED ({c.probe_error}): activations use Korthikanti et al.'s per-layer "
+                   "constants, not measured ones; expect a larger error")
+    return out
 
 
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:

@@ -146,4 +146,32 @@ def test_hybrid_fsdp_offload_runs_adam_over_the_node_shard():
     hw = inp.hardware
     hybrid = step_time_terms(inp, strategy("fsdp", sharding="hybrid", opt="cpu", par="cpu"), 10**6)["offload"]
     shard = P / 8  # one node's shard, not the world's 1/16
-    assert hybrid == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s)
+    # grads down and params up, CPU Adam over the shard, and the fp32 shard copied up before each of the
+    # 2 gathers (forward, backward) of the 4 micro-steps
+    weights = 4 * 2 * 4 * shard / hw.host_link_bw
+    assert hybrid == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s + weights)
+
+
+@pytest.mark.parametrize("reshard,gathers", [(True, 2), (False, 1)])
+def test_fsdp_param_offload_moves_frozen_lora_weights_every_forward_and_backward(reshard, gathers):
+    # LoRA: almost nothing trains, but CPUOffloadPolicy still copies every fp32 weight shard to the device before
+    # each all-gather (forward, and backward again when resharded), every micro-step.
+    lora = llama_stats(trainable=4_000_000)
+    inp = inputs(model=lora)
+    hw = inp.hardware
+    with_par = step_time_terms(inp, strategy("fsdp", reshard=reshard, opt="cpu", par="cpu", accum=4), 10**6)
+    trainable_shard = lora.trainable_params / 8
+    optimizer_only = 2 * 2 * trainable_shard / hw.host_link_bw + trainable_shard * 8 / hw.cpu_adam_params_per_s
+    weights = 4 * gathers * 4 * P / 8 / hw.host_link_bw
+    assert with_par["offload"] == pytest.approx(optimizer_only + weights)
+    assert weights > 100 * optimizer_only  # the frozen weights, not the adapters, are what moving costs
+
+
+def test_bf16_compute_uses_the_calibrated_bf16_rate_on_a_cpu_without_native_bf16():
+    # An AVX2-only CPU: bf16 matmuls ~13x slower than fp32, as `launch calibrate` measures them.
+    slow = dataclasses.replace(PROFILES["cpu"], flops_fp32=1.0e11, flops_bf16=1.0e11 / 13, block_overhead_s=0.0)
+    terms = {}
+    for precision in ("bf16", "fp32"):
+        inp = dataclasses.replace(inputs(gpus=2, hw="cpu", precision=precision), hardware=slow)
+        terms[precision] = step_time_terms(inp, strategy(stage=2, mb=1, accum=1), 10**6)["compute"]
+    assert terms["bf16"] / terms["fp32"] == pytest.approx(13.0)

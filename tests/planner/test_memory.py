@@ -109,3 +109,43 @@ def test_attention_scores_grow_with_the_sequence():
     long, _ = activation_bytes(c, 1, 1, 2048, False)
     # The per-token cost grows by 5·a·s [Kort: 5as/h term]: doubling s more than doubles the bytes.
     assert long - 2 * short == 2048 * 20 * 2048 - 2 * 1024 * 20 * 1024
+
+
+def test_eager_attention_keeps_korthikanti_5as_scores_and_sdpa_none():
+    # [Kort eq. 1]: sbh(34 + 5as/h) at fp16 with eager attention; fused kernels (sdpa, flash) drop the 5as/h.
+    m = llama_stats(h=1024, inter=4096, blocks=24, num_params=350_000_000)
+    m = type(m)(**{**m.to_json(), "gated_mlp": False})
+    eager, sdpa = analytic_constants(m, "fp16", "eager"), analytic_constants(m, "fp16", "sdpa")
+    assert eager.block_bytes_per_token_per_seq == 5 * m.num_heads
+    assert sdpa.block_bytes_per_token_per_seq == 0
+    assert (eager.attention, sdpa.attention) == ("eager", "sdpa")
+    s, b = 2048, 1
+    e_blocks, _ = activation_bytes(eager, m.num_blocks, b, s, False)
+    assert e_blocks == m.num_blocks * s * b * m.hidden_size * (34 + 5 * m.num_heads * s / m.hidden_size)
+
+
+def _fp32_states(stage, accum=1, n=2):
+    from launcher.planner.memory import deepspeed_states
+
+    m = llama_stats(num_params=10_000_000, blocks=2, h=256, inter=1024, vocab=1000)
+    inp = MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=1, precision="fp32",
+                       optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
+    s = Strategy(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=accum, activation_checkpointing=False)
+    b = Buckets(reduce_bucket_size=10**6, allgather_bucket_size=10**6, stage3_prefetch_bucket_size=1,
+                stage3_max_live_parameters=1, stage3_param_persistence_threshold=0)
+    return deepspeed_states(inp, s, b), m.num_params
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp32_deepspeed_keeps_the_fp32_master_partition_too(stage):
+    # Measured (benchmarks/results/accuracy.md, fp32 cells): DeepSpeed clones the flat partition to fp32 whatever
+    # the working dtype, so an fp32 run holds (4 + 8)Ψ/N of optimizer state, not 8Ψ/N.
+    st, psi = _fp32_states(stage)
+    assert st.optimizer == (4 + 8) * psi / 2
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_fp32_zero12_step_holds_three_fp32_partitions(stage):
+    st, psi = _fp32_states(stage)
+    assert st.step_extra == 3 * 4 * psi / 2

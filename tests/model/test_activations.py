@@ -1,0 +1,93 @@
+"""The fake-tensor activation probe: the attention kernel it assumes comes from the job or the model config and
+changes the a·s² term, and a probe that cannot run says so in the plan and on stderr instead of falling back
+silently."""
+
+import json
+
+from launcher.config.job import Job
+from launcher.config.load import from_dict
+from launcher.model.activations import on_device, probe_activations
+from launcher.planning import plan_job
+
+# Llama has no attention dropout, so CPU sdpa runs its fused kernel: only eager saves the softmax scores.
+TINY_LLAMA = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+              "vocab_size": 512, "max_position_embeddings": 512}
+
+
+def job(tmp_path, model=None, attn=None, precision="fp32") -> Job:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"text": "the scheduler waits"}) + "\n")
+    train = {"global_batch_size": 2, "max_steps": 1, "precision": precision}
+    if attn:
+        train["attn_implementation"] = attn
+    j = from_dict(Job, {"name": "t", "model": model or dict(TINY_LLAMA), "task": "causal_lm",
+                        "data": {"path": str(path), "max_seq_len": 128}, "train": train, "gpus": 2,
+                        "budget": "4GB", "cluster": {"hardware": "cpu"}})
+    j.base_dir = str(tmp_path)
+    return j
+
+
+def test_eager_attention_saves_the_scores_sdpa_does_not(tmp_path):
+    eager = probe_activations(job(tmp_path, attn="eager"), seq_len=128, precision="fp32")
+    sdpa = probe_activations(job(tmp_path, attn="sdpa"), seq_len=128, precision="fp32")
+    assert (eager.attention, sdpa.attention) == ("eager", "sdpa")
+    assert "eager attention" in eager.source and "sdpa attention" in sdpa.source
+    # eager keeps the fp32 softmax output, a·s² per example: 4 heads x 4 bytes per token per token of sequence;
+    # sdpa's fused kernel keeps only the shared s·s mask (one fp32 per token pair).
+    assert eager.block_bytes_per_token_per_seq >= 4 * 4
+    assert sdpa.block_bytes_per_token_per_seq <= eager.block_bytes_per_token_per_seq - 3 * 4
+
+
+def test_attention_comes_from_the_model_config_and_the_plan_says_which(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny-llama"
+    model_dir.mkdir()
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 512,
+           "attn_implementation": "eager"}
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    plan = plan_job(job(tmp_path, model=str(model_dir)))
+    assert plan.constants["activations"]["attention"] == "eager"
+    assert any("activations assume eager attention" in r for r in plan.reasons)
+    # The job's own choice wins over the config's, and changes the prediction.
+    sdpa = plan_job(job(tmp_path, model=str(model_dir), attn="sdpa"))
+    assert sdpa.constants["activations"]["attention"] == "sdpa"
+    assert any("activations assume sdpa attention" in r for r in sdpa.reasons)
+    assert sdpa.estimate.breakdown["activations"] < plan.estimate.breakdown["activations"]
+
+
+def test_a_failed_probe_is_said_in_the_plan_and_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+
+    def cannot_run(*a, **kw):
+        raise NotImplementedError("aten::_fused_rope has no fake-tensor kernel")
+
+    monkeypatch.setattr("launcher.model.activations.probe_activations", cannot_run)
+    plan = plan_job(job(tmp_path, attn="eager"))
+    act = plan.constants["activations"]
+    assert "NotImplementedError" in act["probe_error"] and "fake-tensor probe failed" in act["source"]
+    assert act["attention"] == "eager" and act["block_bytes_per_token_per_seq"] > 0  # the paper's 5as term
+    failed = [r for r in plan.reasons if "activation probe FAILED" in r]
+    assert failed and "_fused_rope" in failed[0]
+    err = capsys.readouterr().err
+    assert "activation probe failed" in err and "_fused_rope" in err
+
+
+def test_a_probe_that_ran_says_nothing_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    plan = plan_job(job(tmp_path))
+    assert plan.constants["activations"]["probe_error"] == ""
+    assert not any("FAILED" in r for r in plan.reasons)
+    assert "probe failed" not in capsys.readouterr().err
+
+
+def test_cuda_plans_drop_the_cpu_kernels_score_term_except_for_eager(tmp_path):
+    # The probe runs CPU kernels (sdpa's math path keeps scores when dropout is on); CUDA's fused kernels do not.
+    sdpa = probe_activations(job(tmp_path, model={**TINY_LLAMA, "family": "gpt2"}, attn="sdpa"), seq_len=128,
+                             precision="fp32")
+    assert sdpa.block_bytes_per_token_per_seq > 0
+    assert on_device(sdpa, device_is_host=True) is sdpa
+    gpu = on_device(sdpa, device_is_host=False)
+    assert gpu.block_bytes_per_token_per_seq == 0 and gpu.block_bytes_per_token == sdpa.block_bytes_per_token
+    eager = probe_activations(job(tmp_path, attn="eager"), seq_len=128, precision="fp32")
+    assert on_device(eager, device_is_host=False) is eager
