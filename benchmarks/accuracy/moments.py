@@ -23,8 +23,8 @@ ACT_KEYS = ("activations", "logits")
 def predicted_moments(run_dir: Path) -> dict[str, dict[str, int]] | None:
     from launcher.calibrate.profiles import numeric_fields
     from launcher.calibrate.runs import SCALE, activation_bytes, constants_dict, run_job
+    from launcher.plan_inputs import plan_job, plan_request
     from launcher.planner.search import score
-    from launcher.planning import plan_job, plan_request
 
     try:
         job = run_job(run_dir)

@@ -99,8 +99,8 @@ def choose_budgets() -> dict[str, float]:
 
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
+    from launcher.plan_inputs import plan_request
     from launcher.planner.search import evaluate
-    from launcher.planning import plan_request
 
     req = plan_request(job_from_data(base_job(LOOSE_MB, SCREEN_STEPS), "."))
     peaks = sorted(c.estimate.peak_bytes for c in evaluate(req))
@@ -117,8 +117,8 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
     """Per budget: the planner's candidates with their predictions, which fit, and its pick."""
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
+    from launcher.plan_inputs import plan_request
     from launcher.planner.search import evaluate, make_plan
-    from launcher.planning import plan_request
 
     out = {}
     for name, mb in budgets_mb.items():

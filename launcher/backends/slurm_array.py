@@ -45,14 +45,14 @@ def array_exit_code(codes: list[int]) -> int:
 def plan_variants(job: Job, variants: list[Variant], *, force: bool = False):
     """(planned [(variant, job, plan)], unplanned [(variant, reason)]); each variant planned for itself."""
     from launcher.cli.run import check_runnable
-    from launcher.planning import plan_job
+    from launcher.plan_inputs import plan_job, request_problems
 
     base = job_to_data(job)
     base.pop("sweep", None)
     planned, unplanned = [], []
     for v in variants:
         try:
-            vjob = job_from_data(base, job.base_dir, v.overrides)
+            vjob = job_from_data(base, job.base_dir, v.overrides, checks=request_problems)
             plan = plan_job(vjob, force=force)
             check_runnable(vjob, plan)
             executor_parameters(vjob, plan)

@@ -81,8 +81,8 @@ def activation_bytes(req, strategy, consts: ActivationConstants, values: dict[st
 
 def samples_from_run(run_dir: Path) -> list[Sample]:
     """One sample per rank that finished training; raises ConfigError naming what the run dir lacks."""
+    from launcher.plan_inputs import model_stats, plan_request
     from launcher.planner.search import score
-    from launcher.planning import model_stats, plan_request
 
     run_dir = Path(run_dir)
     missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).is_file()]

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile_name(requested: str) -> tuple[str, str]:
     """(profile name, device kind) for --hardware."""
+    from launcher.machine import detect_gpu_name
     from launcher.planner.hardware import PROFILES, profile_for_gpu_name
-    from launcher.planning import detect_gpu_name
 
     gpu = detect_gpu_name()
     name = requested

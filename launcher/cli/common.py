@@ -6,6 +6,7 @@ import argparse
 
 from launcher.config.job import Job
 from launcher.config.jobfile import load_job, parse_overrides
+from launcher.plan_inputs import request_problems
 from launcher.units import BYTES_HELP, parse_bytes
 
 
@@ -76,4 +77,4 @@ def job_from_args(args: argparse.Namespace, extra: dict | None = None, *, for_ru
         "train.global_batch_size": args.global_batch, "cluster.hardware": args.hardware, **(extra or {}),
     }
     sets = parse_overrides(getattr(args, "overrides", None) or [])
-    return load_job(args.job, flags, sets=sets, for_run=for_run)
+    return load_job(args.job, flags, sets=sets, for_run=for_run, checks=request_problems)

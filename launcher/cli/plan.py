@@ -10,8 +10,8 @@ from launcher.cli.common import add_job_args, job_from_args
 from launcher.cli.render import render_plan
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
+from launcher.plan_inputs import plan_job
 from launcher.planner.plan import Plan
-from launcher.planning import plan_job
 
 EPILOG = """examples:
   launch plan --gpus 4 --budget 16GB job.yaml

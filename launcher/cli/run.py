@@ -17,8 +17,8 @@ from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
 from launcher.fallback import Measurement, next_strategy, pins_for
+from launcher.plan_inputs import plan_job
 from launcher.planner.plan import Plan
-from launcher.planning import plan_job
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, default_run_dir, redact
 from launcher.units import format_bytes
@@ -78,7 +78,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def cuda_available() -> bool:
-    from launcher.planning import detect_gpu_name
+    from launcher.machine import detect_gpu_name
 
     return detect_gpu_name() is not None
 
@@ -410,7 +410,7 @@ def run_ladder(args, job: Job, plan: Plan, run_dir: RunDir) -> int:
     """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
     until an attempt ends within budget, a non-memory failure or interrupt ends it, or the tries run out."""
     from launcher.cli.plan import write_plan_outputs
-    from launcher.planning import plan_request
+    from launcher.plan_inputs import plan_request
 
     tries = job.auto_fallback
     records: list[dict] = []

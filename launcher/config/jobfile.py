@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,15 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
 
 
 def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | None = None, *,
-                  sets: list[tuple[str, Any]] | None = None, for_run: bool = True) -> Job:
+                  sets: list[tuple[str, Any]] | None = None, for_run: bool = True,
+                  checks: Callable[[Job], list[str]] | None = None) -> Job:
     """Typed Job from plain data plus dotted overrides; every problem in one ConfigError.
 
     ``sets`` are KEY=VALUE overrides from the command line (None is a value there: key=null); ``overrides``
     are the flags (None: not given), applied after them. Type and key problems, the rules over values, and the
-    plan request's own rules (budget against the card, batch against the ranks) are gathered together; a value
-    refused by its type is not judged again. ``for_run`` adds the rules only a run needs (train.max_steps or
+    caller's ``checks`` (the CLI passes launcher.plan_inputs.request_problems: budget against the card, batch
+    against the ranks) are gathered together; a value refused by its type is not judged again. Without ``checks``
+    nothing runs beyond this module, so loading a job never probes the machine. ``for_run`` adds the rules only a run needs (train.max_steps or
     epochs, a data file with records). Relative model, data and NVMe paths become absolute against ``base_dir``.
     """
     data = copy.deepcopy(data)
@@ -84,12 +87,10 @@ def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | 
         resolve_paths(job)
         if job.gpus is None and job.cluster.gpus_per_node is not None:
             job.gpus = job.cluster.gpus_per_node
-        checks = check_job(job, for_run=for_run)
-        if job.sweep is None:  # a sweep's variants change gpus and batch, and each is checked for itself
-            from launcher.planning import request_problems
-
-            checks += request_problems(job)
-        problems += [p for p in checks if not _judges(p, built.failed)]
+        rules = check_job(job, for_run=for_run)
+        if checks is not None and job.sweep is None:  # a sweep's variants change gpus and batch: each is checked
+            rules += checks(job)
+        problems += [p for p in rules if not _judges(p, built.failed)]
     if problems:
         raise ConfigError(problems)
     return job  # type: ignore[return-value]
@@ -127,8 +128,10 @@ def _judges(problem: str, failed: list[str]) -> bool:
 
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None, *,
-             sets: list[tuple[str, Any]] | None = None, for_run: bool = True) -> Job:
-    return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides, sets=sets, for_run=for_run)
+             sets: list[tuple[str, Any]] | None = None, for_run: bool = True,
+             checks: Callable[[Job], list[str]] | None = None) -> Job:
+    return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides, sets=sets, for_run=for_run,
+                         checks=checks)
 
 
 def data_path(job: Job) -> Path:

@@ -7,8 +7,9 @@ import pytest
 
 from launcher.calibrate.profiles import activations_path, numeric_fields, save_activations, save_hardware
 from launcher.config.jobfile import job_from_data
+from launcher.machine import hardware_profile
+from launcher.plan_inputs import plan_request
 from launcher.planner.hardware import PROFILES
-from launcher.planning import hardware_profile, plan_request
 
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
 

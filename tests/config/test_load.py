@@ -1,9 +1,14 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
 from launcher.config.job import Job
 from launcher.config.jobfile import load_job
 from launcher.config.load import from_dict, to_dict
 from launcher.errors import ConfigError
+from launcher.plan_inputs import request_problems
 from tests.conftest import base_job, relative_project
 
 
@@ -84,7 +89,8 @@ def test_type_key_value_and_request_problems_come_in_one_error(write_job):
     """A typo'd key, a negative length, a budget over the card and a batch the ranks do not divide: all four."""
     with pytest.raises(ConfigError) as e:
         load_job(write_job(**{"train.max_step": 4, "train.max_steps": None, "data.max_seq_len": -5,
-                              "cluster.hardware": "a100-40gb", "budget": "80GB", "gpus": 3}))
+                              "cluster.hardware": "a100-40gb", "budget": "80GB", "gpus": 3}),
+                 checks=request_problems)
     problems = e.value.problems
     assert len(problems) == 4, problems
     assert problems[0].startswith("train.max_step: unknown key; did you mean 'max_steps'?")
@@ -130,7 +136,7 @@ def test_gpus_per_node_stands_in_for_gpus(write_job):
     job = load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 4}))
     assert job.gpus == 4
     with pytest.raises(ConfigError, match="not divisible by 3 GPUs"):
-        load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 3}))
+        load_job(write_job(**{"gpus": None, "cluster.gpus_per_node": 3}), checks=request_problems)
 
 
 def test_relative_paths_start_at_the_job_files_directory(tmp_path, monkeypatch):
@@ -157,10 +163,31 @@ def test_a_model_name_that_is_no_local_dir_stays_as_written(write_job):
 
 def test_plan_and_sbatch_see_the_resolved_paths(tmp_path, monkeypatch):
     from launcher.emit.sbatch import sbatch_text
-    from launcher.planning import plan_job
+    from launcher.plan_inputs import plan_job
 
     job_path = relative_project(tmp_path / "proj")
     monkeypatch.chdir(tmp_path)
     job = load_job(job_path)
     text = sbatch_text(plan_job(job), job, run_dir=tmp_path / "run")
     assert f"model: {tmp_path}/proj/models/tiny" in text and f"path: {tmp_path}/proj/data/d.jsonl" in text
+
+
+def test_loading_a_job_probes_nothing(write_job, tmp_path, monkeypatch):
+    """Loading YAML reads the file and the data path, nothing else: no nvidia-smi, no machine or planner module."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = tmp_path / "nvidia-smi-ran"
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\ntouch {marker}\necho 'NVIDIA H100 80GB HBM3'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    job = write_job(**{"cluster.hardware": "auto", "budget": "900GB"})  # over any card: only a probe could tell
+    code = ("import sys; from launcher.config.jobfile import load_job; load_job(sys.argv[1]); "
+            "print(sorted(m for m in sys.modules if m.startswith(('launcher.machine', 'launcher.plan', 'torch'))))")
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-c", code, str(job)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    assert not marker.exists()
+    # The CLI's path does probe, and says what the probe found.
+    monkeypatch.setenv("PATH", env["PATH"])
+    with pytest.raises(ConfigError, match="more than a h100-80gb holds"):
+        load_job(job, checks=request_problems)
+    assert marker.exists()

@@ -9,8 +9,8 @@ import pytest
 
 from launcher.config.jobfile import job_from_data
 from launcher.fallback import RUNGS, Measurement, correction_for, next_strategy
+from launcher.plan_inputs import plan_request
 from launcher.planner.search import make_plan, score
-from launcher.planning import plan_request
 from tests.conftest import TINY_GPT2
 
 PINNED_MB8 = {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_optimizer": "none",
@@ -182,7 +182,7 @@ def _ladder_job(data_file, tmp_path, tries):
 def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, monkeypatch, capsys):
     from launcher.cli.plan import write_plan_outputs
     from launcher.cli.run import run_ladder
-    from launcher.planning import plan_job
+    from launcher.plan_inputs import plan_job
     from launcher.rundir import RunDir
 
     job = _ladder_job(data_file, tmp_path, tries=3)
@@ -208,7 +208,7 @@ def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_
 def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, monkeypatch, capsys):
     from launcher.cli.run import run_ladder
     from launcher.errors import EXIT_OVER_BUDGET
-    from launcher.planning import plan_job
+    from launcher.plan_inputs import plan_job
     from launcher.rundir import RunDir
 
     job = _ladder_job(data_file, tmp_path, tries=1)

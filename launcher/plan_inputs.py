@@ -1,4 +1,5 @@
-"""Glue between a Job and the pure planner: introspection (cached), hardware, host RAM, NVMe, calibration."""
+"""A Job's plan inputs for the pure planner: model stats (cached introspection), activation constants (calibrated,
+probed on fake tensors, or the paper's), the machine's profile and resources, and the request's own rules."""
 
 from __future__ import annotations
 
@@ -8,25 +9,20 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
-import shutil
-import subprocess
 import warnings
 from pathlib import Path
 
+from launcher.cache import cache_dir, write_cache
 from launcher.config.job import InlineArch, Job
+from launcher.config.jobfile import check_budget
 from launcher.errors import ConfigError
+from launcher.machine import hardware_profile, host_ram_bytes, nvme_free_bytes
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
 from launcher.model.introspect import ModelStats
-from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
+from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
 from launcher.planner.search import PlanRequest, batch_problem, make_plan
-
-
-def cache_dir() -> Path:
-    d = Path(os.environ.get("LAUNCHER_CACHE", Path.home() / ".cache" / "launcher"))
-    return d
 
 
 def _model_fingerprint(job: Job) -> str:
@@ -83,36 +79,8 @@ def model_stats(job: Job) -> ModelStats:
 
     with _transformers_quiet():
         stats = introspect(job)
-    _write_cache(path, stats.to_json())
+    write_cache(path, stats.to_json())
     return stats
-
-
-def detect_gpu_name() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    return names[0] if out.returncode == 0 and names else None
-
-
-def hardware_profile(job: Job) -> HardwareProfile:
-    name = job.cluster.hardware
-    if name == "auto":
-        gpu = detect_gpu_name()
-        name = profile_for_gpu_name(gpu) if gpu else "cpu"
-    if name not in PROFILES:
-        raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
-    profile = PROFILES[name]
-    calib = cache_dir() / "profiles" / f"{name}.json"
-    if os.environ.get("LAUNCHER_PROFILE_FILE"):
-        calib = Path(os.environ["LAUNCHER_PROFILE_FILE"])
-    if calib.is_file():
-        profile = profile.with_overrides(json.loads(calib.read_text()).get("hardware", {}))
-    return profile
 
 
 def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) -> ActivationConstants:
@@ -143,42 +111,14 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
         from launcher.model.activations import probe_fallback
 
         return probe_fallback(job, stats, e)
-    _write_cache(cached, dataclasses.asdict(constants))
+    write_cache(cached, dataclasses.asdict(constants))
     return on_device(constants, profile.device_is_host)
 
-
-def _write_cache(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs speed
-
-
-def host_ram_bytes() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def nvme_free_bytes(job: Job) -> int | None:
-    if job.cluster.nvme_path is None:
-        return None
-    if job.cluster.nvme_free_bytes is not None:
-        return job.cluster.nvme_free_bytes
-    p = Path(job.cluster.nvme_path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def request_problems(job: Job) -> list[str]:
     """The plan request's rules that need no model: the hardware profile, the budget against its card, and the
     global batch against the ranks. The loader runs them beside the job's own rules, so one error lists all."""
-    from launcher.config.jobfile import check_budget
-
     problems: list[str] = []
     try:
         profile = hardware_profile(job)
