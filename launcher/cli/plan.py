@@ -27,7 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help='print one JSON object: the plan, {"status": "no_fit", "reasons", "suggestions"} (exit 2), '
                         'or {"status": "bad_input", "errors"} (exit 2, the errors also on stderr)')
-    p.add_argument("--out", type=Path, help="write plan.json and ds_config.json or fsdp.yaml into this directory")
+    p.add_argument("--out", type=Path,
+                   help="write the exports into this directory: job.yaml (resolved), plan.json, accelerate.yaml, and "
+                        "ds_config.json (checked by DeepSpeed's parser) with ds_config.hf.json, or fsdp.yaml")
     p.add_argument("--sbatch", action="store_true", help="also write an sbatch script (with --out) or print it")
     p.set_defaults(func=run)
 
@@ -56,6 +58,31 @@ def no_fit_json(e: NoPlanError) -> dict:
     return {"status": "no_fit", "reasons": e.reasons, "suggestions": e.suggestions}
 
 
+def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
+    """`plan --out`: the run dir's files plus what other tools take as they are: the resolved job.yaml, the
+    DeepSpeed config checked by DeepSpeed's own parser, its HF Trainer variant, and an accelerate config."""
+    import yaml
+
+    from launcher.config.jobfile import job_to_data
+    from launcher.emit import ds_config
+    from launcher.emit.exports import accelerate_config, hf_ds_config
+    from launcher.fsutil import atomic_write
+
+    hf_path = None
+    if plan.strategy.engine == "deepspeed":
+        from launcher.dscheck import check_ds_config
+
+        check_ds_config(ds_config(plan, job), plan.world_size)  # before anything is written
+        hf_path = (out / "ds_config.hf.json").resolve()
+    written = write_plan_outputs(out, plan, job)
+    written.append(atomic_write(out / "job.yaml", yaml.safe_dump(job_to_data(job), sort_keys=False)))
+    if hf_path is not None:
+        written.append(atomic_write(hf_path, json.dumps(hf_ds_config(plan, job), indent=2) + "\n"))
+    accelerate = accelerate_config(plan, job, ds_config_file=str(hf_path) if hf_path else None)
+    written.append(atomic_write(out / "accelerate.yaml", yaml.safe_dump(accelerate, sort_keys=False)))
+    return written
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         job = job_from_args(args, for_run=False)
@@ -70,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"status": "bad_input", "errors": e.problems}, indent=2))
         raise
     if args.out:
-        for path in write_plan_outputs(args.out, plan, job):
+        for path in write_exports(args.out, plan, job):
             print(f"wrote {path}")
         if args.sbatch:
             from launcher.emit.sbatch import sbatch_text

@@ -41,15 +41,28 @@ def test_plan_json_has_the_contract_keys(capsys, write_job):
 
 
 @pytest.mark.parametrize("engine,pins,written", [
-    ("deepspeed", {"engine": "deepspeed", "zero_stage": 2}, "ds_config.json"),
-    ("fsdp", {"engine": "fsdp"}, "fsdp.yaml"),
+    ("deepspeed", {"engine": "deepspeed", "zero_stage": 2},
+     {"plan.json", "ds_config.json", "ds_config.hf.json", "accelerate.yaml", "job.yaml"}),
+    ("fsdp", {"engine": "fsdp"}, {"plan.json", "fsdp.yaml", "accelerate.yaml", "job.yaml"}),
 ])
-def test_plan_out_writes_engine_config(capsys, write_job, tmp_path, engine, pins, written):
+def test_plan_out_writes_the_exports(capsys, write_job, tmp_path, engine, pins, written):
+    import yaml
+
+    from launcher.config.jobfile import load_job
+
     out_dir = tmp_path / "out"
-    code, out, err = run_cli(capsys, "plan", "--out", out_dir, write_job(**{"strategy": pins}))
+    code, out, err = run_cli(capsys, "plan", "--out", out_dir, write_job(**{"strategy": pins}), "train.lr=3e-4")
     assert code == 0, err
+    assert {p.name for p in out_dir.iterdir()} == written
     assert json.loads((out_dir / "plan.json").read_text())["engine"] == engine
-    assert (out_dir / written).is_file()
+    # job.yaml is the resolved job: overrides applied, paths absolute, loadable as it is from anywhere.
+    job = load_job(out_dir / "job.yaml")
+    assert job.train.lr == 3e-4 and job.data.path.startswith("/")
+    assert yaml.safe_load((out_dir / "job.yaml").read_text())["data"]["path"] == job.data.path
+    acc = yaml.safe_load((out_dir / "accelerate.yaml").read_text())
+    assert acc["distributed_type"] == {"deepspeed": "DEEPSPEED", "fsdp": "FSDP"}[engine]
+    if engine == "deepspeed":
+        assert acc["deepspeed_config"]["deepspeed_config_file"] == str((out_dir / "ds_config.hf.json").resolve())
 
 
 def test_cli_flags_override_the_file(capsys, write_job):

@@ -1,0 +1,117 @@
+"""plan --out's exports, checked by the tools that read them: DeepSpeed's parser, HF Trainer's "auto" filling,
+and accelerate's own launch-config processing (config loader, launch checks, the engine plugin)."""
+
+import json
+
+import pytest
+import yaml
+from emit_helpers import check_golden, json_text, make_job, make_plan, run_ds_check
+from test_ds_templates import hf_fill
+
+from launcher.emit.exports import accelerate_config, hf_ds_config
+from launcher.emit.fsdp import fsdp_config
+
+DS_FILE = "/runs/plan/ds_config.hf.json"
+
+
+def test_hf_variant_golden():
+    check_golden("ds_zero2.hf.json", json_text(hf_ds_config(make_plan(zero_stage=2), make_job())))
+
+
+@pytest.mark.parametrize("stage,offload", [(2, "none"), (3, "cpu")])
+def test_hf_trainer_fills_every_auto_and_deepspeed_accepts_it(stage, offload):
+    cfg = hf_ds_config(make_plan(zero_stage=stage, offload_optimizer=offload), make_job())
+    assert {cfg[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                             "gradient_clipping")} == {"auto"}
+    assert cfg["bf16"] == cfg["fp16"] == {"enabled": "auto"}
+    assert cfg["scheduler"]["params"]["warmup_num_steps"] == "auto"
+    filled = hf_fill(cfg)
+    assert '"auto"' not in json.dumps(filled)
+    # The Trainer's values landed, the plan's memory decisions stayed.
+    assert filled["optimizer"]["params"]["lr"] == 3e-4 and filled["train_micro_batch_size_per_gpu"] == 2
+    assert filled["zero_optimization"]["stage"] == stage
+    assert filled["zero_optimization"]["reduce_bucket_size"] == make_plan().buckets.reduce_bucket_size
+    parsed = run_ds_check("parse", {"hf": filled}, world_size=1)["hf"]
+    assert parsed["ok"], parsed["error"]
+
+
+def test_accelerate_deepspeed_golden():
+    text = yaml.safe_dump(accelerate_config(make_plan(zero_stage=3), make_job(), ds_config_file=DS_FILE),
+                          sort_keys=False)
+    check_golden("accelerate_deepspeed_zero3.yaml", text)
+
+
+def test_accelerate_fsdp_is_fsdp_yamls_section():
+    plan, job = make_plan(engine="fsdp"), make_job()
+    assert accelerate_config(plan, job) == fsdp_config(plan, job)["accelerate"]
+    with pytest.raises(ValueError, match="needs ds_config_file"):
+        accelerate_config(make_plan(), job)
+
+
+def _accelerate_launch_env(path, monkeypatch) -> tuple:
+    """What `accelerate launch --config_file PATH train.py` makes of the file, through accelerate's own code:
+    its config loader, its launch checks, and the environment it hands the training processes."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    loaded = ClusterConfig.from_yaml_file(str(path))
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:  # as accelerate's launch_command does before its deepspeed launcher
+        args.deepspeed_fields_from_accelerate_config = ",".join(
+            [*defaults.deepspeed_config, *(["mixed_precision"] if mp_from_config else [])])
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        env = prepare_multi_gpu_env(args)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return loaded, args
+
+
+def test_accelerate_launch_takes_the_deepspeed_export(tmp_path, monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+
+    plan, job = make_plan(zero_stage=3, world_size=8), make_job()
+    ds_file = tmp_path / "ds_config.hf.json"
+    ds_file.write_text(json_text(hf_ds_config(plan, job)))
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(accelerate_config(plan, job, ds_config_file=str(ds_file)), sort_keys=False))
+    loaded, args = _accelerate_launch_env(path, monkeypatch)
+    assert loaded.distributed_type.value == "DEEPSPEED" and args.use_deepspeed and args.num_processes == 8
+    plugin = DeepSpeedPlugin()  # reads the file and refuses accelerate keys the file should hold
+    assert plugin.zero_stage == 3 and plugin.zero3_init_flag is True
+    assert plugin.hf_ds_config.config["zero_optimization"]["stage3_max_live_parameters"] == \
+        plan.buckets.stage3_max_live_parameters
+
+
+@pytest.mark.parametrize("pins", [{}, {"offload_optimizer": "cpu", "offload_params": "cpu",
+                                       "fsdp_reshard_after_forward": False}])
+def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plan, job = make_plan(engine="fsdp", world_size=4, **pins), make_job()
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(accelerate_config(plan, job), sort_keys=False))
+    loaded, args = _accelerate_launch_env(path, monkeypatch)
+    assert loaded.distributed_type.value == "FSDP" and args.use_fsdp and args.num_processes == 4
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is plan.strategy.fsdp_reshard_after_forward
+    assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"]
+    assert (plugin.cpu_offload is not None and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == \
+        (plan.strategy.offload_params == "cpu")
+
+
+def test_deepspeed_parser_is_given_the_world_size():
+    from launcher.dscheck import DeepSpeedRefused, check_ds_config
+    from launcher.emit import ds_config
+
+    plan = make_plan(world_size=8)  # 2 x 4 x 8 = 64
+    parsed = check_ds_config(ds_config(plan, make_job()), 8)
+    assert (parsed.world_size, parsed.train_batch_size) == (8, 64)
+    with pytest.raises(DeepSpeedRefused, match="train_batch_size is not equal to micro_batch_per_gpu"):
+        check_ds_config(ds_config(plan, make_job()), 4)
+    import deepspeed.comm
+
+    assert not deepspeed.comm.is_initialized()  # checked without a process group
