@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.rundir import RunDir
 from launcher.units import decimal_unit, format_bytes
 
@@ -42,13 +43,28 @@ def rank_verdict(status: str, measured_bytes: int, budget_bytes: int) -> str:
     return "ok" if measured_bytes <= budget_bytes else "OVER"
 
 
+def predicted_on_basis(plan: dict, basis: str) -> int:
+    """The plan's peak counted as a rank measured it: a plan made for a GPU profile but run on CPU ranks is
+    compared on tensor bytes, its CUDA-only terms (plan["overhead"]) dropped."""
+    predicted = int(plan["predicted_peak_bytes"])
+    if basis == plan.get("basis", "cpu_tensor_bytes"):
+        return predicted
+    tensors = predicted - int(plan.get("breakdown", {}).get("reserve", 0))
+    return peak_on_basis(tensors, plan.get("overhead", {}), basis)
+
+
 def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
     rows = []
     budget = int(plan["budget_bytes"])
-    predicted = int(plan["predicted_peak_bytes"])
+    bases = set()
     for path in run.rank_files():
         r = json.loads(path.read_text())
         measured = int(r.get("measured_peak_bytes") or 0)
+        # Rank files written before the basis field: CUDA ranks then measured allocated bytes.
+        basis = r.get("basis") or ("cuda_allocated" if str(r.get("device", "cpu")).startswith("cuda")
+                                   else "cpu_tensor_bytes")
+        bases.add(basis)
+        predicted = predicted_on_basis(plan, basis)
         cats = {k: int(v) for k, v in (r.get("peak_by_category") or {}).items()}
         largest = max(cats, key=cats.get) if cats else None
         grew, growth = grown_category(plan.get("breakdown", {}), cats)
@@ -60,6 +76,7 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
             "status": status,
             "verdict": rank_verdict(status, measured, budget),
             "measured": measured > 0,
+            "basis": basis,
             "measured_peak_bytes": measured,
             "predicted_peak_bytes": predicted,
             "budget_bytes": budget,
@@ -75,16 +92,22 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
             "peak_rss_bytes": r.get("peak_rss_bytes"),
             "max_memory_allocated_bytes": r.get("max_memory_allocated_bytes"),
             "max_memory_reserved_bytes": r.get("max_memory_reserved_bytes"),
+            "outside_allocator_bytes": r.get("outside_allocator_bytes"),
             "first_loss": r.get("first_loss"),
             "final_loss": r.get("final_loss"),
             "eval_loss": r.get("eval_loss"),
             "steps_done": r.get("steps_done"),
         })
     missing = sorted(set(range(expected_ranks)) - {row["rank"] for row in rows})
+    plan_basis = plan.get("basis", "cpu_tensor_bytes")
+    basis = bases.pop() if len(bases) == 1 else ("mixed" if bases else plan_basis)
     return {
         "within_budget": bool(rows) and not missing and all(row["within_budget"] for row in rows),
+        # What measured and predicted peaks count: cpu_tensor_bytes (MemTracker) or cuda_reserved_plus_context.
+        "basis": basis,
+        "predicted_basis": plan_basis,
         "budget_bytes": budget,
-        "predicted_peak_bytes": predicted,
+        "predicted_peak_bytes": predicted_on_basis(plan, basis) if basis != "mixed" else int(plan["predicted_peak_bytes"]),
         "predicted_breakdown": plan.get("breakdown", {}),
         "plan": plan.get("label"),
         "world_size": expected_ranks,

@@ -66,3 +66,53 @@ def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):
     row1 = next(ln for ln in render_report(rep).splitlines() if ln.split()[0] == "1")
     assert row1.split()[1:] == ["h", "6.00", "MB", "-", "10.00", "MB", "-", "failed", "-"]
     assert "NOT within budget" in render_report(rep)
+
+
+def write_ranks(tmp_path, ranks: list[dict]):
+    from launcher.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.ranks.mkdir(parents=True)
+    for r in ranks:
+        (run.ranks / f"rank-{r['rank']}.json").write_text(json.dumps(r))
+    return run
+
+
+CUDA_PLAN = {"budget_bytes": 80_000_000_000, "predicted_peak_bytes": 50_000_000_000, "basis": "cuda_reserved_plus_context",
+             "breakdown": {"params": 30_000_000_000, "activations": 15_000_000_000, "reserve": 5_000_000_000},
+             "overhead": {"cublas_workspace": 64_000_000, "allocator_reserve": 3_600_000_000,
+                          "cuda_context": 629_145_600, "nccl_buffers": 706_854_400}}
+
+
+def test_report_states_the_basis_cpu_ranks_measure_tensor_bytes(tmp_path):
+    from launcher.report import build_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes", "measured_peak_bytes": 9}])
+    plan = {"budget_bytes": 10, "predicted_peak_bytes": 8, "basis": "cpu_tensor_bytes", "breakdown": {"reserve": 0}}
+    rep = build_report(run, plan, expected_ranks=1)
+    assert rep["basis"] == rep["predicted_basis"] == rep["ranks"][0]["basis"] == "cpu_tensor_bytes"
+    assert rep["ranks"][0]["predicted_peak_bytes"] == 8 and rep["within_budget"]
+
+
+def test_report_on_cuda_judges_reserved_plus_context_against_the_same_prediction(tmp_path):
+    from launcher.report import build_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cuda:0", "basis": "cuda_reserved_plus_context",
+                                  "measured_peak_bytes": 81_000_000_000, "max_memory_allocated_bytes": 70_000_000_000,
+                                  "max_memory_reserved_bytes": 80_000_000_000, "outside_allocator_bytes": 1_000_000_000}])
+    rep = build_report(run, CUDA_PLAN, expected_ranks=1)
+    row = rep["ranks"][0]
+    assert rep["basis"] == "cuda_reserved_plus_context" and row["predicted_peak_bytes"] == 50_000_000_000
+    assert row["outside_allocator_bytes"] == 1_000_000_000
+    # Allocated (70 GB) is under the budget, but reserved plus context is what OOMs: the verdict is over.
+    assert not rep["within_budget"] and row["headroom_bytes"] == -1_000_000_000
+
+
+def test_a_gpu_plan_run_on_cpu_ranks_is_compared_on_tensor_bytes(tmp_path):
+    from launcher.report import build_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes",
+                                  "measured_peak_bytes": 44_000_000_000}])
+    rep = build_report(run, CUDA_PLAN, expected_ranks=1)
+    assert rep["basis"] == "cpu_tensor_bytes" and rep["predicted_basis"] == "cuda_reserved_plus_context"
+    assert rep["predicted_peak_bytes"] == rep["ranks"][0]["predicted_peak_bytes"] == 45_000_000_000

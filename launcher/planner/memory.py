@@ -19,9 +19,10 @@ All inputs are plain numbers; nothing here touches a device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.model.introspect import ModelStats
+from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Strategy
 
@@ -139,6 +140,12 @@ class MemoryEstimate:
     """NVMe bytes per node for offloaded optimizer state and parameters."""
     peak_moment: str = "backward"
     """Which moment is the peak: backward (activations), backward_end (gradient reduce) or step (optimizer)."""
+    basis: str = "cpu_tensor_bytes"
+    """What peak_bytes counts (launcher.planner.cuda_overhead.Basis): tensor bytes on CPU ranks, reserved plus
+    context on CUDA, the thing that OOMs there."""
+    overhead: dict[str, int] = field(default_factory=dict)
+    """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
+    cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
@@ -361,7 +368,9 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
         breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
     tensors = sum(breakdown.values())
-    breakdown["reserve"] = hw.fragmentation * tensors + hw.context_bytes
+    # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
+    overhead = cuda_overhead(hw, tensors, inp.world_size)
+    breakdown["reserve"] = sum(overhead.values())
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
@@ -372,7 +381,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
-                          nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment)
+                          nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
+                          basis=verdict_basis(hw), overhead=overhead)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:

@@ -88,6 +88,11 @@ class Estimate:
     """Predicted seconds per optimizer step."""
     step_time_terms: dict[str, float] = field(default_factory=dict)
     """Seconds by term: compute, communication, offload."""
+    basis: str = "cpu_tensor_bytes"
+    """What peak_bytes counts: cpu_tensor_bytes (CPU ranks) or cuda_reserved_plus_context (CUDA ranks)."""
+    overhead: dict[str, int] = field(default_factory=dict)
+    """CUDA-only terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve, cuda_context,
+    nccl_buffers."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -169,6 +174,8 @@ class Plan:
             "usable_bytes": self.usable_bytes,
             "predicted_peak_bytes": self.estimate.peak_bytes,
             "breakdown": dict(self.estimate.breakdown),
+            "basis": self.estimate.basis,
+            "overhead": dict(self.estimate.overhead),
             "host_bytes_per_node": self.estimate.host_bytes_per_node,
             "nvme_bytes_per_node": self.estimate.nvme_bytes_per_node,
             "predicted_step_time_s": self.estimate.step_time_s,
@@ -200,6 +207,7 @@ class Plan:
             breakdown=d["breakdown"], peak_bytes=d["predicted_peak_bytes"],
             host_bytes_per_node=d["host_bytes_per_node"], nvme_bytes_per_node=d["nvme_bytes_per_node"],
             step_time_s=d["predicted_step_time_s"], step_time_terms=d.get("step_time_terms", {}),
+            basis=d.get("basis", "cpu_tensor_bytes"), overhead=d.get("overhead", {}),
         )
         return cls(
             strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),

@@ -212,7 +212,7 @@ def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
     terms = step_time_terms(inp, s, buckets.reduce_bucket_size)
     est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes, host_bytes_per_node=mem.host_bytes_per_node,
                    nvme_bytes_per_node=mem.nvme_bytes_per_node, step_time_s=sum(terms.values()),
-                   step_time_terms=terms)
+                   step_time_terms=terms, basis=mem.basis, overhead=mem.overhead)
     problem = None
     if mem.peak_bytes > req.usable_bytes:
         largest = max(mem.breakdown, key=mem.breakdown.get)

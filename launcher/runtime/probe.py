@@ -1,10 +1,13 @@
 """The per-rank memory probe: peaks per phase, the category breakdown at the peak, the rank report.
 
 On CPU ranks every tensor is counted by a MemTracker (the rank's "device" is host
-memory, so the tracked total is the number compared with the budget). On CUDA the
-allocator's own max_memory_allocated/reserved are the truth; the MemTracker
-breakdown is added there only when $LAUNCHER_TRACK_CATEGORIES=1 because it runs
-Python on every op.
+memory, so the tracked total is the number compared with the budget): basis
+"cpu_tensor_bytes". On CUDA the verdict judges what actually OOMs, basis
+"cuda_reserved_plus_context": the allocator's max_memory_reserved per phase plus
+what lives outside the allocator (CUDA context, NCCL buffers), measured as
+total - free - reserved from torch.cuda.mem_get_info (the rank's GPU is its own).
+max_memory_allocated is reported beside it. The MemTracker breakdown is added on
+CUDA only when $LAUNCHER_TRACK_CATEGORIES=1 because it runs Python on every op.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class MemoryProbe:
         self.cuda_phase_peaks: dict[str, int] = {}
         self.cuda_max_allocated = 0
         self.cuda_max_reserved = 0
+        self.cuda_phase_reserved: dict[str, int] = {}
+        self.cuda_outside_bytes = 0
+        """Device bytes outside the caching allocator (CUDA context, NCCL buffers), the largest seen."""
         self._oom_raised = False
         self.after_step_snap: dict | None = None
         self._t_step = time.perf_counter()
@@ -96,9 +102,13 @@ class MemoryProbe:
         self.stop()
 
     def start(self) -> None:
+        if self.is_cuda:
+            self.sample_outside_allocator()
         if self.is_cuda and self.enforce_bytes:
+            # The cap is on the verdict's basis: the allocator gets the budget less what already lives outside it.
             total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.enforce_bytes / total), self.device)
+            room = max(0, self.enforce_bytes - self.cuda_outside_bytes)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, room / total), self.device)
         if self.snapshot:
             # A bounded ring of allocation events: one step of a large model stays well inside it.
             torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
@@ -173,9 +183,20 @@ class MemoryProbe:
 
     def _note_cuda(self, name: str) -> None:
         alloc = torch.cuda.max_memory_allocated(self.device)
+        reserved = torch.cuda.max_memory_reserved(self.device)
         self.cuda_phase_peaks[name] = max(self.cuda_phase_peaks.get(name, 0), alloc)
+        self.cuda_phase_reserved[name] = max(self.cuda_phase_reserved.get(name, 0), reserved)
         self.cuda_max_allocated = max(self.cuda_max_allocated, alloc)
-        self.cuda_max_reserved = max(self.cuda_max_reserved, torch.cuda.max_memory_reserved(self.device))
+        self.cuda_max_reserved = max(self.cuda_max_reserved, reserved)
+        self.sample_outside_allocator()
+
+    def sample_outside_allocator(self) -> int:
+        """Device bytes in use outside PyTorch's allocator now: the CUDA context, NCCL's buffers, other libraries'
+        cudaMalloc. mem_get_info is device-wide, so this assumes the rank has its GPU to itself."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        outside = max(0, total - free - torch.cuda.memory_reserved(self.device))
+        self.cuda_outside_bytes = max(self.cuda_outside_bytes, outside)
+        return outside
 
     def check_cap(self) -> None:
         """Raise OutOfMemoryError if the tracked bytes crossed the cap and nobody has seen it raised yet."""
@@ -193,9 +214,15 @@ class MemoryProbe:
             return torch.cuda.memory_allocated(self.device)
         return self.tracker.total_bytes() if self.tracker is not None else 0
 
+    @property
+    def basis(self) -> str:
+        """What the peaks count (launcher.planner.cuda_overhead.Basis)."""
+        return "cuda_reserved_plus_context" if self.is_cuda else "cpu_tensor_bytes"
+
     def phase_peaks(self) -> dict[str, int]:
+        """Peak per phase on the verdict's basis: reserved plus outside-allocator bytes on CUDA, tensors on CPU."""
         if self.is_cuda:
-            return dict(self.cuda_phase_peaks)
+            return {p: r + self.cuda_outside_bytes for p, r in self.cuda_phase_reserved.items()}
         return dict(self.tracker.phase_peak_bytes) if self.tracker is not None else {}
 
     def peak_bytes(self) -> int:
@@ -255,6 +282,7 @@ class MemoryProbe:
             "device": self.device.type,
             "world_size": self.world_size,
             "status": status,
+            "basis": self.basis,
             "phases": peaks,
             "measured_peak_bytes": max(peaks.values(), default=0),
             "training_peak_bytes": max((peaks.get(p, 0) for p in TRAINING_PHASES), default=0),
@@ -276,6 +304,8 @@ class MemoryProbe:
         if self.is_cuda:
             out["max_memory_allocated_bytes"] = self.cuda_max_allocated
             out["max_memory_reserved_bytes"] = self.cuda_max_reserved
+            out["outside_allocator_bytes"] = self.cuda_outside_bytes
+            out["phases_allocated"] = dict(self.cuda_phase_peaks)
         out.update(self.fields)
         return out
 

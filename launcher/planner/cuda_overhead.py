@@ -1,0 +1,107 @@
+"""Device memory a CUDA rank uses beyond its tensors: what turns a tensor peak into what actually OOMs.
+
+A CUDA rank runs out of memory when the driver has nothing left to give, so the figure that matters is the
+process's whole footprint: the caching allocator's reserved segments plus everything allocated outside it.
+Each term is named and sourced; none is fitted here.
+
+  [CTX]   NVIDIA, CUDA C++ Programming Guide, "Lazy Loading" (CUDA 11.7+, on by default since 12.2 via
+          CUDA_MODULE_LOADING=LAZY): kernels load on first use, so the context holds a few hundred MiB instead of
+          every kernel of every library (1-2 GB on older CUDA; the Hugging Face "Model training anatomy" guide
+          measures 1343 MiB for `torch.ones(1).cuda()` on a V100 with CUDA 11.2). The figure is the hardware
+          profile's ``context_bytes``, measured by `launch calibrate` on a GPU node.
+  [ALLOC] PyTorch, "CUDA semantics: memory management" and c10/cuda/CUDACachingAllocator.cpp: requests round up to
+          512 bytes; up to 1 MiB they come from 2 MiB segments, up to 10 MiB from 20 MiB segments, larger ones in
+          2 MiB steps; freed blocks stay cached (reserved) and split blocks fragment. reserved - allocated is the
+          profile's ``fragmentation`` share of the tensor peak (an assumption until `launch calibrate` measures it).
+  [BLAS]  PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize: the cuBLAS workspace per
+          handle and stream defaults to 4096 KiB x 8 = 32 MiB on Hopper (sm90) and 4096 KiB x 2 + 16 KiB x 8 on
+          older GPUs (CUBLAS_WORKSPACE_CONFIG overrides it); it comes from the caching allocator, so it counts as
+          allocated. Forward/backward on the default stream plus a second stream (NCCL, FSDP2's copy streams)
+          give two workspaces.
+  [NCCL]  NVIDIA, NCCL User Guide, "Environment Variables: NCCL_BUFFSIZE": the buffer used between a pair of GPUs,
+          default 4194304 bytes (4 MiB), per channel per peer; NCCL allocates it with cudaMalloc, outside PyTorch's
+          allocator. A ring keeps one per channel towards each of its two neighbours.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from launcher.planner.hardware import HardwareProfile
+from launcher.units import KiB, MiB
+
+Basis = Literal["cpu_tensor_bytes", "cuda_allocated", "cuda_reserved", "cuda_reserved_plus_context"]
+"""What a peak counts. cpu_tensor_bytes: MemTracker's tensor bytes on a CPU rank. cuda_allocated:
+torch.cuda.max_memory_allocated. cuda_reserved: torch.cuda.max_memory_reserved (allocated plus the allocator's
+cache). cuda_reserved_plus_context: reserved plus what lives outside the allocator (CUDA context, NCCL buffers);
+nvidia-smi's per-process "used" counts the same."""
+
+CUBLAS_WORKSPACE_HOPPER_BYTES = 4096 * KiB * 8  # [BLAS] ":4096:8" on sm90
+CUBLAS_WORKSPACE_OLDER_BYTES = 4096 * KiB * 2 + 16 * KiB * 8  # [BLAS] ":4096:2:16:8" before Hopper
+CUBLAS_WORKSPACES = 2  # [BLAS] one per (handle, stream): the compute stream and a communication/copy stream
+NCCL_BUFFSIZE_BYTES = 4 * MiB  # [NCCL] NCCL_BUFFSIZE default
+NCCL_RING_PEERS = 2  # [NCCL] a ring channel talks to the previous and the next rank
+HOPPER_AND_LATER = ("h100", "h200", "gh200", "b200", "gb200")
+
+
+def verdict_basis(hw: HardwareProfile) -> Basis:
+    """The basis a prediction for ``hw`` is made on: what actually OOMs there."""
+    return "cpu_tensor_bytes" if hw.device_is_host else "cuda_reserved_plus_context"
+
+
+def cublas_workspace_bytes(hw: HardwareProfile) -> int:
+    """[BLAS] PyTorch's default cuBLAS workspaces for this GPU generation."""
+    per = CUBLAS_WORKSPACE_HOPPER_BYTES if hw.name.startswith(HOPPER_AND_LATER) else CUBLAS_WORKSPACE_OLDER_BYTES
+    return CUBLAS_WORKSPACES * per
+
+
+def nccl_channels(hw: HardwareProfile) -> int:
+    """Channels NCCL opens per communicator (an assumption: NVLink nodes run many rings, PCIe cards few).
+
+    NCCL picks the count at init from the topology (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS bound it); 16 is
+    what an 8-GPU NVLink node typically reports in NCCL_DEBUG=INFO, 2 a PCIe-only node.
+    """
+    return 16 if hw.intra_node_bw >= 100e9 else 2
+
+
+def nccl_buffer_bytes(hw: HardwareProfile, world_size: int) -> int:
+    """[NCCL] NCCL_BUFFSIZE per channel per ring neighbour; none on a single rank (no communicator traffic)."""
+    if world_size <= 1:
+        return 0
+    return NCCL_BUFFSIZE_BYTES * nccl_channels(hw) * NCCL_RING_PEERS
+
+
+def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int) -> dict[str, int]:
+    """The named terms a CUDA rank adds to its tensor peak; empty on CPU ranks (MemTracker counts tensors only).
+
+    cublas_workspace and allocator_reserve are inside torch.cuda.max_memory_reserved; cuda_context and
+    nccl_buffers are outside the allocator, seen only by the driver.
+    """
+    if hw.device_is_host:
+        return {}
+    return {
+        "cublas_workspace": cublas_workspace_bytes(hw),
+        "allocator_reserve": int(hw.fragmentation * tensor_bytes),
+        "cuda_context": int(hw.context_bytes),
+        "nccl_buffers": nccl_buffer_bytes(hw, world_size),
+    }
+
+
+OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers")
+IN_RESERVED_NOT_ALLOCATED = ("allocator_reserve",)
+
+
+def peak_on_basis(tensor_bytes: int, overhead: dict[str, int], basis: Basis) -> int:
+    """The predicted peak counted the way ``basis`` counts it, from the tensor peak and the named terms."""
+    if basis == "cpu_tensor_bytes":
+        return int(tensor_bytes)
+    total = int(tensor_bytes) + sum(overhead.values())
+    if basis == "cuda_reserved_plus_context":
+        return total
+    total -= sum(overhead.get(k, 0) for k in OUTSIDE_ALLOCATOR)
+    if basis == "cuda_reserved":
+        return total
+    if basis == "cuda_allocated":
+        return total - sum(overhead.get(k, 0) for k in IN_RESERVED_NOT_ALLOCATED)
+    raise ValueError(f"basis: {basis!r} is not one of cpu_tensor_bytes, cuda_allocated, cuda_reserved, "
+                     "cuda_reserved_plus_context")

@@ -1,0 +1,88 @@
+"""The CUDA-only terms (context, allocator reserve, cuBLAS workspace, NCCL buffers) and the basis of a peak."""
+
+import dataclasses
+
+import pytest
+
+from launcher.planner.cuda_overhead import (
+    CUBLAS_WORKSPACE_HOPPER_BYTES,
+    CUBLAS_WORKSPACE_OLDER_BYTES,
+    NCCL_BUFFSIZE_BYTES,
+    cuda_overhead,
+    peak_on_basis,
+    verdict_basis,
+)
+from launcher.planner.hardware import PROFILES
+from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
+from launcher.planner.plan import Buckets, Strategy
+from launcher.units import KiB, MiB
+from tests.planner.conftest import llama_stats
+
+
+def estimate(profile: str, gpus: int = 8):
+    m = llama_stats()
+    inp = MemoryInputs(model=m, world_size=gpus, gpus_per_node=gpus, nodes=1, seq_len=2048, precision="bf16",
+                       optimizer="adamw", hardware=PROFILES[profile], activations=analytic_constants(m, "bf16"))
+    s = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True)
+    b = Buckets(reduce_bucket_size=int(1e6), allgather_bucket_size=int(1e6), stage3_prefetch_bucket_size=0,
+                stage3_max_live_parameters=0, stage3_param_persistence_threshold=0)
+    return estimate_memory(inp, s, b)
+
+
+def test_cpu_ranks_count_tensor_bytes_only():
+    est = estimate("cpu")
+    assert est.basis == "cpu_tensor_bytes"
+    assert est.overhead == {} and est.breakdown["reserve"] == 0
+    assert est.peak_bytes == sum(v for k, v in est.breakdown.items() if k != "reserve")
+
+
+def test_cuda_ranks_are_predicted_on_reserved_plus_context():
+    est = estimate("h100-80gb")
+    hw = PROFILES["h100-80gb"]
+    assert est.basis == "cuda_reserved_plus_context"
+    tensors = est.peak_bytes - est.breakdown["reserve"]
+    assert est.overhead == {
+        "cublas_workspace": 2 * 32 * MiB,  # Hopper: PyTorch's ":4096:8", compute and communication streams
+        "allocator_reserve": int(hw.fragmentation * tensors),
+        "cuda_context": hw.context_bytes,
+        "nccl_buffers": 4 * MiB * 16 * 2,  # NCCL_BUFFSIZE x 16 NVLink channels x 2 ring neighbours
+    }
+    assert est.breakdown["reserve"] == sum(est.overhead.values())
+
+
+def test_workspace_follows_the_gpu_generation():
+    assert CUBLAS_WORKSPACE_HOPPER_BYTES == 32 * MiB
+    assert CUBLAS_WORKSPACE_OLDER_BYTES == 8 * MiB + 128 * KiB
+    assert cuda_overhead(PROFILES["a100-80gb"], 0, 1)["cublas_workspace"] == 2 * CUBLAS_WORKSPACE_OLDER_BYTES
+    assert cuda_overhead(PROFILES["h100-80gb"], 0, 1)["cublas_workspace"] == 2 * CUBLAS_WORKSPACE_HOPPER_BYTES
+
+
+def test_nccl_buffers_need_a_peer_and_scale_with_channels():
+    assert cuda_overhead(PROFILES["h100-80gb"], 0, 1)["nccl_buffers"] == 0
+    assert cuda_overhead(PROFILES["l4"], 0, 2)["nccl_buffers"] == NCCL_BUFFSIZE_BYTES * 2 * 2  # PCIe: 2 channels
+
+
+def test_the_context_is_the_profiles_and_moves_the_peak_one_for_one():
+    base = estimate("h100-80gb")
+    bigger = dataclasses.replace(PROFILES["h100-80gb"], context_bytes=PROFILES["h100-80gb"].context_bytes + 10**9)
+    PROFILES["h100-bigger-ctx"] = bigger
+    try:
+        assert estimate("h100-bigger-ctx").peak_bytes - base.peak_bytes == 10**9
+    finally:
+        del PROFILES["h100-bigger-ctx"]
+
+
+def test_peak_on_each_basis_drops_the_terms_that_basis_does_not_count():
+    over = {"cublas_workspace": 10, "allocator_reserve": 100, "cuda_context": 1000, "nccl_buffers": 10000}
+    assert peak_on_basis(5, over, "cuda_reserved_plus_context") == 11115
+    assert peak_on_basis(5, over, "cuda_reserved") == 115
+    assert peak_on_basis(5, over, "cuda_allocated") == 15
+    assert peak_on_basis(5, over, "cpu_tensor_bytes") == 5
+    with pytest.raises(ValueError, match="basis"):
+        peak_on_basis(5, over, "nvidia_smi")
+
+
+def test_verdict_basis_by_profile():
+    assert verdict_basis(PROFILES["cpu"]) == "cpu_tensor_bytes"
+    assert all(verdict_basis(p) == "cuda_reserved_plus_context" for n, p in PROFILES.items() if n != "cpu")
