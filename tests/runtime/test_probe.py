@@ -140,3 +140,40 @@ def test_memory_snapshot_covers_init_and_the_first_step(tmp_path, monkeypatch):
     snap = pickle.loads((tmp_path / "memory-snapshot" / "rank-0.pickle").read_bytes())
     assert snap["segments"] and snap["device_traces"][0], "no allocation recorded"
     assert probe.snapshot is False and probe.fields["memory_snapshot"].endswith("rank-0.pickle")
+
+
+def test_cpu_ranks_report_tensor_bytes_as_their_basis(tmp_path):
+    probe = MemoryProbe(device="cpu", run_dir=tmp_path)
+    model = tiny()
+    with probe:
+        run_steps(probe, model, torch.optim.AdamW(model.parameters(), foreach=False), steps=1)
+    rep = probe.report(status="completed")
+    assert rep["basis"] == "cpu_tensor_bytes"
+    assert rep["measured_peak_bytes"] == max(probe.tracker.phase_peak_bytes.values()) > 0
+    assert "outside_allocator_bytes" not in rep
+
+
+@pytest.mark.gpu
+def test_cuda_phases_are_reserved_plus_what_lives_outside_the_allocator(tmp_path):
+    probe = MemoryProbe(device="cuda:0", run_dir=tmp_path)
+    with probe:
+        model = tiny().cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for step in (1, 2):
+            with probe.phase("forward"):
+                loss = model(torch.randn(8, 16, device="cuda")).pow(2).mean()
+            with probe.phase("backward"):
+                loss.backward()
+            with probe.phase("optimizer_step"):
+                opt.step()
+                opt.zero_grad()
+            probe.step_done(step, loss.item(), tokens=8)
+    rep = probe.report(status="completed")
+    free, total = torch.cuda.mem_get_info(0)
+    assert rep["basis"] == "cuda_reserved_plus_context"
+    # The CUDA context alone is hundreds of MiB; nothing else runs on the rank's GPU.
+    assert 50 * 2**20 < rep["outside_allocator_bytes"] <= total - free
+    for phase, peak in rep["phases"].items():
+        assert peak == probe.cuda_phase_reserved[phase] + rep["outside_allocator_bytes"]
+        assert rep["phases_allocated"][phase] <= probe.cuda_phase_reserved[phase]
+    assert rep["measured_peak_bytes"] >= rep["max_memory_reserved_bytes"] >= rep["max_memory_allocated_bytes"] > 0
