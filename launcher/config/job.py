@@ -155,7 +155,8 @@ class ClusterConfig:
     gpus_per_node: int | None = None
     """GPUs per node; defaults to --gpus on one node."""
     hardware: str = "auto"
-    """Hardware profile: a100-40gb, a100-80gb, h100-80gb, l4, v100-16gb, cpu, or auto."""
+    """Hardware profile: a10g, l4, l40s, a100-40gb, a100-80gb, h100-80gb (SXM), h100-pcie, h200, b200, mi300x,
+    rtx4090, v100-16gb, cpu, or auto (the card nvidia-smi or rocm-smi names; launcher.planner.hardware)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 
 from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
@@ -31,10 +32,8 @@ def _with_blocks(config, blocks: int):
 def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: int, checkpointing: bool,
                            dtype) -> int:
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from launcher.model.build import model_class
-    from launcher.runtime.tracker import PhaseMemTracker
 
     # Inputs stay real (a few integers): the recipe reads its token count from them.
     vocab = int(config.vocab_size)
@@ -47,8 +46,12 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
         batch["pair_attention_mask"] = batch["attention_mask"].clone()
     # Built on the meta device (LoRA included: peft cannot move fake parameters), then materialized as
     # fake tensors, which replaces each parameter instead of swapping it.
+    if dtype == torch.float32 and hasattr(config, "_experts_implementation"):
+        # torch's fake-tensor rule for grouped_mm (transformers' default MoE kernel) takes bf16 only; the eager
+        # experts loop saves the same activations per routed token.
+        config._experts_implementation = "eager"
     with torch.device("meta"):
-        model = model_class(job.task).from_config(config, dtype=dtype)
+        model = model_class(job.task, config).from_config(config, dtype=dtype)
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     if checkpointing:
@@ -58,6 +61,23 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
         from launcher.worker.model import apply_lora
 
         model = apply_lora(model, job.train.lora, job.task)
+    # An op without a fake-tensor rule makes torch log a traceback before raising; the caller falls back to the
+    # paper's constants and says so in the plan, so the log would only bury the user's output.
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        return _fake_run(job, model, recipe, batch)
+    finally:
+        quiet.setLevel(level)
+
+
+def _fake_run(job: Job, model, recipe, batch) -> int:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from launcher.runtime.tracker import PhaseMemTracker
+
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
         model.train()
@@ -88,6 +108,8 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         config._attn_implementation = "sdpa"
     if job.task == "seq_cls":
         config.num_labels = job.data.num_labels or 2
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = 0  # as the worker sets it (launcher.worker.model.build); any id shapes alike
     recipe = make_recipe(job.task, job.data)
     s_long = seq_len
     s_short = max(8, seq_len // 2)

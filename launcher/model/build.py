@@ -138,9 +138,45 @@ def _model_config(job: Job):
         ) from None
 
 
-def model_class(task: str):
+TASKS = ("causal_lm", "seq_cls", "sentence_embedding")
+
+
+def architecture_problem(config, task: str) -> str | None:
+    """Why this architecture cannot run ``task`` through our recipes, as one bad-input line, or None.
+
+    Encoder-decoders (T5, BART, ...) are refused for every task: transformers would hand causal_lm a decoder
+    alone (BartForCausalLM drops the encoder without a word) and AutoModel a seq2seq model whose forward wants
+    decoder inputs the recipes never make. Encoders (BERT, RoBERTa, ...) see every token both ways, so a
+    next-token loss on them learns to copy: causal_lm is refused there too.
+    """
+    from transformers.models.auto import modeling_auto as auto
+
+    kind = config.model_type
+    names = {"causal_lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "seq_cls":
+             auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "sentence_embedding": auto.MODEL_MAPPING_NAMES}
+    if getattr(config, "is_encoder_decoder", False) or kind in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return (f"model: {kind} is an encoder-decoder (seq2seq) model, which launcher does not train; its recipes "
+                "(causal_lm, seq_cls, sentence_embedding) take a decoder-only model (llama, mistral, qwen2, gpt2, "
+                "...) or an encoder (bert, roberta, ...); point model at one of those")
+    if task == "causal_lm" and kind in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return (f"task: causal_lm needs a decoder, but {kind} is an encoder (every token attends both ways, so a "
+                "next-token loss only learns to copy); use task: seq_cls or sentence_embedding, or a decoder-only "
+                "model")
+    if kind not in names[task]:
+        able = [t for t in TASKS if kind in names[t]]
+        fix = f"use task: {' or '.join(able)}" if able else "use a model transformers has a class for"
+        return f"task: {task} has no transformers model class for {kind} models; {fix}"
+    return None
+
+
+def model_class(task: str, config=None):
+    """The transformers Auto class for ``task``; ConfigError when ``config``'s architecture cannot run it."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    if config is not None:
+        problem = architecture_problem(config, task)
+        if problem:
+            raise ConfigError(problem)
     return {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification,
             "sentence_embedding": AutoModel}[task]
 
@@ -152,7 +188,7 @@ def build_model(job: Job, config, *, device: str = "meta", num_labels: int | Non
     hub_offline()
     if num_labels is not None:
         config.num_labels = num_labels
-    cls = model_class(job.task)
+    cls = model_class(job.task, config)
     d = None if isinstance(job.model, InlineArch) else resolve_model_dir(job.model, job.base_dir)
     has_weights = d is not None and any(d.glob("*.safetensors")) or d is not None and any(d.glob("*.bin"))
     if device == "meta":

@@ -40,6 +40,7 @@ class ModelStats:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    """MLP width, features; for a mixture of experts the width a token runs through (top-k experts, shared ones)."""
     vocab_size: int
     head_dim: int
     is_causal: bool
@@ -48,12 +49,35 @@ class ModelStats:
     tied_embeddings: bool
     num_labels: int = 0
     per_block_params: list[int] = field(default_factory=list)
+    num_experts: int = 0
+    """Mixture of experts: routed experts per MoE layer (0 for a dense model)."""
+    experts_per_token: int = 0
+    """Mixture of experts: experts the router picks per token, its top-k (0 for a dense model)."""
+    expert_params: int = 0
+    """Parameters of all routed experts of all layers (shared experts and routers not included)."""
+    max_positions: int | None = None
+    """Longest sequence the position table holds, tokens (None: relative positions, no table)."""
+    position_key: str | None = None
+    """The config key that sets max_positions: max_position_embeddings, n_positions, ..."""
+    rope_scaling: str | None = None
+    """The config's RoPE scaling when it is not the default one, as written in config.json (None without)."""
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: everything but the routed experts, plus top-k of E of those
+        [Shazeer et al., arXiv:1701.06538; Mixtral, arXiv:2401.04088 §2: 13B active of 47B]."""
+        if not self.num_experts or not self.experts_per_token:
+            return self.num_params
+        return self.num_params - self.expert_params + self.expert_params * self.experts_per_token // self.num_experts
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> ModelStats:
+        missing = {f.name for f in dataclasses.fields(cls)} - set(d)
+        if missing:  # written before these fields existed: the caller rebuilds it
+            raise TypeError(f"model stats lack {sorted(missing)}")
         return cls(**d)
 
 
@@ -77,6 +101,47 @@ def _find_blocks(model):
     if best is None:
         raise ConfigError("model: no repeated transformer blocks found; the planner needs a ModuleList of layers")
     return best[0], best[1]
+
+
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "top_k")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def expert_stats(model, config) -> tuple[int, int, int]:
+    """(experts per layer, top-k, parameters of every routed expert) of a mixture of experts, (0, 0, 0) if dense.
+
+    Routed experts live in modules named ``experts`` (transformers' Mixtral, Qwen2-MoE, DeepSeek, ...: fused 3-D
+    weights or a ModuleList); a shared expert (``shared_expert``) runs for every token and stays active.
+    """
+    num = int(_cfg(config, *EXPERT_COUNT_KEYS, default=0) or 0)
+    top_k = int(_cfg(config, *TOP_K_KEYS, default=0) or 0)
+    if num <= 1 or not 0 < top_k <= num:
+        return 0, 0, 0
+    seen: set[int] = set()
+    total = 0
+    for name, mod in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "experts":
+            continue
+        for p in mod.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return (num, top_k, total) if total else (0, 0, 0)
+
+
+def position_limit(config) -> tuple[int | None, str | None, str | None]:
+    """(longest sequence, the key that sets it, the RoPE scaling if not the default) of a config."""
+    limit = key = None
+    for k in POSITION_KEYS:
+        v = getattr(config, k, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            limit, key = v, getattr(config, "attribute_map", {}).get(k, k)  # GPT-2 calls it n_positions
+            break
+    rope = getattr(config, "rope_scaling", None)
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = None  # transformers 5 reports every RoPE model's theta here; only a real scaling is news
+    return limit, key, (str(rope) if rope else None)
 
 
 def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
@@ -108,6 +173,13 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
     model_type = config.model_type
+    num_experts, top_k, experts = expert_stats(model, config)
+    if num_experts:
+        # The MLP width a token runs through, which the activation terms scale with: top-k routed experts and any
+        # shared expert (Qwen2-MoE: moe_intermediate_size per expert, shared_expert_intermediate_size beside).
+        per_expert = _cfg(config, "moe_intermediate_size", default=inter)
+        inter = top_k * per_expert + (_cfg(config, "shared_expert_intermediate_size", default=0) or 0)
+    max_positions, position_key, rope_scaling = position_limit(config)
     return ModelStats(
         model_type=model_type,
         task=job.task,
@@ -130,4 +202,10 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         num_labels=int(num_labels or 0),
         per_block_params=per_block,
+        num_experts=num_experts,
+        experts_per_token=top_k,
+        expert_params=experts,
+        max_positions=max_positions,
+        position_key=position_key,
+        rope_scaling=rope_scaling,
     )

@@ -1,6 +1,6 @@
 """Hardware profiles: the constants the memory and cost models read.
 
-Figures are vendor datasheet numbers (dense, no sparsity) scaled by an
+Figures are vendor datasheet numbers (dense, no sparsity, each profile names its source) scaled by an
 achievable fraction; ``launch calibrate`` measures the ``cpu`` profile (and a
 GPU profile on a GPU node) and writes an override file the CLI passes in.
 """
@@ -8,6 +8,7 @@ GPU profile on a GPU node) and writes an override file the CLI passes in.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from launcher.units import GB, GiB, MiB
@@ -51,28 +52,62 @@ class HardwareProfile:
     """Share of communication hidden behind compute, 0 to 1."""
     device_is_host: bool = False
     """True for CPU ranks: device memory is host memory, so ranks add up in host RAM."""
+    memory_bw: float = 0.0
+    """Device memory bandwidth, bytes/s (datasheet)."""
+    source: str = ""
+    """Where the figures come from: the vendor datasheet's URL."""
 
     def with_overrides(self, values: dict) -> HardwareProfile:
         known = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known})
 
 
-def _gpu(name, mem_gib, flops_bf16, flops_fp32, nvlink, ib, pcie, context_mib=600) -> HardwareProfile:
+def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw, source,
+         context_mib=600) -> HardwareProfile:
     return HardwareProfile(
         name=name, memory_bytes=int(mem_gib * GiB), context_bytes=context_mib * MiB, fragmentation=0.08,
-        flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=0.4, intra_node_bw=nvlink, inter_node_bw=ib,
-        host_link_bw=pcie, cpu_adam_params_per_s=1.0e9, nvme_bw=3.0 * GB,
+        flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=0.4, intra_node_bw=intra, inter_node_bw=inter,
+        host_link_bw=pcie, cpu_adam_params_per_s=1.0e9, nvme_bw=3.0 * GB, memory_bw=memory_bw, source=source,
     )
 
 
+# Each card from its vendor's datasheet: memory (the datasheet's "GB" of HBM/GDDR, which nvidia-smi reports in
+# MiB within 1 %, so read as GiB), dense bf16 and fp32/TF32 tensor FLOP/s (no sparsity), memory bandwidth, and the
+# GPU-to-GPU link. intra_node_bw is one direction of the link (the datasheets quote NVLink both ways); PCIe-only
+# cards talk over PCIe (Gen4 x16: 32 GB/s a direction). inter_node_bw is one NIC per GPU: HDR 200 Gb/s on A100
+# systems, NDR 400 Gb/s on H100/H200/B200/MI300X systems, 100 Gb/s Ethernet shared by a PCIe box's cards.
 PROFILES: dict[str, HardwareProfile] = {
-    # Datasheets: A100 312 TF bf16 / 156 TF tf32, NVLink3 600 GB/s; H100 SXM 989 TF / 494 TF, NVLink4 900 GB/s;
-    # L4 121 TF / 60 TF, PCIe only; V100 125 TF fp16 (no bf16: fp16 figure) / 15.7 TF, NVLink2 300 GB/s.
-    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 156e12, 300 * GB, 25 * GB, 25 * GB),
-    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 156e12, 300 * GB, 25 * GB, 25 * GB),
-    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 494e12, 450 * GB, 50 * GB, 50 * GB),
-    "l4": _gpu("l4", 24, 121e12, 60e12, 25 * GB, 12 * GB, 25 * GB, context_mib=400),
-    "v100-16gb": _gpu("v100-16gb", 16, 125e12, 15.7e12, 150 * GB, 12 * GB, 12 * GB, context_mib=400),
+    "a10g": _gpu("a10g", 24, 70e12, 35e12, 16 * GB, 3 * GB, 16 * GB, memory_bw=600 * GB, context_mib=400,
+                 source="https://aws.amazon.com/ec2/instance-types/g5/ ; A10G vs A10 figures: "
+                        "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
+    "l4": _gpu("l4", 24, 121e12, 60e12, 32 * GB, 12 * GB, 32 * GB, memory_bw=300 * GB, context_mib=400,
+               source="https://www.nvidia.com/en-us/data-center/l4/"),
+    "l40s": _gpu("l40s", 48, 362e12, 183e12, 32 * GB, 12 * GB, 32 * GB, memory_bw=864 * GB, context_mib=400,
+                 source="https://www.nvidia.com/en-us/data-center/l40s/"),
+    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, memory_bw=1555 * GB,
+                      source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                             "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, memory_bw=2039 * GB,
+                      source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                             "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, memory_bw=3350 * GB,
+                      source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM)"),
+    "h100-pcie": _gpu("h100-pcie", 80, 756e12, 378e12, 300 * GB, 50 * GB, 64 * GB, memory_bw=2000 * GB,
+                      source="https://www.nvidia.com/en-us/data-center/h100/ (H100 PCIe; NVLink bridge 600 GB/s)"),
+    "h200": _gpu("h200", 141, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, memory_bw=4800 * GB,
+                 source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM)"),
+    "b200": _gpu("b200", 180, 2250e12, 1100e12, 900 * GB, 50 * GB, 64 * GB, memory_bw=7700 * GB,
+                 source="https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 1,440 GB over 8 GPUs, "
+                        "18 PFLOPS sparse bf16 over 8 GPUs, NVLink 5 1.8 TB/s)"),
+    "mi300x": _gpu("mi300x", 192, 1307e12, 654e12, 448 * GB, 50 * GB, 64 * GB, memory_bw=5300 * GB,
+                   source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
+                          "(Infinity Fabric 896 GB/s aggregate, both ways)"),
+    "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, memory_bw=1008 * GB, context_mib=400,
+                    source="https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf "
+                           "(Appendix A: bf16 tensor with fp32 accumulate; no NVLink, no P2P)"),
+    "v100-16gb": _gpu("v100-16gb", 16, 125e12, 15.7e12, 150 * GB, 12 * GB, 16 * GB, memory_bw=900 * GB,
+                      context_mib=400, source="https://images.nvidia.com/content/technologies/volta/pdf/"
+                                              "volta-v100-datasheet-update-us-1165301-r5.pdf (no bf16: the fp16 figure)"),
     # CPU ranks (gloo): MemTracker counts tensor bytes only, so no context or allocator reserve.
     # Throughputs are placeholders that `launch calibrate` replaces with measured ones.
     "cpu": HardwareProfile(
@@ -82,16 +117,33 @@ PROFILES: dict[str, HardwareProfile] = {
         # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
         # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
         deepspeed_step_overhead_s=1.0, fsdp_step_overhead_s=0.09,
-        comm_overlap=0.0, device_is_host=True,
+        comm_overlap=0.0, device_is_host=True, source="measured by `launch calibrate`",
     ),
 }
 
-GPU_NAME_TO_PROFILE = {"H100": "h100-80gb", "H200": "h100-80gb", "A100-SXM4-40GB": "a100-40gb",
-                       "A100-PCIE-40GB": "a100-40gb", "A100": "a100-80gb", "L4": "l4", "V100": "v100-16gb"}
+# Device names as nvidia-smi --query-gpu=name, torch.cuda.get_device_name and rocm-smi write them, upper-cased,
+# tested first to last: the PCIe and 40 GB variants before the names they contain.
+GPU_NAME_PATTERNS: list[tuple[str, str]] = [
+    (r"\bH200\b", "h200"),
+    (r"\bH100\b.*\bPCIE\b", "h100-pcie"),
+    (r"\bH100\b(?!.*\bNVL\b)", "h100-80gb"),
+    (r"\bB200\b", "b200"),
+    (r"\bA100\b.*\b40GB\b", "a100-40gb"),
+    (r"\bA100\b", "a100-80gb"),
+    (r"\bA10G\b", "a10g"),
+    (r"\bL40S\b", "l40s"),
+    (r"\bL4\b", "l4"),
+    (r"\bRTX 4090\b", "rtx4090"),
+    (r"\bMI300X\b", "mi300x"),
+    (r"\bV100\b.*\b16GB\b", "v100-16gb"),
+]
 
 
-def profile_for_gpu_name(gpu_name: str) -> str:
-    for key, prof in GPU_NAME_TO_PROFILE.items():
-        if key in gpu_name:
-            return prof
-    return "a100-80gb"
+def profile_for_gpu_name(gpu_name: str) -> str | None:
+    """The profile of a device name, or None for a card without one (never a guess: a wrong card's memory would
+    pass or refuse budgets it should not)."""
+    name = " ".join(gpu_name.upper().replace("-", " ").split())
+    for pattern, profile in GPU_NAME_PATTERNS:
+        if re.search(pattern, name):
+            return profile
+    return None

@@ -135,9 +135,20 @@ def batch_problem(global_batch_size: int, world_size: int) -> str | None:
             f"{world_size} (e.g. {example}) or another --gpus")
 
 
+def context_problem(m: ModelStats, seq_len: int) -> str | None:
+    """A sequence past the model's position table indexes embeddings that do not exist (learned positions) or
+    positions it never trained on (RoPE): refused, never silently truncated."""
+    if m.max_positions is None or seq_len <= m.max_positions:
+        return None
+    rope = (f", or raise {m.position_key} together with the config's rope_scaling ({m.rope_scaling})"
+            if m.rope_scaling else "")
+    return (f"data.max_seq_len: {seq_len} tokens is past this {m.model_type} model's position table "
+            f"({m.position_key} = {m.max_positions}); use --seq-len {m.max_positions} or less{rope}")
+
+
 def candidates(req: PlanRequest) -> list[Strategy]:
     p = req.pins
-    problem = batch_problem(req.global_batch_size, req.world_size)
+    problem = batch_problem(req.global_batch_size, req.world_size) or context_problem(req.model, req.seq_len)
     if problem:
         raise ConfigError(problem)
     if p.fsdp_sharding == "hybrid" and req.nodes == 1:
@@ -267,6 +278,10 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
     reasons += activation_reasons(_constants(req))
+    m = req.model
+    if m.num_experts:
+        reasons.append(f"MoE: {m.num_params:,} total, {m.active_params:,} active (top-{m.experts_per_token} of "
+                       f"{m.num_experts} experts): memory counts every expert, compute only the active ones")
     return Plan(
         strategy=best.strategy, estimate=b, buckets=best.buckets, num_params=req.model.num_params,
         trainable_params=req.model.trainable_params, budget_bytes=req.budget_bytes, usable_bytes=req.usable_bytes,

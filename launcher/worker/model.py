@@ -34,6 +34,10 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool) -> 
             f"data.max_seq_len: {seq_len} tokens exceed the model's max_position_embeddings ({max_pos}); "
             f"set data.max_seq_len to {max_pos} or less"
         )
+    if recipe.task == "seq_cls" and getattr(config, "pad_token_id", None) is None:
+        # A decoder's classifier reads the last token that is not padding; without a pad id transformers refuses
+        # any batch over one (Mistral, Llama ship none). Our tokenizer's pad id is what the batches hold.
+        config.pad_token_id = tokenizer_for(job).pad_token_id
     model = build_model(job, config, device="cpu", num_labels=recipe.num_labels)
     if hasattr(model.config, "use_cache"):
         # A KV cache is for generation; in training it only holds memory the plan does not count.

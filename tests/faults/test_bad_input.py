@@ -20,6 +20,7 @@ import yaml
 
 from launcher.cli.main import main
 from tests.conftest import REPO, base_job
+from tests.model.families import save_model_dir
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
 
@@ -192,6 +193,15 @@ CASES = [
     Case("lora-targets-not-in-model", lambda s: [s.job(**{"train.lora": {"r": 4, "target_modules": ["q_proj"]}})],
          ["train.lora.target_modules: ['q_proj'] match no linear layer of this gpt2 model", "use some of",
           "c_attn"]),
+    Case("encoder-decoder-model", lambda s: [s.job(model=str(save_model_dir("t5", s.root)))],
+         ["model: t5 is an encoder-decoder (seq2seq) model, which launcher does not train",
+          "causal_lm, seq_cls, sentence_embedding"]),
+    Case("causal-lm-on-an-encoder", lambda s: [s.job(model=str(save_model_dir("bert", s.root)))],
+         ["task: causal_lm needs a decoder, but bert is an encoder"]),
+    Case("seq-past-a-model-dirs-position-table",
+         lambda s: [s.job(model=str(save_model_dir("mistral", s.root))), "--seq-len", "100000"],
+         ["data.max_seq_len: 100000 tokens is past this mistral model's position table "
+          "(max_position_embeddings = 256)"]),
     Case("fp16-on-cpu-ranks", lambda s: [s.job(**{"train.precision": "fp16"})],
          ["train.precision: 'fp16' is refused on CPU ranks", "use bf16 or fp32"]),
     # -- host RAM, NVMe, the run dir ------------------------------------------------------------------------------
@@ -311,6 +321,9 @@ FIXES = {
     "model-empty-name": "give a local model dir, a bundled name such as gpt2-124m",
     "lora-targets-not-in-model": "use some of",
     "fp16-on-cpu-ranks": "use bf16 or fp32",
+    "encoder-decoder-model": "point model at one of those",
+    "causal-lm-on-an-encoder": "use task: seq_cls or sentence_embedding, or a decoder-only model",
+    "seq-past-a-model-dirs-position-table": "use --seq-len 256 or less",
     "nvme-path-under-a-file": "point nvme_path at a directory",
     "nvme-lacks-space": "free space at cluster.nvme_path or point it at a larger drive",
     "host-ram-too-small-for-offload": "is less than the offload needs; raise it",
