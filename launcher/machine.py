@@ -1,4 +1,4 @@
-"""What this machine has: its GPU (nvidia-smi), host RAM, free NVMe space, and the hardware profile to plan for."""
+"""What this machine has: its GPU (nvidia-smi or rocm-smi), host RAM, free NVMe space, and the hardware profile to plan for."""
 
 from __future__ import annotations
 
@@ -14,23 +14,56 @@ from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
 
 
-def detect_gpu_name() -> str | None:
-    if shutil.which("nvidia-smi") is None:
+def _run(argv: list[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    return names[0] if out.returncode == 0 and names else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def rocm_product_name(text: str) -> str | None:
+    """The first GPU's product name in ``rocm-smi --showproductname`` output ("Card Series: AMD Instinct MI300X
+    OAM"; older releases print the marketing name under "Card SKU" or "Card model")."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        for key in ("Card Series", "Card SKU", "Card model", "Card Model"):
+            if f"{key}:" in line:
+                found.setdefault(key.lower(), line.split(f"{key}:", 1)[1].strip())
+    for key in ("card series", "card sku", "card model"):
+        if "MI" in found.get(key, "").upper():
+            return found[key]
+    return found.get("card series")
+
+
+def detect_gpu_name() -> str | None:
+    """The first GPU's name from nvidia-smi, or from rocm-smi on AMD machines; None without either."""
+    out = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    names = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    if names:
+        return names[0]
+    out = _run(["rocm-smi", "--showproductname"])
+    return rocm_product_name(out) if out else None
+
+
+def auto_profile_name(gpu: str | None, where: str = "cluster.hardware") -> str:
+    """The profile for the detected card ("cpu" without one); bad input when the card has no profile."""
+    if gpu is None:
+        return "cpu"
+    name = profile_for_gpu_name(gpu)
+    if name is None:
+        cards = ", ".join(n for n in PROFILES if n != "cpu")
+        raise ConfigError(f"{where}: auto found a {gpu!r}, which has no profile; set {where} to the card closest to "
+                          f"it in memory and speed ({cards})")
+    return name
 
 
 def hardware_profile(job: Job) -> HardwareProfile:
     name = job.cluster.hardware
     if name == "auto":
-        gpu = detect_gpu_name()
-        name = profile_for_gpu_name(gpu) if gpu else "cpu"
+        name = auto_profile_name(detect_gpu_name())
     if name not in PROFILES:
         raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
     profile = PROFILES[name]

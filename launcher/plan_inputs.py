@@ -102,8 +102,11 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
             return on_device(ActivationConstants(**json.loads(cached.read_text())), profile.device_is_host)
         except (TypeError, ValueError):
             pass
-    from launcher.model.activations import probe_activations
+    from launcher.model.activations import moe_constants, probe_activations
 
+    if stats.num_experts:
+        with _transformers_quiet():
+            return on_device(moe_constants(job, stats), profile.device_is_host)
     try:
         with _transformers_quiet():
             constants = probe_activations(job, seq_len=job.data.max_seq_len, precision=job.train.precision)

@@ -49,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile_name(requested: str) -> tuple[str, str]:
     """(profile name, device kind) for --hardware."""
-    from launcher.machine import detect_gpu_name
-    from launcher.planner.hardware import PROFILES, profile_for_gpu_name
+    from launcher.machine import auto_profile_name, detect_gpu_name
+    from launcher.planner.hardware import PROFILES
 
     gpu = detect_gpu_name()
     name = requested
     if requested == "auto":
-        name = profile_for_gpu_name(gpu) if gpu else "cpu"
+        name = auto_profile_name(gpu, "--hardware")
     if name not in PROFILES:
         raise ConfigError(f"--hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
     device = "cpu" if name == "cpu" else "cuda"

@@ -46,10 +46,6 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
         batch["pair_attention_mask"] = batch["attention_mask"].clone()
     # Built on the meta device (LoRA included: peft cannot move fake parameters), then materialized as
     # fake tensors, which replaces each parameter instead of swapping it.
-    if dtype == torch.float32 and hasattr(config, "_experts_implementation"):
-        # torch's fake-tensor rule for grouped_mm (transformers' default MoE kernel) takes bf16 only; the eager
-        # experts loop saves the same activations per routed token.
-        config._experts_implementation = "eager"
     with torch.device("meta"):
         model = model_class(job.task, config).from_config(config, dtype=dtype)
     if hasattr(model.config, "use_cache"):
@@ -160,6 +156,19 @@ def on_device(c: ActivationConstants, device_is_host: bool) -> ActivationConstan
         return c
     return dataclasses.replace(c, block_bytes_per_token_per_seq=0.0,
                                source=c.source + "; a·s² term dropped: CUDA's fused kernels save no scores")
+
+
+def moe_constants(job: Job, stats) -> ActivationConstants:
+    """A mixture of experts routes each token by its values (torch.where / nonzero over the router's choice), an
+    output shape fake tensors cannot know: its activations come from the paper, with the MLP width of the top-k
+    experts a token runs through (ModelStats.intermediate_size), by design rather than as a failed probe."""
+    from launcher.model.build import attention_implementation, model_config
+    from launcher.planner.memory import analytic_constants
+
+    constants = analytic_constants(stats, job.train.precision, attention_implementation(model_config(job)))
+    constants.source += (f" with top-{stats.experts_per_token} experts' MLP width (MoE routing is data-dependent: "
+                         "no fake-tensor probe)")
+    return constants
 
 
 def probe_fallback(job: Job, stats, error: BaseException) -> ActivationConstants:

@@ -63,3 +63,51 @@ def test_a_130gb_budget_fits_an_h200_not_an_h100(tmp_path, data_file, capsys, ha
     assert main(["plan", str(job), "--hardware", hardware, "--budget", "130GB", "--gpus", "2"]) == code
     if code:
         assert "budget: 130000000000 bytes is more than a h100-80gb holds" in capsys.readouterr().err
+
+
+ROCM_SMI = """
+============================ ROCm System Management Interface ============================
+====================================== Product Info ======================================
+GPU[0]		: Card Series: 		AMD Instinct MI300X OAM
+GPU[0]		: Card Model: 		0x74a1
+GPU[0]		: Card Vendor: 		Advanced Micro Devices, Inc. [AMD/ATI]
+GPU[0]		: Card SKU: 		M3000100
+GPU[1]		: Card Series: 		AMD Instinct MI300X OAM
+==========================================================================================
+"""
+
+
+def test_rocm_smi_names_the_mi300x():
+    from launcher.machine import rocm_product_name
+
+    assert profile_for_gpu_name(rocm_product_name(ROCM_SMI)) == "mi300x"
+
+
+def _fake_tool(bin_dir, name, stdout):
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n/bin/cat <<'EOF'\n{stdout}\nEOF\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize(("tool", "stdout", "profile"), [
+    ("nvidia-smi", "NVIDIA H200\nNVIDIA H200", "h200"),
+    ("nvidia-smi", "NVIDIA H100 80GB HBM3", "h100-80gb"),
+    ("rocm-smi", ROCM_SMI, "mi300x"),
+])
+def test_auto_detects_the_card_through_its_tool(tmp_path, monkeypatch, tool, stdout, profile):
+    from launcher.machine import auto_profile_name, detect_gpu_name
+
+    _fake_tool(tmp_path, tool, stdout)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert auto_profile_name(detect_gpu_name()) == profile
+
+
+def test_auto_on_a_card_without_a_profile_is_bad_input(tmp_path, monkeypatch):
+    from launcher.errors import ConfigError
+    from launcher.machine import auto_profile_name, detect_gpu_name
+
+    _fake_tool(tmp_path, "nvidia-smi", "NVIDIA A10")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"cluster.hardware: auto found a 'NVIDIA A10', which has no profile; "
+                                          r"set cluster.hardware to the card closest"):
+        auto_profile_name(detect_gpu_name())

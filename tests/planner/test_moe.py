@@ -74,3 +74,22 @@ def test_the_plan_says_moe_total_and_active(tmp_path):
     reasons = make_plan(request(m)).reasons
     assert f"MoE: {m.num_params:,} total, {m.active_params:,} active (top-2 of 4 experts)" in " ".join(reasons)
     assert not any("MoE" in r for r in make_plan(request(stats(tmp_path / "d", "mistral"))).reasons)
+
+
+def test_an_moe_plans_through_the_cli_without_a_failed_probe(tmp_path, capsys, monkeypatch):
+    from launcher.cli.main import main
+
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "a"}) + "\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({"name": "moe", "model": str(save_model_dir("mixtral", tmp_path)), "task": "causal_lm",
+                               "data": {"path": str(data), "max_seq_len": 32},
+                               "train": {"global_batch_size": 4, "max_steps": 1, "precision": "fp32"},
+                               "cluster": {"hardware": "cpu"}}))
+    assert main(["plan", str(job), "--gpus", "2", "--budget", "2GB", "--json"]) == 0
+    out = capsys.readouterr()
+    plan = json.loads(out.out)
+    assert "warning" not in out.err and "Traceback" not in out.err and "FAILED" not in " ".join(plan["reasons"])
+    assert any(r.startswith("MoE: ") and "active (top-2 of 4 experts)" in r for r in plan["reasons"])
+    assert "MoE routing is data-dependent" in plan["constants"]["activations"]["source"]
