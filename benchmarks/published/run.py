@@ -67,10 +67,11 @@ NOT_USED = [
 MISS_NOTES = {
     "litgpt-tinyllama-lora-all": (
         "activations are most of this prediction: the fake-tensor probe of the launcher's own recipe (transformers "
-        "Llama + PEFT, LoRA on all seven linears and the head, each with its own dropout) at 8 x 512 tokens. LitGPT's "
-        "LoRA shares one dropout across q, k and v, and pads each batch only to its longest sample, so the published "
-        "peak need not come from a full 8 x 512 batch; the table does not say which batch made it. Where the weights "
-        "dominate (the 7-8B rows) the same recipe is within 10 %. An over-prediction: the plan is safe, not tight"),
+        "Llama + PEFT, LoRA on all seven linears and the head, each with its own dropout) at 8 x 512 tokens (litgpt "
+        "feeds its longest sample first, so a full 512-token batch did run). Not verified here, the likely cause: "
+        "LitGPT's own model and LoRA (one dropout for the fused q/k/v, its own RMSNorm and rotary code) save less per "
+        "token than transformers' Llama with PEFT, the recipe the launcher runs and probes; where the weights dominate (the 7-13B rows) the same "
+        "recipe is within 10 %. An over-prediction: the plan is safe, not tight"),
     "hf-bert-large-fp16amp-mb4": (
         "torch.cuda.amp runs softmax, dropout and layer norm in fp32, so BERT's eager attention probabilities at 512 "
         "tokens, the largest activations here, are saved in fp32; the launcher's fp16 recipe saves them in fp16. An "
