@@ -141,7 +141,8 @@ def render_report(report: dict) -> str:
         )
     if report["missing_ranks"]:
         lines.append(f"missing ranks (no memory file): {report['missing_ranks']}")
-    lines.append("verdict: " + ("every rank within budget" if report["within_budget"] else "NOT within budget"))
+    lines.append("verdict: " + ("every rank within budget" if report["within_budget"] else "NOT within budget")
+                 + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
     return "\n".join(lines)
 
 

@@ -18,6 +18,13 @@ def _count(n: int) -> str:
     return str(n)
 
 
+BASIS_WORDS = {
+    "cpu_tensor_bytes": "tensor bytes (CPU ranks: what MemTracker measures)",
+    "cuda_reserved_plus_context": "the allocator's reserved memory plus the CUDA context and NCCL buffers "
+                                  "(what OOMs on a GPU; the run's verdict counts the same)",
+}
+
+
 def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
     s, e = plan.strategy, plan.estimate
     if s.engine == "deepspeed":
@@ -45,9 +52,12 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
     lines.append("  predicted peak per rank, by category:")
     for cat, n in e.breakdown.items():
         lines.append(f"    {cat:<12} {format_bytes(n):>10}  {_bar(n, plan.budget_bytes)}")
+        if cat == "reserve" and e.overhead:
+            lines.append("      = " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in e.overhead.items()))
     verdict = "fits" if e.peak_bytes <= plan.usable_bytes else "OVER BUDGET"
     lines.append(f"    {'peak':<12} {format_bytes(e.peak_bytes):>10}  {_bar(e.peak_bytes, plan.budget_bytes)}  "
                  f"{verdict}: usable {format_bytes(plan.usable_bytes)} of budget {format_bytes(plan.budget_bytes)}")
+    lines.append(f"  the peak counts {BASIS_WORDS.get(e.basis, e.basis)}")
     lines.append(f"  host RAM per node {format_bytes(e.host_bytes_per_node)}"
                  + (f", NVMe per node {format_bytes(e.nvme_bytes_per_node)}" if e.nvme_bytes_per_node else ""))
     terms = ", ".join(f"{k} {v:.3g} s" for k, v in e.step_time_terms.items())

@@ -26,6 +26,20 @@ def test_plan_prints_choice_breakdown_and_alternatives(capsys, write_job):
     assert "budget 1.00 GB per GPU" in out
 
 
+def test_plan_states_its_basis_and_itemises_the_cuda_terms(capsys, write_job):
+    job = write_job()
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--hardware", "h100-80gb", job)
+    assert code == 0, err
+    assert "the peak counts the allocator's reserved memory plus the CUDA context and NCCL buffers" in out
+    assert "= cublas workspace 67.11 MB, allocator reserve" in out and "cuda context 629.15 MB, nccl buffers" in out
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--hardware", "h100-80gb", "--json", job)
+    plan = json.loads(out)
+    assert plan["basis"] == "cuda_reserved_plus_context"
+    assert sum(plan["overhead"].values()) == plan["breakdown"]["reserve"]
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--hardware", "cpu", job)
+    assert "the peak counts tensor bytes (CPU ranks" in out and "cublas" not in out
+
+
 def test_plan_json_has_the_contract_keys(capsys, write_job):
     code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--json", write_job())
     assert code == 0
