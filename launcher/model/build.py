@@ -49,7 +49,8 @@ def minilm_dir() -> Path | None:
 
 
 def resolve_model_dir(model: str, base_dir: str = ".") -> Path | None:
-    """A directory with config.json (and maybe weights) for ``model``, or None for bundled configs."""
+    """A directory with config.json (and maybe weights) for ``model``: a local dir, the MiniLM package, or a hub
+    id's snapshot in the local Hugging Face cache; None for bundled configs and names that are no hub id."""
     if model.lower() in MINILM_NAMES:
         d = minilm_dir()
         if d is None:
@@ -62,7 +63,35 @@ def resolve_model_dir(model: str, base_dir: str = ".") -> Path | None:
         if not (p / "config.json").exists():
             raise ConfigError(f"model: {str(p)!r} is a directory without config.json; point model at a transformers model dir")
         return p
-    return None
+    if (BUNDLED_DIR / f"{model}.json").exists():
+        return None
+    return hub_snapshot(model)
+
+
+def hub_snapshot(model: str) -> Path | None:
+    """The local Hugging Face cache's snapshot of hub id ``model`` (HF_HOME/hub, or HF_HUB_CACHE), never the
+    network; None when ``model`` cannot be a hub id. Not cached is bad input saying how to get it."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    hub_offline()
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        return None  # a path that does not exist: the caller's message names it
+    try:
+        path = Path(snapshot_download(repo_id=model, local_files_only=True))
+    except HFValidationError:
+        return None
+    except Exception:  # LocalEntryNotFoundError and kin: not in this machine's cache
+        raise ConfigError(
+            f"model: {model!r} is not a local dir, a bundled config ({', '.join(bundled_names())}) nor in the local "
+            f"Hugging Face cache ({constants.HF_HUB_CACHE}), and launcher never downloads; get it with "
+            f"`huggingface-cli download {model}` (set HF_HOME to use another cache) or point model: at a local dir "
+            "with config.json"
+        ) from None
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model: the cached snapshot of {model!r} ({path}) has no config.json; fetch it whole with "
+                          f"`huggingface-cli download {model}` or point model: at a local dir with config.json")
+    return path
 
 
 def inline_config(arch: InlineArch):
