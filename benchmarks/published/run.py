@@ -51,8 +51,8 @@ RERUN = ".venv/bin/python benchmarks/published/run.py"
 NOT_USED = [
     ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (Llama 3.1 8B, FSDP on 8 and 128 H100s, "
      "local batch 2, 82.4 / 67.0 GiB reserved)", "selective (per-op) activation checkpointing, which the launcher cannot "
-     "pin (it checkpoints whole blocks or nothing); the 15.4 GiB between the two tables is the 16-byte FSDP state "
-     "going from 1/8 to 1/128 of 8.03 B parameters (14.0 GiB), as the model says"),
+     "pin (it checkpoints whole blocks or nothing); of the 15.4 GiB between the two tables, 14.0 GiB is the 16-byte "
+     "FSDP state going from 1/8 to 1/128 of 8.03 B parameters, as the model says"),
     ("torchtitan Tables 4-6 (70B / 405B with TP, PP, CP)", "tensor, pipeline and context parallelism are outside the "
      "launcher's strategies"),
     ("Hugging Face single-GPU guide: Adafactor (12295 MB) and 8-bit Adam (13085 MB) runs", "optimizers the launcher "
