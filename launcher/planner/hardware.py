@@ -20,7 +20,8 @@ class HardwareProfile:
     memory_bytes: int
     """Device memory of one accelerator, bytes."""
     context_bytes: int
-    """Fixed per-process cost outside the tensor allocator (CUDA context, cuBLAS workspaces), bytes."""
+    """Per-process device bytes outside the caching allocator (CUDA context, library handles), bytes; `launch calibrate`
+    measures it as total - free - reserved. cuBLAS workspaces and NCCL buffers are separate terms (cuda_overhead)."""
     fragmentation: float
     """Allocator reserve as a share of the tensor peak (reserved / allocated - 1)."""
     flops_bf16: float
