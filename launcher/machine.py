@@ -12,6 +12,7 @@ from launcher.cache import cache_dir
 from launcher.config.job import Job
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
+from launcher.precision import GPU_BF16_MIN_CAPABILITY, Bf16Support
 
 
 def _run(argv: list[str]) -> str | None:
@@ -90,3 +91,88 @@ def nvme_free_bytes(job: Job) -> int | None:
     while not p.exists() and p != p.parent:
         p = p.parent
     return shutil.disk_usage(p).free
+
+
+# -- native bf16 (train.precision: auto) ------------------------------------------------------------------------------
+
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of the instructions oneDNN runs bf16 matmuls with (Intel AMX, AVX512-BF16 on Intel and
+AMD Zen 4+)."""
+
+ONEDNN_BF16_ISA_MARKS = ("BF16", "AMX", "FP16", "AVX10")
+"""ONEDNN_MAX_CPU_ISA values that still allow bf16 instructions all carry one of these (AVX512_CORE_BF16,
+AVX512_CORE_AMX, AVX512_CORE_FP16, AVX10_1_512...); the lower caps (AVX2, AVX512_CORE, ...) do not. ALL and
+DEFAULT cap nothing. Names from oneDNN's docs, "CPU Dispatcher Control"."""
+
+ATEN_BELOW_BF16 = ("default", "avx2")
+"""ATEN_CPU_CAPABILITY values that keep ATen's own kernels off AVX512, where its bf16 paths live."""
+
+PROFILE_CAPABILITY = {"a10g": 8.6, "l4": 8.9, "l40s": 8.9, "a100-40gb": 8.0, "a100-80gb": 8.0, "h100-80gb": 9.0,
+                      "h100-pcie": 9.0, "h200": 9.0, "b200": 10.0, "rtx4090": 8.9, "v100-16gb": 7.0}
+"""CUDA compute capability of each NVIDIA profile (NVIDIA's "CUDA GPUs" list), for plans made off the GPU node."""
+
+NATIVE_BF16_WITHOUT_CUDA = {"mi300x": "AMD CDNA3 computes bf16 natively"}
+"""GPU profiles outside CUDA's capability numbering, with why they count as native bf16."""
+
+
+CPUINFO = Path("/proc/cpuinfo")
+"""Where Linux lists the CPU's flags."""
+
+
+def cpu_bf16_support(env: dict[str, str] | None = None, cpuinfo: Path | None = None) -> Bf16Support:
+    """Native bf16 on this CPU, as the ranks (which inherit this environment) will see it.
+
+    The oneDNN and ATen dispatch caps come first: with ONEDNN_MAX_CPU_ISA=AVX2 a CPU that has AMX still runs
+    bf16 emulated, which is also how a test exercises both branches on one machine.
+    """
+    env = os.environ if env is None else env
+    cpuinfo = cpuinfo or CPUINFO
+    isa = env.get("ONEDNN_MAX_CPU_ISA", env.get("DNNL_MAX_CPU_ISA", "")).strip().upper()
+    if isa and isa not in ("ALL", "DEFAULT") and not any(mark in isa for mark in ONEDNN_BF16_ISA_MARKS):
+        return Bf16Support(False, "cpu", f"ONEDNN_MAX_CPU_ISA={isa} caps oneDNN below the bf16 instructions")
+    aten = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in ATEN_BELOW_BF16:
+        return Bf16Support(False, "cpu", f"ATEN_CPU_CAPABILITY={aten} keeps ATen below AVX512")
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return Bf16Support(False, "cpu", f"{cpuinfo} is not readable, so native bf16 cannot be confirmed")
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    found = [f for f in CPU_BF16_FLAGS if f in flags]
+    if found:
+        return Bf16Support(True, "cpu", f"{cpuinfo} has {' and '.join(found)}")
+    return Bf16Support(False, "cpu", f"{cpuinfo} has neither {' nor '.join(CPU_BF16_FLAGS)}")
+
+
+def gpu_compute_capability() -> float | None:
+    """The first GPU's compute capability from nvidia-smi, or None where it cannot tell."""
+    out = _run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]) or ""
+    try:
+        return float(out.split()[0]) if out.split() else None
+    except ValueError:
+        return None
+
+
+def gpu_bf16_support(profile_name: str, detected: bool) -> Bf16Support:
+    """bf16 on the profile's GPU: the capability nvidia-smi reports when the profile was detected here, else the
+    profile's own (a plan made on a login node for another machine)."""
+    if profile_name in NATIVE_BF16_WITHOUT_CUDA:
+        return Bf16Support(True, "cuda", f"{NATIVE_BF16_WITHOUT_CUDA[profile_name]} (the {profile_name} profile)")
+    cap = gpu_compute_capability() if detected else None
+    source = "nvidia-smi" if cap is not None else f"the {profile_name} profile"
+    if cap is None:
+        cap = PROFILE_CAPABILITY.get(profile_name)
+    if cap is None:
+        return Bf16Support(False, "cuda", f"the compute capability of {profile_name} is unknown")
+    return Bf16Support(cap >= GPU_BF16_MIN_CAPABILITY, "cuda", f"compute capability {cap:g} ({source})")
+
+
+def bf16_support(job: Job, profile: HardwareProfile) -> Bf16Support:
+    """What the ranks' devices compute natively: this CPU for CPU ranks (the ranks inherit this environment),
+    else the GPU: nvidia-smi's when the profile was detected here (hardware: auto), the profile's otherwise."""
+    if profile.device_is_host:
+        return cpu_bf16_support()
+    return gpu_bf16_support(profile.name, detected=job.cluster.hardware == "auto")

@@ -16,13 +16,14 @@ from launcher.cache import cache_dir, write_cache
 from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
 from launcher.errors import ConfigError
-from launcher.machine import hardware_profile, host_ram_bytes, nvme_free_bytes
+from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
 from launcher.planner.search import PlanRequest, batch_problem, make_plan
+from launcher.precision import choose_precision
 
 
 def _model_fingerprint(job: Job) -> str:
@@ -154,14 +155,18 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
     problems += request_problems(job)
     if problems:
         raise ConfigError(problems)
-    stats = model_stats(job)
     profile = hardware_profile(job)
+    # train.precision: auto is decided here, where the machine can be read; the planner takes the answer.
+    precision, precision_reason = choose_precision(job.train.precision, bf16_support(job, profile))
+    job = dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
+    stats = model_stats(job)
     return PlanRequest(
         model=stats, gpus_per_node=job.gpus, nodes=job.nodes, budget_bytes=job.budget_bytes,
         seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,
         precision=job.train.precision, optimizer=job.train.optimizer, hardware=profile, pins=job.strategy,
         host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
         nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(job, stats, profile), force=force,
+        precision_reason=precision_reason,
     )
 
 

@@ -20,7 +20,7 @@ def base_job(data_path: str, **over) -> dict:
         "model": copy.deepcopy(TINY_GPT2),
         "task": "causal_lm",
         "data": {"path": data_path, "max_seq_len": 64},
-        "train": {"global_batch_size": 8, "precision": "bf16", "lr": 1e-3, "max_steps": 4},
+        "train": {"global_batch_size": 8, "precision": "fp32", "lr": 1e-3, "max_steps": 4},
         "gpus": 2,
         "budget": "1GB",
     }
@@ -47,7 +47,7 @@ def relative_project(root, *, nvme: bool = False):
         "n_positions": TINY_GPT2["max_position_embeddings"]}))
     (root / "data").mkdir()
     (root / "data" / "d.jsonl").write_text("".join(f'{{"text": "line {i} of the data"}}\n' for i in range(32)))
-    doc = base_job("data/d.jsonl", model="models/tiny", **{"train.precision": "fp32"})
+    doc = base_job("data/d.jsonl", model="models/tiny")
     if nvme:
         doc["cluster"] = {"nvme_path": "scratch/nvme", "nvme_free": "1TB"}
     (root / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

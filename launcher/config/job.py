@@ -13,6 +13,8 @@ from typing import Literal
 
 Task = Literal["causal_lm", "seq_cls", "sentence_embedding"]
 Precision = Literal["bf16", "fp16", "fp32"]
+PrecisionChoice = Literal["auto", "bf16", "fp16", "fp32"]
+"""What a job may ask for: a dtype, or auto (bf16 where the devices compute it natively, else fp32)."""
 Engine = Literal["deepspeed", "fsdp"]
 Offload = Literal["none", "cpu", "nvme"]
 FsdpSharding = Literal["full", "hybrid"]
@@ -89,8 +91,9 @@ class TrainConfig:
 
     global_batch_size: int
     """Sequences per optimizer step over all ranks; the planner never changes it."""
-    precision: Precision = "bf16"
-    """Compute dtype: bf16, fp16 (CUDA only) or fp32."""
+    precision: PrecisionChoice = "auto"
+    """Compute dtype: auto (bf16 on GPUs of compute capability 8.0+ and on CPUs with AMX or AVX512-BF16, fp32
+    elsewhere; the plan says which and why), bf16, fp16 (CUDA only) or fp32."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer; adamw keeps 2 fp32 states per parameter, sgd none."""
     lr: float = 2e-5

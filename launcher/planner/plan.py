@@ -155,6 +155,8 @@ class Plan:
     """DeepSpeed's L: the largest module's own parameters (sizes NVMe swap buffers)."""
     block_class: str | None = None
     """Transformer block class, the FSDP wrap and checkpointing unit."""
+    precision_reason: str = ""
+    """Why this precision: set by the job, or what train.precision: auto found on the devices (no unit)."""
 
     def to_json(self) -> dict:
         s = self.strategy
@@ -187,6 +189,7 @@ class Plan:
             "global_batch_size": self.global_batch_size,
             "seq_len": self.seq_len,
             "precision": self.precision,
+            "precision_reason": self.precision_reason,
             "hardware": self.hardware,
             "label": s.label(),
             "status": self.status,
@@ -218,4 +221,5 @@ class Plan:
             rejected=[Rejected(**r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
+            precision_reason=d.get("precision_reason", ""),
         )

@@ -41,7 +41,7 @@ class PlanRequest:
     global_batch_size: int
     """Sequences per optimizer step over all ranks; never changed by the planner."""
     precision: str
-    """Working dtype: bf16, fp16 or fp32."""
+    """Working dtype: bf16, fp16 or fp32 (train.precision: auto is decided before the planner, with its reason)."""
     optimizer: str
     """adamw, adam or sgd."""
     hardware: HardwareProfile
@@ -56,6 +56,8 @@ class PlanRequest:
     """Measured activation constants; None derives them from the paper (analytic_constants)."""
     force: bool = False
     """Return a fully pinned plan even when it is over budget."""
+    precision_reason: str = ""
+    """Why this precision (launcher.precision.choose_precision); the plan repeats it among its reasons."""
 
     @property
     def world_size(self) -> int:
@@ -277,6 +279,8 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    if req.precision_reason:
+        reasons.append(req.precision_reason)
     reasons += activation_reasons(_constants(req))
     m = req.model
     if m.num_experts:
@@ -291,6 +295,7 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
+        precision_reason=req.precision_reason,
     )
 
 

@@ -35,7 +35,7 @@ def plan_dict(
     activation_checkpointing: bool = False,
     world_size: int = 2,
     seq_len: int = 64,
-    precision: str = "bf16",
+    precision: str = "fp32",
     budget_bytes: int = 8 * GB,
     predicted_peak_bytes: int = 0,
     num_params: int = 0,

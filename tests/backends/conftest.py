@@ -25,7 +25,7 @@ def build_plan(*, nodes: int = 1, gpus_per_node: int = 2, engine: str = "fsdp") 
                         stage3_max_live_parameters=1000, stage3_param_persistence_threshold=10),
         num_params=100_000, trainable_params=100_000, budget_bytes=10**9, usable_bytes=950_000_000,
         world_size=nodes * gpus_per_node, nodes=nodes, gpus_per_node=gpus_per_node,
-        global_batch_size=2 * nodes * gpus_per_node, seq_len=64, precision="bf16", hardware="cpu",
+        global_batch_size=2 * nodes * gpus_per_node, seq_len=64, precision="fp32", hardware="cpu",
     )
 
 

@@ -109,7 +109,7 @@ def test_nodes_flag_plans_across_nodes(capsys, write_job, flag):
     (["--budget", "lots"], {}, "argument --budget: 'lots' is not a size"),
     (["--gpus", "0"], {}, "argument --gpus: '0' must be greater than 0"),
     ([], {"train.global_batch": 8}, "train.global_batch: unknown key; did you mean 'global_batch_size'?"),
-    ([], {"train.precision": 16}, "train.precision: 16 is not one of 'bf16', 'fp16', 'fp32'"),
+    ([], {"train.precision": 16}, "train.precision: 16 is not one of 'auto', 'bf16', 'fp16', 'fp32'"),
     ([], {"data.max_seq_len": -1}, "data.max_seq_len: -1 must be greater than 0"),
     (["--gpus", "3"], {}, "train.global_batch_size: 8 is not divisible by 3 GPUs"),
     (["--budget", "1MB"], {}, "budget: 1.00 MB is below 16 MB"),

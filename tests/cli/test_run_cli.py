@@ -22,7 +22,7 @@ def job_file(tmp_path: Path, name: str, **over) -> Path:
         "model": dict(TINY_GPT2),
         "task": "causal_lm",
         "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 64},
-        "train": {"global_batch_size": 8, "precision": "bf16", "lr": 3e-3, "max_steps": 8},
+        "train": {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8},
         "gpus": 2,
         "budget": "1GB",
     }
@@ -102,7 +102,8 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     assert (tmp_path / "run" / "fsdp.yaml").is_file()
 
 
-def test_lora_trains_only_the_adapters(tmp_path):
+def test_lora_bf16_trains_only_the_adapters(tmp_path):
+    """LoRA in bf16, as the job asks: also the CPU-rank bf16 run (every other run test is fp32)."""
     model = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
              "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 256}
     job = job_file(tmp_path, "lora", model=model,
@@ -116,6 +117,7 @@ def test_lora_trains_only_the_adapters(tmp_path):
     rank = json.loads((tmp_path / "run" / "ranks" / "rank-0.json").read_text())
     lora = 2 * (4 * (64 + 64) + 4 * (64 + 32))  # 2 blocks x r x (in + out) of q (64->64) and v (64->32, GQA)
     assert plan["trainable_params"] == rank["trainable_params"] == lora
+    assert plan["precision"] == "bf16" and plan["precision_reason"].startswith("precision bf16: set by the job")
     assert rank["total_params"] > 50 * lora
 
 
@@ -125,7 +127,7 @@ def test_forced_plan_over_budget_exits_3_naming_the_rank(tmp_path):
             "micro_batch_size": 4, "activation_checkpointing": False}
     job = job_file(tmp_path, "tight", model=model, strategy=pins, budget="16MB",
                    data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
-                   train={"global_batch_size": 8, "precision": "bf16", "lr": 1e-3, "max_steps": 2})
+                   train={"global_batch_size": 8, "precision": "fp32", "lr": 1e-3, "max_steps": 2})
     refused = launch(job, "--run-dir", tmp_path / "refused", "--quiet")
     assert refused.returncode == 2 and "no plan fits 16.00 MB" in refused.stderr
     assert not (tmp_path / "refused").exists()

@@ -41,7 +41,7 @@ def test_every_problem_is_reported_at_once(write_job):
                               "budget": "lots", "tsak": "x"}))
     text = str(e.value)
     assert len(e.value.problems) == 5, text
-    assert "train.precision: 'bf61' is not one of 'bf16', 'fp16', 'fp32'; did you mean 'bf16'?" in text
+    assert "train.precision: 'bf61' is not one of 'auto', 'bf16', 'fp16', 'fp32'; did you mean 'bf16'?" in text
     assert "data.max_seq_len: 'long' must be an integer" in text
     assert "strategy.zero_stage: 5 is not one of 0, 1, 2, 3" in text
     assert "budget: 'lots' is not a size" in text

@@ -32,7 +32,7 @@ def job_file(tmp_path: Path, name: str, **over) -> Path:
     job = {
         "name": name, "model": dict(TINY_GPT2), "task": "causal_lm",
         "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 64},
-        "train": {"global_batch_size": 8, "precision": "bf16", "lr": 3e-3, "max_steps": 8},
+        "train": {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8},
         "gpus": 2, "budget": "1GB",
     }
     job.update(over)
@@ -77,7 +77,7 @@ def test_oom_at_micro_batch_8_falls_back_and_ends_within_budget(tmp_path):
             "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False}
     job = job_file(tmp_path, "ladder", strategy=pins, budget="16MB",
                    data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
-                   train={"global_batch_size": 16, "precision": "bf16", "lr": 1e-3, "max_steps": 2})
+                   train={"global_batch_size": 16, "precision": "fp32", "lr": 1e-3, "max_steps": 2})
     run = tmp_path / "run"
     res = launch(job, "--run-dir", run, "--quiet", "--enforce", "--force", "--auto-fallback", "3")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -173,7 +173,7 @@ def test_hang_in_a_collective_names_the_rank_that_did_not_arrive(tmp_path):
 
 def test_sigint_checkpoints_and_resume_continues_without_repeating_a_step(tmp_path):
     # The job asks for the checkpoint (checkpoint_on_interrupt: true); --checkpoint-on-interrupt is the same switch.
-    job = job_file(tmp_path, "interrupt", train={"global_batch_size": 8, "precision": "bf16", "lr": 3e-3,
+    job = job_file(tmp_path, "interrupt", train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3,
                                                  "max_steps": 14}, checkpoint_on_interrupt=True)
     run = tmp_path / "run"
     proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(run), "--quiet"],

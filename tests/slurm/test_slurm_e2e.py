@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=R
 def job_file(tmp_path: Path, name: str = "job.yaml", **over) -> Path:
     job = {"name": f"t-{uuid.uuid4().hex[:6]}", "model": dict(TINY_GPT2), "task": "causal_lm",
            "data": {"path": str(DATA), "max_seq_len": 64},
-           "train": {"global_batch_size": 8, "precision": "bf16", "lr": 1e-3, "max_steps": 4},
+           "train": {"global_batch_size": 8, "precision": "fp32", "lr": 1e-3, "max_steps": 4},
            "strategy": {"engine": "fsdp"}, "gpus": 1, "budget": "1GB", "launcher": "slurm",
            "slurm": {"timeout_min": 10}}
     for dotted, value in over.items():

@@ -1,4 +1,4 @@
-"""Two CPU ranks under torchrun: DeepSpeed ZeRO-2 bf16 on a tiny GPT-2, stopped by the control file, resumed.
+"""Two CPU ranks under torchrun: DeepSpeed ZeRO-2 fp32 on a tiny GPT-2, stopped by the control file, resumed.
 
 The launcher's CLI tests own multi-rank runs in general; this one checks the worker alone, end to end.
 """
@@ -43,7 +43,7 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
         assert r["world_size"] == 2 and r["device"] == "cpu" and r["engine"] == "deepspeed"
         cats = r["peak_by_category"]
         assert r["measured_peak_bytes"] == max(r["phases"].values()) and sum(cats.values()) > 0
-        assert r["after_step_by_category"]["params"] == 2 * r["total_params"]  # bf16 weights on every rank
+        assert r["after_step_by_category"]["params"] == 4 * r["total_params"]  # fp32 weights on every rank
         steps = read_jsonl(run / "steps" / f"rank-{k}.jsonl")
         assert [s["step"] for s in steps] == [1, 2, 3]
         assert steps[-1]["loss"] < steps[0]["loss"]
