@@ -68,7 +68,7 @@ def job(tmp_path):
     p.write_text(yaml.safe_dump({
         "name": "live", "model": dict(TINY_GPT2), "task": "causal_lm",
         "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 32},
-        "train": {"global_batch_size": 4, "max_steps": 6}, "gpus": 2, "budget": "1GB",
+        "train": {"global_batch_size": 4, "max_steps": 6, "precision": "fp32"}, "gpus": 2, "budget": "1GB",
         "strategy": {"engine": "fsdp"}}))
     return p
 

@@ -85,7 +85,8 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        job = job_from_args(args, for_run=False)
+        # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
+        job = job_from_args(args, for_run=args.sbatch)
         plan = plan_job(job, force=args.force)
     except NoPlanError as e:
         if not args.json:

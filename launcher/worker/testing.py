@@ -136,5 +136,5 @@ def tiny_gpt2_job(data_path: str, **train) -> dict:
                   "max_position_embeddings": 128},
         "task": "causal_lm",
         "data": {"path": data_path, "max_seq_len": 64, "eval_fraction": 0.1},
-        "train": {"global_batch_size": 8, "lr": 1e-3, "max_steps": 6, "seed": 0, **train},
+        "train": {"global_batch_size": 8, "lr": 1e-3, "max_steps": 6, "seed": 0, "precision": "fp32", **train},
     }

@@ -31,7 +31,7 @@ def build_plan(*, nodes: int = 1, gpus_per_node: int = 2, engine: str = "fsdp") 
 
 def build_job(**dotted) -> Job:
     d = {"name": "unit", "model": copy.deepcopy(TINY), "task": "causal_lm", "data": {"path": "/data/causal.jsonl"},
-         "train": {"global_batch_size": 8, "max_steps": 4}, "gpus": 2, "budget": "1GB", "launcher": "slurm"}
+         "train": {"global_batch_size": 8, "max_steps": 4, "precision": "fp32"}, "gpus": 2, "budget": "1GB", "launcher": "slurm"}
     for key, value in dotted.items():
         node = d
         *path, last = key.split(".")

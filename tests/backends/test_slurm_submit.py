@@ -112,7 +112,7 @@ def _sweep_job(tmp_path, data_file, **sweep) -> str:
     job = {"name": "sw", "model": {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4,
                                    "vocab_size": 1024, "max_position_embeddings": 256},
            "task": "causal_lm", "data": {"path": str(data_file), "max_seq_len": 64},
-           "train": {"global_batch_size": 8, "max_steps": 2}, "strategy": {"engine": "fsdp"},
+           "train": {"global_batch_size": 8, "max_steps": 2, "precision": "fp32"}, "strategy": {"engine": "fsdp"},
            "gpus": 1, "budget": "1GB", "launcher": "slurm", "sweep": sweep}
     p = tmp_path / "job.yaml"
     p.write_text(yaml.safe_dump(job))

@@ -39,7 +39,7 @@ def make_run(root, i, arch):
            "model": {"family": "gpt2", "hidden_size": h, "num_layers": layers, "num_heads": 4,
                      "intermediate_size": inner, "vocab_size": vocab, "max_position_embeddings": 256},
            "data": {"path": DATA, "max_seq_len": seq},
-           "train": {"global_batch_size": 2 * mb, "max_steps": 3},
+           "train": {"global_batch_size": 2 * mb, "max_steps": 3, "precision": "fp32"},
            "strategy": {"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
                         "micro_batch_size": mb, "activation_checkpointing": ac},
            "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": "4GB"}

@@ -131,3 +131,11 @@ def test_job_yaml_round_trip_keeps_overrides(tmp_path, write_job):
 
     job = load_job(write_job(), sets=parse_overrides(["train.lr=3e-4"]))
     assert yaml.safe_load(yaml.safe_dump(job_to_data(job)))["train"]["lr"] == 3e-4
+
+
+def test_plan_sbatch_still_needs_what_a_run_needs(capsys, write_job, tmp_path):
+    from tests.conftest import base_job
+
+    doc = base_job(str(tmp_path / "not-yet.jsonl"), **{"train.max_steps": None})
+    code, out, err = run_cli(capsys, "plan", write_job(doc), "--sbatch")
+    assert code == 2 and "train.max_steps: missing" in err and out == ""

@@ -20,7 +20,7 @@ PINNED_MB8 = {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_op
 def request(data_file, tmp_path, strategy: dict, **cluster):
     doc = {"name": "ladder", "model": dict(TINY_GPT2), "task": "causal_lm",
            "data": {"path": str(data_file), "max_seq_len": 128},
-           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "16MB",
+           "train": {"global_batch_size": 16, "max_steps": 2, "precision": "bf16"}, "gpus": 2, "budget": "16MB",
            "strategy": strategy, "cluster": cluster}
     return plan_request(job_from_data(doc, tmp_path), force=True)
 
@@ -100,7 +100,7 @@ def gpu_request(tmp_path, strategy: dict, **cluster):
     """gpt2-124m planned for an A100 (no run): offload there frees device memory and costs host RAM."""
     doc = {"name": "ladder", "model": "gpt2-124m", "task": "causal_lm",
            "data": {"path": str(tmp_path / "d.jsonl"), "max_seq_len": 128},
-           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "4GB",
+           "train": {"global_batch_size": 16, "max_steps": 2, "precision": "bf16"}, "gpus": 2, "budget": "4GB",
            "strategy": strategy, "cluster": {"hardware": "a100-40gb", **cluster}}
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     return plan_request(job_from_data(doc, tmp_path), force=True)
@@ -173,7 +173,7 @@ def _ladder_args(run_dir):
 def _ladder_job(data_file, tmp_path, tries):
     doc = {"name": "ladder", "model": dict(TINY_GPT2), "task": "causal_lm",
            "data": {"path": str(data_file), "max_seq_len": 128},
-           "train": {"global_batch_size": 16, "max_steps": 2}, "gpus": 2, "budget": "16MB",
+           "train": {"global_batch_size": 16, "max_steps": 2, "precision": "bf16"}, "gpus": 2, "budget": "16MB",
            "strategy": {**PINNED_MB8, "engine": "deepspeed", "zero_stage": 0, "fsdp_reshard_after_forward": None},
            "auto_fallback": tries}
     return job_from_data(doc, tmp_path)

@@ -19,7 +19,7 @@ def stats(tmp_path, model, **over):
     if over or "/" not in model and model not in ("gpt2-124m",):
         model = str(save_model_dir(model, tmp_path, **over))
     job = from_dict(Job, {"name": "t", "model": model, "task": "causal_lm", "data": {"path": str(data)},
-                          "train": {"global_batch_size": 8, "max_steps": 1}})
+                          "train": {"global_batch_size": 8, "max_steps": 1, "precision": "bf16"}})
     return introspect(job)
 
 

@@ -22,7 +22,7 @@ def stats(tmp_path, family, **over):
     data.write_text(json.dumps({"text": "a"}) + "\n")
     job = from_dict(Job, {"name": "t", "model": str(save_model_dir(family, tmp_path, **over)), "task": "causal_lm",
                           "data": {"path": str(data), "max_seq_len": 32},
-                          "train": {"global_batch_size": 8, "max_steps": 1}})
+                          "train": {"global_batch_size": 8, "max_steps": 1, "precision": "bf16"}})
     return introspect(job)
 
 
