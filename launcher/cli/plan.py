@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, job_from_args
@@ -85,6 +86,9 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.json and args.sbatch and not args.out:
+            raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "
+                              "object); add --out DIR to write it there")
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
         plan = plan_job(job, force=args.force)
@@ -97,14 +101,16 @@ def run(args: argparse.Namespace) -> int:
         if args.json:  # stdout still holds one object a script can read; stderr has the lines as always
             print(json.dumps({"status": "bad_input", "errors": e.problems}, indent=2))
         raise
+    # With --json, stdout is the JSON object alone: what was written is said on stderr.
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     if args.out:
         for path in write_exports(args.out, plan, job):
-            print(f"wrote {path}")
+            say(f"wrote {path}")
         if args.sbatch:
             from launcher.emit.sbatch import sbatch_text
             from launcher.fsutil import atomic_write
 
-            print(f"wrote {atomic_write(args.out / 'job.sbatch', sbatch_text(plan, job, run_dir=args.out))}")
+            say(f"wrote {atomic_write(args.out / 'job.sbatch', sbatch_text(plan, job, run_dir=args.out))}")
     elif args.sbatch:
         from launcher.emit.sbatch import sbatch_text
 

@@ -139,3 +139,12 @@ def test_plan_sbatch_still_needs_what_a_run_needs(capsys, write_job, tmp_path):
     doc = base_job(str(tmp_path / "not-yet.jsonl"), **{"train.max_steps": None})
     code, out, err = run_cli(capsys, "plan", write_job(doc), "--sbatch")
     assert code == 2 and "train.max_steps: missing" in err and out == ""
+
+
+def test_plan_json_with_out_keeps_stdout_one_object(capsys, write_job, tmp_path):
+    code, out, err = run_cli(capsys, "plan", write_job(), "--json", "--out", tmp_path / "o")
+    assert code == 0, err
+    assert json.loads(out)["world_size"] == 2  # the whole of stdout parses
+    assert f"wrote {tmp_path / 'o' / 'plan.json'}" in err
+    code, out, err = run_cli(capsys, "plan", write_job(), "--json", "--sbatch")
+    assert code == 2 and json.loads(out)["status"] == "bad_input" and "add --out DIR" in err
