@@ -20,6 +20,7 @@ DESCRIPTION = f"""Plan, run and verify a fine-tune under a per-GPU memory budget
 
   launch --gpus 4 --budget 16GB job.yaml          plan, run through torchrun, check every rank's peak
   launch plan --gpus 4 --budget 16GB job.yaml     print the plan and why; run nothing
+  launch plan job.yaml train.lr=1e-4 strategy.zero_stage=3   set any job key after the job file
 
 Budgets: {BYTES_HELP}.
 Exit codes: 0 every rank within budget; 1 training failed; 2 bad input or no plan fits;

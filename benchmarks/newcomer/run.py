@@ -1,0 +1,80 @@
+"""The embedded default job (scripts/demo.sh: examples/minilm-embed.yaml, 2 CPU ranks, 2 GB) as a newcomer runs
+it, on a CPU with native bf16 and on one without, timed end to end.
+
+    .venv/bin/python benchmarks/newcomer/run.py                 # writes benchmarks/results/newcomer.json
+    .venv/bin/python benchmarks/newcomer/run.py --bf16-steps 3  # also: bf16 forced on the AVX2 stand-in
+
+Modes (precision: auto in the example decides per machine):
+  avx2-auto     ONEDNN_MAX_CPU_ISA=AVX2: oneDNN dispatches no bf16 instruction, the stand-in for an AVX2-only CPU
+                (the issue's 2-core machine); auto must choose fp32.
+  native-auto   this CPU as it is; auto chooses bf16 where /proc/cpuinfo has amx_bf16 or avx512_bf16.
+  avx2-bf16     (with --bf16-steps N) bf16 forced on the AVX2 stand-in, N steps: the per-step cost auto avoids.
+Each run: wall seconds of the whole `launch` command, its CPU seconds (user + sys, ranks included, from
+os.wait4), the plan's precision and reason, and the ranks' step seconds (rank 0's steps/rank-0.jsonl).
+The machine's 1-minute load average before each run is recorded: on a shared machine it inflates wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = REPO / ".venv" / "bin" / "launch"
+JOB = REPO / "examples" / "minilm-embed.yaml"
+RESULTS = REPO / "benchmarks" / "results" / "newcomer.json"
+
+
+def run_mode(name: str, env_over: dict[str, str | None], extra: list[str], runs: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in env_over}
+    env.update({k: v for k, v in env_over.items() if v is not None})
+    run_dir = runs / name
+    argv = [str(LAUNCH), "--gpus", "2", "--budget", "2GB", str(JOB), *extra, "--run-dir", str(run_dir),
+            "--overwrite", "--quiet"]
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    steps = [json.loads(ln)["step_time_s"] for ln in (run_dir / "steps" / "rank-0.jsonl").read_text().splitlines()
+             if ln.strip()]
+    return {
+        "mode": name, "env": env_over, "extra_args": extra, "exit_code": os.waitstatus_to_exitcode(status),
+        "stderr_tail": err[-500:], "load_1min_before": round(load, 2), "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "precision": plan["precision"],
+        "precision_reason": plan.get("precision_reason"), "plan": plan["label"],
+        "predicted_step_s": round(plan["predicted_step_time_s"], 2), "steps": len(steps),
+        "step_s_median": round(statistics.median(steps), 2) if steps else None,
+        "steps_total_s": round(sum(steps), 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bf16-steps", type=int, default=0, help="also time N steps of bf16 forced on the AVX2 stand-in")
+    ap.add_argument("--runs", type=Path, default=Path("/tmp/launcher-newcomer"), help="where the run dirs go")
+    a = ap.parse_args()
+    modes = [("avx2-auto", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, []), ("native-auto", {"ONEDNN_MAX_CPU_ISA": None}, [])]
+    if a.bf16_steps:
+        modes.append(("avx2-bf16", {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+                      ["train.precision=bf16", f"train.max_steps={a.bf16_steps}"]))
+    out = {"machine": {"cpus": os.cpu_count(), "cpu_bf16_flags": sorted(
+        {f for f in ("amx_bf16", "avx512_bf16") if f in Path("/proc/cpuinfo").read_text()})}, "results": []}
+    for name, env, extra in modes:
+        r = run_mode(name, env, extra, a.runs)
+        print(json.dumps(r), flush=True)
+        out["results"].append(r)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {RESULTS}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
