@@ -27,11 +27,27 @@ Exit codes: 0 every rank within budget; 1 training failed; 2 bad input or no pla
 3 a rank exceeded the budget."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+class LaunchParser(argparse.ArgumentParser):
+    """argparse, except that `launch plan --json` answers its usage errors with one JSON object on stdout too
+    (``{"status": "bad_input", "errors": [...]}``), as it answers every other outcome; the usage line and the
+    error still go to stderr with exit 2."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if LaunchParser.json_errors:
+            import json
+
+            print(json.dumps({"status": "bad_input", "errors": [f"{self.prog}: {message}"]}, indent=2))
+        super().error(message)
+
+
+def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     from launcher.cli import calibrate, manage, plan, run
 
-    parser = argparse.ArgumentParser(prog="launch", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    LaunchParser.json_errors = json_errors
+    parser = LaunchParser(prog="launch", description=DESCRIPTION,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", "-V", action="version", version=f"launch {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
     for mod in (run, plan, calibrate, manage):
@@ -109,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launch: error: {problem}", file=sys.stderr)
             return EXIT_BAD_INPUT
         argv.insert(0, "run")
-    parser = build_parser()
+    parser = build_parser(json_errors=argv[0] == "plan" and "--json" in argv)
     argv, overrides, script_args = split_argv(argv)
     args = parser.parse_args(attach_negative_values(argv))
     args.script_args = script_args

@@ -148,3 +148,14 @@ def test_plan_json_with_out_keeps_stdout_one_object(capsys, write_job, tmp_path)
     assert f"wrote {tmp_path / 'o' / 'plan.json'}" in err
     code, out, err = run_cli(capsys, "plan", write_job(), "--json", "--sbatch")
     assert code == 2 and json.loads(out)["status"] == "bad_input" and "add --out DIR" in err
+
+
+def test_plan_json_answers_argparse_errors_with_one_object_too(capsys, write_job):
+    code, out, err = run_cli(capsys, "plan", write_job(), "--json", "--budget", "lots")
+    assert code == 2
+    assert json.loads(out) == {"status": "bad_input", "errors": [
+        "launch plan: argument --budget: 'lots' is not a size; sizes take a unit: 16GB, 16GiB, 16000MB, 0.5TB or "
+        "plain bytes; GB is 1e9 bytes, GiB is 2^30 bytes"]}
+    assert "argument --budget: 'lots' is not a size" in err
+    code, out, err = run_cli(capsys, "plan", write_job(), "--budget", "lots")  # without --json: stderr only
+    assert code == 2 and out == ""
