@@ -6,6 +6,12 @@ EXIT_OK = 0
 EXIT_TRAINING_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_OVER_BUDGET = 3
+EXIT_OOM = 75
+"""A rank that ran out of memory (or crossed the enforced cap) exits with this (EX_TEMPFAIL: a retry may fit)."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C or a signal stopped the run (128 + SIGINT), by the shell's convention."""
+EXIT_BROKEN_PIPE = 141
+"""stdout's reader went away (128 + SIGPIPE), by the shell's convention."""
 
 
 class LauncherError(Exception):

@@ -1,7 +1,7 @@
 """The OOM ladder: from a strategy that ran out of memory (or measured over budget) to the next one to try.
 
 Pure: the failed Strategy, the PlanRequest it was planned from and what its ranks measured go in; the next
-Strategy and a one-line reason come out. Nothing here starts a process or reads a file (launcher.cli.run does).
+Strategy and a one-line reason come out. Nothing here starts a process or reads a file (launcher.session does).
 
 The rungs, in order, each trading speed for memory while the global batch stays the same:
 

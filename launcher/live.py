@@ -58,7 +58,8 @@ class LiveView(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.join(timeout=2)
+        if self.is_alive():  # a view never started (a Slurm job not followed) has nothing to join
+            self.join(timeout=2)
 
     def table(self):
         from rich.progress_bar import ProgressBar

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,9 @@ REDACTED = "[redacted]"
 ATTEMPT_ITEMS = ("job.yaml", "plan.json", "ds_config.json", "fsdp.yaml", "report.json", "memory.png", "ranks",
                  "steps", "logs", "checkpoint", "heartbeat")
 """What one attempt of the fallback ladder leaves in RUN; moved to RUN/attempts/<k>/ before the next."""
+
+FINAL_STATUSES = ("completed", "checkpointed", "failed", "oom")
+"""A rank file with one of these is the rank's last word for its attempt."""
 
 
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
@@ -94,9 +98,7 @@ def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
         return False
     if data is None:
         return False
-    tmp = path.with_name(f".{path.name}.redact")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)
     return True
 
 
@@ -179,8 +181,10 @@ class RunDir:
         return self.logs / f"rank-{rank}.log"
 
     @classmethod
-    def create(cls, path: Path, *, overwrite: bool = False, resume: bool = False) -> RunDir:
-        """Make (or reopen with resume) a run dir and hold its lock for this process's life."""
+    def create(cls, path: Path, *, overwrite: bool = False, resume: bool = False,
+               job_state: Callable[[str], str | None] | None = None) -> RunDir:
+        """Make (or reopen with resume) a run dir and hold its lock for this process's life. ``job_state`` asks
+        the scheduler whether a job that wrote here still runs (launcher.backends.slurm_state.live_state)."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ConfigError(f"--run-dir: {str(path)!r} exists and is not a directory; choose another path")
@@ -200,7 +204,7 @@ class RunDir:
         run.lock()
         if existing:
             try:
-                run.refuse_if_live(overwrite=overwrite and not resume)
+                run.refuse_if_live(overwrite=overwrite and not resume, job_state=job_state)
             except ConfigError:
                 run.unlock()
                 raise
@@ -236,7 +240,7 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def refuse_if_live(self, *, overwrite: bool) -> None:
+    def refuse_if_live(self, *, overwrite: bool, job_state: Callable[[str], str | None] | None = None) -> None:
         """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
 
         After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
@@ -249,10 +253,10 @@ class RunDir:
             "a second launch would write into the same files"
         job_id = st.get("slurm_job_id")
         if job_id:
-            from launcher.backends.slurm_state import live_state
-
             try:
-                live = live_state(str(job_id))
+                if job_state is None:
+                    raise ConfigError("nothing here can ask Slurm")
+                live = job_state(str(job_id))
             except ConfigError as e:
                 raise ConfigError(
                     f"--run-dir: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
@@ -338,6 +342,35 @@ class RunDir:
 
     def rank_files(self) -> list[Path]:
         return sorted(self.ranks.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+
+    def rank_reports(self, since: float | None = None) -> dict[int, dict]:
+        """rank -> its ranks/rank-K.json; with ``since``, only files written after it (this attempt). A file that
+        cannot be read (a rank killed while writing it) is left out: the others still tell what happened."""
+        out = {}
+        for p in self.rank_files():
+            try:
+                if since is not None and p.stat().st_mtime < since:
+                    continue
+                out[int(p.stem.split("-")[1])] = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def rank_statuses(self, world_size: int, since: float | None = None) -> dict[int, str]:
+        """rank -> the status its file records, for ranks 0..world_size-1."""
+        return {r: d.get("status", "unknown") for r, d in self.rank_reports(since).items() if r < world_size}
+
+    def wait_for_rank_files(self, world_size: int, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Until every rank's file holds a final status (ranks on other nodes may still be writing theirs when
+        this node's agent returns), or ``timeout_s`` passes; whether they all did."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            statuses = self.rank_statuses(world_size)
+            if len(statuses) == world_size and all(s in FINAL_STATUSES for s in statuses.values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint / "latest").is_file()

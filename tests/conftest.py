@@ -74,6 +74,16 @@ def write_job(tmp_path, data_file):
     return _write
 
 
+def require_cluster(reason: str | None) -> None:
+    """A Slurm test whose cluster cannot be reached: in CI (CI=true) that is a failure, since CI starts the dev
+    cluster and a silent skip would hide a broken one; elsewhere the test skips and says why."""
+    if reason is None:
+        return
+    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+        pytest.fail(f"CI=true, so the Slurm cluster must be up, but it cannot be reached: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need CUDA: they run wherever a GPU is present and say why they skip elsewhere."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]

@@ -5,7 +5,7 @@
 
 bare:   `launch plan --out D` once (plus job.yaml, what launch's prepare_run_dir writes), then per repeat
         `python -m torch.distributed.run --standalone --nproc-per-node 2 -m launcher.rank_entry D` with the
-        environment launch gives its ranks (launcher.cli.run.rank_env); the worker's outputs are cleared between
+        environment launch gives its ranks (launcher.session.prepare.rank_env); the worker's outputs are cleared between
         repeats so it never resumes.
 launch: `launch --gpus 2 --budget 4GB JOB --run-dir D2 --overwrite --quiet` (D2 removed before the clock starts,
         as bare clears its outputs): plan, run dir, torchrun (in process), live view off, report.json,
@@ -62,10 +62,10 @@ WORKER_OUTPUTS = ("ranks", "steps", "logs", "checkpoint", "control")
 
 def prepare_bare(job_file: Path, run_dir: Path) -> dict[str, str]:
     """The run dir launch would write, made by `launch plan --out`, and the env launch gives its ranks."""
-    from launcher.cli.run import rank_env
     from launcher.config.jobfile import job_to_data, load_job
     from launcher.planner.plan import Plan
     from launcher.rundir import RunDir
+    from launcher.session.prepare import rank_env
 
     if run_dir.exists():
         shutil.rmtree(run_dir)

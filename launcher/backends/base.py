@@ -1,8 +1,9 @@
-"""What every backend (torchrun here, Slurm through submitit) offers the CLI."""
+"""What every backend (torchrun here, Slurm through submitit) offers the run session (launcher.session)."""
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.rundir import RunDir
@@ -12,7 +13,7 @@ from launcher.rundir import RunDir
 class RankFailure:
     rank: int
     exitcode: int
-    """Process exit code; 75 means the rank ran out of memory (see launcher.runtime)."""
+    """Process exit code; launcher.errors.EXIT_OOM (75) means the rank ran out of memory."""
     host: str = "?"
 
 
@@ -24,6 +25,9 @@ class Outcome:
     failures: list[RankFailure] = field(default_factory=list)
     interrupted: bool = False
     message: str = ""
+    pending: bool = False
+    """The ranks were handed to a scheduler and are not followed (Slurm without --wait, or a follower stopped
+    by Ctrl-C): no verdict yet, the job writes its own report."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,11 +46,23 @@ class LaunchSpec:
     """Extra environment for every rank."""
     hang_timeout_s: float = 0.0
     """End the run when no rank makes progress for this long; 0 disables the watchdog."""
+    checkpoint_on_interrupt_s: float = 0.0
+    """0: Ctrl-C/SIGTERM stops the ranks at once; else ask them for a checkpoint and wait this long first."""
 
 
 class Backend(abc.ABC):
+    """One way to start the ranks. The session calls run() the same way for every backend and judges the Outcome."""
+
     name: str
+    on_start: Callable[[str], None] | None = None
+    """Called once the ranks are on their way, with the scheduler's job id ('' when they run here); the session
+    prints and starts its live view there."""
 
     @abc.abstractmethod
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
-        """Start the ranks and block until they end."""
+        """Start the ranks and block until they end (or, for a scheduler, until the job is submitted and, when
+        followed, ended)."""
+
+    def started(self, job_id: str = "") -> None:
+        if self.on_start is not None:
+            self.on_start(job_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
 from launcher.fsutil import atomic_write
+from launcher.rankenv import RDZV_ID_ENV
 from launcher.rundir import RunDir
 
 RANK_MODULE = "launcher.rank_entry"
@@ -45,7 +46,7 @@ def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | Non
 
 
 def _run_id(run: RunDir) -> str:
-    return os.environ.get("LAUNCHER_RDZV_ID") or uuid.uuid5(uuid.NAMESPACE_URL, str(run.path)).hex[:16]
+    return os.environ.get(RDZV_ID_ENV) or uuid.uuid5(uuid.NAMESPACE_URL, str(run.path)).hex[:16]
 
 
 def rank_processes() -> dict[int, object]:
@@ -65,7 +66,7 @@ def rank_processes() -> dict[int, object]:
     return out
 
 
-def _alive(proc) -> bool:
+def alive(proc) -> bool:
     import psutil
 
     try:
@@ -232,7 +233,7 @@ class Watchdog(threading.Thread):
         # Wait without reaping (psutil.wait_procs would waitpid() them, and the elastic agent, whose children
         # they are, would then read exit code 0 for every rank).
         deadline = time.monotonic() + DUMP_WAIT_S
-        while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
+        while time.monotonic() < deadline and any(alive(p) for p in procs.values()):
             time.sleep(0.1)
         stacks = {}
         for r in procs:
@@ -331,36 +332,33 @@ def _checkpointed_step(run: RunDir) -> str | None:
         return None
 
 
-def _rank_statuses(run: RunDir) -> set[str]:
-    import json
-
-    out = set()
-    for p in run.rank_files():
-        try:
-            out.add(json.loads(p.read_text()).get("status", "unknown"))
-        except (OSError, ValueError):
-            out.add("unknown")
-    return out
-
-
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, *, checkpoint_on_interrupt_s: float = 0.0):
-        self.checkpoint_on_interrupt_s = checkpoint_on_interrupt_s
-        """0: a signal stops the ranks at once; else ask for a checkpoint and wait this long first."""
-
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+        """The ranks inherit this process's environment plus spec.env, which is taken back afterwards: the
+        next attempt of a fallback ladder, or whatever runs in this process next, starts from a clean one."""
+        # torchrun also exports its signal list; the next attempt must not inherit ours.
+        saved = {k: os.environ.get(k) for k in [*spec.env, "TORCHELASTIC_SIGNALS_TO_HANDLE"]}
+        os.environ.update(spec.env)
+        try:
+            return self._run(run, spec)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def _run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args
         from torch.distributed.run import run as torchrun
 
-        os.environ.update(spec.env)
         interrupt = None
-        saved_signals_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
-        if self.checkpoint_on_interrupt_s > 0:
-            interrupt = InterruptCheckpoint(run, self.checkpoint_on_interrupt_s)
+        if spec.checkpoint_on_interrupt_s > 0:
+            interrupt = InterruptCheckpoint(run, spec.checkpoint_on_interrupt_s)
             interrupt.install()
         # With the checkpoint handler in charge of SIGINT/SIGTERM, torchrun keeps only its handlers for the others.
         args = parse_args(torchrun_argv(run, spec, signals_to_handle="SIGHUP,SIGQUIT" if interrupt else None))
@@ -371,6 +369,7 @@ class LocalBackend(Backend):
             watchdog = Watchdog(run, spec.gpus_per_node * spec.nodes, spec.hang_timeout_s, cpu_is_progress=cpu_ranks,
                                 stop_run=stop_run)
             watchdog.start()
+        self.started()
         try:
             torchrun(args)
         except ChildFailedError as e:
@@ -385,20 +384,17 @@ class LocalBackend(Backend):
                 watchdog.done.wait(DUMP_WAIT_S + 10)
                 return Outcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
             how = "" if interrupt is None or interrupt.requested is None else \
-                f" (no checkpoint within {self.checkpoint_on_interrupt_s:g} s, or asked again)"
+                f" (no checkpoint within {spec.checkpoint_on_interrupt_s:g} s, or asked again)"
             return Outcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}{how}")
         finally:
             if watchdog is not None:
                 watchdog.stop()
             if interrupt is not None:
                 interrupt.restore()
-            # torchrun exports its signal list; the next attempt (fallback ladder) must not inherit ours.
-            if saved_signals_env is None:
-                os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
-            else:
-                os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_signals_env
             sys.stdout.flush()
-        if interrupt is not None and interrupt.requested is not None and "checkpointed" in _rank_statuses(run):
+        world_size = spec.gpus_per_node * spec.nodes
+        if interrupt is not None and interrupt.requested is not None \
+                and "checkpointed" in run.rank_statuses(world_size).values():
             tag = _checkpointed_step(run)
             return Outcome(ok=True, interrupted=True,
                            message=f"interrupted by {interrupt.requested.name}; the ranks saved checkpoint {tag}")

@@ -2,26 +2,29 @@
 
     launch --gpus 4 --budget 16GB job.yaml --slurm [--wait]      (or launcher: slurm in the job)
 
-The plan is made before anything is submitted (cli/run.py), so a job that cannot fit never waits in the queue.
+The plan is made before anything is submitted (launcher.session.run), so a job that cannot fit never waits in
+the queue.
 What runs on the nodes is launcher.backends.slurm_task.SlurmTask; sweeps go through launcher.backends.slurm_array.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome
-from launcher.backends.slurm_params import executor_parameters
 from launcher.backends.slurm_state import SLURM_JSON, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
+from launcher.emit.slurm_params import executor_parameters
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
 
+Report = Callable[[RunDir, Plan, Outcome], int]
+"""report.json, memory.png and the exit code from a run dir, its plan and how the ranks ended."""
 POLL_S = 1.0
 SACCT_REFRESH_S = 2.0
 
@@ -45,17 +48,11 @@ def make_executor(folder: Path, params: dict, *, max_requeues: int):
     return ex
 
 
-def task_for(run: RunDir, job: Job, plan: Plan, args: argparse.Namespace | None = None) -> SlurmTask:
-    from launcher.cli.run import rank_env
-
-    enforce = bool(getattr(args, "enforce", False))
-    snapshot = bool(getattr(args, "memory_snapshot", False))
-    script = getattr(args, "script", None)
-    return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                     env=rank_env(run, plan, job, enforce, snapshot), script=str(Path(script).resolve()) if script else None,
-                     script_args=list(getattr(args, "script_args", []) or []),
-                     hang_timeout_s=float(getattr(args, "hang_timeout", 0.0) or 0.0),
-                     signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues)
+def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report | None = None) -> SlurmTask:
+    """What the nodes run: the session's launch spec (rank environment, script) plus the job's Slurm settings."""
+    return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, env=dict(spec.env),
+                     script=spec.script, script_args=list(spec.script_args), hang_timeout_s=spec.hang_timeout_s,
+                     signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, report=report)
 
 
 def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> dict:
@@ -66,12 +63,14 @@ def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list
 
 
 class SlurmBackend(Backend):
-    """Backend.run for Slurm: submit one job and block until it ends (what --wait does)."""
+    """Backend.run for Slurm: submit one job; with ``follow`` (--wait) block until it ends, else return at once
+    with a pending Outcome. ``report`` runs on node 0 when the ranks end (the session's finish), so a job that
+    nobody follows still writes report.json and its verdict."""
 
     name = "slurm"
 
-    def __init__(self, job: Job, plan: Plan):
-        self.job, self.plan = job, plan
+    def __init__(self, job: Job, plan: Plan, *, follow: bool = True, report: Report | None = None):
+        self.job, self.plan, self.follow, self.report = job, plan, follow, report
 
     def submit(self, run: RunDir, task: SlurmTask):
         params = executor_parameters(self.job, self.plan)
@@ -83,11 +82,17 @@ class SlurmBackend(Backend):
         return sjob
 
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
-        task = task_for(run, self.job, self.plan)
-        task.script, task.script_args, task.env = spec.script, list(spec.script_args), {**task.env, **spec.env}
-        sjob = self.submit(run, task)
-        wait_jobs([sjob])
-        run.redact_submitit_logs()
+        sjob = self.submit(run, task_for(run, self.job, self.plan, spec, self.report))
+        self.started(sjob.job_id)
+        if not self.follow:
+            return Outcome(ok=True, pending=True, message=f"submitted slurm job {sjob.job_id}")
+        try:
+            wait_jobs([sjob], print_state)
+        except KeyboardInterrupt:
+            return Outcome(ok=False, pending=True, interrupted=True,
+                           message=f"stopped following; slurm job {sjob.job_id} keeps running "
+                                   f"(launch cancel {run.path} stops it)")
+        run.redact_submitit_logs()  # the job has ended: nothing writes them now, submitit's last lines included
         return job_outcome(sjob)
 
 
@@ -148,37 +153,3 @@ def task_paths(sjob, task: int):
 def print_state(sjob, state: str) -> None:
     if state and state != "UNKNOWN":  # UNKNOWN: sacct has not seen the job yet
         print(f"[{time.strftime('%H:%M:%S')}] slurm job {sjob.job_id}: {state}", file=sys.stderr, flush=True)
-
-
-def submit_from_cli(args: argparse.Namespace, job: Job, plan: Plan) -> int:
-    """`launch ... --slurm`: check, write the run dir, submit, print the job id; with --wait follow to the report."""
-    from launcher.cli.run import finish, prepare_run_dir, total_steps
-
-    if args.node_rank or args.rdzv_endpoint:
-        raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them with --slurm")
-    backend = SlurmBackend(job, plan)
-    executor_parameters(job, plan)  # every slurm: problem before a run dir exists
-    run = prepare_run_dir(args, job, plan)
-    sjob = backend.submit(run, task_for(run, job, plan, args))
-    print(f"plan: {plan.strategy.label()}, predicted peak per rank {plan.estimate.peak_bytes / 1e9:.3f} GB of "
-          f"{plan.budget_bytes / 1e9:.3f} GB")
-    print(f"submitted slurm job {sjob.job_id} ({plan.nodes} node(s) x {plan.gpus_per_node} rank(s), "
-          f"time limit {job.slurm.timeout_min} min); run dir {run.path}")
-    print(f"  launch status {run.path} | launch logs {run.path} --follow | launch cancel {run.path}")
-    sys.stdout.flush()
-    if not args.wait:
-        return 0
-    from launcher.live import LiveView, view_mode
-
-    view = LiveView(run.path, plan.world_size, total_steps(job), mode=view_mode(args.quiet, args.verbose))
-    view.start()
-    try:
-        wait_jobs([sjob], print_state)
-    except KeyboardInterrupt:
-        print(f"launch: stopped following; slurm job {sjob.job_id} keeps running (launch cancel {run.path} "
-              "stops it)", file=sys.stderr)
-        return 130
-    finally:
-        view.stop()
-    run.redact_submitit_logs()  # the job has ended: nothing writes them now, submitit's last lines included
-    return finish(run, plan, job_outcome(sjob))

@@ -22,16 +22,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.backends.base import LaunchSpec, Outcome, RankFailure
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
-from launcher.rundir import RunDir
+from launcher.planner.plan import Plan
+from launcher.rankenv import ATTEMPT_ENV, CONTROL_FILE, RDZV_ID_ENV
+from launcher.rundir import FINAL_STATUSES, RunDir
 
-ATTEMPT_ENV = "LAUNCHER_ATTEMPT"  # launcher.worker.loop.ATTEMPT_ENV, without importing torch here
-CONTROL_FILE = "checkpoint"  # launcher.runtime.control.CONTROL_FILE, without importing torch here
-TERMINAL = ("completed", "checkpointed", "failed", "oom")
 REQUEUE_MARGIN_S = 3.0
 """Kept back from the job's end time for `scontrol requeue` itself."""
 REPORT_WAIT_S = 60.0
@@ -57,6 +57,8 @@ class SlurmTask:
     max_requeues: int = 3
     requeues: int = 0
     """Requeues so far; carried in the pickle submitit writes at each requeue."""
+    report: Callable[[RunDir, Plan, Outcome], int] | None = None
+    """Node 0's verdict when the ranks end (the session's finish, pickled by reference); None: no report."""
 
     @property
     def world_size(self) -> int:
@@ -75,7 +77,7 @@ class SlurmTask:
         node_rank = int(os.environ.get("SLURM_NODEID", 0))
         endpoint = self._rendezvous(run)
         env = dict(self.env)
-        env["LAUNCHER_RDZV_ID"] = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+        env[RDZV_ID_ENV] = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', 0)}"
         env[ATTEMPT_ENV] = str(int(os.environ.get("SLURM_RESTART_COUNT") or 0))  # stamped on every step line
         if node_rank == 0:
             # A request left from the run before a requeue would stop the resumed run at its first step.
@@ -147,22 +149,21 @@ class SlurmTask:
         """Ranks that saved and stopped on request, with no requeue coming, leave a resumable run."""
         if not outcome.ok or outcome.interrupted:
             return outcome
-        statuses = rank_statuses(run, self.world_size)
+        statuses = run.rank_statuses(self.world_size)
         if "checkpointed" in statuses.values():
             return Outcome(ok=False, interrupted=True, message=(
                 "the ranks saved a checkpoint and stopped on request; resume with launch --slurm --resume "
                 f"--run-dir {run.path}"))
         return outcome
 
-    def _report(self, run: RunDir, outcome: Outcome) -> int:
+    def _report(self, run: RunDir, outcome: Outcome) -> int | None:
         """report.json, memory.png and the verdict, written by the job itself so a job needs no follower."""
-        from launcher.cli.run import finish
-        from launcher.planner.plan import Plan
-
+        if self.report is None:
+            return None
         # After a failure the missing files are never coming: report at once.
-        wait_for_rank_files(run, self.world_size, REPORT_WAIT_S if outcome.ok else 5.0)
+        run.wait_for_rank_files(self.world_size, REPORT_WAIT_S if outcome.ok else 5.0)
         plan = Plan.from_json(json.loads((run.path / "plan.json").read_text()))
-        return finish(run, plan, outcome)
+        return self.report(run, plan, outcome)
 
     # -- submitit's checkpoint hook (USR2, node 0's main process) ------------------------------------------
     def checkpoint(self):
@@ -176,7 +177,7 @@ class SlurmTask:
         (run.control / CONTROL_FILE).touch()
         exited = wait_for_ranks(run, self.world_size, started, budget_s)
         (run.control / CONTROL_FILE).unlink(missing_ok=True)
-        statuses = rank_statuses(run, self.world_size, since=started)
+        statuses = run.rank_statuses(self.world_size, since=started)
         if statuses and all(s == "completed" for s in statuses.values()) and len(statuses) == self.world_size:
             decision = "completed"  # the run ended as the signal came: nothing to resume
         elif self.requeues >= self.max_requeues:
@@ -284,53 +285,21 @@ def wait_for_ranks(run: RunDir, world_size: int, since: float, budget_s: float, 
     Once the local ranks are gone, other nodes' ranks get ``grace_s`` to write their files (they saved together
     with ours); ranks that died before saving never write one, and waiting longer would only eat the budget.
     """
-    from launcher.backends.local import rank_processes
+    from launcher.backends.local import alive, rank_processes
 
     deadline = time.monotonic() + budget_s
     gone_at = None
     while time.monotonic() < deadline:
-        alive = any(_alive(p) for p in rank_processes().values())
-        statuses = rank_statuses(run, world_size, since=since)
+        alive = any(alive(p) for p in rank_processes().values())
+        statuses = run.rank_statuses(world_size, since=since)
         if not alive:
-            if len(statuses) == world_size and all(s in TERMINAL for s in statuses.values()):
+            if len(statuses) == world_size and all(s in FINAL_STATUSES for s in statuses.values()):
                 return True
             gone_at = gone_at or time.monotonic()
             if time.monotonic() - gone_at > grace_s:
                 return True
         time.sleep(0.2)
-    return not any(_alive(p) for p in rank_processes().values())
-
-
-def _alive(p) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def rank_statuses(run: RunDir, world_size: int, since: float | None = None) -> dict[int, str]:
-    """rank -> status from ranks/rank-K.json; with ``since``, only files written after it (this attempt)."""
-    out = {}
-    for r in range(world_size):
-        p = run.ranks / f"rank-{r}.json"
-        try:
-            if since is not None and p.stat().st_mtime < since:
-                continue
-            out[r] = json.loads(p.read_text()).get("status", "unknown")
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def wait_for_rank_files(run: RunDir, world_size: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        statuses = rank_statuses(run, world_size)
-        if len(statuses) == world_size and all(s in TERMINAL for s in statuses.values()):
-            return
-        time.sleep(0.5)
+    return not any(alive(p) for p in rank_processes().values())
 
 
 def latest_checkpoint(run: RunDir) -> str | None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import socket
 from pathlib import Path
 
 from launcher.cache import cache_dir
+from launcher.fsutil import atomic_write
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 
@@ -34,10 +34,7 @@ def activations_path(model_type: str, profile: str) -> Path:
 
 def _write_json(path: Path, data: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def now_iso() -> str:

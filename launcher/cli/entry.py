@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 
 
 def main() -> None:
     from launcher.cli.main import main as launch_main
+    from launcher.errors import EXIT_BROKEN_PIPE
 
-    broken_pipe = 128 + signal.SIGPIPE  # what a shell reports for a writer whose reader left
+    broken_pipe = EXIT_BROKEN_PIPE  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
     try:
         code = launch_main()
     except SystemExit as e:  # argparse's --help and usage errors

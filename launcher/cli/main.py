@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from launcher.errors import EXIT_BAD_INPUT, LauncherError
+from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LauncherError
 from launcher.units import BYTES_HELP
 
 VERBS = ("run", "plan", "calibrate", "status", "logs", "cancel")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("launch: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

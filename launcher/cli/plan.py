@@ -13,6 +13,7 @@ from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
 from launcher.planner.plan import Plan
+from launcher.session.prepare import write_plan_outputs
 
 EPILOG = """examples:
   launch plan --gpus 4 --budget 16GB job.yaml
@@ -39,20 +40,6 @@ def model_desc(job: Job) -> str:
     if isinstance(job.model, InlineArch):
         return f"inline {job.model.family} (h={job.model.hidden_size}, layers={job.model.num_layers})"
     return job.model
-
-
-def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
-    """plan.json plus the engine's config; each file written atomically."""
-    from launcher.emit import ds_config, fsdp_yaml_text
-    from launcher.fsutil import atomic_write
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
-    if plan.strategy.engine == "deepspeed":
-        written.append(atomic_write(out / "ds_config.json", json.dumps(ds_config(plan, job), indent=2) + "\n"))
-    else:
-        written.append(atomic_write(out / "fsdp.yaml", fsdp_yaml_text(plan, job)))
-    return written
 
 
 def no_fit_json(e: NoPlanError) -> dict:

@@ -1,7 +1,7 @@
-"""The DeepSpeed config for a plan: a template from ``ds_configs/`` with the plan's numbers filled in.
+"""The DeepSpeed config for a plan: a template from ``launcher/emit/templates/`` with the plan's numbers filled in.
 
-Pure: ``ds_config`` reads nothing and writes nothing. The templates are read once, at import, from the
-repository's ``ds_configs/`` (one copy of them, which doubles as HF Trainer ``--deepspeed`` files).
+Pure but for reading the templates: package data (so an installed wheel has them), read once, on first use;
+they double as HF Trainer ``--deepspeed`` files (templates/README.md).
 Every ``"auto"`` a template holds is replaced here; what comes out is concrete, because our worker hands it
 to ``deepspeed.initialize`` directly and DeepSpeed's own models silently drop ``"auto"`` (so a missed one
 would quietly become DeepSpeed's default, not an error).
@@ -10,18 +10,22 @@ would quietly become DeepSpeed's default, not an error).
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.resources
 import json
-from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
 from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_elems
 from launcher.planner.plan import Plan
 
-DS_CONFIGS_DIR = Path(__file__).parents[2] / "ds_configs"
 
-TEMPLATES: dict[str, dict] = {p.stem: json.loads(p.read_text()) for p in sorted(DS_CONFIGS_DIR.glob("*.json"))}
-"""Template name (file stem) to its parsed JSON; read once at import."""
+@functools.cache
+def templates() -> dict[str, dict]:
+    """Template name (file stem) to its parsed JSON; read once, on first use."""
+    root = importlib.resources.files("launcher.emit") / "templates"
+    files = sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
+    return {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in files}
 
 _OFFLOAD_TIER = {"none": 0, "cpu": 1, "nvme": 2}
 
@@ -53,7 +57,7 @@ _NVME_ONLY_KEYS = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "fa
 
 
 def template_name(plan: Plan) -> str:
-    """The ``ds_configs/`` template (file stem) the plan's strategy starts from; ConfigError if none fits."""
+    """The ``templates/`` template (file stem) the plan's strategy starts from; ConfigError if none fits."""
     problems = _strategy_problems(plan)
     if problems:
         raise ConfigError(problems)
@@ -80,11 +84,7 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
             f"size the parameter swap buffers, got {largest_layer_params!r}; pass it"
         )
     name = TEMPLATE_FOR[(s.zero_stage, _tier(s.offload_optimizer, s.offload_params))]
-    if name not in TEMPLATES:
-        # The templates live in the repository, not in the package: a plain (non-editable) wheel lacks them.
-        raise RuntimeError(f"{DS_CONFIGS_DIR / (name + '.json')}: DeepSpeed template not found; install the "
-                           "launcher from its repository (pip install -e .) so ds_configs/ is next to it")
-    cfg = copy.deepcopy(TEMPLATES[name])
+    cfg = copy.deepcopy(templates()[name])
 
     # DeepSpeed asserts train_batch_size == micro * accum * world_size at initialize; _job_problems
     # checked the plan agrees, so all three are given and DeepSpeed derives nothing.
@@ -106,7 +106,7 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
     left = _auto_paths(cfg)
     if left:
         raise RuntimeError(
-            f"ds_configs/{name}.json: {', '.join(left)} still 'auto' after filling; "
+            f"launcher/emit/templates/{name}.json: {', '.join(left)} still 'auto' after filling; "
             "fill it in launcher/emit/deepspeed.py or give it a concrete value in the template"
         )
     return cfg

@@ -98,7 +98,7 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
 
 def sbatch_text(plan: Plan, job: Job, run_dir: Path) -> str:
     """The sbatch script for ``plan``; ConfigError (exit 2) if the slurm: section has a problem."""
-    from launcher.backends.slurm_params import directives
+    from launcher.emit.slurm_params import directives
 
     run_dir_q = shlex.quote(str(run_dir))
     out = [HEADER.format(name=" ".join(job.name.split()), label=plan.strategy.label(), nodes=plan.nodes,

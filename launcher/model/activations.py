@@ -29,13 +29,13 @@ def _with_blocks(config, blocks: int):
     return cfg
 
 
-def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: int, checkpointing: bool,
+def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
                            dtype) -> int:
     import torch
 
     from launcher.model.build import model_class
 
-    # Inputs stay real (a few integers): the recipe reads its token count from them.
+    # Inputs stay real (a few integers): the loss reads its token count from them.
     vocab = int(config.vocab_size)
     ids = torch.randint(0, vocab, (examples, seq_len))
     batch = {"input_ids": ids, "attention_mask": torch.ones(examples, seq_len, dtype=torch.long)}
@@ -54,7 +54,7 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if job.train.lora is not None:
         # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
-        from launcher.worker.model import apply_lora
+        from launcher.model.lora import apply_lora
 
         model = apply_lora(model, job.train.lora, job.task)
     # An op without a fake-tensor rule makes torch log a traceback before raising; the caller falls back to the
@@ -63,15 +63,16 @@ def _peak_activation_bytes(job: Job, config, recipe, *, seq_len: int, examples: 
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        return _fake_run(job, model, recipe, batch)
+        return _fake_run(job, model, batch)
     finally:
         quiet.setLevel(level)
 
 
-def _fake_run(job: Job, model, recipe, batch) -> int:
+def _fake_run(job: Job, model, batch) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from launcher.model.loss import task_loss
     from launcher.runtime.tracker import PhaseMemTracker
 
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -83,7 +84,7 @@ def _fake_run(job: Job, model, recipe, batch) -> int:
         tracker.track_external(model)
         with tracker:
             tracker.start_phase("forward")
-            loss = recipe.loss_tensor(model, batch)
+            loss = task_loss(job.task, model, batch)
             loss.backward()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return sum(v for k, v in peak.items() if str(k).split(".")[-1] in ("ACT", "TEMP"))
@@ -94,7 +95,6 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     import torch
 
     from launcher.model.build import attention_implementation, model_config
-    from launcher.worker.recipes import make_recipe
 
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     config = model_config(job)
@@ -106,7 +106,6 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         config.num_labels = job.data.num_labels or 2
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = 0  # as the worker sets it (launcher.worker.model.build); any id shapes alike
-    recipe = make_recipe(job.task, job.data)
     s_long = seq_len
     s_short = max(8, seq_len // 2)
     # Enough tokens that saved activations, not the one-off dense embedding gradient (V·h), make the peak.
@@ -117,7 +116,7 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     def peak(blocks: int, s: int, ac: bool) -> float:
         """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
         n = examples * s_long // s
-        total = _peak_activation_bytes(job, _with_blocks(config, blocks), recipe, seq_len=s, examples=n,
+        total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
                                        checkpointing=ac, dtype=dtype)
         return total / (n * s)
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-CONTROL_FILE = "checkpoint"
-"""RUN_DIR/control/<this> requests a checkpoint-and-exit; rank 0 removes it once the checkpoint is saved."""
+from launcher.rankenv import CONTROL_FILE  # rank 0 removes it once the checkpoint is saved
 
 
 class CheckpointRequests:

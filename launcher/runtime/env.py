@@ -6,24 +6,15 @@ import json
 import os
 from pathlib import Path
 
-from launcher.errors import ConfigError
-
-PLAN_ENV = "LAUNCHER_PLAN"
-"""Path of the run's plan.json."""
-RUN_DIR_ENV = "LAUNCHER_RUN_DIR"
-"""The run directory: ranks/, steps/, checkpoint/ and control/ live under it."""
-DS_CONFIG_ENV = "LAUNCHER_DS_CONFIG"
-"""Path of the emitted ds_config.json (DeepSpeed plans only)."""
-ENFORCE_ENV = "LAUNCHER_ENFORCE_BYTES"
-"""Per-rank byte cap set by --enforce; crossing it raises torch.OutOfMemoryError."""
-TRACK_ENV = "LAUNCHER_TRACK_CATEGORIES"
-"""'1' tracks tensors by category with MemTracker on CUDA too (always on for CPU ranks; slows CUDA runs)."""
-SNAPSHOT_ENV = "LAUNCHER_MEMORY_SNAPSHOT"
-"""Set to 1 (launch --memory-snapshot): CUDA ranks record the allocator's history through their first step and
-dump it to RUN_DIR/memory-snapshot/rank-K.pickle (open it at pytorch.org/memory_viz)."""
-
-EXIT_OOM = 75
-"""Exit code of a rank that ran out of memory (or crossed the enforced cap); other failures exit 1."""
+from launcher.errors import EXIT_OOM, ConfigError  # noqa: F401  (EXIT_OOM: re-exported for scripts)
+from launcher.rankenv import (  # noqa: F401  (the names ranks read, defined once in a module that imports nothing)
+    DS_CONFIG_ENV,
+    ENFORCE_ENV,
+    PLAN_ENV,
+    RUN_DIR_ENV,
+    SNAPSHOT_ENV,
+    TRACK_ENV,
+)
 
 
 def load_plan(path: str | os.PathLike | None = None):

@@ -12,7 +12,6 @@ A tag without ``latest`` pointing at it is incomplete (a kill during the save) a
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.errors import ConfigError
+from launcher.fsutil import atomic_write
 from launcher.runtime.files import atomic_write_json
 
 LATEST = "latest"
@@ -85,9 +85,7 @@ def save(engine, root: Path, state: TrainerState) -> str:
     dist.barrier()
     if rank == 0:
         atomic_write_json(root / tag / "trainer_state.json", asdict(state))
-        tmp = root / f".{LATEST}.tmp"
-        tmp.write_text(tag + "\n")
-        os.replace(tmp, root / LATEST)
+        atomic_write(root / LATEST, tag + "\n")
         for old in root.glob("step-*"):
             if old.name != tag and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

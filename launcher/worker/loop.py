@@ -15,7 +15,9 @@ import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
+from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
+from launcher.rankenv import ATTEMPT_ENV
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
@@ -30,8 +32,8 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
-"""Set by the Slurm task to SLURM_RESTART_COUNT; absent on local runs, which count their resumes instead."""
+# ATTEMPT_ENV (launcher.rankenv) is set by the Slurm task to SLURM_RESTART_COUNT; absent on local runs, which count
+# their resumes instead.
 
 
 def check_world(environ: Mapping[str, str], plan: Plan, group_size: int) -> None:
@@ -104,9 +106,7 @@ def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str |
             f.write(json.dumps({**row, **stamp}) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(line + "\n" for line in keep), durable=False)
     return len(dropped)
 
 

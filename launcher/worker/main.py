@@ -21,7 +21,7 @@ import yaml  # noqa: E402
 
 from launcher.config.job import Job  # noqa: E402
 from launcher.config.load import from_dict  # noqa: E402
-from launcher.errors import ConfigError, LauncherError  # noqa: E402
+from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError  # noqa: E402
 from launcher.planner.plan import Plan  # noqa: E402
 from launcher.runtime.probe import error_tail, memory_probe  # noqa: E402
 
@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
         elif isinstance(e, LauncherError):
             code, error = e.exit_code, str(e)
         elif isinstance(e, KeyboardInterrupt):
-            code = 130
+            code = EXIT_INTERRUPTED
         print(f"[rank {probe.rank}] {status}: {error}", file=sys.stderr, flush=True)
     finally:
         probe.stop()

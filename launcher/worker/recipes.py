@@ -7,21 +7,15 @@ every engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from launcher.config.job import DataConfig
 from launcher.errors import ConfigError
+from launcher.model.loss import Forward, task_loss
 from launcher.worker.data import column
 from launcher.worker.tokenizer import encode_texts
-
-SIMILARITY_SCALE = 20.0
-"""MultipleNegativesRankingLoss scale: cosine similarities are multiplied by this before the softmax."""
-
-Forward = Callable[..., object]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,30 +78,7 @@ class Recipe:
 
     def loss_tensor(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
-        mask = batch["attention_mask"]
-        if self.task == "causal_lm":
-            labels = batch["input_ids"].masked_fill(mask == 0, -100)
-            return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
-        if self.task == "seq_cls":
-            return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss
-        return self._contrastive(forward, batch)
-
-    def _contrastive(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        # One forward over texts and positives together: half the collectives, same activations.
-        ids = torch.cat([batch["input_ids"], batch["pair_input_ids"]])
-        mask = torch.cat([batch["attention_mask"], batch["pair_attention_mask"]])
-        hidden = forward(input_ids=ids, attention_mask=mask).last_hidden_state
-        emb = F.normalize(mean_pool(hidden, mask), dim=-1)
-        a, b = emb.chunk(2)
-        scores = a @ b.T * SIMILARITY_SCALE
-        target = torch.arange(a.shape[0], device=scores.device)
-        return F.cross_entropy(scores, target)
-
-
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Average of the real tokens' hidden states, in fp32 so bf16 runs pool as precisely as fp32 ones."""
-    m = mask.unsqueeze(-1).to(torch.float32)
-    return (hidden.to(torch.float32) * m).sum(1) / m.sum(1).clamp(min=1.0)
+        return task_loss(self.task, forward, batch)
 
 
 def make_recipe(task: str, data: DataConfig) -> Recipe:

@@ -8,11 +8,13 @@ import json
 import pytest
 import yaml
 
-from launcher.backends import slurm_params
 from launcher.backends.slurm import SlurmBackend, job_outcome, task_for
 from launcher.backends.slurm_array import array_exit_code
 from launcher.cli.main import main
+from launcher.emit import slurm_params
 from launcher.rundir import RunDir
+from launcher.session.options import RunOptions
+from launcher.session.prepare import launch_spec
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ def test_submit_writes_slurm_json_and_an_sbatch_with_one_task_per_node(tmp_path,
     plan = make_plan(nodes=2, gpus_per_node=4)
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
-    sjob = SlurmBackend(job, plan).submit(run, task_for(run, job, plan))
+    sjob = SlurmBackend(job, plan).submit(run, task_for(run, job, plan, launch_spec(RunOptions(), job, plan, run)))
     assert sjob.job_id == "1000" and sjob.num_tasks == 2
     script = fake_sbatch[0]
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
@@ -184,12 +186,32 @@ def test_single_job_cli_prints_the_job_id_and_run_dir(tmp_path, data_file, fake_
 
 
 def test_the_ranks_of_a_slurm_task_get_the_run_flags(tmp_path, make_job, make_plan):
-    import argparse
-
     job, plan = make_job(), make_plan(nodes=1, gpus_per_node=2)
     run = RunDir(tmp_path / "run")
-    plain = task_for(run, job, plan, argparse.Namespace())
-    flagged = task_for(run, job, plan, argparse.Namespace(enforce=True, memory_snapshot=True))
+    plain = task_for(run, job, plan, launch_spec(RunOptions(), job, plan, run))
+    flagged = task_for(run, job, plan, launch_spec(RunOptions(enforce=True, memory_snapshot=True, hang_timeout_s=30),
+                                                   job, plan, run))
     assert "LAUNCHER_ENFORCE_BYTES" not in plain.env and "LAUNCHER_MEMORY_SNAPSHOT" not in plain.env
     assert flagged.env["LAUNCHER_ENFORCE_BYTES"] == str(plan.budget_bytes)
     assert flagged.env["LAUNCHER_MEMORY_SNAPSHOT"] == "1"
+    assert (plain.hang_timeout_s, flagged.hang_timeout_s) == (0.0, 30.0)
+
+
+def test_a_compute_node_never_loads_the_cli(tmp_path, make_job, make_plan):
+    """What submitit ships to a node (cloudpickle of the SlurmTask, its report callable included) imports the
+    backends and the session's finish there, never launcher.cli."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from launcher.session.finish import finish
+
+    job, plan = make_job(), make_plan(nodes=1, gpus_per_node=2)
+    run = RunDir(tmp_path / "run")
+    task = task_for(run, job, plan, launch_spec(RunOptions(), job, plan, run), report=finish)
+    code = ("import pickle, sys; t = pickle.loads(sys.stdin.buffer.read()); "
+            "print(t.report.__module__, sorted(m for m in sys.modules if m.startswith('launcher.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(task), capture_output=True,
+                         check=True)
+    assert out.stdout.decode().split(maxsplit=1) == ["launcher.session.finish", "[]\n"]

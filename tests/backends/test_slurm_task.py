@@ -11,7 +11,6 @@ from launcher.backends import slurm_task
 from launcher.backends.slurm_task import (
     SlurmTask,
     outcome_from_results,
-    rank_statuses,
     ranks_shielded_from,
     wait_for_ranks,
 )
@@ -108,8 +107,21 @@ def test_rank_statuses_of_this_attempt_only(tmp_path):
     old = time.time() - 100
     os.utime(run.ranks / "rank-0.json", (old, old))
     write_rank(run, 1, "completed")
-    assert rank_statuses(run, 2) == {0: "checkpointed", 1: "completed"}
-    assert rank_statuses(run, 2, since=time.time() - 10) == {1: "completed"}
+    (run.ranks / "rank-2.json").write_text('{"status": "comp')  # torn: a rank killed while writing
+    assert run.rank_statuses(2) == {0: "checkpointed", 1: "completed"}
+    assert run.rank_statuses(3) == {0: "checkpointed", 1: "completed"}
+    assert run.rank_statuses(2, since=time.time() - 10) == {1: "completed"}
+
+
+def test_wait_for_rank_files_waits_for_final_statuses_only(tmp_path):
+    run = make_run(tmp_path)
+    write_rank(run, 0, "completed")
+    write_rank(run, 1, "running")
+    t0 = time.monotonic()
+    assert run.wait_for_rank_files(2, timeout_s=0.5, poll_s=0.1) is False
+    assert time.monotonic() - t0 >= 0.5
+    write_rank(run, 1, "oom")
+    assert run.wait_for_rank_files(2, timeout_s=5) is True
 
 
 def test_wait_for_ranks_gives_up_soon_after_the_local_ranks_are_gone(tmp_path):

@@ -294,16 +294,15 @@ def test_memory_snapshot_without_cuda_is_refused_before_anything_runs(tmp_path):
 
 
 def test_checkpoint_on_interrupt_comes_from_the_flag_or_the_job(tmp_path):
-    import argparse
-
-    from launcher.cli.run import interrupt_grace_s
     from launcher.config.jobfile import load_job
+    from launcher.session.options import RunOptions
+    from launcher.session.prepare import interrupt_grace_s
 
     plain = load_job(job_file(tmp_path, "plain"))
     asks = load_job(job_file(tmp_path, "asks", checkpoint_on_interrupt=True))
     assert asks.checkpoint_on_interrupt is True and plain.checkpoint_on_interrupt is False
-    flag = argparse.Namespace(checkpoint_on_interrupt=True, checkpoint_timeout=45.0)
-    none = argparse.Namespace(checkpoint_on_interrupt=False, checkpoint_timeout=45.0)
+    flag = RunOptions(checkpoint_on_interrupt=True, checkpoint_timeout_s=45.0)
+    none = RunOptions(checkpoint_on_interrupt=False, checkpoint_timeout_s=45.0)
     assert interrupt_grace_s(none, plain) == 0.0
     assert interrupt_grace_s(flag, plain) == interrupt_grace_s(none, asks) == 45.0
     bad = launch("plan", job_file(tmp_path, "bad", checkpoint_on_interrupt="later"))

@@ -1,13 +1,16 @@
-"""The reference templates in ds_configs/: loadable, "auto" only where HF Trainer fills it, valid once filled."""
+"""The DeepSpeed templates (launcher/emit/templates/): loadable, "auto" only where HF Trainer fills it, valid once filled."""
 
 import copy
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from emit_helpers import run_ds_check
 
-from launcher.emit.deepspeed import DS_CONFIGS_DIR, TEMPLATE_FOR, TEMPLATES
+from launcher.emit.deepspeed import TEMPLATE_FOR, templates
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "launcher" / "emit" / "templates"
 
 EXPECTED = {"zero0", "zero1", "zero2", "zero2_offload_cpu", "zero3", "zero3_offload_cpu", "zero3_offload_nvme"}
 
@@ -34,11 +37,11 @@ def hf_fill(template: dict) -> dict:
 
 
 def test_every_template_file_is_loaded_and_used():
-    assert set(TEMPLATES) == EXPECTED == {p.stem for p in DS_CONFIGS_DIR.glob("*.json")}
+    assert set(templates()) == EXPECTED == {p.stem for p in TEMPLATES_DIR.glob("*.json")}
     assert set(TEMPLATE_FOR.values()) == EXPECTED
     for name in EXPECTED:
         # Real JSON with no duplicate keys: DeepSpeed's own file loader rejects those.
-        json.loads((DS_CONFIGS_DIR / f"{name}.json").read_text(), object_pairs_hook=_no_duplicates)
+        json.loads((TEMPLATES_DIR / f"{name}.json").read_text(), object_pairs_hook=_no_duplicates)
 
 
 def _no_duplicates(pairs: list) -> dict:
@@ -50,31 +53,31 @@ def _no_duplicates(pairs: list) -> dict:
 
 
 def test_readme_describes_every_template():
-    readme = (DS_CONFIGS_DIR / "README.md").read_text()
+    readme = (TEMPLATES_DIR / "README.md").read_text()
     for name in EXPECTED:
         assert f"`{name}.json`" in readme
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_template_stage_matches_its_name(name):
-    stage = TEMPLATES[name]["zero_optimization"]["stage"]
+    stage = templates()[name]["zero_optimization"]["stage"]
     assert name.startswith(f"zero{stage}")
-    z = TEMPLATES[name]["zero_optimization"]
+    z = templates()[name]["zero_optimization"]
     if "offload" in name:
         device = name.rsplit("_", 1)[1]
         assert z["offload_optimizer"]["device"] == device
-        assert ("aio" in TEMPLATES[name]) == (device == "nvme")
+        assert ("aio" in templates()[name]) == (device == "nvme")
 
 
 @pytest.fixture(scope="module")
 def hf_filled_parsed() -> dict:
-    filled = {name: hf_fill(t) for name, t in TEMPLATES.items()}
+    filled = {name: hf_fill(t) for name, t in templates().items()}
     return {"filled": filled, "parsed": run_ds_check("parse", filled, world_size=1)}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_hf_trainer_fills_every_auto(hf_filled_parsed, name):
-    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed ds_configs/<name>.json`.
+    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed launcher/emit/templates/<name>.json`.
     assert '"auto"' not in json.dumps(hf_filled_parsed["filled"][name])
 
 
@@ -82,4 +85,4 @@ def test_hf_trainer_fills_every_auto(hf_filled_parsed, name):
 def test_filled_template_passes_deepspeed_parser(hf_filled_parsed, name):
     r = hf_filled_parsed["parsed"][name]
     assert r["ok"], r["error"]
-    assert r["train_batch_size"] == 8 and r["zero_stage"] == TEMPLATES[name]["zero_optimization"]["stage"]
+    assert r["train_batch_size"] == 8 and r["zero_stage"] == templates()[name]["zero_optimization"]["stage"]

@@ -83,7 +83,7 @@ def test_deepspeed_plan_carries_its_ds_config(tmp_path):
 
 
 def test_unknown_additional_key_is_refused(monkeypatch):
-    from launcher.backends import slurm_params
+    from launcher.emit import slurm_params
 
     monkeypatch.setattr(slurm_params, "sbatch_long_options", lambda: frozenset({"reservation"}))
     with pytest.raises(ConfigError, match="slurm.additional_parameters.reservaton: unknown key.*did you mean"):

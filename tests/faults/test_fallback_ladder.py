@@ -136,17 +136,16 @@ def test_nvme_is_not_a_rung_for_device_memory(tmp_path):
     assert fb.strategy is None
 
 
-# -- the launcher's loop around it (launcher.cli.run.run_ladder), with the ranks faked -------------------------------
+# -- the launcher's loop around it (launcher.session.ladder.run_ladder), with the ranks faked ----------------------
 
-def _fake_attempts(monkeypatch, run, results):
-    """Replace the real launch with one that writes what ranks would, per attempt: 'oom', 'over' or 'ok'."""
-    import launcher.cli.run as run_cli
+def _fake_attempts(run, results):
+    """A launch that writes what ranks would, per attempt: 'oom', 'over' or 'ok'; (attempt function, strategies)."""
     from launcher.backends.base import Outcome, RankFailure
     from launcher.errors import EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 
     seen = []
 
-    def fake(args, job, plan, run_dir):
+    def fake(job, plan, run_dir=run):
         kind = results[len(seen)]
         seen.append(plan.strategy)
         peak = {"oom": plan.budget_bytes + 1000, "over": plan.budget_bytes + 5000, "ok": plan.budget_bytes // 2}[kind]
@@ -160,14 +159,7 @@ def _fake_attempts(monkeypatch, run, results):
             return EXIT_TRAINING_FAILED, Outcome(ok=False, failures=[RankFailure(rank=0, exitcode=75)])
         return (EXIT_OK if kind == "ok" else EXIT_OVER_BUDGET), Outcome(ok=True)
 
-    monkeypatch.setattr(run_cli, "run_attempt", fake)
-    return seen
-
-
-def _ladder_args(run_dir):
-    import argparse
-
-    return argparse.Namespace(node_rank=0, script=None, quiet=True, verbose=False, enforce=True)
+    return fake, seen
 
 
 def _ladder_job(data_file, tmp_path, tries):
@@ -179,18 +171,18 @@ def _ladder_job(data_file, tmp_path, tries):
     return job_from_data(doc, tmp_path)
 
 
-def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, monkeypatch, capsys):
-    from launcher.cli.plan import write_plan_outputs
-    from launcher.cli.run import run_ladder
+def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, capsys):
     from launcher.plan_inputs import plan_job
     from launcher.rundir import RunDir
+    from launcher.session.ladder import run_ladder
+    from launcher.session.prepare import write_plan_outputs
 
     job = _ladder_job(data_file, tmp_path, tries=3)
     run = RunDir.create(tmp_path / "run")
     plan = plan_job(job, force=True)
     write_plan_outputs(run.path, plan, job)  # as prepare_run_dir does before attempt 1
-    seen = _fake_attempts(monkeypatch, run, ["oom", "over", "ok"])
-    code = run_ladder(_ladder_args(run), job, plan, run)
+    fake, seen = _fake_attempts(run, ["oom", "over", "ok"])
+    code = run_ladder(job, plan, run, fake)
     assert code == 0
     report = json.loads((run.path / "report.json").read_text())
     assert [a["outcome"] for a in report["attempts"]] == ["oom", "over_budget", "ok"]
@@ -205,16 +197,16 @@ def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_
     assert "ended within budget on attempt 3" in capsys.readouterr().err
 
 
-def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, monkeypatch, capsys):
-    from launcher.cli.run import run_ladder
+def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, capsys):
     from launcher.errors import EXIT_OVER_BUDGET
     from launcher.plan_inputs import plan_job
     from launcher.rundir import RunDir
+    from launcher.session.ladder import run_ladder
 
     job = _ladder_job(data_file, tmp_path, tries=1)
     run = RunDir.create(tmp_path / "run")
-    seen = _fake_attempts(monkeypatch, run, ["oom", "over", "ok"])
-    code = run_ladder(_ladder_args(run), job, plan_job(job, force=True), run)
+    fake, seen = _fake_attempts(run, ["oom", "over", "ok"])
+    code = run_ladder(job, plan_job(job, force=True), run, fake)
     assert code == EXIT_OVER_BUDGET and len(seen) == 2
     report = json.loads((run.path / "report.json").read_text())
     assert report["attempts"][-1]["stopped"] == "auto_fallback: all 1 relaunch(es) used"

@@ -5,7 +5,7 @@ import pytest
 from launcher.errors import ConfigError
 from launcher.runtime import JsonlLog, atomic_write_json, load_plan, read_jsonl
 from launcher.runtime.env import ENFORCE_ENV, PLAN_ENV, default_extensions_dir, enforce_bytes
-from launcher.worker.testing import plan_dict
+from tests.worker.run_dirs import plan_dict
 
 
 def test_load_plan_needs_the_env_var(monkeypatch):

@@ -1,7 +1,7 @@
 """`launch --slurm` against the real dev cluster (slurm/dev-cluster/start.sh): real sbatch, sacct, scancel, requeue.
 
 Every job is the tiny inline GPT-2 on CPU ranks (gloo), FSDP pinned (no DeepSpeed op build), budget 1 GB. They run
-when `sinfo` answers and skip, saying why, when it does not. The module takes about 5 to 8 minutes on the 2-core
+when `sinfo` answers; when it does not they skip saying why, and fail in CI (CI=true). The module takes about 5 to 8 minutes on the 2-core
 dev machine, most of it the timeout -> requeue -> resume test.
 """
 
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import require_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "examples" / "data" / "causal.jsonl"
@@ -42,7 +44,12 @@ def _cluster_reason() -> str | None:
 
 
 REASON = _cluster_reason()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [pytest.mark.slurm]
+
+
+@pytest.fixture(autouse=True)
+def _cluster_reachable():
+    require_cluster(REASON)
 
 
 def job_file(tmp_path: Path, name: str = "job.yaml", **over) -> Path:
@@ -358,9 +365,10 @@ def test_overwrite_refuses_the_run_dir_of_a_live_job(tmp_path):
         cancel = launch("cancel", run_dir, timeout=120)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     # Once the job has ended, the same run dir may be replaced.
+    from launcher.backends.slurm_state import live_state
     from launcher.rundir import RunDir
 
-    RunDir.create(run_dir, overwrite=True).unlock()
+    RunDir.create(run_dir, overwrite=True, job_state=live_state).unlock()
     assert not (run_dir / "slurm.json").exists()
 
 

@@ -1,7 +1,7 @@
 """Checks of the real dev Slurm cluster started by slurm/dev-cluster/start.sh.
 
-Skipped unless the cluster answers (`sinfo`). They submit real jobs, so they
-take some seconds each.
+Skipped, saying why, unless the cluster answers (`sinfo`); in CI (CI=true) an unreachable cluster fails them
+instead. They submit real jobs, so they take some seconds each.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_CLUSTER = REPO / "slurm" / "dev-cluster"
@@ -30,10 +32,13 @@ def _cluster_up() -> bool:
     return out.returncode == 0 and bool(out.stdout.strip())
 
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(not _cluster_up(), reason="dev Slurm cluster not running (bash slurm/dev-cluster/start.sh)"),
-]
+pytestmark = [pytest.mark.slurm]
+CLUSTER_UP = _cluster_up()
+
+
+@pytest.fixture(autouse=True)
+def _cluster_reachable():
+    require_cluster(None if CLUSTER_UP else "dev Slurm cluster not running (bash slurm/dev-cluster/start.sh)")
 
 
 def _run(*cmd: str) -> str:
@@ -100,7 +105,7 @@ def test_scancel_shows_cancelled_in_sacct(tmp_path):
 
 
 def test_submitit_function_and_cancel(tmp_path):
-    submitit = pytest.importorskip("submitit")
+    import submitit
     ex = submitit.AutoExecutor(folder=tmp_path / "submitit")
     assert ex.cluster == "slurm"
     ex.update_parameters(slurm_partition="debug", timeout_min=5, nodes=1, tasks_per_node=1, gpus_per_node=2)
@@ -123,8 +128,8 @@ def test_submitit_function_and_cancel(tmp_path):
 def test_two_node_job(tmp_path):
     nodes = _node_names()
     if len(nodes) < 2:
-        pytest.skip("cluster has one node")
-    submitit = pytest.importorskip("submitit")
+        require_cluster(f"the cluster has {len(nodes)} node(s); start.sh starts two")
+    import submitit
     ex = submitit.AutoExecutor(folder=tmp_path / "submitit")
     ex.update_parameters(slurm_partition="debug", timeout_min=5, nodes=2, tasks_per_node=1)
     job = ex.submit(subprocess.check_output, _WHERE, text=True)

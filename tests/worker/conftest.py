@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from launcher.worker.testing import write_run_dir
+from tests.worker.run_dirs import write_run_dir
 
 EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
@@ -23,7 +23,7 @@ def examples_data() -> Path:
 def make_run_dir(tmp_path):
     """make_run_dir(job_dict, plan_dict, ds_config_dict=None, name="run") -> Path of a run dir the worker reads.
 
-    Build the dicts with launcher.worker.testing (plan_dict, ds_config_dict, tiny_gpt2_job).
+    Build the dicts with tests.worker.run_dirs (plan_dict, ds_config_dict, tiny_gpt2_job).
     """
 
     def _make(job: dict, plan: dict, ds_config: dict | None = None, name: str = "run") -> Path:

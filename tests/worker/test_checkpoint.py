@@ -20,7 +20,7 @@ from launcher.worker.loop import check_world
 from launcher.worker.main import main
 from launcher.worker.model import build
 from launcher.worker.recipes import make_recipe
-from launcher.worker.testing import plan_dict, tiny_gpt2_job
+from tests.worker.run_dirs import plan_dict, tiny_gpt2_job
 
 
 def fsdp_engine(job: Job):

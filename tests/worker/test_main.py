@@ -6,7 +6,7 @@ import pytest
 
 from launcher.runtime.env import ENFORCE_ENV, EXIT_OOM, RUN_DIR_ENV
 from launcher.worker.main import main
-from launcher.worker.testing import ds_config_dict, plan_dict, tiny_gpt2_job
+from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
 @pytest.fixture(autouse=True)

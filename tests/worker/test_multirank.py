@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from launcher.runtime import read_jsonl
-from launcher.worker.testing import ds_config_dict, plan_dict, tiny_gpt2_job
+from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
 def torchrun(run_dir, timeout_s=120):

@@ -3,7 +3,7 @@ import inspect
 import pytest
 from submitit.slurm import slurm as submitit_slurm
 
-from launcher.backends.slurm_params import (
+from launcher.emit.slurm_params import (
     check_additional,
     check_slurm,
     directives,
@@ -98,7 +98,7 @@ def test_directives_use_sbatch_spelling(make_job, make_plan):
 
 
 def test_sbatch_help_is_parsed_when_sbatch_exists(monkeypatch):
-    import launcher.backends.slurm_params as sp
+    import launcher.emit.slurm_params as sp
 
     class Out:
         stdout = "Parallel run options:\n  -a, --array=indexes   job array\n      --reservation=name  allocate\n"

@@ -1,6 +1,6 @@
-"""Hand-made run dirs for tests and manual runs of the worker, before (or without) the planner and emitters.
+"""Hand-made run dirs for the worker tests, before (or without) the planner and emitters (fixtures: not package code).
 
-    from launcher.worker.testing import plan_dict, ds_config_dict, write_run_dir
+    from tests.worker.run_dirs import plan_dict, ds_config_dict, write_run_dir
     plan = plan_dict(engine="deepspeed", zero_stage=2, micro_batch_size=2, world_size=2, seq_len=64)
     write_run_dir("/tmp/run", job=job_dict, plan=plan, ds_config=ds_config_dict(plan, lr=1e-3))
     # torchrun --nproc-per-node 2 -m launcher.worker /tmp/run

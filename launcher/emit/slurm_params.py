@@ -1,8 +1,8 @@
 """SlurmConfig + plan -> submitit's SlurmExecutor parameters, checked against what submitit and sbatch accept.
 
-One source of truth for valid keys: submitit's own ``SlurmExecutor._valid_parameters()`` (read from the
-signature of ``_make_sbatch_string``), plus sbatch's long options as ``sbatch --help`` lists them where sbatch
-is installed. The sbatch emitter (launcher.emit.sbatch) renders the same directives from ``directives()``.
+Pure apart from reading the tables of valid keys, which have one source of truth: submitit's own
+``SlurmExecutor._valid_parameters()`` (read from the signature of ``_make_sbatch_string``), plus sbatch's long
+options as ``sbatch --help`` lists them where sbatch is installed. The sbatch emitter (launcher.emit.sbatch) renders the same directives from ``directives()``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""Each task's training loss from a forward function and a batch: what the worker trains on and what the
+planner's fake-tensor probe (launcher.model.activations) runs, so both measure the same graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+Forward = Callable[..., object]
+
+SIMILARITY_SCALE = 20.0
+"""MultipleNegativesRankingLoss scale: cosine similarities are multiplied by this before the softmax."""
+
+
+def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
+    mask = batch["attention_mask"]
+    if task == "causal_lm":
+        labels = batch["input_ids"].masked_fill(mask == 0, -100)
+        return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
+    if task == "seq_cls":
+        return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss
+    return contrastive_loss(forward, batch)
+
+
+def contrastive_loss(forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    # One forward over texts and positives together: half the collectives, same activations.
+    ids = torch.cat([batch["input_ids"], batch["pair_input_ids"]])
+    mask = torch.cat([batch["attention_mask"], batch["pair_attention_mask"]])
+    hidden = forward(input_ids=ids, attention_mask=mask).last_hidden_state
+    emb = F.normalize(mean_pool(hidden, mask), dim=-1)
+    a, b = emb.chunk(2)
+    scores = a @ b.T * SIMILARITY_SCALE
+    target = torch.arange(a.shape[0], device=scores.device)
+    return F.cross_entropy(scores, target)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of the real tokens' hidden states, in fp32 so bf16 runs pool as precisely as fp32 ones."""
+    m = mask.unsqueeze(-1).to(torch.float32)
+    return (hidden.to(torch.float32) * m).sum(1) / m.sum(1).clamp(min=1.0)

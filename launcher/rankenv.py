@@ -1,0 +1,24 @@
+"""The contract between the launcher and its ranks: environment variable names and the control file's name.
+
+Defined here, in a module that imports nothing, so the CLI, the session, the backends and the sbatch emitter can
+name them without importing launcher.runtime (which pulls torch)."""
+
+PLAN_ENV = "LAUNCHER_PLAN"
+"""Path of the run's plan.json."""
+RUN_DIR_ENV = "LAUNCHER_RUN_DIR"
+"""The run directory: ranks/, steps/, checkpoint/ and control/ live under it."""
+DS_CONFIG_ENV = "LAUNCHER_DS_CONFIG"
+"""Path of the emitted ds_config.json (DeepSpeed plans only)."""
+ENFORCE_ENV = "LAUNCHER_ENFORCE_BYTES"
+"""Per-rank byte cap set by --enforce; crossing it raises torch.OutOfMemoryError."""
+TRACK_ENV = "LAUNCHER_TRACK_CATEGORIES"
+"""'1' tracks tensors by category with MemTracker on CUDA too (always on for CPU ranks; slows CUDA runs)."""
+SNAPSHOT_ENV = "LAUNCHER_MEMORY_SNAPSHOT"
+"""Set to 1 (launch --memory-snapshot): CUDA ranks record the allocator's history through their first step and
+dump it to RUN_DIR/memory-snapshot/rank-K.pickle (open it at pytorch.org/memory_viz)."""
+ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
+"""Which attempt (Slurm restart count) the ranks run; stamped on every step line."""
+RDZV_ID_ENV = "LAUNCHER_RDZV_ID"
+"""torchrun's rendezvous id; one per Slurm job attempt so a requeued job never joins its old rendezvous."""
+CONTROL_FILE = "checkpoint"
+"""RUN_DIR/control/<this>: its presence asks every rank to checkpoint and stop at the next step."""

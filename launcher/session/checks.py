@@ -1,0 +1,100 @@
+"""What is checked after planning and before anything is written or started: runnable here, NVMe, the ladder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from launcher.config.job import Job
+from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
+from launcher.session.options import RunOptions
+from launcher.units import format_bytes
+
+
+def cuda_available() -> bool:
+    from launcher.machine import detect_gpu_name
+
+    return detect_gpu_name() is not None
+
+
+def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None:
+    if plan.precision == "fp16" and plan.hardware == "cpu":
+        raise ConfigError("train.precision: 'fp16' is refused on CPU ranks (no fp16 kernels); use bf16 or fp32")
+    if opts is not None and opts.memory_snapshot and job.launcher == "local" \
+            and not cuda_available():
+        raise ConfigError("--memory-snapshot: records the CUDA allocator's history, and this machine has no CUDA "
+                          "GPU; drop the flag (CPU ranks already write their breakdown to ranks/rank-K.json)")
+    if job.launcher == "local":  # a Slurm job's NVMe is on the compute nodes, not here
+        problems = check_nvme(job, plan)
+        if problems:
+            raise ConfigError(problems)
+
+
+def check_nvme(job: Job, plan: Plan) -> list[str]:
+    """A plan that swaps to NVMe needs cluster.nvme_path creatable, writable and with the room the plan uses."""
+    s = plan.strategy
+    if "nvme" not in (s.offload_optimizer, s.offload_params):
+        return []
+    if not job.cluster.nvme_path:
+        return ["cluster.nvme_path: missing, but the plan offloads to NVMe; set it to a directory on a local NVMe drive"]
+    raw = job.cluster.nvme_path
+    try:
+        path = Path(raw).expanduser().absolute()
+    except RuntimeError as e:  # '~nosuchuser/...'
+        return [f"cluster.nvme_path: {raw!r} cannot be expanded ({e}); give an absolute path"]
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"cluster.nvme_path: {raw!r} cannot be created: {str(existing)!r} is a file, not a directory; "
+                "point nvme_path at a directory on the NVMe drive"]
+    # access() also answers for root: EROFS on a read-only mount, and it needs no file written to find out.
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"cluster.nvme_path: {raw!r} is not writable ({str(existing)!r} is read-only or not yours); "
+                "point nvme_path at a directory you can write"]
+    need = plan.estimate.nvme_bytes_per_node
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        return [f"cluster.nvme_path: {raw!r} has {format_bytes(free)} free, the plan swaps {format_bytes(need)} "
+                "to NVMe per node; free space there, use a larger drive, or unpin the NVMe offload"]
+    return []
+
+
+def cluster_hints(job: Job, message: str) -> str:
+    """The job fields behind a host-RAM or NVMe refusal, for a no-plan message that names only the resource."""
+    hints = ""
+    if "host RAM:" in message:
+        have = job.cluster.host_ram_per_node_bytes
+        hints += (f"\n  - cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
+                  if have else "\n  - cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
+                  "run where there is more, or offload less")
+    if "NVMe:" in message:
+        free = job.cluster.nvme_free_bytes
+        hints += (f"\n  - cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
+                  "cluster.nvme_path or point it at a larger drive" if free else
+                  f"\n  - cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
+                  "needs; free space there or point it at a larger drive")
+    return hints
+
+
+def check_fallback(job: Job, opts: RunOptions) -> None:
+    if not job.auto_fallback:
+        return
+    if job.launcher == "slurm" or job.nodes > 1 or opts.node_rank > 0:
+        raise ConfigError(f"auto_fallback: {job.auto_fallback} relaunches the ranks of this node only, so it works "
+                          "with the local launcher on one node; set auto_fallback: 0 (or --auto-fallback 0) for "
+                          "--slurm and --nodes > 1")
+    if opts.resume:
+        raise ConfigError(f"--auto-fallback: {job.auto_fallback} with --resume would restart the checkpointed run "
+                          "from step 0 on another rung; resume without --auto-fallback")
+
+
+def check_launch(job: Job, opts: RunOptions) -> None:
+    """The flags against the job, before planning."""
+    if opts.script and not Path(opts.script).is_file():
+        raise ConfigError(f"--script: {opts.script!r} does not exist; give the path of your training script")
+    if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
+        raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
+    check_fallback(job, opts)

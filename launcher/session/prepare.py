@@ -1,0 +1,112 @@
+"""Before the ranks start: the plan a resume keeps, the run dir and its files, the ranks' environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from launcher.backends.base import LaunchSpec
+from launcher.backends.slurm_state import live_state
+from launcher.config.job import Job
+from launcher.config.jobfile import job_to_data
+from launcher.errors import ConfigError
+from launcher.fallback import pins_for
+from launcher.fsutil import atomic_write
+from launcher.planner.plan import Plan
+from launcher.rankenv import DS_CONFIG_ENV, ENFORCE_ENV, PLAN_ENV, RUN_DIR_ENV, SNAPSHOT_ENV
+from launcher.rundir import RunDir, default_run_dir
+from launcher.session.options import RunOptions
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
+    """--resume keeps the strategy recorded in the run dir (the rung a fallback ladder ended on): its checkpoint
+    is in that engine's layout, and a re-plan could pick another."""
+    recorded = (opts.run_dir or Path()) / "plan.json"
+    if not opts.run_dir or not recorded.is_file():
+        return job, plan
+    try:
+        old = Plan.from_json(json.loads(recorded.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return job, plan
+    if old.strategy == plan.strategy:
+        return job, plan
+    job = dataclasses.replace(job, strategy=pins_for(old.strategy, job.strategy.safety_margin))
+    print(f"launch: --resume keeps the run dir's strategy {old.strategy.label()} (its checkpoint is in that layout)",
+          file=sys.stderr)
+    from launcher.plan_inputs import plan_job
+
+    return job, plan_job(job, force=True)
+
+
+def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = False) -> dict[str, str]:
+    env = {
+        RUN_DIR_ENV: str(run.path),
+        PLAN_ENV: str(run.path / "plan.json"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if plan.strategy.engine == "deepspeed":
+        env[DS_CONFIG_ENV] = str(run.path / "ds_config.json")
+    if enforce:
+        env[ENFORCE_ENV] = str(plan.budget_bytes)
+    if snapshot:
+        env[SNAPSHOT_ENV] = "1"
+    # A rank aborted by the hang watchdog (SIGABRT) writes its Python stack into its log on the way out.
+    env["PYTHONFAULTHANDLER"] = "1"
+    # torchrun's own default for several ranks per node, set here so it does not warn about it.
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
+    env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    return env
+
+
+def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
+    """plan.json plus the engine's config; each file written atomically."""
+    from launcher.emit import ds_config, fsdp_yaml_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
+    if plan.strategy.engine == "deepspeed":
+        written.append(atomic_write(out / "ds_config.json", json.dumps(ds_config(plan, job), indent=2) + "\n"))
+    else:
+        written.append(atomic_write(out / "fsdp.yaml", fsdp_yaml_text(plan, job)))
+    return written
+
+
+def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
+    path = opts.run_dir or default_run_dir(job.name)
+    if opts.resume and not (Path(path) / "checkpoint" / "latest").is_file():  # before anything is created
+        raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
+    run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
+    run.write_yaml("job.yaml", job_to_data(job))
+    write_plan_outputs(run.path, plan, job)
+    return run
+
+
+def total_steps(job: Job) -> int | None:
+    return job.train.max_steps
+
+
+def announce(plan: Plan, run_dir: RunDir, attempt: int | None = None) -> None:
+    head = f"attempt {attempt}: " if attempt else ""
+    print(f"{head}plan: {plan.strategy.label()}, predicted peak per rank "
+          f"{plan.estimate.peak_bytes / 1e9:.3f} GB of {plan.budget_bytes / 1e9:.3f} GB; run dir {run_dir.path}",
+          flush=True)
+
+
+def launch_spec(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir) -> LaunchSpec:
+    return LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=opts.node_rank,
+                      rdzv_endpoint=opts.rdzv_endpoint, script=str(Path(opts.script).resolve()) if opts.script else None,
+                      script_args=list(opts.script_args),
+                      env=rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
+                      hang_timeout_s=opts.hang_timeout_s, checkpoint_on_interrupt_s=interrupt_grace_s(opts, job))
+
+
+def interrupt_grace_s(opts: RunOptions, job: Job) -> float:
+    """Seconds a signal waits for the ranks' checkpoint: the flag or the job's checkpoint_on_interrupt asks for it."""
+    return float(opts.checkpoint_timeout_s) if (opts.checkpoint_on_interrupt or job.checkpoint_on_interrupt) else 0.0

@@ -1,0 +1,134 @@
+"""A run from start to verdict: plan, check, write the run dir, start the ranks through a backend, report.
+
+The CLI builds the Job and the RunOptions and calls run_job; every backend (launcher.backends.base.Backend) is
+driven the same way: run(run_dir, spec) -> Outcome, then finish() turns the rank files into the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from launcher.backends.base import Backend, Outcome
+from launcher.config.job import Job
+from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
+from launcher.planner.plan import Plan
+from launcher.rundir import RunDir
+from launcher.session.checks import check_launch, check_runnable, cluster_hints
+from launcher.session.finish import finish
+from launcher.session.options import RunOptions
+from launcher.session.prepare import announce, launch_spec, prepare_run_dir, resume_plan, total_steps
+
+
+def run_job(job: Job, opts: RunOptions) -> int:
+    """`launch run`: the exit code is the verdict (launcher.errors)."""
+    if job.sweep is not None:  # each variant is planned for itself, so the base job is not planned here
+        from launcher.session.sweep import run_sweep
+
+        return run_sweep(job, opts)
+    job, plan = plan_run(job, opts)
+    backend = make_backend(job, plan, opts)
+    if job.launcher == "slurm":
+        return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan), backend)[0]
+    if opts.node_rank > 0:
+        if not opts.run_dir:
+            raise ConfigError("--node-rank: nodes after the first need the shared --run-dir of node 0")
+        run_dir = RunDir(opts.run_dir.resolve())
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = prepare_run_dir(opts, job, plan)
+        announce(plan, run_dir)
+        run_dir.set_state("running", pid=os.getpid())
+    if job.auto_fallback:
+        from launcher.session.ladder import run_ladder
+
+        return run_ladder(job, plan, run_dir, lambda j, p: run_attempt(opts, j, p, run_dir, backend))
+    return run_attempt(opts, job, plan, run_dir, backend)[0]
+
+
+def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
+    """The plan, or the one error that says why there is none; a resume keeps the run dir's strategy."""
+    from launcher.plan_inputs import plan_job
+
+    check_launch(job, opts)
+    try:
+        plan = plan_job(job, force=opts.force)
+    except NoPlanError as e:
+        raise NoPlanError(str(e) + cluster_hints(job, str(e))) from None
+    if opts.resume:
+        job, plan = resume_plan(opts, job, plan)
+    check_runnable(job, plan, opts)
+    if plan.status == "forced":
+        print(f"launch: warning: running a plan predicted over budget because of --force: {plan.reasons[0]}",
+              file=sys.stderr)
+    return job, plan
+
+
+def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
+    if job.launcher == "slurm":
+        from launcher.backends.slurm import SlurmBackend
+        from launcher.emit.slurm_params import executor_parameters
+
+        if opts.node_rank or opts.rdzv_endpoint:
+            raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them "
+                              "with --slurm")
+        executor_parameters(job, plan)  # every slurm: problem before a run dir exists
+        return SlurmBackend(job, plan, follow=opts.wait, report=finish)
+    from launcher.backends.local import LocalBackend
+
+    return LocalBackend()
+
+
+def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, Outcome]:
+    """Start the ranks through the backend with the live view on, and judge what they left."""
+    from launcher.live import LiveView, view_mode
+
+    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose))
+    backend.on_start = started(job, plan, run_dir, opts, view)
+    try:
+        outcome = backend.run(run_dir, launch_spec(opts, job, plan, run_dir))
+    finally:
+        view.stop()
+    if outcome.pending:  # submitted and not followed (or no longer followed): the job writes its own report
+        if outcome.interrupted:
+            print(f"launch: {outcome.message}", file=sys.stderr)
+            return EXIT_INTERRUPTED, outcome
+        return EXIT_OK, outcome
+    if opts.node_rank > 0:
+        return (EXIT_OK if outcome.ok else EXIT_TRAINING_FAILED), outcome
+    return finish(run_dir, plan, outcome), outcome
+
+
+def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Callable[[str], None]:
+    """What the session says and starts once the backend has the ranks on their way (a Slurm job id, or '')."""
+
+    def on_start(job_id: str) -> None:
+        if job_id:
+            print(f"plan: {plan.strategy.label()}, predicted peak per rank {plan.estimate.peak_bytes / 1e9:.3f} GB "
+                  f"of {plan.budget_bytes / 1e9:.3f} GB")
+            print(f"submitted slurm job {job_id} ({plan.nodes} node(s) x {plan.gpus_per_node} rank(s), "
+                  f"time limit {job.slurm.timeout_min} min); run dir {run_dir.path}")
+            print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel {run_dir.path}")
+            sys.stdout.flush()
+            if not opts.wait:
+                return
+        view.start()
+        preload_plotting()
+
+    return on_start
+
+
+def preload_plotting() -> None:
+    """Import matplotlib while the ranks train: it costs most of a second that would otherwise come after the
+    ranks exit, between the last step and the verdict (benchmarks/results/overhead.md)."""
+    import threading
+
+    def load() -> None:
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+        except Exception:  # plotting is optional; plot_memory reports its own failure
+            pass
+
+    threading.Thread(target=load, name="preload-matplotlib", daemon=True).start()

@@ -1,0 +1,143 @@
+"""Layers import downward only, and no launcher module imports itself back (docs/architecture.md).
+
+Every import is read from the source with ast, the ones inside functions included: a lazy import is still a
+dependency, it only moves the failure to run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
+
+# layer -> what it must never import (prefixes of dotted module names)
+FORBIDDEN = {
+    **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
+       for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.model", "launcher.units",
+                   "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report")},
+    "launcher.backends": ("launcher.cli", "launcher.session"),
+    "launcher.session": ("launcher.cli",),
+    "launcher.runtime": ("launcher.backends", "launcher.cli", "launcher.session"),
+    "launcher.worker": ("launcher.backends", "launcher.cli", "launcher.session"),
+}
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The launcher modules ``path`` imports; ``from pkg import sub`` counts as importing the submodule."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            subs = {f"{target}.{a.name}" for a in node.names} & modules
+            out |= subs or {target}
+    return {m for m in out if m == "launcher" or m.startswith("launcher.")}
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    names = set(files)
+    return {name: {m for m in imports_of(p, name, names) if m in names and m != name} for name, p in files.items()}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for layer, banned in FORBIDDEN.items():
+            if mod == layer or mod.startswith(layer + "."):
+                bad += [f"{mod} imports {d}" for d in sorted(deps)
+                        if any(d == b or d.startswith(b + ".") for b in banned)]
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_lower_layers_never_import_upper_ones():
+    assert layer_violations(import_graph()) == []
+
+
+def test_no_import_cycles_among_launcher_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_the_graph_sees_real_imports():
+    """The reader finds what is there: a module-level, a function-level and a `from pkg import sub` import."""
+    graph = import_graph()
+    assert "launcher.planner.search" in graph["launcher.plan_inputs"]  # module level
+    assert "launcher.session.sweep" in graph["launcher.session.run"]  # inside run_job
+    assert "launcher.worker.checkpoint" in graph["launcher.worker.loop"]  # from launcher.worker import checkpoint
+
+
+@pytest.mark.parametrize("where, line", [
+    ("config/job.py", "from launcher.cli.main import main"),  # module level, into the CLI
+    ("emit/sbatch.py", "def f():\n    from launcher.backends import slurm\n"),  # function level
+    ("model/activations.py", "def f():\n    from ..worker import model\n"),  # relative
+])
+def test_an_upward_import_is_caught(tmp_path, where, line):
+    """Copy the package, add one forbidden import, and the checks name it."""
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / where
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    bad = layer_violations(import_graph(root))
+    assert len(bad) == 1 and bad[0].startswith(module_name(target, root) + " imports launcher."), bad
+
+
+def test_a_cycle_is_caught(tmp_path):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    units = root / "units.py"
+    units.write_text(units.read_text() + "\n\ndef f():\n    from launcher.config import load\n")
+    assert any({"launcher.units", "launcher.config.load"} <= set(c) for c in cycles(import_graph(root)))
