@@ -1,4 +1,4 @@
-"""Plans and jobs built directly (no planner run) for the Slurm backend's unit tests."""
+"""Plans and jobs built directly (no planner run) for the Slurm unit tests (backends, emit); conftest imports the fixtures."""
 
 from __future__ import annotations
 
