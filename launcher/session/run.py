@@ -111,8 +111,9 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
                   f"time limit {job.slurm.timeout_min} min); run dir {run_dir.path}")
             print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel {run_dir.path}")
             sys.stdout.flush()
-            if not opts.wait:
-                return
+            if opts.wait:
+                view.start()
+            return
         view.start()
         preload_plotting()
 
