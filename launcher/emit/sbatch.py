@@ -21,6 +21,7 @@ import yaml
 
 from launcher.config.job import Job
 from launcher.planner.plan import Plan
+from launcher.rankenv import DS_CONFIG_ENV, PLAN_ENV, RUN_DIR_ENV
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
 
@@ -48,7 +49,7 @@ head_addr=$(scontrol show node "$head_host" -o | tr ' ' '\\n' | sed -n 's/^NodeA
 head_addr=${{head_addr:-$head_host}}
 port=$((20000 + SLURM_JOB_ID % 20000))
 
-export LAUNCHER_RUN_DIR="$RUN_DIR" LAUNCHER_PLAN="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 {ds_export}
 # USR2 comes here only (B:); the ranks poll the control file at every optimizer step.
 rm -f "$RUN_DIR/control/checkpoint"
@@ -112,7 +113,8 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path) -> str:
     out += [_flag(k, v) for k, v in flags.items()]
     files = "\n".join(heredoc(name, text) for name, text in run_files(plan, job).items())
     setup = "\n# setup (slurm.setup)\n" + "\n".join(job.slurm.setup) + "\n" if job.slurm.setup else ""
-    ds_export = 'export LAUNCHER_DS_CONFIG="$RUN_DIR/ds_config.json"\n' if plan.strategy.engine == "deepspeed" else ""
+    ds_export = f'export {DS_CONFIG_ENV}="$RUN_DIR/ds_config.json"\n' if plan.strategy.engine == "deepspeed" else ""
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
-                           nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export))
+                           nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export,
+                           run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV))
     return "\n".join(out).replace("\n\n\n", "\n\n")
