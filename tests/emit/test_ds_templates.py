@@ -86,3 +86,25 @@ def test_filled_template_passes_deepspeed_parser(hf_filled_parsed, name):
     r = hf_filled_parsed["parsed"][name]
     assert r["ok"], r["error"]
     assert r["train_batch_size"] == 8 and r["zero_stage"] == templates()[name]["zero_optimization"]["stage"]
+
+
+def test_templates_ship_in_the_wheel(tmp_path):
+    """Package data, not repository files: a built wheel carries every template, and the emitter reads them there."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    repo, src = TEMPLATES_DIR.parents[2], tmp_path / "src"  # built from a copy: setuptools writes build/ beside it
+    shutil.copytree(repo / "launcher", src / "launcher", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("launcher-*.whl")
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import launcher.emit.deepspeed as d; "
+            "print(d.__file__.startswith(sys.argv[1]), sorted(d.templates()))")
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout
+    assert out.strip() == f"True {sorted(EXPECTED)}"
