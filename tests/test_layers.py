@@ -141,3 +141,17 @@ def test_a_cycle_is_caught(tmp_path):
     units = root / "units.py"
     units.write_text(units.read_text() + "\n\ndef f():\n    from launcher.config import load\n")
     assert any({"launcher.units", "launcher.config.load"} <= set(c) for c in cycles(import_graph(root)))
+
+
+def test_the_cli_and_the_shared_names_import_no_heavy_library():
+    """`launch plan` stays fast: the CLI, the session's preparation and the names shared with the ranks (exit
+    codes, environment) load without torch, transformers, deepspeed, matplotlib or submitit."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import launcher.cli.main as m; m.build_parser(); "
+            "import launcher.rankenv, launcher.errors, launcher.session.prepare, launcher.session.run; "
+            "print(sorted(k for k in ('torch', 'transformers', 'deepspeed', 'matplotlib', 'submitit') "
+            "if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
