@@ -12,7 +12,7 @@ from benchmarks.accuracy.harness import rank_files, read_json
 from benchmarks.accuracy.moments import predicted_moments, total
 from launcher.report import CATEGORY_GROUPS
 
-ESTIMATORS = ("planner", "deepspeed", "accelerate")
+ESTIMATORS = ("planner", "refit", "deepspeed", "accelerate")
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
 GOAL = 0.10
 """Relative error above which a cell's categories are explained in the results."""
@@ -74,6 +74,7 @@ def analyze(cell: Cell, run_dir: Path, plan: dict | None = None) -> dict | None:
         "measured_phase_breakdown": phase_bd,
         "categories_at_peak": compare_categories(pred_bd, worst.get("measured_breakdown") or {}),
         "moments": moments,
+        "moment_totals": moment_totals(plan.get("moment_bytes") or {}, rank),
         "deepspeed_row": ext.deepspeed_row,
         "accelerate_fp32_bytes": ext.accelerate_fp32_bytes,
         "total_params": ext.total_params,
@@ -92,6 +93,27 @@ def measured_moment(rank: dict, moment: str) -> tuple[str | None, int | None, di
         return None, None, {}
     peak, phase = max(seen)
     return phase, int(peak), (rank.get("phase_breakdown") or {}).get(phase) or {}
+
+
+MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward",), "step": ("optimizer_step",)}
+"""Which measured phase peaks each planner moment is judged against: the backward start (loss temporaries are
+made in forward) against the larger of forward and backward, the gradient reduce / end of backward against the
+backward phase, the optimizer step against its own phase."""
+
+
+def moment_totals(moment_bytes: dict[str, int], rank: dict) -> dict[str, dict]:
+    """Every moment the planner predicts (plan.json moment_bytes) beside the matching measured phase peak."""
+    phases = rank.get("phases") or {}
+    out = {}
+    for moment, names in MOMENT_PHASES.items():
+        if moment not in moment_bytes:
+            continue
+        seen = [(phases[p], p) for p in names if p in phases]
+        peak, phase = max(seen) if seen else (None, None)
+        out[moment] = {"predicted_bytes": int(moment_bytes[moment]), "measured_phase": phase,
+                       "measured_bytes": None if peak is None else int(peak),
+                       "error": rel(moment_bytes[moment], peak)}
+    return out
 
 
 def moment_rows(predicted: dict | None, rank: dict) -> dict | None:
@@ -129,6 +151,7 @@ def wrong_terms(row: dict, limit: int = 3) -> str:
 
 
 def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per estimator: median and max |error|, median signed, how many under, within GOAL, the worst under."""
     out = {}
     for est in ESTIMATORS:
         errs = [r["errors"][est] for r in rows if r["errors"].get(est) is not None]
@@ -136,7 +159,8 @@ def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
             continue
         absd = [abs(e) for e in errs]
         out[est] = {"median_abs": statistics.median(absd), "max_abs": max(absd), "median_signed": statistics.median(errs),
-                    "under": sum(e < 0 for e in errs), "within_goal": sum(a <= GOAL for a in absd), "cells": len(errs)}
+                    "under": sum(e < 0 for e in errs), "within_goal": sum(a <= GOAL for a in absd), "cells": len(errs),
+                    "within_5": sum(a <= 0.05 for a in absd), "worst_under": min(0.0, min(errs))}
     return out
 
 
@@ -177,3 +201,16 @@ def family(sharding: str) -> str:
 
 def _mb(n: float, signed: bool = False) -> str:
     return f"{n / 1e6:+.2f} MB" if signed else f"{n / 1e6:.2f} MB"
+
+
+def moment_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per planner moment: cells, median and max |error|, worst under-prediction, against the matching phase."""
+    out = {}
+    for moment in MOMENT_PHASES:
+        errs = [r["moment_totals"][moment]["error"] for r in rows
+                if (r.get("moment_totals") or {}).get(moment, {}).get("error") is not None]
+        if errs:
+            absd = [abs(e) for e in errs]
+            out[moment] = {"cells": len(errs), "median_abs": statistics.median(absd), "max_abs": max(absd),
+                           "median_signed": statistics.median(errs), "worst_under": min(0.0, min(errs))}
+    return out

@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.accuracy.cells import BUDGET, QUICK, RANKS, STEPS, full_matrix, select  # noqa: E402
-from benchmarks.accuracy.compare import analyze, summary  # noqa: E402
+from benchmarks.accuracy.cells import BUDGET, QUICK, STEPS, full_matrix, select, split, split_salt  # noqa: E402
+from benchmarks.accuracy.compare import analyze, moment_summary, rel, summary  # noqa: E402
+from benchmarks.accuracy.fit_split import cell_samples, fit_on_split, refit_peak_bytes  # noqa: E402
 from benchmarks.accuracy.harness import (  # noqa: E402
     BENCH_CACHE,
     RESULTS,
@@ -77,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"no cell matches {args.cells}; --list shows them")
         return 2
     stem = args.stem or ("accuracy" if len(chosen) == len(cells) else "accuracy-quick" if args.quick else "accuracy-partial")
-    meta = {**machine(), "steps": STEPS, "budget": BUDGET, "ranks": RANKS, "stem": stem, "replanned": args.replan,
-            "cache": str(BENCH_CACHE)}
+    sides = split(cells)
+    meta = {**machine(), "steps": STEPS, "budget": BUDGET, "ranks": sorted({c.ranks for c in chosen}), "stem": stem,
+            "replanned": args.replan, "cache": str(BENCH_CACHE), "split_salt": split_salt(cells),
+            "safety_margin": 0.05}
     meta["measured_time"] = meta["time"]
     if args.replan:  # the runs are older than the predictions: keep when they were measured
         previous = read_json(RESULTS / f"{stem}.json") or {}
@@ -106,22 +109,37 @@ def main(argv: list[str] | None = None) -> int:
         row["predicted_at_run_bytes"] = at_run.get("predicted_peak_bytes")
         row["replanned"] = plan is not None
         row["step_time_s"] = step_times_s(run_dir)
+        row["split"] = sides[cell.name]
         rows.append(row)
     if not rows:
         log("no finished runs to report")
         return 1
+    # The one fitted quantity: activation scales, fitted on the fit cells' ranks only, then applied to every cell.
+    samples = {r["cell"]: cell_samples(Path(r["run_dir"])) for r in rows}
+    scales = fit_on_split(samples, sides) if any(samples[c] for c in samples if sides.get(c) == "fit") else {}
+    meta["activation_scales"] = scales
+    for r in rows:
+        refit = refit_peak_bytes(samples[r["cell"]], scales) if scales else None
+        r["predicted"]["refit"] = refit
+        r["errors"]["refit"] = rel(refit, r["measured_peak_bytes"])
+    by_split = {side: summary([r for r in rows if r["split"] == side]) for side in ("held-out", "fit")}
+    moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in ("held-out", "fit")}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary(rows), "rows": rows, "failures": failures}, indent=1, default=str) + "\n")
+        {"meta": meta, "summary": summary(rows), "summary_by_split": by_split, "moments_by_split": moments,
+         "rows": rows, "failures": failures}, indent=1, default=str) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(rows, meta))
     plot(rows, RESULTS / f"{stem}.png")
     for moment in ("backward", "optimizer_step", None):
         print(f"# {moment or 'peak'}: predicted / measured MB")
         print(category_table(rows, moment))
         print()
-    for est, s in summary(rows).items():
-        print(f"{est:<11} median |err| {s['median_abs']:6.1%}  max |err| {s['max_abs']:6.1%}  "
-              f"median signed {s['median_signed']:+6.1%}  under-predicted {s['under']}/{s['cells']}")
+    for side, summ in by_split.items():
+        for est, s in summ.items():
+            print(f"{side:<9} {est:<11} median |err| {s['median_abs']:6.1%}  max |err| {s['max_abs']:6.1%}  "
+                  f"median signed {s['median_signed']:+6.1%}  under-predicted {s['under']}/{s['cells']}  "
+                  f"worst under {s['worst_under']:+.1%}")
+    print(f"activation scales fitted on the fit split: {scales}")
     print(f"wrote {RESULTS / (stem + '.md')}, .json, .png")
     if failures:
         log(f"{len(failures)} run(s) failed: {', '.join(f['cell'] for f in failures)}")

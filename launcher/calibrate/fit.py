@@ -146,3 +146,29 @@ def coefficients(predict_group: Callable[[dict[str, float]], float], names: Sequ
     direct = predict_group(dict(current))
     linear = base + sum(coef[n] * current[n] for n in names)
     return base, coef, (abs(direct - linear) / direct if direct else 0.0)
+
+
+def fit_scales(samples: Sequence[Sample], terms: Sequence[str] | None = None, ridge: float = RIDGE) -> dict[str, float]:
+    """One multiplier per constant, shared by every sample whatever its architecture: measured ≈ base +
+    sum_j coefficient_j · current_j · scale_j, least squares on relative errors, pulled towards 1, >= 0.
+
+    The constants themselves are bytes per token of one shape (the probe measures each architecture), so a
+    refit across widths must move them by a factor, not to one absolute value. Only ``samples`` are read:
+    give it the fit split alone and nothing else can leak in.
+    """
+    if not samples:
+        raise ValueError("no samples to fit")
+    names = list(samples[0].current)
+    if terms is None:
+        terms = [k for k in names if any(s.coefficients.get(k, 0.0) * s.current.get(k, 0.0) for s in samples)]
+    w = np.array([1.0 / max(s.measured_bytes, 1.0) for s in samples])
+    x = np.array([[s.coefficients.get(t, 0.0) * s.current.get(t, 0.0) for t in terms] for s in samples])
+    x = x.reshape(len(samples), len(terms))
+    y = np.array([s.measured_bytes - s.base_bytes for s in samples])
+    k = solve(x * w[:, None], y * w, np.ones(len(terms)), ridge)
+    return {**dict.fromkeys(names, 1.0), **{t: float(v) for t, v in zip(terms, k, strict=True)}}
+
+
+def scaled(current: dict[str, float], scales: dict[str, float]) -> dict[str, float]:
+    """The constants ``current`` moved by ``scales`` (constants without a scale stay)."""
+    return {k: v * scales.get(k, 1.0) for k, v in current.items()}

@@ -146,6 +146,9 @@ class MemoryEstimate:
     overhead: dict[str, int] = field(default_factory=dict)
     """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
     cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
+    moment_bytes: dict[str, int] = field(default_factory=dict)
+    """Predicted bytes per rank at every moment (backward, backward_end, step), reserve included: what each
+    measured phase is compared with (benchmarks/accuracy)."""
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
@@ -256,8 +259,9 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
             # allocated, so both exist for a moment (contiguous_gradients; measured on tiny GPT-2).
             st.backward_end_extra += w * m.vocab_size * m.hidden_size * m.trainable_params / m.num_params
         st.reduce_with_blocks = True
-        if accumulating:
-            # The bucket outlives a micro-step: the next one's backward starts with it (measured).
+        if accumulating and mixed:
+            # The bucket outlives a micro-step: the next one's backward starts with it (measured, bf16). At fp32 it
+            # does not (measured on the fit split's fp32 ZeRO-2 accumulation cell: -0.2 % without it, +15 % with).
             st.backward_extra, st.backward_extra_category = bucket, "buffers"
     if s.offload_optimizer != "none":
         # ZeRO-Offload copies reduced buckets straight to host fp32 gradients: no optimizer state and no
@@ -321,7 +325,9 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # the all-gather buffer they were just copied out of, the last block and the next one prefetched.
     # SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out buffers long freed (measured: wΨ).
     if s.fsdp_reshard_after_forward:
-        st.buffers = w * (2 * m.non_block_params + 2 * m.block_params)
+        # Measured on the fit split (GPT-2 and Llama, fp32 and bf16, 2 and 4 ranks): the root's parameters alone,
+        # the all-gather buffer already freed; MiniLM (earlier matrix) also kept one block: counted, safe side.
+        st.buffers = w * (m.non_block_params + m.block_params)
     else:
         st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
@@ -347,7 +353,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
         "backward": persistent + blocks + head + st.backward_extra,
-        "step": persistent + st.step_extra,
+        # FSDP2's unsharded working copies are resharded before the optimizer runs on the shards (measured).
+        "step": persistent + st.step_extra - (st.buffers if s.engine == "fsdp" else 0.0),
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
     if inp.hardware.device_is_host:
@@ -357,7 +364,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "params": st.params,
         "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
-        "buffers": st.buffers if moment != "backward_end" else 0.0,
+        "buffers": 0.0 if moment == "backward_end" or (moment == "step" and s.engine == "fsdp") else st.buffers,
         "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
@@ -371,6 +378,9 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)
     breakdown["reserve"] = sum(overhead.values())
+    on_device = st.host if hw.device_is_host else 0.0
+    moment_bytes = {k: int(v + on_device + sum(cuda_overhead(hw, v + on_device, inp.world_size).values()))
+                    for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
@@ -382,7 +392,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
-                          basis=verdict_basis(hw), overhead=overhead)
+                          basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:

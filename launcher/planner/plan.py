@@ -93,6 +93,8 @@ class Estimate:
     overhead: dict[str, int] = field(default_factory=dict)
     """CUDA-only terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve, cuda_context,
     nccl_buffers."""
+    moment_bytes: dict[str, int] = field(default_factory=dict)
+    """Predicted bytes per rank at each moment (backward, backward_end, step); the peak is the largest."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -182,6 +184,8 @@ class Plan:
             "nvme_bytes_per_node": self.estimate.nvme_bytes_per_node,
             "predicted_step_time_s": self.estimate.step_time_s,
             "step_time_terms": dict(self.estimate.step_time_terms),
+            # Only a plan the memory model made has moments (a plan.json read back from an older one has none).
+            **({"moment_bytes": dict(self.estimate.moment_bytes)} if self.estimate.moment_bytes else {}),
             "buckets": dataclasses.asdict(self.buckets),
             "world_size": self.world_size,
             "nodes": self.nodes,
@@ -211,6 +215,7 @@ class Plan:
             host_bytes_per_node=d["host_bytes_per_node"], nvme_bytes_per_node=d["nvme_bytes_per_node"],
             step_time_s=d["predicted_step_time_s"], step_time_terms=d.get("step_time_terms", {}),
             basis=d.get("basis", "cpu_tensor_bytes"), overhead=d.get("overhead", {}),
+            moment_bytes=d.get("moment_bytes", {}),
         )
         return cls(
             strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),

@@ -225,7 +225,8 @@ def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
     terms = step_time_terms(inp, s, buckets.reduce_bucket_size)
     est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes, host_bytes_per_node=mem.host_bytes_per_node,
                    nvme_bytes_per_node=mem.nvme_bytes_per_node, step_time_s=sum(terms.values()),
-                   step_time_terms=terms, basis=mem.basis, overhead=mem.overhead)
+                   step_time_terms=terms, basis=mem.basis, overhead=mem.overhead,
+                   moment_bytes=mem.moment_bytes)
     problem = None
     if mem.peak_bytes > req.usable_bytes:
         largest = max(mem.breakdown, key=mem.breakdown.get)

@@ -1,31 +1,81 @@
 """The accuracy matrix covers every axis value, its jobs are valid, and the error arithmetic is right."""
 
-import itertools
+import dataclasses
 
+import numpy as np
 import pytest
 
-from benchmarks.accuracy.cells import MICRO_BATCHES, QUICK, SEQ_LENS, SHARDINGS, full_matrix, select
-from benchmarks.accuracy.compare import category_bias, compare_categories, rel, summary, wrong_terms
+from benchmarks.accuracy.cells import MODELS, QUICK, SHARDINGS, balanced, full_matrix, select, split, split_salt
+from benchmarks.accuracy.compare import category_bias, compare_categories, moment_totals, rel, summary, wrong_terms
+from benchmarks.accuracy.fit_split import fit_on_split
+from launcher.calibrate.fit import Sample
 from launcher.config.jobfile import job_from_data
 
 
 def test_matrix_covers_every_axis_value():
     cells = full_matrix()
-    assert len(cells) >= 16 and len({c.name for c in cells}) == len(cells)
+    assert len(cells) >= 30 and len({c.name for c in cells}) == len(cells)
     assert {c.sharding for c in cells} == set(SHARDINGS)
-    assert {c.checkpointing for c in cells} == {False, True}
-    assert {c.model == "minilm" for c in cells} == {False, True}
-    assert {c.micro_batch for c in cells} == set(MICRO_BATCHES)
-    assert {c.seq_len for c in cells} == set(SEQ_LENS)
-    for sharding in SHARDINGS:  # each engine is seen on both models, with and without recompute
-        mine = [c for c in cells if c.sharding == sharding]
-        assert {(c.model == "minilm", c.checkpointing) for c in mine} == set(itertools.product([False, True], repeat=2))
-        assert {c.micro_batch for c in mine} == set(MICRO_BATCHES) and {c.seq_len for c in mine} == set(SEQ_LENS)
+    assert {c.model for c in cells} == set(MODELS)
+    assert {c.precision for c in cells} == {"fp32", "bf16"}
+    assert {c.task for c in cells} == {"causal_lm", "seq_cls", "sentence_embedding"}
+    assert {c.lora for c in cells} == {False, True} and {c.checkpointing for c in cells} == {False, True}
+    assert {c.ranks for c in cells} == {2, 4} and max(c.accum for c in cells) > 1
+    assert max(c.seq_len for c in cells) == 1024
+    assert sum(c.precision == "fp32" for c in cells) > len(cells) / 2  # bf16 may be slow on a CPU: kept few
+
+
+def test_split_is_deterministic_disjoint_and_covers_every_axis_value_on_both_sides():
+    cells = full_matrix()
+    sides = split(cells)
+    assert sides == split(list(reversed(cells)))  # the order of the list does not matter, only the names
+    assert set(sides) == {c.name for c in cells} and set(sides.values()) == {"fit", "held-out"}
+    fit = {n for n, s in sides.items() if s == "fit"}
+    held = {n for n, s in sides.items() if s == "held-out"}
+    assert not fit & held and len(fit) + len(held) == len(cells)
+    assert 0.4 * len(cells) <= len(held) <= 0.6 * len(cells)
+    for axis in ("precision", "task", "model", "lora", "accum", "ranks", "sharding", "checkpointing", "long"):
+        values = {c.axes()[axis] for c in cells}
+        for side in (fit, held):
+            assert {c.axes()[axis] for c in cells if c.name in side} == values, (axis, side is fit)
+    assert balanced(cells, sides) and split_salt(cells) >= 0
+
+
+def test_adding_a_cell_does_not_move_the_others_unless_the_salt_must_change():
+    cells = full_matrix()
+    extra = dataclasses.replace(cells[0], seq_len=768)
+    before, after = split(cells), split([*cells, extra])
+    if split_salt(cells) == split_salt([*cells, extra]):
+        assert all(after[n] == s for n, s in before.items())
+
+
+def _samples(cell: str, scale_truth: float, rng, n=3) -> list[Sample]:
+    out = []
+    for i in range(n):
+        coef = {"block_bytes_per_token": float(rng.integers(1000, 5000)), "head_bytes_per_token": float(rng.integers(100, 900))}
+        current = {"block_bytes_per_token": float(rng.integers(50, 500)), "head_bytes_per_token": float(rng.integers(10, 90))}
+        measured = sum(coef[k] * current[k] for k in coef) * scale_truth
+        out.append(Sample(name=f"{cell}/{i}", measured_bytes=measured, base_bytes=0.0, coefficients=coef,
+                          current=current))
+    return out
+
+
+def test_the_fit_reads_the_fit_split_only():
+    rng = np.random.default_rng(0)
+    samples = {f"c{i}": _samples(f"c{i}", 1.2, rng) for i in range(8)}
+    sides = {f"c{i}": "fit" if i % 2 else "held-out" for i in range(8)}
+    terms = ("block_bytes_per_token", "head_bytes_per_token")
+    scales = fit_on_split(samples, sides, terms)
+    assert scales["block_bytes_per_token"] == pytest.approx(1.2, rel=1e-3)
+    # Whatever the held-out cells measured (here: 3x, or nothing at all), the fitted scales are the same.
+    wild = {c: (_samples(c, 3.0, rng) if sides[c] == "held-out" else s) for c, s in samples.items()}
+    assert fit_on_split(wild, sides, terms) == scales
+    assert fit_on_split({c: s for c, s in samples.items() if sides[c] == "fit"}, sides, terms) == scales
 
 
 def test_quick_cells_exist_and_selection_works():
     cells = full_matrix()
-    assert len(select(cells, list(QUICK))) == len(QUICK) == 4
+    assert len(select(cells, list(QUICK))) == len(QUICK)
     z3 = select(cells, ["z3-,minilm"])
     assert z3 and all(c.sharding == "z3" and c.model == "minilm" for c in z3)
     assert select(cells, ["nothing-like-this"]) == []
@@ -34,13 +84,22 @@ def test_quick_cells_exist_and_selection_works():
 
 @pytest.mark.parametrize("cell", full_matrix(), ids=lambda c: c.name)
 def test_every_cell_is_a_valid_fully_pinned_job(cell):
-    job = job_from_data({**cell.job(), "gpus": 2, "budget": "4GB"}, ".")
+    job = job_from_data({**cell.job(), "gpus": cell.ranks, "budget": "16GB"}, ".")
     s = job.strategy
     assert s.engine and s.micro_batch_size == cell.micro_batch
     assert s.activation_checkpointing is cell.checkpointing
     assert s.offload_optimizer is not None and s.offload_params is not None
-    assert job.train.global_batch_size == 2 * cell.micro_batch  # no accumulation: one micro-batch per step
+    assert job.train.global_batch_size == cell.ranks * cell.micro_batch * cell.accum
+    assert job.train.precision == cell.precision and (job.train.lora is not None) == cell.lora
     assert job.data.eval_fraction == 0.0
+
+
+def test_moment_totals_match_each_moment_with_its_phase():
+    rank = {"phases": {"forward": 80, "backward": 100, "optimizer_step": 50}}
+    got = moment_totals({"backward": 90, "backward_end": 70, "step": 55}, rank)
+    assert got["backward"]["measured_bytes"] == 100 and got["backward"]["error"] == pytest.approx(-0.1)
+    assert got["backward_end"]["measured_phase"] == "backward"
+    assert got["step"]["measured_phase"] == "optimizer_step" and got["step"]["error"] == pytest.approx(0.1)
 
 
 def row(name, measured, planner, ds, acc, cats):

@@ -86,3 +86,23 @@ def test_coefficients_of_a_linear_function():
     assert base == 10 and coef == {"a": 3, "b": 5} and nonlinear == 0.0
     _, _, off = coefficients(lambda c: c["a"] ** 2 + 1, ["a"], {"a": 3.0})
     assert off > 0.1
+
+
+def test_scales_recover_one_factor_across_architectures():
+    # Two widths whose per-token constants differ 4x: one shared factor per constant, not one absolute value.
+    from launcher.calibrate.fit import fit_scales, scaled
+
+    rng = np.random.default_rng(5)
+    truth = {"hidden_terms": 1.3, "logits_bytes": 0.8}
+    samples = []
+    for i in range(12):
+        width = 4.0 if i % 2 else 1.0
+        current = {"hidden_terms": 100.0 * width, "logits_bytes": 14.0}
+        coef = {"hidden_terms": float(rng.integers(1000, 9000)), "logits_bytes": float(rng.integers(1000, 9000))}
+        measured = 50.0 + sum(coef[k] * current[k] * truth[k] for k in coef)
+        samples.append(Sample(name=f"s{i}", measured_bytes=measured, base_bytes=50.0, coefficients=coef,
+                              current=current))
+    scales = fit_scales(samples)
+    assert scales == pytest.approx(truth, rel=1e-3)
+    assert scaled({"hidden_terms": 400.0, "logits_bytes": 14.0}, scales) == pytest.approx(
+        {"hidden_terms": 520.0, "logits_bytes": 11.2}, rel=1e-3)
