@@ -15,6 +15,7 @@ from benchmarks.accuracy.compare import (
     summary,
     wrong_terms,
 )
+from benchmarks.accuracy.fit_split import RECOMPUTE_TERMS
 
 COLORS = {"planner": "tab:blue", "refit": "tab:purple", "deepspeed": "tab:orange", "accelerate": "tab:green"}
 NAMES = {"planner": "launch plan", "refit": "launch plan + fit-split activation scales",
@@ -82,6 +83,7 @@ def moment_table(rows: list[dict]) -> list[str]:
 
 def markdown(rows: list[dict], meta: dict) -> str:
     held = summary([r for r in rows if r.get("split") == "held-out"]).get("planner")
+    fit = summary([r for r in rows if r.get("split") == "fit"]).get("planner")
     margin = meta.get("safety_margin", 0.05)
     verdict = "-"
     if held:
@@ -97,22 +99,25 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"**Headline (held-out cells, {held['cells'] if held else 0} of {len(rows)}): median {held['median_abs']:.1%}, "
         f"max {held['max_abs']:.1%}.** {verdict}." if held else "No held-out cell finished.",
         "",
+        f"In sample (fit cells, {fit['cells']}): median {fit['median_abs']:.1%}, max {fit['max_abs']:.1%}, worst "
+        f"under {fit['worst_under']:+.1%}." if fit else "",
+        "",
         f"Measured {meta.get('measured_time') or meta['time']} on {meta['cores']} cores ({meta['machine']}), "
         f"{'/'.join(str(r) for r in meta.get('ranks', [2]))} CPU ranks (gloo), fp32 and bf16, {meta['steps']} "
         f"optimizer steps per run, budget {meta['budget']} (never reached). Planner: launcher/planner/memory.py "
         f"blob `{meta['planner_memory_sha']}`"
         + (f" (stored runs re-predicted {meta['time']}: `--replan`)." if meta.get("replanned") else "."),
         "",
-        "Rerun: `nice -n 10 .venv/bin/python benchmarks/accuracy/run.py --reuse` (every cell not yet run, ~45 min on "
+        "Rerun: `nice -n 10 .venv/bin/python benchmarks/accuracy/run.py --reuse` (every cell not yet run, ~36 min on "
         "2 shared cores), `--cells PATTERN` for some, `--replan` to re-predict the stored runs with the current "
         "planner without running them, `--list` to see the cells and their split.",
         "",
         "The split: each cell is \"fit\" or \"held-out\" by a salted SHA-256 of its name (salt "
         f"{meta.get('split_salt')}, the smallest that puts every axis value on both sides with 40-60 % held out; "
-        "`benchmarks/accuracy/cells.py`). The one quantity fitted to these measurements, a multiplier per "
-        "activation constant (`launcher/calibrate/fit.py` `fit_scales`), is fitted on the fit cells' ranks only "
-        "(`benchmarks/accuracy/fit_split.py`): "
-        + (", ".join(f"{k} x{v:.3f}" for k, v in scales.items()) if scales else "none fitted") + ". "
+        "`benchmarks/accuracy/cells.py`). The one quantity fitted to these measurements, a multiplier on each "
+        "recompute (activation checkpointing) constant (`launcher/calibrate/fit.py` `fit_scales`), is fitted on "
+        "the fit cells' ranks only (`benchmarks/accuracy/fit_split.py`): "
+        + (", ".join(f"{k} x{scales.get(k, 1.0):.3f}" for k in RECOMPUTE_TERMS) if scales else "none fitted") + ". "
         "`launch plan` as shipped does not use those multipliers (its activation constants come from the "
         "fake-tensor probe, per architecture); the \"+ fit-split activation scales\" row shows what they would "
         "change. The engine terms of memory.py were derived from DeepSpeed's and FSDP2's source and the earlier "
@@ -233,7 +238,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured peak per rank (MB)")
     ax.set_ylabel("predicted (MB)")
-    ax.set_title(f"Peak memory per rank: {len(rows)} runs, 2 CPU ranks")
+    ax.set_title(f"Peak memory per rank: {len(rows)} runs on CPU ranks (fit and held-out)")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
