@@ -384,10 +384,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
-    # Loading weights before sharding costs one fp32 copy per rank on the host, except where the model is
-    # built sharded (ZeRO-3 zero.Init, FSDP2 meta-device init) [DS: "4nP·f without zero.Init"].
-    builds_sharded = s.engine == "fsdp" or (s.zero_stage or 0) >= 3
-    load = 0 if builds_sharded else 4 * m.num_params * ranks
+    # The weight load, as launcher.worker.loading does it: rank 0 alone builds the model on its host (one fp32
+    # copy, 4Ψ, on one node) and the other ranks build on the meta device and receive it by broadcast (DeepSpeed
+    # ZeRO-0/1/2) or as shards (FSDP2: fully_shard on meta, set_model_state_dict(broadcast_from_rank0)) [torchtitan's
+    # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
+    # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
+    if s.engine == "deepspeed" and (s.zero_stage or 0) >= 3:
+        load = 4 * m.largest_layer_params * ranks
+    else:
+        load = 4 * m.num_params
     host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
     host = max(host, load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),

@@ -358,8 +358,16 @@ def lora_suggestion(m: ModelStats, r: int = LORA_RANK) -> tuple[list[str], int]:
     if m.model_type == "gpt2":
         # GPT-2 fuses Q, K and V into one Conv1D (h -> 3h); peft adapts the whole of it.
         return ["c_attn"], r * (h + 3 * h) * m.num_blocks
-    if m.model_type in ("bert", "roberta", "xlm-roberta"):
+    if m.model_type in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "megatron-bert"):
         return ["query", "value"], 2 * r * (h + h) * m.num_blocks
+    if m.model_type == "distilbert":
+        return ["q_lin", "v_lin"], 2 * r * (h + h) * m.num_blocks
+    if m.model_type in ("gpt_neox", "falcon", "bloom", "persimmon"):
+        # One fused query_key_value projection, h -> 3h (falcon's GQA variants narrower; 3h bounds it).
+        return ["query_key_value"], r * (h + 3 * h) * m.num_blocks
+    if m.model_type in ("phi3", "phimoe"):
+        # Phi-3 fuses Q, K and V into qkv_proj: h -> h + 2 * the key/value heads' width.
+        return ["qkv_proj"], r * (h + h + 2 * kv) * m.num_blocks
     # llama and its kin (mistral, qwen2, ...): q_proj h -> h, v_proj h -> the key/value heads' width (GQA).
     return ["q_proj", "v_proj"], r * ((h + h) + (h + kv)) * m.num_blocks
 

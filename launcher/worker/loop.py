@@ -22,6 +22,7 @@ from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
 from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
+from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
 
@@ -164,10 +165,16 @@ class Trainer:
 
     def build(self) -> None:
         job, plan = self.job, self.plan
-        seed_all(job.train.seed)  # same init on every rank: FSDP shards each rank's own copy
+        seed_all(job.train.seed)  # rank 0's random init is the one every rank gets
         hf_ckpt = plan.strategy.activation_checkpointing and self.engine.name == "deepspeed"
         self.engine.before_build()
-        model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt)
+        # One host copy per job: rank 0 reads the weights, the others build on meta and receive them.
+        rank0_only = loads_on_rank0_only(self.engine.name, plan.strategy.zero_stage)
+        model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt,
+                      on_meta=rank0_only and not is_loader())
+        if rank0_only and self.engine.name == "deepspeed":
+            model = broadcast_from_rank0(model, self.device)
+        self.engine.rank0_load = rank0_only
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)
         self.probe.record(

@@ -25,8 +25,12 @@ def tokenizer_for(job: Job):
     return load_tokenizer(model_dir(job), model_config(job).vocab_size)
 
 
-def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool) -> nn.Module:
-    """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it."""
+def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_meta: bool = False) -> nn.Module:
+    """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it.
+
+    ``on_meta`` builds the same model, wrappers included, on the meta device: a rank that receives its weights from
+    rank 0 (launcher.worker.loading) allocates nothing here.
+    """
     config = model_config(job)
     max_pos = getattr(config, "max_position_embeddings", None)
     if max_pos is not None and seq_len > max_pos:
@@ -38,7 +42,7 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool) -> 
         # A decoder's classifier reads the last token that is not padding; without a pad id transformers refuses
         # any batch over one (Mistral, Llama ship none). Our tokenizer's pad id is what the batches hold.
         config.pad_token_id = tokenizer_for(job).pad_token_id
-    model = build_model(job, config, device="cpu", num_labels=recipe.num_labels)
+    model = build_model(job, config, device="meta" if on_meta else "cpu", num_labels=recipe.num_labels)
     if hasattr(model.config, "use_cache"):
         # A KV cache is for generation; in training it only holds memory the plan does not count.
         model.config.use_cache = False

@@ -21,6 +21,7 @@ CASES += [(f, t) for f in ENCODERS for t in ("seq_cls", "sentence_embedding")]
 
 
 def make_job(tmp_path, family, task, lora=None, **over) -> Job:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     train = {"global_batch_size": 4, "max_steps": 1, "precision": "fp32"}
@@ -81,3 +82,16 @@ def test_encoder_decoders_are_refused_for_every_task(tmp_path, family, task):
 def test_causal_lm_on_an_encoder_is_refused(tmp_path, family):
     with pytest.raises(ConfigError, match=f"task: causal_lm needs a decoder, but {family} is an encoder"):
         introspect(make_job(tmp_path, family, "causal_lm"))
+
+
+@pytest.mark.parametrize("family", list(DECODERS) + list(ENCODERS))
+def test_the_no_fit_lora_suggestion_names_this_familys_modules(tmp_path, family):
+    """What the advice offers (launcher.planner.search.lora_suggestion) is a LoRA peft accepts on this model, and
+    its adapter count is what peft adds."""
+    from launcher.planner.search import LORA_RANK, lora_suggestion
+
+    task = "causal_lm" if family in DECODERS else "seq_cls"
+    targets, adapters = lora_suggestion(introspect(make_job(tmp_path / "a", family, task), num_labels=2))
+    stats = introspect(make_job(tmp_path / "b", family, task, lora={"r": LORA_RANK, "target_modules": targets}),
+                       num_labels=2)
+    assert stats.lora_params == adapters

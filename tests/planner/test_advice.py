@@ -69,10 +69,11 @@ def test_no_budget_past_the_card(request_for):
 
 
 def test_a_budget_that_fails_on_host_ram_is_not_offered(request_for):
-    # One 40 GB card cannot hold 7B without offload, and offload is short of host RAM: no budget within the card
+    # One 40 GB card cannot hold 7B without offload, and offload is short of host RAM (40 GB holds the weight load,
+    # 27 GB, not the offloaded optimizer): no budget within the card
     # fits, so none is offered (a budget judged on the device alone would be); more GPUs or host RAM would.
-    req = request_for(gpus_per_node=1, global_batch_size=8, budget_bytes=20 * 10**9, host_ram_per_node_bytes=10**9,
-                      hardware=PROFILES["a100-40gb"])
+    req = request_for(gpus_per_node=1, global_batch_size=8, budget_bytes=20 * 10**9,
+                      host_ram_per_node_bytes=40 * 10**9, hardware=PROFILES["a100-40gb"])
     lines = check_replans(req, suggestions(req))
     assert not any(ln.startswith("a budget of") for ln in lines)
     assert any("(--gpus 8)" in ln for ln in lines) and any(ln.startswith("more host RAM") for ln in lines)
@@ -82,7 +83,7 @@ def test_a_shorter_sequence_stays_within_the_context(request_for):
     m = dataclasses.replace(llama_stats(num_params=1_300_000_000, blocks=16, h=2048, inter=5504), max_positions=4096,
                             position_key="max_position_embeddings")
     req = request_for(model=m, gpus_per_node=1, global_batch_size=8, budget_bytes=26 * 10**9, seq_len=4096,
-                      hardware=PROFILES["a100-40gb"], host_ram_per_node_bytes=10**9)
+                      hardware=PROFILES["a100-40gb"], host_ram_per_node_bytes=8 * 10**9)
     lines = check_replans(req, suggestions(req))
     seqs = [change_of(ln, req)["seq_len"] for ln in lines if "(--seq-len " in ln]
     assert seqs and all(s <= 4096 for s in seqs)

@@ -5,8 +5,8 @@ each parameter is partitioned as soon as it is created, and pretrained weights a
 copied in one gathered tensor at a time, so the device holds its partitions plus one
 tensor, never the whole model. (transformers still reads the checkpoint's state dict
 into host memory on every rank; on CPU ranks, where host is the device, that full
-fp32 copy shows in the init-phase peak.) ZeRO-0/1/2 build the whole model on the
-host and deepspeed.initialize casts and moves it.
+fp32 copy shows in the init-phase peak.) Under ZeRO-0/1/2 rank 0 builds the model and the
+other ranks receive it by broadcast onto their devices (launcher.worker.loading); deepspeed.initialize casts it.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class DeepSpeedEngine:
         self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
         self._hf_ds_config = None
         self.engine = None
+        self.rank0_load = False
+        """Set by the trainer: the model was built on rank 0 and broadcast (launcher.worker.loading)."""
 
     def before_build(self) -> None:
         """Call before building the model: under ZeRO-3 transformers then builds it inside zero.Init."""

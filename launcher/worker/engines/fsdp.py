@@ -72,6 +72,8 @@ class FsdpEngine:
         self.sharding = sharding
         self.micro = 0
         self.scaler = None
+        self.rank0_load = False
+        """Set by the trainer: rank 0 holds the real model and the others a meta one (launcher.worker.loading)."""
 
     def before_build(self) -> None:
         pass
@@ -80,6 +82,9 @@ class FsdpEngine:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+        from launcher.worker.loading import fill_sharded, rank0_state
+
+        state, buffers = rank0_state(model) if self.rank0_load else ({}, {})
         blocks = find_blocks(model)
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -95,6 +100,10 @@ class FsdpEngine:
         for block in blocks:
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
         fully_shard(model, reshard_after_forward=self.reshard_after_forward, **kw)
+        if self.rank0_load:
+            # Shards allocated where the policy keeps them (host with CPU offload), then filled from rank 0.
+            fill_sharded(model, state, buffers, torch.device("cpu") if self.offload else self.device)
+            del state, buffers
         self.model = model
         self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))

@@ -1,0 +1,54 @@
+"""Run by torchrun from test_loading.py: build the model the worker's way and save what each rank ended with.
+
+Every rank seeds differently, so equal weights across ranks can only come from rank 0's broadcast.
+argv: MODEL_DIR OUT_DIR ENGINE (deepspeed | fsdp)
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from launcher.config.job import Job
+from launcher.config.load import from_dict
+from launcher.runtime.probe import memory_probe
+from launcher.worker.engines.fsdp import FsdpEngine
+from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
+from launcher.worker.model import build
+from launcher.worker.recipes import make_recipe
+
+
+def main() -> None:
+    model_dir, out, engine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    job = from_dict(Job, {"name": "t", "model": str(model_dir), "task": "causal_lm",
+                          "data": {"path": str(out / "unused.jsonl"), "max_seq_len": 16},
+                          "train": {"global_batch_size": 2, "max_steps": 1, "precision": "fp32"}})
+    torch.manual_seed(1000 + rank)
+    assert loads_on_rank0_only(engine, 2)
+    model = build(job, make_recipe("causal_lm", job.data), seq_len=16, hf_checkpointing=False, on_meta=not is_loader())
+    built_on_meta = all(p.is_meta for p in model.parameters())
+    device = torch.device("cpu")
+    if engine == "deepspeed":
+        model = broadcast_from_rank0(model, device)
+        state, local = model.state_dict(), sum(p.numel() for p in model.parameters())
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        fsdp = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                          activation_checkpointing=False, precision="fp32", grad_accum_steps=1, device=device)
+        fsdp.rank0_load = True
+        fsdp.setup(model, job.train, memory_probe(device=device, run_dir=out / f"probe-{rank}"))
+        local = sum(p.to_local().numel() for p in model.parameters())
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    torch.save({"state": {k: v.detach().clone() for k, v in state.items()},
+                "buffers": {k: b.detach().clone() for k, b in model.named_buffers()}}, out / f"rank-{rank}.pt")
+    (out / f"rank-{rank}.json").write_text(json.dumps({"built_on_meta": built_on_meta, "local_params": local}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

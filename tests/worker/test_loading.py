@@ -1,0 +1,58 @@
+"""Rank 0 loads, the others receive: two real CPU ranks under torchrun end with the checkpoint's weights, and only
+rank 0 ever built the model for real (the planner's host-RAM term counts one copy: tests/planner/test_memory)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "tests" / "worker" / "loader_ranks.py"
+
+
+def save_checkpoint(root, family):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    if family == "llama":  # untied head, rotary inv_freq: a non-persistent buffer
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, vocab_size=300, max_position_embeddings=64))
+    else:  # tied input and output embeddings
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=300, n_positions=64,
+                                           bos_token_id=299, eos_token_id=299))
+    d = root / family
+    model.save_pretrained(str(d))
+    return d, {k: v.clone() for k, v in model.state_dict().items()}, {k: b.clone() for k, b in model.named_buffers()}
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family):
+    model_dir, want, want_buffers = save_checkpoint(tmp_path, family)
+    on_disk = load_file(str(next(model_dir.glob("*.safetensors"))))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(SCRIPT), str(model_dir), str(out), engine], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = [json.loads((out / f"rank-{k}.json").read_text()) for k in (0, 1)]
+    assert [i["built_on_meta"] for i in info] == [False, True]  # rank 1 never held weights of its own
+    total = sum(v.numel() for v in want.values() if v.dtype.is_floating_point)
+    if engine == "fsdp":
+        assert all(i["local_params"] < total for i in info)  # sharded: no rank holds the whole model
+    for k in (0, 1):
+        got = torch.load(out / f"rank-{k}.pt")
+        assert set(got["state"]) == set(want)
+        for name, tensor in want.items():
+            assert torch.equal(got["state"][name], tensor), (k, name)
+            if name in on_disk:
+                assert torch.equal(got["state"][name], on_disk[name]), (k, name)
+        for name, buf in want_buffers.items():  # rotary inv_freq and other buffers outside the state dict
+            assert torch.allclose(got["buffers"][name].to(buf.dtype), buf), (k, name)
