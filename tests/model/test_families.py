@@ -40,7 +40,7 @@ def one_step(job: Job) -> tuple[torch.nn.Module, float]:
     loss, tokens = recipe.loss(model, recipe.encode(ROWS, tokenizer_for(job), 16))
     loss.backward()
     assert tokens > 0
-    return model, float(loss)
+    return model, loss.item()
 
 
 @pytest.mark.parametrize(("family", "task"), CASES)
@@ -95,3 +95,31 @@ def test_the_no_fit_lora_suggestion_names_this_familys_modules(tmp_path, family)
     stats = introspect(make_job(tmp_path / "b", family, task, lora={"r": LORA_RANK, "target_modules": targets}),
                        num_labels=2)
     assert stats.lora_params == adapters
+
+
+@pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
+def test_a_mixture_of_experts_runs_on_two_ranks_through_the_launcher(tmp_path, engine, monkeypatch):
+    """Mixtral's fused 3-D expert weights through the real launcher: planned, loaded on rank 0 and sent to rank 1,
+    trained, every rank within its budget."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    job = make_job(tmp_path, "mixtral", "causal_lm")
+    doc = {"name": "moe", "model": job.model, "task": "causal_lm",
+           "data": {"path": job.data.path, "max_seq_len": 16, "eval_fraction": 0.0},
+           "train": {"global_batch_size": 4, "max_steps": 2, "precision": "fp32", "lr": 1e-3},
+           "strategy": {"engine": engine}, "cluster": {"hardware": "cpu"}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "LAUNCHER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([str(REPO / ".venv" / "bin" / "launch"), str(path), "--gpus", "2", "--budget", "2GB",
+                          "--run-dir", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=400,
+                         env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for k in (0, 1):
+        steps = (tmp_path / "run" / "steps" / f"rank-{k}.jsonl").read_text().splitlines()
+        assert len(steps) == 2
