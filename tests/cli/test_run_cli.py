@@ -92,6 +92,7 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     data["data"]["path"] = str(REPO / "examples" / "data" / "pairs.jsonl")
     data["strategy"] = {"engine": "fsdp", "fsdp_reshard_after_forward": True, "activation_checkpointing": True}
     data["train"]["max_steps"] = 8
+    data["train"]["precision"] = "fp32"  # the example says auto: pinned, so the test is the same on every CPU
     job = tmp_path / "minilm.yaml"
     job.write_text(yaml.safe_dump(data))
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
@@ -270,6 +271,7 @@ def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
     data["data"]["path"] = str(REPO / "examples" / "data" / "sentiment.jsonl")
     data["strategy"] = {"engine": "deepspeed", "zero_stage": 2}
     data["train"]["global_batch_size"] = 8
+    data["train"]["precision"] = "fp32"  # the example says auto: pinned, so the test is the same on every CPU
     job = tmp_path / "trainer.yaml"
     job.write_text(yaml.safe_dump(data))
     script = REPO / "examples" / "hf_trainer" / "train.py"

@@ -77,7 +77,8 @@ def test_oom_at_micro_batch_8_falls_back_and_ends_within_budget(tmp_path):
             "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False}
     job = job_file(tmp_path, "ladder", strategy=pins, budget="16MB",
                    data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
-                   train={"global_batch_size": 16, "precision": "fp32", "lr": 1e-3, "max_steps": 2})
+                   # bf16: the predictions above (and the rung the ladder takes) are bf16 figures.
+                   train={"global_batch_size": 16, "precision": "bf16", "lr": 1e-3, "max_steps": 2})
     run = tmp_path / "run"
     res = launch(job, "--run-dir", run, "--quiet", "--enforce", "--force", "--auto-fallback", "3")
     assert res.returncode == 0, res.stdout + res.stderr
