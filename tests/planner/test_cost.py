@@ -175,3 +175,14 @@ def test_bf16_compute_uses_the_calibrated_bf16_rate_on_a_cpu_without_native_bf16
         inp = dataclasses.replace(inputs(gpus=2, hw="cpu", precision=precision), hardware=slow)
         terms[precision] = step_time_terms(inp, strategy(stage=2, mb=1, accum=1), 10**6)["compute"]
     assert terms["bf16"] / terms["fp32"] == pytest.approx(13.0)
+
+
+@pytest.mark.parametrize("precision,said", [("bf16", True), ("fp32", False)])
+def test_a_profile_with_slow_bf16_is_said_in_the_plan(request_for, precision, said):
+    from launcher.planner.search import make_plan
+
+    slow = dataclasses.replace(PROFILES["cpu"], flops_fp32=1.0e11, flops_bf16=1.0e11 / 13)
+    plan = make_plan(request_for(hardware=slow, gpus_per_node=2, budget_bytes=10**12, global_batch_size=2,
+                                 seq_len=128, precision=precision))
+    notes = [r for r in plan.reasons if "bf16 matmuls run 13.0x slower than fp32" in r]
+    assert bool(notes) is said
