@@ -290,9 +290,9 @@ def wait_for_ranks(run: RunDir, world_size: int, since: float, budget_s: float, 
     deadline = time.monotonic() + budget_s
     gone_at = None
     while time.monotonic() < deadline:
-        alive = any(alive(p) for p in rank_processes().values())
+        running = any(alive(p) for p in rank_processes().values())
         statuses = run.rank_statuses(world_size, since=since)
-        if not alive:
+        if not running:
             if len(statuses) == world_size and all(s in FINAL_STATUSES for s in statuses.values()):
                 return True
             gone_at = gone_at or time.monotonic()

@@ -131,6 +131,28 @@ def test_wait_for_ranks_gives_up_soon_after_the_local_ranks_are_gone(tmp_path):
     assert time.monotonic() - t0 < 5
 
 
+def test_wait_for_ranks_waits_while_a_local_rank_lives_then_for_the_final_files(tmp_path, monkeypatch):
+    """A live rank process (here a child that saves, i.e. writes its file, and exits after 1 s) holds the wait."""
+    import psutil
+
+    from launcher.backends import local
+
+    run = make_run(tmp_path)
+    write_rank(run, 1, "checkpointed")
+    rank0 = subprocess.Popen([sys.executable, "-c", "import json, sys, time; time.sleep(1); "
+                              "open(sys.argv[1], 'w').write(json.dumps({'rank': 0, 'status': 'checkpointed'}))",
+                              str(run.ranks / "rank-0.json")])
+    monkeypatch.setattr(local, "rank_processes", lambda: {0: psutil.Process(rank0.pid)})
+    t0 = time.monotonic()
+    try:
+        assert wait_for_ranks(run, 2, since=time.time() - 5, budget_s=30, grace_s=10) is True
+    finally:
+        rank0.wait(timeout=10)
+    waited = time.monotonic() - t0
+    assert 0.8 < waited < 5, waited  # held by the live rank, released by its final file (not the 10 s grace)
+    assert run.rank_statuses(2) == {0: "checkpointed", 1: "checkpointed"}
+
+
 def test_ranks_start_with_usr2_blocked_while_this_process_still_handles_it():
     got = []
     old = signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))
