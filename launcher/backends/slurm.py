@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome
-from launcher.backends.slurm_state import SLURM_JSON, submitit_results
+from launcher.backends.slurm_state import SLURM_JSON, is_active, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
 from launcher.emit.slurm_params import executor_parameters
@@ -27,6 +27,8 @@ Report = Callable[[RunDir, Plan, Outcome], int]
 """report.json, memory.png and the exit code from a run dir, its plan and how the ranks ended."""
 POLL_S = 1.0
 SACCT_REFRESH_S = 2.0
+# submitit's results land before slurmdbd records the job's end; this long at most we wait for the record too.
+SETTLE_S = 60.0
 
 
 def make_executor(folder: Path, params: dict, *, max_requeues: int):
@@ -102,6 +104,7 @@ def wait_jobs(jobs: list, on_state=None, *, timeout_s: float | None = None) -> N
 
     last: dict[str, str] = {}
     last_refresh = 0.0
+    settle_until = 0.0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         if time.monotonic() - last_refresh >= SACCT_REFRESH_S:
@@ -116,7 +119,11 @@ def wait_jobs(jobs: list, on_state=None, *, timeout_s: float | None = None) -> N
             if not j.done():
                 pending.append(j)
         if not pending:
-            return
+            # Every result is written; return once Slurm's accounting says the jobs ended too, so a
+            # `launch status` right after --wait agrees with the verdict (bounded: accounting may lag or be off).
+            settle_until = settle_until or time.monotonic() + SETTLE_S
+            if not any(is_active(last[j.job_id]) for j in jobs) or time.monotonic() > settle_until:
+                return
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"slurm jobs {[j.job_id for j in pending]} still running after {timeout_s} s")
         time.sleep(POLL_S)
