@@ -23,7 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.accuracy.cells import BUDGET, QUICK, STEPS, full_matrix, select, split, split_salt  # noqa: E402
+from benchmarks.accuracy.cells import (  # noqa: E402
+    BUDGET,
+    QUICK,
+    STEPS,
+    VALIDATION,
+    every_cell,
+    full_matrix,
+    select,
+    sides_of_all,
+    split_salt,
+)
 from benchmarks.accuracy.compare import analyze, moment_summary, rel, summary  # noqa: E402
 from benchmarks.accuracy.fit_split import cell_samples, fit_on_split, refit_peak_bytes  # noqa: E402
 from benchmarks.accuracy.harness import (  # noqa: E402
@@ -67,10 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="skip cells whose run dir already holds a report")
     ap.add_argument("--stem", help="output name under benchmarks/results (default accuracy or accuracy-partial)")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
+    ap.add_argument("--validation", action="store_true", help="only the validation cells (cells.VALIDATION)")
     args = ap.parse_args(argv)
 
-    cells = full_matrix()
+    cells = every_cell()
     chosen = select(cells, list(QUICK)) if args.quick else select(cells, args.cells)
+    if args.validation:
+        chosen = [c for c in chosen if c in VALIDATION]
     if args.list:
         print("\n".join(c.name for c in chosen))
         return 0
@@ -78,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"no cell matches {args.cells}; --list shows them")
         return 2
     stem = args.stem or ("accuracy" if len(chosen) == len(cells) else "accuracy-quick" if args.quick else "accuracy-partial")
-    sides = split(cells)
+    sides = sides_of_all()
     meta = {**machine(), "steps": STEPS, "budget": BUDGET, "ranks": sorted({c.ranks for c in chosen}), "stem": stem,
-            "replanned": args.replan, "cache": str(BENCH_CACHE), "split_salt": split_salt(cells),
+            "replanned": args.replan, "cache": str(BENCH_CACHE), "split_salt": split_salt(full_matrix()),
             "safety_margin": 0.05}
     meta["measured_time"] = meta["time"]
     if args.replan:  # the runs are older than the predictions: keep when they were measured
