@@ -236,19 +236,20 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         # The reduce bucket is allocated whole, however few parameters train (measured).
         st.buffers = w * buckets.reduce_bucket_size
         st.model_states += 2 * w * m.largest_layer_params
-        # Gathered weights still live when backward starts. ZeRO-3 keeps a weight gathered while its reuse
-        # distance is within stage3_max_reuse_distance (= max_live here): with the cap at or above Ψ nothing
-        # is released and the whole model stays gathered (measured on GPT-2: +wΨ). Below it, a causal LM's
-        # output head is reused at once by its own gradient.
-        if buckets.stage3_max_live_parameters >= psi:
-            st.backward_extra = w * psi  # the gathered copy sits beside the 16-bit partition
-        elif m.task == "causal_lm":
-            st.backward_extra = w * m.vocab_size * m.hidden_size
-        # End of backward: the largest layer gathered, its 16-bit gradient, and the reduce's copies of it.
-        # [DS] counts 4L bytes (param + grad at 2 bytes each); measured on MiniLM's embedding: about 2x that.
-        # Frozen layers (LoRA) have no gradient: only the gathered weight counts for them.
+        # Gathered weights live beside the activations from the forward on. The coordinator
+        # (partitioned_param_coordinator.py) stops prefetching once __n_available_params reaches
+        # max_available_parameters_in_numel (fetch_sub_module) and release_sub_module keeps every parameter used
+        # again within max_reuse_distance (__params_to_release); the emitter sets both to stage3_max_live_parameters.
+        # So up to min(cap, Ψ) parameters stay gathered, frozen ones (LoRA) included: with the cap at or above Ψ
+        # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
+        st.backward_extra = w * min(buckets.stage3_max_live_parameters, psi)
+        # End of backward: the largest layer gathered with its autograd gradient (frozen layers have none), and
+        # the last flush of the reduce bucket. stage3.py __avg_scatter_grads -> reduce_scatter_coalesced
+        # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new
+        # flat buffer of the bucket's elements: a second copy of min(bucket, Ψ_t) gradients next to the bucket.
         trainable_share = m.trainable_params / m.num_params
-        st.backward_end_extra = st.buffers + w * m.largest_layer_params * (1 + 3 * trainable_share)
+        flush = w * min(buckets.reduce_bucket_size, psi_t)
+        st.backward_end_extra = st.buffers + w * m.largest_layer_params * (1 + trainable_share) + flush
     elif stage in (1, 2):
         # The gradient reduce bucket is allocated whole at the first gradient hook, once the loss's temporaries
         # are freed but with the blocks' activations still saved (measured): its own moment.

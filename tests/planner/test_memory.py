@@ -149,3 +149,42 @@ def test_fp32_deepspeed_keeps_the_fp32_master_partition_too(stage):
 def test_fp32_zero12_step_holds_three_fp32_partitions(stage):
     st, psi = _fp32_states(stage)
     assert st.step_extra == 3 * 4 * psi / 2
+
+
+def _zero3_moments(*, live, bucket, lora, opt="none"):
+    from dataclasses import replace
+
+    from launcher.planner.memory import deepspeed_states
+
+    m = llama_stats()
+    if lora:
+        m = replace(m, trainable_params=m.num_params // 1000)
+    inp = MemoryInputs(model=m, world_size=8, gpus_per_node=8, nodes=1, seq_len=1, precision="fp32",
+                       optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
+    s = Strategy(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None, offload_optimizer=opt,
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
+    b = Buckets(reduce_bucket_size=bucket, allgather_bucket_size=bucket, stage3_prefetch_bucket_size=1,
+                stage3_max_live_parameters=live, stage3_param_persistence_threshold=0)
+    return deepspeed_states(inp, s, b), m
+
+
+@pytest.mark.parametrize("lora,opt", [(False, "none"), (True, "cpu")])
+def test_zero3_keeps_up_to_the_live_cap_gathered_frozen_weights_included(lora, opt):
+    # partitioned_param_coordinator.py: prefetch stops at max_live, release keeps reuses within max_reuse_distance
+    # (= max_live): a LoRA model's frozen weights stay gathered just as trainable ones do.
+    live = 3 * llama_stats().largest_layer_params
+    st, m = _zero3_moments(live=live, bucket=10**6, lora=lora, opt=opt)
+    assert st.backward_extra == 4 * live
+    st, m = _zero3_moments(live=10 * m.num_params, bucket=10**6, lora=lora, opt=opt)
+    assert st.backward_extra == 4 * m.num_params  # capped at the whole model
+
+
+def test_zero3_backward_end_holds_the_reduce_scatter_copy_of_the_last_flush():
+    # reduce_scatter_coalesced torch.cat's the bucket's gradients into a new flat buffer: a second copy of
+    # min(bucket, trainable) gradients beside the bucket itself.
+    small, m = _zero3_moments(live=1, bucket=10**6, lora=False)
+    large, _ = _zero3_moments(live=1, bucket=10**9, lora=False)
+    bucket_growth = 4 * (10**9 - 10**6)  # the bucket buffer itself grows by this much
+    assert large.backward_end_extra - small.backward_end_extra == bucket_growth + 4 * (10**9 - 10**6)
+    huge, _ = _zero3_moments(live=1, bucket=10 * m.num_params, lora=False)
+    assert huge.backward_end_extra - huge.buffers == 4 * m.largest_layer_params * 2 + 4 * m.trainable_params
