@@ -335,7 +335,11 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
     root_trainable = m.non_block_params * m.trainable_params / m.num_params
     unit = max(root_trainable, m.block_params * m.trainable_params / m.num_params)
-    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else (4 + 4 / n) * unit
+    # At fp32 the copy-in is the larger instant: _fsdp_collectives.py foreach_reduce allocates the reduce-scatter
+    # input (reduce_dtype, 4 bytes) and copies the unsharded gradients into it before clearing them
+    # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
+    # more than the input plus the sharded output (4 + 4/n) that follow.
+    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
     st.backward_end_extra = 4 * (m.trainable_params - root_trainable) / n + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the

@@ -188,3 +188,18 @@ def test_zero3_backward_end_holds_the_reduce_scatter_copy_of_the_last_flush():
     assert large.backward_end_extra - small.backward_end_extra == bucket_growth + 4 * (10**9 - 10**6)
     huge, _ = _zero3_moments(live=1, bucket=10 * m.num_params, lora=False)
     assert huge.backward_end_extra - huge.buffers == 4 * m.largest_layer_params * 2 + 4 * m.trainable_params
+
+
+def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_input_at_once():
+    # _fsdp_collectives.py foreach_reduce: copy-in to the fp32 reduce-scatter input happens before the unsharded
+    # gradients are cleared, so at fp32 8 bytes per element of the root unit live together (not 4 + 4/n).
+    from launcher.planner.memory import fsdp_states
+
+    m = llama_stats()
+    inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=1, precision="fp32",
+                       optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
+    s = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
+    st = fsdp_states(inp, s)
+    unit = max(m.non_block_params, m.block_params)
+    assert st.backward_end_extra == pytest.approx(4 * (m.num_params - m.non_block_params) / 2 + 8 * unit)
