@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         refit = refit_peak_bytes(samples[r["cell"]], scales) if scales else None
         r["predicted"]["refit"] = refit
         r["errors"]["refit"] = rel(refit, r["measured_peak_bytes"])
-    by_split = {side: summary([r for r in rows if r["split"] == side]) for side in ("held-out", "fit")}
-    moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in ("held-out", "fit")}
+    sides_shown = ("validation", "held-out", "fit")
+    by_split = {side: summary([r for r in rows if r["split"] == side]) for side in sides_shown}
+    moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in sides_shown}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"meta": meta, "summary": summary(rows), "summary_by_split": by_split, "moments_by_split": moments,
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
     for side, summ in by_split.items():
         for est, s in summ.items():
-            print(f"{side:<9} {est:<11} median |err| {s['median_abs']:6.1%}  max |err| {s['max_abs']:6.1%}  "
+            print(f"{side:<10} {est:<11} median |err| {s['median_abs']:6.1%}  max |err| {s['max_abs']:6.1%}  "
                   f"median signed {s['median_signed']:+6.1%}  under-predicted {s['under']}/{s['cells']}  "
                   f"worst under {s['worst_under']:+.1%}")
     print(f"activation scales fitted on the fit split: {scales}")

@@ -5,7 +5,20 @@ import dataclasses
 import numpy as np
 import pytest
 
-from benchmarks.accuracy.cells import MODELS, QUICK, SHARDINGS, balanced, full_matrix, select, split, split_salt
+from benchmarks.accuracy.cells import (
+    MATRIX,
+    MODELS,
+    QUICK,
+    SHARDINGS,
+    VALIDATION,
+    balanced,
+    every_cell,
+    full_matrix,
+    select,
+    sides_of_all,
+    split,
+    split_salt,
+)
 from benchmarks.accuracy.compare import category_bias, compare_categories, moment_totals, rel, summary, wrong_terms
 from benchmarks.accuracy.fit_split import fit_on_split
 from launcher.calibrate.fit import Sample
@@ -16,7 +29,8 @@ def test_matrix_covers_every_axis_value():
     cells = full_matrix()
     assert len(cells) >= 30 and len({c.name for c in cells}) == len(cells)
     assert {c.sharding for c in cells} == set(SHARDINGS)
-    assert {c.model for c in cells} == set(MODELS)
+    assert {c.model for c in every_cell()} == set(MODELS)
+    assert {c.model for c in cells} == set(MODELS) - {"gpt2m", "llama6"}  # validation-only models
     assert {c.precision for c in cells} == {"fp32", "bf16"}
     assert {c.task for c in cells} == {"causal_lm", "seq_cls", "sentence_embedding"}
     assert {c.lora for c in cells} == {False, True} and {c.checkpointing for c in cells} == {False, True}
@@ -82,7 +96,31 @@ def test_quick_cells_exist_and_selection_works():
     assert select(cells, None) == cells
 
 
-@pytest.mark.parametrize("cell", full_matrix(), ids=lambda c: c.name)
+def test_validation_cells_are_new_disjoint_and_never_read_by_the_fit():
+    matrix_names = {c.name for c in MATRIX}
+    val_names = {c.name for c in VALIDATION}
+    assert 8 <= len(VALIDATION) <= 10 and len(val_names) == len(VALIDATION) and not matrix_names & val_names
+    # Not near-copies either: no validation cell shares its sharding, model, task, sequence length and micro-batch
+    # with a matrix cell.
+    seen = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in MATRIX}
+    assert not any((c.sharding, c.model, c.task, c.seq_len, c.micro_batch) in seen for c in VALIDATION)
+    # What the goal asks of them: ZeRO-3 with and without offload, LoRA, FSDP2 full-shard, AC, 2 and 4 ranks, bf16.
+    assert {"z3", "z3off", "fsdp"} <= {c.sharding for c in VALIDATION}
+    assert any(c.lora for c in VALIDATION) and any(c.checkpointing for c in VALIDATION)
+    assert {c.ranks for c in VALIDATION} == {2, 4} and {c.precision for c in VALIDATION} == {"fp32", "bf16"}
+    # The matrix's split is computed without them: adding them moved no cell.
+    sides = sides_of_all()
+    assert {n: s for n, s in sides.items() if n in matrix_names} == split(full_matrix())
+    assert {sides[n] for n in val_names} == {"validation"}
+    # The fit reads "fit" cells only: whatever the validation cells measured, the scales do not move.
+    rng = np.random.default_rng(1)
+    samples = {c.name: _samples(c.name, 1.1, rng) for c in every_cell()}
+    terms = ("block_bytes_per_token", "head_bytes_per_token")
+    wild = {n: (_samples(n, 5.0, rng) if sides[n] == "validation" else s) for n, s in samples.items()}
+    assert fit_on_split(wild, sides, terms) == fit_on_split(samples, sides, terms)
+
+
+@pytest.mark.parametrize("cell", every_cell(), ids=lambda c: c.name)
 def test_every_cell_is_a_valid_fully_pinned_job(cell):
     job = job_from_data({**cell.job(), "gpus": cell.ranks, "budget": "16GB"}, ".")
     s = job.strategy
