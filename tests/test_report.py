@@ -41,7 +41,7 @@ def test_over_budget_message_names_the_rank_peak_budget_and_category():
         msg.startswith("rank 0 on h peaked at 8.34 MB, over the budget of 8.00 MB by 340.00 KB")
     assert "activations grew most" in msg and "(1 more rank(s) over)" in msg
     assert over_budget_message(report(budget=9_000_000)) is None
-    json.dumps(report(1))  # the report stays plain JSON
+    assert over_budget_message(report(budget=8_340_000)) is None  # a peak equal to the budget is within it
 
 
 def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):

@@ -5,9 +5,11 @@ from launcher.units import GB, KB, MB, TB, GiB, format_bytes, parse_bytes
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("16GB", 16 * GB), ("16GiB", 16 * GiB), ("16000MB", 16 * GB), ("0.5TB", TB // 2), ("17179869184", 16 * GiB),
-     (17179869184, 16 * GiB), ("16 GB", 16 * GB), ("1.5GB", int(1.5 * GB)), ("512MiB", 512 * 2**20),
-     ("4kB", 4 * KB), ("4KB", 4 * KB), ("100B", 100)],
+    # Literal byte counts, not the module's own constants: 16 GiB = 16 * 2^30 = 17_179_869_184;
+    # 512 MiB = 512 * 2^20 = 536_870_912; kB and KB are both taken as 10^3 (SI, as GB is 10^9).
+    [("16GB", 16_000_000_000), ("16GiB", 17_179_869_184), ("16000MB", 16_000_000_000), ("0.5TB", 500_000_000_000),
+     ("17179869184", 17_179_869_184), (17179869184, 17_179_869_184), ("16 GB", 16_000_000_000),
+     ("1.5GB", 1_500_000_000), ("512MiB", 536_870_912), ("4kB", 4_000), ("4KB", 4_000), ("100B", 100)],
 )
 def test_parse_bytes_accepts_units(text, expected):
     assert parse_bytes(text) == expected
@@ -37,6 +39,7 @@ def test_an_ambiguous_unit_asks_which_one(text, question, fix):
 
 
 def test_gb_and_gib_differ():
-    assert GB == 10**9 and GiB == 2**30
+    assert (KB, MB, GB, TB) == (1_000, 1_000_000, 1_000_000_000, 1_000_000_000_000)
+    assert GiB == 1_073_741_824
     assert format_bytes(16 * GB) == "16.00 GB"
     assert format_bytes(1500 * MB) == "1.50 GB"

@@ -40,10 +40,11 @@ def test_unknown_hardware_field_is_refused():
         save_hardware("cpu", {"flops_int8": 1.0})
 
 
-def test_activation_constants_round_trip():
+def test_activation_constants_round_trip(cache):
     fitted = {name: 10.0 + i for i, name in enumerate(numeric_fields())}
     path = save_activations("gpt2", "cpu", fitted, {"runs": ["a"]})
-    assert path == activations_path("gpt2", "cpu")
+    # The documented place, spelled out (not the module's own path helper): one file per model type and profile.
+    assert path == cache / "profiles" / "activations-gpt2-cpu.json" == activations_path("gpt2", "cpu")
     assert json.loads(path.with_suffix(".fit.json").read_text())["runs"] == ["a"]
     c = plan_request(job()).activations  # what the planner reads for a gpt2 job on the cpu profile
     assert {k: getattr(c, k) for k in fitted} == fitted

@@ -49,7 +49,18 @@ def test_defaults_are_reached_only_with_room_for_them(request_for):
     # HF's 0.9·h² rule would ask for 2.4e8 here; DeepSpeed's default caps it.
     assert roomy.stage3_prefetch_bucket_size == DS_DEFAULT_PREFETCH
     tight = size_buckets(request_for(budget_bytes=4 * 10**9))
-    assert tight.reduce_bucket_size == int(BUCKET_BUDGET_SHARE * 4 * 10**9 * 0.95 / FP32)
+    # Worked by hand: 4 GB budget, 5 % safety margin -> 3.8e9 usable; a 2 % share is 7.6e7 bytes, at 4 bytes per
+    # fp32 element 1.9e7 elements (under the 5e8 default and above the 1e6 floor).
+    assert tight.reduce_bucket_size == 19_000_000
+
+
+def test_the_caps_are_deepspeeds_own_defaults():
+    # The caps are taken from DeepSpeed's config schema itself, not restated: a drift in either shows here.
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    fields = DeepSpeedZeroConfig.model_fields
+    assert DS_DEFAULT_BUCKET == fields["reduce_bucket_size"].default == fields["allgather_bucket_size"].default
+    assert DS_DEFAULT_PREFETCH == fields["prefetch_bucket_size"].default
 
 
 def test_a_bucket_never_outgrows_the_gradients(request_for):

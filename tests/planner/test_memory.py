@@ -71,13 +71,16 @@ def test_zero_paper_table_1_for_7_5b_at_64_gpus():
     # ZeRO paper, Table 1: Ψ = 7.5B, N_d = 64, K = 12 -> 120, 31.4, 16.6 GB (model states only). DeepSpeed's
     # bf16/fp16 optimizers also keep an fp32 gradient accumulation buffer (the "4_grads_32bit" of its
     # estimator), sharded like the optimizer: 4Ψ at stage 0, 4Ψ/N from stage 1.
+    # Stage 3: (4 + K)Ψ/N = 16 · 7.5e9 / 64 = 1.875 GB ("1.9 GB"), plus the fp32 gradient partition
+    # 4 · 7.5e9 / 64 = 0.46875 GB and [DS]'s 4L for the live largest layer: L = 32000 · 4096 = 131_072_000
+    # (llama_stats' embedding), 4L = 0.524288 GB.
     psi, n = 7_500_000_000, 64
     m = llama_stats(num_params=psi)
-    got = [states(stage, gpus=n, model=m)[0] for stage in (0, 1, 2)]
-    paper = [120.0e9, 31.4e9, 16.6e9]
-    fp32_grads = [4 * psi, 4 * psi / n, 4 * psi / n]
-    for g, p, extra in zip(got, paper, fp32_grads, strict=True):
-        assert abs(g - (p + extra)) < 0.05e9
+    got = [states(stage, gpus=n, model=m)[0] for stage in (0, 1, 2, 3)]
+    paper = [120.0e9, 31.4e9, 16.6e9, 1.9e9]
+    extra = [30.0e9, 0.46875e9, 0.46875e9, 0.46875e9 + 0.524288e9]  # 4Ψ, then 4Ψ/64 (+ 4L at stage 3)
+    for stage, g, p, e in zip((0, 1, 2, 3), got, paper, extra, strict=True):
+        assert abs(g - (p + e)) < 0.05e9, stage
 
 
 def test_korthikanti_34sbh_without_recompute_and_2sbh_with_it():
@@ -98,8 +101,12 @@ def test_logits_term_scales_with_vocabulary_and_tokens():
     m = llama_stats(vocab=128256)
     c = analytic_constants(m, "bf16")
     _, head = activation_bytes(c, m.num_blocks, 2, 4096, False)
-    # bf16 logits, fp32 upcast, log-softmax and its gradient: 2 + 4 + 4 + 4 bytes per logit, plus embeddings.
-    assert head == 2 * 4096 * (128256 * 14 + 2 * m.hidden_size * 2)
+    # bf16 logits, fp32 upcast, log-softmax and its gradient: 2 + 4 + 4 + 4 = 14 bytes per logit, plus the
+    # embedding output and its input to the head at bf16 (2 · 4096 · 2 bytes per token). By hand:
+    # 2 · 4096 = 8192 tokens; 128256 · 14 = 1_795_584; + 16_384 = 1_811_968 bytes per token; · 8192 = 14_843_641_856.
+    assert head == 14_843_641_856
+    _, twice = activation_bytes(c, m.num_blocks, 4, 4096, False)
+    assert twice == 2 * head  # linear in the micro-batch
 
 
 def test_attention_scores_grow_with_the_sequence():
@@ -142,13 +149,14 @@ def test_fp32_deepspeed_keeps_the_fp32_master_partition_too(stage):
     # Measured (benchmarks/results/accuracy.md, fp32 cells): DeepSpeed clones the flat partition to fp32 whatever
     # the working dtype, so an fp32 run holds (4 + 8)Ψ/N of optimizer state, not 8Ψ/N.
     st, psi = _fp32_states(stage)
-    assert st.optimizer == (4 + 8) * psi / 2
+    assert psi == 10_000_000
+    assert st.optimizer == 60_000_000  # (4 master + 8 Adam) bytes · 1e7 params / 2 ranks
 
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_fp32_zero12_step_holds_three_fp32_partitions(stage):
-    st, psi = _fp32_states(stage)
-    assert st.step_extra == 3 * 4 * psi / 2
+    st, _ = _fp32_states(stage)
+    assert st.step_extra == 60_000_000  # 3 fp32 partitions · 4 bytes · 1e7 params / 2 ranks
 
 
 def _zero3_moments(*, live, bucket, lora, opt="none"):
@@ -203,3 +211,46 @@ def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_
     st = fsdp_states(inp, s)
     unit = max(m.non_block_params, m.block_params)
     assert st.backward_end_extra == pytest.approx(4 * (m.num_params - m.non_block_params) / 2 + 8 * unit)
+
+
+def _estimate(stage, gpus, micro_batch=1, opt="none"):
+    from launcher.planner.memory import estimate_memory
+
+    m = llama_stats()
+    inp = MemoryInputs(model=m, world_size=gpus, gpus_per_node=gpus, nodes=1, seq_len=2048, precision="bf16",
+                       optimizer="adamw", hardware=PROFILES["a100-80gb"], activations=analytic_constants(m, "bf16"))
+    s = Strategy(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer=opt,
+                 offload_params="none", micro_batch_size=micro_batch, grad_accum_steps=1,
+                 activation_checkpointing=True)
+    b = Buckets(reduce_bucket_size=10**7, allgather_bucket_size=10**7, stage3_prefetch_bucket_size=10**6,
+                stage3_max_live_parameters=10**7, stage3_param_persistence_threshold=0)
+    return estimate_memory(inp, s, b)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_breakdown_terms_sum_to_the_peak(stage):
+    est = _estimate(stage, 8)
+    assert sum(est.breakdown.values()) == est.peak_bytes
+    assert est.moment_bytes[est.peak_moment] >= max(est.moment_bytes.values()) - 1
+
+
+def test_zero3_sharded_terms_by_hand_and_halved_by_twice_the_gpus():
+    # ZeRO-3 shards the bf16 params and the fp32 master + Adam state: Ψ = 6_738_415_616.
+    # 8 ranks: params 2Ψ/8 = 1_684_603_904; optimizer (4 + 8)Ψ/8 = 10_107_623_424.
+    eight, sixteen = _estimate(3, 8), _estimate(3, 16)
+    assert eight.breakdown["optimizer"] == 10_107_623_424
+    assert eight.breakdown["params"] - sixteen.breakdown["params"] == 1_684_603_904 - 842_301_952
+    assert sixteen.breakdown["optimizer"] * 2 == eight.breakdown["optimizer"]
+    assert eight.peak_bytes > sixteen.peak_bytes
+
+
+def test_model_states_shrink_stage_by_stage():
+    # [ZeRO Table 1]: each stage shards one more state, so per-rank model states fall strictly from 0 to 3 at N = 8
+    # (20Ψ, 4Ψ + 16Ψ/8, 2Ψ + 18Ψ/8, 20Ψ/8 + 4L with Ψ = 6.7e9, L = 1.3e8).
+    got = [states(stage)[0] for stage in (0, 1, 2, 3)]
+    assert got == sorted(got, reverse=True) and len(set(got)) == 4
+
+
+def test_a_larger_micro_batch_never_needs_less_memory():
+    peaks = [_estimate(2, 8, micro_batch=mb).peak_bytes for mb in (1, 2, 4, 8)]
+    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
