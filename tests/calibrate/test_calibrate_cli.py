@@ -106,3 +106,23 @@ def stub_sample(d, samples_from_run):
     finally:
         (d / "ranks" / "rank-0.json").unlink()
         (d / "ranks").rmdir()
+
+
+def test_run_coefficients_are_token_counts_worked_by_hand(tmp_path, cache):
+    # The refit above builds its synthetic bytes from the same coefficients it then fits, so a wrong coefficient
+    # would pass it. Pin them by hand from [Kort]'s per-token form, per rank (micro-batch x seq tokens):
+    # ARCHS[0]: 2 x 64 = 128 tokens, 2 blocks, no checkpointing -> each block saves block + per_seq·s per token:
+    #   block 128 x 2 = 256, per_seq 256 x 64 = 16_384, head 128; the checkpoint terms unused.
+    # ARCHS[2]: 128 tokens, checkpointing -> 2 block inputs kept (256) plus one block recomputed (128, and
+    #   128 x 64 = 8_192 for its scores), the head's checkpointed term 128.
+    from launcher.calibrate.runs import samples_from_run
+
+    no_ckpt = stub_sample(make_run(tmp_path, 0, ARCHS[0]), samples_from_run)
+    ckpt = stub_sample(make_run(tmp_path, 2, ARCHS[2]), samples_from_run)
+    assert no_ckpt.base_bytes == ckpt.base_bytes == 0
+    assert no_ckpt.coefficients == {"block_bytes_per_token": 256, "block_bytes_per_token_per_seq": 16_384,
+                                    "ckpt_bytes_per_token": 0, "head_bytes_per_token": 128,
+                                    "head_ckpt_bytes_per_token": 0}
+    assert ckpt.coefficients == {"block_bytes_per_token": 128, "block_bytes_per_token_per_seq": 8_192,
+                                 "ckpt_bytes_per_token": 256, "head_bytes_per_token": 0,
+                                 "head_ckpt_bytes_per_token": 128}
