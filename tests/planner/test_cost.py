@@ -126,17 +126,20 @@ def test_smaller_buckets_cost_more_calls():
 
 def test_offload_is_pcie_plus_cpu_adam_on_a_gpu_profile():
     # [ZeRO-Offload, arXiv:2101.06840 §4]: 16-bit gradients down and parameters up over PCIe per step, and the
-    # CPU Adam over the node's partitions (8 ranks share the node's CPUs).
-    inp = inputs()
-    hw = inp.hardware
-    shard = P / 8
+    # CPU Adam over the node's partitions (8 ranks share the node's CPUs). Round link and Adam rates so the
+    # seconds can be worked by hand: shard = Ψ/8 = 842_301_952 params;
+    # PCIe 2 directions x 2 bytes x 842_301_952 / 1e10 B/s = 0.3369207808 s;
+    # CPU Adam 842_301_952 x 8 ranks / 1e9 params/s = 6.738415616 s; total 7.0753363968 s.
+    hw = dataclasses.replace(PROFILES["a100-80gb"], host_link_bw=1e10, cpu_adam_params_per_s=1e9)
+    inp = dataclasses.replace(inputs(), hardware=hw)
     got = step_time_terms(inp, strategy(stage=2, opt="cpu"), 10**6)["offload"]
-    assert got == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s)
+    assert got == pytest.approx(7.0753363968, rel=1e-12)
     assert step_time_terms(inp, strategy(stage=2), 10**6)["offload"] == 0.0
-    # Param offload (ZeRO-3) fetches each micro-step's parameters over PCIe, both ways.
+    # Param offload (ZeRO-3) fetches each micro-step's parameters over PCIe, both ways:
+    # 4 micro-steps x 2 directions x 2 bytes x 842_301_952 / 1e10 = 1.3476831232 s more.
     par = step_time_terms(inp, strategy(stage=3, opt="cpu", par="cpu"), 10**6)["offload"]
     assert par - step_time_terms(inp, strategy(stage=3, opt="cpu"), 10**6)["offload"] == pytest.approx(
-        4 * 2 * 2 * P / 8 / hw.host_link_bw)
+        1.3476831232, rel=1e-12)
 
 
 def test_offload_costs_nothing_on_cpu_ranks():

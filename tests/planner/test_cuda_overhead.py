@@ -86,3 +86,16 @@ def test_peak_on_each_basis_drops_the_terms_that_basis_does_not_count():
 def test_verdict_basis_by_profile():
     assert verdict_basis(PROFILES["cpu"]) == "cpu_tensor_bytes"
     assert all(verdict_basis(p) == "cuda_reserved_plus_context" for n, p in PROFILES.items() if n != "cpu")
+
+
+def test_overhead_terms_by_hand_on_round_profile_numbers():
+    # The test above compares the allocator reserve and context with the profile's own fields, the way the code
+    # computes them; here round values give numbers worked by hand: 10% of 1e10 tensor bytes = 1e9 reserve;
+    # context 5e8 as set; cuBLAS 2 streams x 32 MiB (Hopper) = 67_108_864; NCCL 4 MiB x 16 NVLink channels x 2 ring
+    # neighbours = 134_217_728 (H100's 450 GB/s NVLink is above the 100 GB/s NVLink threshold).
+    hw = dataclasses.replace(PROFILES["h100-80gb"], fragmentation=0.1, context_bytes=500_000_000)
+    assert cuda_overhead(hw, 10**10, 8) == {"cublas_workspace": 67_108_864, "allocator_reserve": 1_000_000_000,
+                                            "cuda_context": 500_000_000, "nccl_buffers": 134_217_728}
+    # Twice the tensors, twice the reserve; nothing else moves.
+    doubled = cuda_overhead(hw, 2 * 10**10, 8)
+    assert doubled["allocator_reserve"] == 2_000_000_000 and doubled["cuda_context"] == 500_000_000
