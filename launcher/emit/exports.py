@@ -14,7 +14,7 @@ import copy
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.fsdp import fsdp_config
+from launcher.emit.fsdp import accelerate_base, fsdp_config
 from launcher.planner.plan import Plan
 
 HF_AUTO_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -65,17 +65,4 @@ def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None
     }
     if plan.nodes > 1:
         deepspeed["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, as launch does
-    return {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "DEEPSPEED",
-        "mixed_precision": None,
-        "num_machines": plan.nodes,
-        "num_processes": plan.world_size,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-        "debug": False,
-        "deepspeed_config": deepspeed,
-    }
+    return {**accelerate_base(plan, "DEEPSPEED", None), "deepspeed_config": deepspeed}

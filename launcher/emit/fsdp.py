@@ -39,6 +39,23 @@ _YAML_HEADER = """\
 """
 
 
+
+def accelerate_base(plan: Plan, distributed_type: str, mixed_precision: str | None) -> dict:
+    """The keys every accelerate config file needs, for one machine's view of the plan's world."""
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": distributed_type,
+        "mixed_precision": mixed_precision,
+        "num_machines": plan.nodes,
+        "num_processes": plan.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+        "debug": False,
+    }
+
 def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
     """``{"fsdp2": ..., "accelerate": ...}`` for an FSDP plan.
 
@@ -98,20 +115,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
     })
     # Keys as `accelerate config` writes them for FSDP2; main_process_ip/port are left to the launch line
     # (on Slurm they are only known once the job runs).
-    accelerate = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "FSDP",
-        "mixed_precision": _ACCELERATE_MIXED_PRECISION[plan.precision],
-        "num_machines": plan.nodes,
-        "num_processes": plan.world_size,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-        "debug": False,
-        "fsdp_config": fsdp_section,
-    }
+    accelerate = accelerate_base(plan, "FSDP", _ACCELERATE_MIXED_PRECISION[plan.precision])
+    accelerate["fsdp_config"] = fsdp_section
     if hybrid:
         # accelerate builds FSDP2's HSDP mesh (dp_replicate x dp_shard) from this section (ParallelismConfig).
         accelerate["parallelism_config"] = {
