@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from launcher.config.job import Job
+from launcher.config.jobfile import set_dotted
 from launcher.config.load import from_dict
 from launcher.planner.plan import Buckets, Estimate, Plan, Strategy
 
@@ -33,11 +34,7 @@ def build_job(**dotted) -> Job:
     d = {"name": "unit", "model": copy.deepcopy(TINY), "task": "causal_lm", "data": {"path": "/data/causal.jsonl"},
          "train": {"global_batch_size": 8, "max_steps": 4, "precision": "fp32"}, "gpus": 2, "budget": "1GB", "launcher": "slurm"}
     for key, value in dotted.items():
-        node = d
-        *path, last = key.split(".")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = value
+        set_dotted(d, key, value)
     return from_dict(Job, d)
 
 

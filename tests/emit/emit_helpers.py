@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.job import Job
+from launcher.config.jobfile import set_dotted
 from launcher.config.load import from_dict
 from launcher.planner.plan import Buckets, Estimate, Plan, Strategy
 
@@ -65,11 +66,7 @@ def make_job(**over) -> Job:
         "cluster": {"nvme_path": "/local_nvme/ds"},
     }
     for dotted, value in over.items():
-        node = d
-        *path, last = dotted.split(".")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = value
+        set_dotted(d, dotted, value)
     return from_dict(Job, d)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.config.jobfile import set_dotted
 from tests.conftest import require_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,11 +60,7 @@ def job_file(tmp_path: Path, name: str = "job.yaml", **over) -> Path:
            "strategy": {"engine": "fsdp"}, "gpus": 1, "budget": "1GB", "launcher": "slurm",
            "slurm": {"timeout_min": 10}}
     for dotted, value in over.items():
-        node = job
-        *path, last = dotted.split(".")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = value
+        set_dotted(job, dotted, value)
     p = tmp_path / name
     p.write_text(yaml.safe_dump(job, sort_keys=False))
     return p
