@@ -158,10 +158,10 @@ MATRIX: tuple[Cell, ...] = (
 )
 
 
-VALIDATION: tuple[Cell, ...] = (
-    # Decided and committed before any of them ran, after the ZeRO-3 / FSDP2 / checkpointing terms of memory.py
-    # were revised with the held-out cells in view: these are the only cells out of sample for the revised
-    # planner. New models (gpt2m, llama6), sequence lengths and micro-batches; never read by any fit.
+SEEN_VALIDATION: tuple[Cell, ...] = (
+    # The first validation split (2026-11-24): committed before any of them ran and out of sample for the planner
+    # of that day. Its three MiniLM misses (ZeRO-3 init, ZeRO-3 LoRA activations, FSDP2's root re-gather) informed
+    # the fixes of 2026-11-25, so it is reported as "validation-1 (seen)", no longer out of sample.
     _c("z3", "minilm", "seq_cls", "fp32", False, 2, 64, lora=True),
     _c("z3off", "gpt2m", "causal_lm", "fp32", False, 2, 256),
     _c("z3off", "minilm", "sentence_embedding", "fp32", False, 2, 96, ranks=4, lora=True),
@@ -172,6 +172,24 @@ VALIDATION: tuple[Cell, ...] = (
     _c("z3", "llama6", "causal_lm", "fp32", True, 1, 768),
     _c("fsdp", "llama6", "causal_lm", "bf16", False, 2, 256),
 )
+"""The first validation split, seen since (see above)."""
+
+VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-25) before any of them ran, after the init, ZeRO-3 memory_efficient_linear and
+    # FSDP2 root re-gather fixes: the cells out of sample for the current planner; never read by any fit. Each
+    # pairs a sharding, model, task, length and micro-batch no earlier cell used; the three kinds of cell the first
+    # validation split missed (pretrained MiniLM under ZeRO-3 + LoRA and under FSDP2) are here again, new.
+    _c("z3", "minilm", "sentence_embedding", "fp32", False, 4, 80, lora=True),
+    _c("fsdp", "minilm", "seq_cls", "fp32", False, 2, 160, ranks=4),
+    _c("z2", "gpt2-124m", "causal_lm", "fp32", False, 1, 384, accum=2, lora=True),
+    _c("fsdp", "llama6", "causal_lm", "fp32", False, 1, 1024, lora=True),
+    _c("z1", "minilm", "seq_cls", "bf16", False, 8, 48, lora=True),
+    _c("z3off", "gpt2m", "causal_lm", "bf16", True, 2, 512, accum=2),
+    _c("fsdpoff", "minilm", "sentence_embedding", "fp32", False, 2, 192, lora=True),
+    _c("z2", "llama6", "seq_cls", "fp32", False, 4, 256, ranks=4),
+    _c("fsdp-noreshard", "gpt2m", "causal_lm", "bf16", False, 1, 768),
+    _c("z3", "gpt2-124m", "causal_lm", "fp32", True, 1, 512, lora=True),
+)
 """The validation split: run once, with the planner as it stands, to judge it where nothing was tuned."""
 
 
@@ -181,13 +199,14 @@ def full_matrix() -> list[Cell]:
 
 
 def every_cell() -> list[Cell]:
-    """The matrix and the validation cells."""
-    return [*MATRIX, *VALIDATION]
+    """The matrix and both validation splits."""
+    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
-    """Cell name -> "fit", "held-out" or "validation"."""
-    return {**split(list(MATRIX)), **{c.name: "validation" for c in VALIDATION}}
+    """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen) or "validation"."""
+    return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
+            **{c.name: "validation" for c in VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

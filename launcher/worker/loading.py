@@ -56,13 +56,21 @@ def _tensors(model: nn.Module) -> list[torch.Tensor]:
     return [p.data for p in model.parameters()] + list(model.buffers())
 
 
-def broadcast_from_rank0(model: nn.Module, device: torch.device) -> nn.Module:
+def broadcast_from_rank0(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """Rank 0's model on its device, and on every other rank a meta model allocated on its device and filled with
-    rank 0's tensors."""
+    rank 0's tensors.
+
+    ``dtype`` (the working dtype of a bf16/fp16 run) casts on the host first: deepspeed.initialize would cast the
+    module anyway, but only once it is on the device, so a GPU would hold the fp32 build (4Ψ) before the 16-bit
+    copy (2Ψ) exists; for a LoRA run that instant is larger than training itself.
+    """
+    def cast(m: nn.Module) -> nn.Module:
+        return m.to(dtype=dtype) if dtype is not None else m
+
     if is_loader():
-        keeping_ties(model, lambda m: m.to(device))
+        keeping_ties(model, lambda m: cast(m).to(device))
     else:
-        keeping_ties(model, lambda m: m.to_empty(device=device))
+        keeping_ties(model, lambda m: cast(m).to_empty(device=device))
     for t in _tensors(model):
         dist.broadcast(t, src=0)
     return model

@@ -173,7 +173,8 @@ class Trainer:
         model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt,
                       on_meta=rank0_only and not is_loader())
         if rank0_only and self.engine.name == "deepspeed":
-            model = broadcast_from_rank0(model, self.device)
+            work_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+            model = broadcast_from_rank0(model, self.device, work_dtype)
         self.engine.rank0_load = rank0_only
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)

@@ -10,6 +10,7 @@ from benchmarks.accuracy.cells import (
     MODELS,
     QUICK,
     SHARDINGS,
+    SEEN_VALIDATION,
     VALIDATION,
     balanced,
     every_cell,
@@ -97,12 +98,12 @@ def test_quick_cells_exist_and_selection_works():
 
 
 def test_validation_cells_are_new_disjoint_and_never_read_by_the_fit():
-    matrix_names = {c.name for c in MATRIX}
+    matrix_names = {c.name for c in (*MATRIX, *SEEN_VALIDATION)}
     val_names = {c.name for c in VALIDATION}
     assert 8 <= len(VALIDATION) <= 10 and len(val_names) == len(VALIDATION) and not matrix_names & val_names
     # Not near-copies either: no validation cell shares its sharding, model, task, sequence length and micro-batch
-    # with a matrix cell.
-    seen = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in MATRIX}
+    # with a cell run before it (the matrix and the first, seen, validation split).
+    seen = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in (*MATRIX, *SEEN_VALIDATION)}
     assert not any((c.sharding, c.model, c.task, c.seq_len, c.micro_batch) in seen for c in VALIDATION)
     # What the goal asks of them: ZeRO-3 with and without offload, LoRA, FSDP2 full-shard, AC, 2 and 4 ranks, bf16.
     assert {"z3", "z3off", "fsdp"} <= {c.sharding for c in VALIDATION}
@@ -110,13 +111,14 @@ def test_validation_cells_are_new_disjoint_and_never_read_by_the_fit():
     assert {c.ranks for c in VALIDATION} == {2, 4} and {c.precision for c in VALIDATION} == {"fp32", "bf16"}
     # The matrix's split is computed without them: adding them moved no cell.
     sides = sides_of_all()
-    assert {n: s for n, s in sides.items() if n in matrix_names} == split(full_matrix())
+    assert {n: s for n, s in sides.items() if n in {c.name for c in MATRIX}} == split(full_matrix())
     assert {sides[n] for n in val_names} == {"validation"}
+    assert {sides[c.name] for c in SEEN_VALIDATION} == {"validation-1"}
     # The fit reads "fit" cells only: whatever the validation cells measured, the scales do not move.
     rng = np.random.default_rng(1)
     samples = {c.name: _samples(c.name, 1.1, rng) for c in every_cell()}
     terms = ("block_bytes_per_token", "head_bytes_per_token")
-    wild = {n: (_samples(n, 5.0, rng) if sides[n] == "validation" else s) for n, s in samples.items()}
+    wild = {n: (_samples(n, 5.0, rng) if sides[n].startswith("validation") else s) for n, s in samples.items()}
     assert fit_on_split(wild, sides, terms) == fit_on_split(samples, sides, terms)
 
 
