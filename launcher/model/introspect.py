@@ -8,9 +8,11 @@ imports, reading the cache costs milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from launcher.config.job import Job
+from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
 
 
@@ -61,6 +63,9 @@ class ModelStats:
     """The config key that sets max_positions: max_position_embeddings, n_positions, ..."""
     rope_scaling: str | None = None
     """The config's RoPE scaling when it is not the default one, as written in config.json (None without)."""
+    checkpoint_bytes: int = 0
+    """Bytes of tensors in the model dir's weight files, which rank 0 reads whole into host memory while loading
+    (0: no weight files, the model starts from a random init)."""
 
     @property
     def active_params(self) -> int:
@@ -144,9 +149,24 @@ def position_limit(config) -> tuple[int | None, str | None, str | None]:
     return limit, key, (str(rope) if rope else None)
 
 
+def checkpoint_bytes(model_dir: Path | None) -> int:
+    """Tensor bytes in a model dir's weight files: safetensors headers (8-byte length, then JSON with each tensor's
+    data_offsets), else the size of pytorch_model*.bin files; 0 without weights."""
+    if model_dir is None:
+        return 0
+    total = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    if total:
+        return total
+    return sum(f.stat().st_size for f in model_dir.glob("*.bin"))
+
+
 def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     """Build the job's model on the meta device and measure it."""
-    from launcher.model.build import build_model, model_config
+    from launcher.model.build import build_model, model_config, resolve_model_dir
 
     config = model_config(job)
     if job.task == "seq_cls":
@@ -208,4 +228,6 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         max_positions=max_positions,
         position_key=position_key,
         rope_scaling=rope_scaling,
+        checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
+                                          else resolve_model_dir(job.model, job.base_dir)),
     )

@@ -12,7 +12,9 @@ The peak is the largest of three moments, as measured on real ranks (benchmarks/
   gradient reduce ZeRO-1/2: the reduce bucket, allocated at the first gradient hook while the blocks'
                   activations are still saved; ZeRO-3 and FSDP2: the end of backward, the largest unit
                   gathered with its gradient;
-  optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies.
+  optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies;
+  init            rank 0 loading the weights (launcher.worker.loading): on CPU ranks, where host memory is the
+                  device, the whole checkpoint it reads counts, and a LoRA or short-sequence run can peak there.
 All inputs are plain numbers; nothing here touches a device.
 """
 
@@ -340,7 +342,10 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
     # more than the input plus the sharded output (4 + 4/n) that follow.
     reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
-    st.backward_end_extra = 4 * (m.trainable_params - root_trainable) / n + reduce_temp - st.grads
+    # The root's parameters stay unsharded through its own gradient reduce: it reshards after it (measured on
+    # MiniLM, whose root is half the model: 'Unsharded Param' 48.27 MB beside the reduce's buffers).
+    st.backward_end_extra = (w * m.non_block_params + 4 * (m.trainable_params - root_trainable) / n + reduce_temp
+                             - st.grads)
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
@@ -348,6 +353,36 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.host_step_extra = st.step_extra
         st.params = st.grads = st.optimizer = st.step_extra = 0.0
     return st
+
+
+def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
+    """Rank 0's bytes while the weights load and the engine wraps them, before any forward (measured, init phase).
+
+    Host-resident tensors count only where the host is the device (CPU ranks); on a GPU the same instant holds
+    only the device parts, which are below training's. Ψ here is the base model: LoRA adapters come after.
+      ZeRO-3     transformers reads the checkpoint into rank 0's host memory and copies it in one gathered
+                 parameter at a time (integrations/deepspeed.py _load_state_dict_into_zero3_model, map_location
+                 "cpu" on rank 0 only): checkpoint + the wΨ/N partition + the largest layer gathered (wL).
+      ZeRO-0/1/2 rank 0 builds in fp32 (4Ψ), casts to the working dtype on the host, and deepspeed.initialize
+                 flattens the trainable parameters into a copy (wΨ_t) beside the model (wΨ).
+      FSDP2      rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards.
+    A random init of a causal LM with tied embeddings also allocates the output head before tying it to the input
+    embedding (nn.Linear's own weight, replaced by post_init's tie_weights): 4Vh for a moment (measured, GPT-2).
+    """
+    m, w, n = inp.model, BYTES[inp.precision], inp.world_size
+    host = 1.0 if inp.hardware.device_is_host else 0.0
+    untied_head = 4 * m.vocab_size * m.hidden_size if (
+        m.task == "causal_lm" and m.tied_embeddings and not m.checkpoint_bytes) else 0.0
+    build = 4 * m.num_params + untied_head
+    # Offloaded parameters (ZeRO-3 offload_param, FSDP2's CPUOffloadPolicy) are partitioned or sharded into host
+    # memory: on a GPU they are not on the device at this moment either.
+    on_device = 0.0 if s.offload_params != "none" and not host else 1.0
+    if s.engine == "deepspeed" and (s.zero_stage or 0) >= 3:
+        return host * m.checkpoint_bytes + on_device * w * m.num_params / n + w * m.largest_layer_params
+    if s.engine == "deepspeed":
+        return max(host * build, w * m.num_params + w * m.trainable_params)
+    shards = 4 * m.num_params / fsdp_shard_ranks(inp, s)
+    return 4 * m.num_params + max(untied_head, shards) if host else on_device * shards
 
 
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
@@ -364,6 +399,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     }
     if inp.hardware.device_is_host:
         moments["step"] += st.host_step_extra
+    # Offloaded state on CPU ranks is added to every training moment below (on_device); the load is before it.
+    moments["init"] = init_bytes(inp, s) - (st.host if inp.hardware.device_is_host else 0.0)
     moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
@@ -379,6 +416,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
         breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
+    if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
+        breakdown = dict.fromkeys(breakdown, 0.0) | {"params": init_bytes(inp, s)}
     tensors = sum(breakdown.values())
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)
@@ -395,7 +434,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     if s.engine == "deepspeed" and (s.zero_stage or 0) >= 3:
-        load = 4 * m.largest_layer_params * ranks
+        # ...and transformers reads the checkpoint whole into rank 0's host memory first (init_bytes).
+        load = 4 * m.largest_layer_params * ranks + m.checkpoint_bytes
     else:
         load = 4 * m.num_params
     host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)

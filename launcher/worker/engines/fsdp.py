@@ -99,7 +99,11 @@ class FsdpEngine:
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
         for block in blocks:
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
-        fully_shard(model, reshard_after_forward=self.reshard_after_forward, **kw)
+        # The root (embeddings, final norm, head) is never resharded after forward: its pre-backward hook would
+        # gather it again at once, holding the all-gather buffer and the unsharded copy together while every
+        # activation is saved (measured on MiniLM, whose root is half the model: +2 x 48 MB at the backward start).
+        # fully_shard does this itself only when reshard_after_forward is left unset (_fsdp_state.py _lazy_init).
+        fully_shard(model, reshard_after_forward=False, **kw)
         if self.rank0_load:
             # Shards allocated where the policy keeps them (host with CPU offload), then filled from rank 0.
             fill_sharded(model, state, buffers, torch.device("cpu") if self.offload else self.device)
