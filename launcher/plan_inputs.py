@@ -137,6 +137,12 @@ def request_problems(job: Job) -> list[str]:
             f"budget: {budget} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
             f"give at most the card's memory or set cluster.hardware"
         )
+    if profile is not None and profile.device_is_host and job.train.attn_implementation == "flash_attention_2":
+        # The flash-attn kernels exist only for CUDA: transformers would refuse at the first rank's model build.
+        problems.append(
+            f"train.attn_implementation: 'flash_attention_2' needs CUDA, and these ranks run on CPU "
+            f"(cluster.hardware: {profile.name}); use sdpa (the default) or eager"
+        )
     gbs = job.train.global_batch_size
     if job.gpus is not None and job.gpus > 0 and job.nodes > 0 and gbs > 0:
         # The search's own rule, said here so it joins the other problems.

@@ -95,7 +95,8 @@ def measured_moment(rank: dict, moment: str) -> tuple[str | None, int | None, di
     return phase, int(peak), (rank.get("phase_breakdown") or {}).get(phase) or {}
 
 
-MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward",), "step": ("optimizer_step",)}
+MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward",), "step": ("optimizer_step",),
+                 "init": ("init",)}
 """Which measured phase peaks each planner moment is judged against: the backward start (loss temporaries are
 made in forward) against the larger of forward and backward, the gradient reduce / end of backward against the
 backward phase, the optimizer step against its own phase."""

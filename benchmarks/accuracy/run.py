@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         refit = refit_peak_bytes(samples[r["cell"]], scales) if scales else None
         r["predicted"]["refit"] = refit
         r["errors"]["refit"] = rel(refit, r["measured_peak_bytes"])
-    sides_shown = ("validation", "held-out", "fit")
+    sides_shown = ("validation", "validation-1", "held-out", "fit")
     by_split = {side: summary([r for r in rows if r["split"] == side]) for side in sides_shown}
     moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in sides_shown}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -324,12 +324,13 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.grads = sharded_grads
     else:
         st.step_extra = sharded_grads
-    # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head) with
-    # the all-gather buffer they were just copied out of, the last block and the next one prefetched.
-    # SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out buffers long freed (measured: wΨ).
+    # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
+    # worker never reshards after forward (launcher.worker.engines.fsdp), and one block's worth: the last
+    # block's all-gather buffer, kept as FSDP2's all_gather_state until the next all-gather (_fsdp_param_group.py
+    # wait_for_unshard), or the block prefetched for backward (measured: GPT-2 'Unsharded Param' = root,
+    # 'All Gather' = one block). SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out
+    # buffers long freed (measured: wΨ).
     if s.fsdp_reshard_after_forward:
-        # Measured on the fit split (GPT-2 and Llama, fp32 and bf16, 2 and 4 ranks): the root's parameters alone,
-        # the all-gather buffer already freed; MiniLM (earlier matrix) also kept one block: counted, safe side.
         st.buffers = w * (m.non_block_params + m.block_params)
     else:
         st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)

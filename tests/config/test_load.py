@@ -191,3 +191,15 @@ def test_loading_a_job_probes_nothing(write_job, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="more than a h100-80gb holds"):
         load_job(job, checks=request_problems)
     assert marker.exists()
+
+
+def test_flash_attention_on_cpu_ranks_is_refused_before_anything_builds(write_job):
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.attn_implementation": "flash_attention_2", "cluster.hardware": "cpu"}),
+                 checks=request_problems)
+    assert e.value.problems == ["train.attn_implementation: 'flash_attention_2' needs CUDA, and these ranks run on "
+                                "CPU (cluster.hardware: cpu); use sdpa (the default) or eager"]
+    # On a CUDA profile it is a valid choice.
+    job = load_job(write_job(**{"train.attn_implementation": "flash_attention_2", "cluster.hardware": "a100-80gb"}),
+                   checks=request_problems)
+    assert job.train.attn_implementation == "flash_attention_2"

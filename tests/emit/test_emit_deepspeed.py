@@ -110,6 +110,13 @@ def test_parsed_buckets_are_the_plans(parsed):
     assert z3["param_persistence_threshold"] == BUCKETS["stage3_param_persistence_threshold"]
 
 
+def test_zero3_keeps_torch_linear_which_saves_no_input_of_a_frozen_weight(parsed):
+    # DeepSpeed's default (true) swaps in LinearFunctionForZeroStage3, which saves every linear's input; the memory
+    # model counts what PyTorch's linear saves, so DeepSpeed must read false (its default would win silently).
+    assert parsed["zero3"]["memory_efficient_linear"] is False
+    assert parsed["zero2"]["memory_efficient_linear"] is True  # only ZeRO-3's zero.Init reads it
+
+
 @settings(max_examples=60, deadline=None)
 @given(micro=st.integers(1, 64), accum=st.integers(1, 64), gpus=st.sampled_from([1, 2, 4, 8]),
        nodes=st.integers(1, 64), stage=st.sampled_from([0, 1, 2, 3]))

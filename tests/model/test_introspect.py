@@ -82,3 +82,27 @@ def test_meta_build_allocates_nothing():
     j = job("llama-7b")
     model = build_model(j, model_config(j), device="meta")
     assert all(p.device == torch.device("meta") for p in model.parameters())
+
+
+def test_checkpoint_bytes_are_the_tensors_rank_0_reads(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from launcher.model.introspect import checkpoint_bytes
+
+    assert checkpoint_bytes(None) == 0 and checkpoint_bytes(tmp_path) == 0  # random init: nothing read
+    # Two shards: 10 x 10 fp32 (400 bytes) and 3 bf16 + 5 int64 (6 + 40): the header's offsets, not file sizes.
+    save_file({"a": torch.zeros(10, 10)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.zeros(3, dtype=torch.bfloat16), "ids": torch.zeros(5, dtype=torch.long)},
+              str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert checkpoint_bytes(tmp_path) == 446
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "pytorch_model.bin").write_bytes(b"x" * 1234)
+    assert checkpoint_bytes(legacy) == 1234
+
+
+def test_minilm_checkpoint_is_its_fp32_weights():
+    m = introspect(job("all-MiniLM-L6-v2", "sentence_embedding"))
+    # 22,713,216 parameters (+ the 512 int64 position ids) at 4 bytes: the 90.87 MB rank 0 holds under ZeRO-3.
+    assert 4 * m.num_params <= m.checkpoint_bytes <= 4 * m.num_params + 8 * 512 + 1000

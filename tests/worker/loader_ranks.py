@@ -1,7 +1,7 @@
 """Run by torchrun from test_loading.py: build the model the worker's way and save what each rank ended with.
 
 Every rank seeds differently, so equal weights across ranks can only come from rank 0's broadcast.
-argv: MODEL_DIR OUT_DIR ENGINE (deepspeed | fsdp)
+argv: MODEL_DIR OUT_DIR ENGINE (deepspeed | fsdp) [DTYPE (bf16): DeepSpeed's cast to the working dtype]
 """
 
 import json
@@ -22,6 +22,7 @@ from launcher.worker.recipes import make_recipe
 
 def main() -> None:
     model_dir, out, engine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    dtype = torch.bfloat16 if sys.argv[4:] == ["bf16"] else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     job = from_dict(Job, {"name": "t", "model": str(model_dir), "task": "causal_lm",
@@ -33,7 +34,7 @@ def main() -> None:
     built_on_meta = all(p.is_meta for p in model.parameters())
     device = torch.device("cpu")
     if engine == "deepspeed":
-        model = broadcast_from_rank0(model, device)
+        model = broadcast_from_rank0(model, device, dtype)
         state, local = model.state_dict(), sum(p.numel() for p in model.parameters())
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -43,10 +44,16 @@ def main() -> None:
         fsdp.rank0_load = True
         fsdp.setup(model, job.train, memory_probe(device=device, run_dir=out / f"probe-{rank}"))
         local = sum(p.to_local().numel() for p in model.parameters())
+        # Which units reshard after forward (FSDP2 keeps a unit's post-forward mesh only if it does).
+        groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+        reshards = [g.post_forward_mesh_info is not None for g in groups if g is not None]
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     torch.save({"state": {k: v.detach().clone() for k, v in state.items()},
                 "buffers": {k: b.detach().clone() for k, b in model.named_buffers()}}, out / f"rank-{rank}.pt")
-    (out / f"rank-{rank}.json").write_text(json.dumps({"built_on_meta": built_on_meta, "local_params": local}))
+    info = {"built_on_meta": built_on_meta, "local_params": local}
+    if engine == "fsdp":
+        info["reshards_after_forward"] = reshards  # the root first (modules() order), then the blocks
+    (out / f"rank-{rank}.json").write_text(json.dumps(info))
     dist.destroy_process_group()
 
 

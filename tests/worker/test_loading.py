@@ -47,6 +47,8 @@ def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family)
     total = sum(v.numel() for v in want.values() if v.dtype.is_floating_point)
     if engine == "fsdp":
         assert all(i["local_params"] < total for i in info)  # sharded: no rank holds the whole model
+        # Blocks reshard after forward; the root does not (it would be gathered again at once for backward).
+        assert all(i["reshards_after_forward"] == [False, True, True] for i in info), info
     for k in (0, 1):
         got = torch.load(out / f"rank-{k}.pt")
         assert set(got["state"]) == set(want)
@@ -56,3 +58,21 @@ def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family)
                 assert torch.equal(got["state"][name], on_disk[name]), (k, name)
         for name, buf in want_buffers.items():  # rotary inv_freq and other buffers outside the state dict
             assert torch.allclose(got["buffers"][name].to(buf.dtype), buf), (k, name)
+
+
+def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(tmp_path):
+    # Rank 0 casts on the host before anything reaches a device (a GPU would otherwise hold the fp32 build first),
+    # and the other ranks allocate bf16 tensors to receive it: half the bytes broadcast.
+    model_dir, want, _ = save_checkpoint(tmp_path, "llama")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(SCRIPT), str(model_dir), str(out), "deepspeed", "bf16"], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for k in (0, 1):
+        got = torch.load(out / f"rank-{k}.pt")["state"]
+        for name, tensor in want.items():
+            assert got[name].dtype == torch.bfloat16, (k, name)
+            assert torch.equal(got[name], tensor.to(torch.bfloat16)), (k, name)
