@@ -157,9 +157,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
         *summary_table(rows),
         "",
         "## Every moment the planner predicts, against the matching measured phase", "",
-        "The planner's peak is the largest of three moments (`plan.json` `moment_bytes`). The gradient-reduce "
+        "The planner's peak is the largest of four moments (`plan.json` `moment_bytes`). The gradient-reduce "
         "moment is compared with the backward phase's peak, which also holds the backward start, so there it is "
-        "a lower bound by design (a negative error is expected where the backward start is larger).", "",
+        "a lower bound by design (a negative error is expected where the backward start is larger). The weight-"
+        "load moment models rank 0 reading the weights, not the engine's set-up that follows in the same init "
+        "phase (flat buffers, optimizer state: below the backward start whenever activations exceed a layer), "
+        "and the phase is the worst rank's, rank 0 only where init is its peak: so it too is a lower bound except "
+        "in the cells whose **init** peak phase is bold below.", "",
         *moment_table(rows),
         "",
         "## Every cell", "",
@@ -184,9 +188,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
             "**Bold** peak phase: the run's peak fell outside forward/backward/optimizer_step.", "",
             ]
     out += ["", "## Which planner terms are off", "",
-            "The planner takes the peak as the largest of three moments (memory.py): the backward start (states, "
+            "The planner takes the peak as the largest of four moments (memory.py): the backward start (states, "
             "saved activations, logits and loss temporaries), the gradient reduce (ZeRO-1/2's bucket, ZeRO-3's and "
-            "FSDP2's end of backward) and the optimizer step (states plus the step's gradients and fp32 copies). "
+            "FSDP2's end of backward), the optimizer step (states plus the step's gradients and fp32 copies) and "
+            "rank 0's weight load (on CPU ranks the checkpoint it reads). "
             "Two are compared here with the matching measured phase: the backward start against the larger of the "
             "forward and backward phase peaks, the step against the optimizer_step phase peak "
             "(`benchmarks/accuracy/moments.py`).",
