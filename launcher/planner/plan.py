@@ -94,7 +94,7 @@ class Estimate:
     """CUDA-only terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve, cuda_context,
     nccl_buffers."""
     moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at each moment (backward, backward_end, step); the peak is the largest."""
+    """Predicted bytes per rank at each moment (backward, backward_end, step, init), bytes; the peak is the largest."""
 
 
 @dataclass(kw_only=True, slots=True)

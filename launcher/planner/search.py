@@ -272,6 +272,12 @@ def _build(req, best: Scored, scored, pinned, *, status) -> Plan:
         )
         dominant = max(b.step_time_terms, key=b.step_time_terms.get)
         reasons.append(f"step time is dominated by {dominant} ({b.step_time_terms[dominant]:.3g} s)")
+        moments = b.moment_bytes
+        if moments and max(moments, key=moments.get) == "init":
+            training = max(v for k, v in moments.items() if k != "init")
+            reasons.append(f"the peak is rank 0 loading the weights, {format_bytes(moments['init'])} (the checkpoint "
+                           f"it reads counts where host memory is the device), above training's "
+                           f"{format_bytes(training)}")
         hw = req.hardware
         if req.precision == "bf16" and hw.flops_bf16 < hw.flops_fp32:
             # CPUs without AMX / AVX512-BF16 emulate bf16 matmuls (~13x slower): `launch calibrate` measures it.

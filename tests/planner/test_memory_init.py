@@ -95,3 +95,20 @@ def test_the_init_moment_never_decides_a_gpu_plan_of_a_full_fine_tune(stage):
     est = estimate_memory(inputs(stats(checkpoint_bytes=4_000_000), hardware="a100-80gb"), strategy(stage=stage),
                           BUCKETS)
     assert est.peak_moment != "init"
+
+
+def test_the_plan_says_when_loading_the_weights_is_the_peak():
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.search import make_plan
+    from tests.planner.conftest import PlanRequest
+
+    # A 40 MB checkpoint against ~10 MB of training (ZeRO-3's 1e6-element bucket floor and gathered weights).
+    lora = stats(checkpoint_bytes=40_000_000, trainable_params=10_000, lora_params=10_000)
+    req = dict(model=lora, gpus_per_node=2, nodes=1, budget_bytes=10**9, seq_len=10, global_batch_size=2,
+               precision="fp32", optimizer="adamw", hardware=PROFILES["cpu"], host_ram_per_node_bytes=10**12,
+               activations=consts(block=10.0, head=10.0), pins=StrategyConfig(engine="deepspeed", zero_stage=3))
+    plan = make_plan(PlanRequest(**req))
+    assert any(r.startswith("the peak is rank 0 loading the weights") for r in plan.reasons), plan.reasons
+    # Without the checkpoint (a random init) training is the peak again, and nothing is said.
+    plan = make_plan(PlanRequest(**{**req, "model": replace(lora, checkpoint_bytes=0)}))
+    assert not any("loading the weights" in r for r in plan.reasons)
