@@ -401,7 +401,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if inp.hardware.device_is_host:
         moments["step"] += st.host_step_extra
     # Offloaded state on CPU ranks is added to every training moment below (on_device); the load is before it.
-    moments["init"] = init_bytes(inp, s) - (st.host if inp.hardware.device_is_host else 0.0)
+    loading = init_bytes(inp, s)
+    moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
     moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
@@ -418,7 +419,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
         breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
     if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
-        breakdown = dict.fromkeys(breakdown, 0.0) | {"params": init_bytes(inp, s)}
+        breakdown = dict.fromkeys(breakdown, 0.0) | {"params": loading}
     tensors = sum(breakdown.values())
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)

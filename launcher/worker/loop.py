@@ -22,6 +22,7 @@ from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
 from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
+from launcher.worker.engines.base import WORK_DTYPES
 from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
@@ -173,8 +174,7 @@ class Trainer:
         model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt,
                       on_meta=rank0_only and not is_loader())
         if rank0_only and self.engine.name == "deepspeed":
-            work_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
-            model = broadcast_from_rank0(model, self.device, work_dtype)
+            model = broadcast_from_rank0(model, self.device, WORK_DTYPES.get(plan.precision))
         self.engine.rank0_load = rank0_only
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)

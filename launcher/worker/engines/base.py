@@ -9,6 +9,9 @@ import torch
 
 from launcher.config.job import TrainConfig
 
+WORK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The 16-bit working dtypes by plan precision (fp32 has none: nothing is cast)."""
+
 
 class Engine(Protocol):
     name: str

@@ -19,9 +19,7 @@ from torch import nn
 
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
-from launcher.worker.engines.base import build_optimizer, lr_lambda
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, lr_lambda
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
@@ -93,7 +91,7 @@ class FsdpEngine:
                 blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         shape, dim_names = self.mesh_shape()
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
-        dtype = _DTYPES.get(self.precision)
+        dtype = WORK_DTYPES.get(self.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
