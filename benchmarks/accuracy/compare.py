@@ -99,7 +99,7 @@ MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward
                  "init": ("init",)}
 """Which measured phase peaks each planner moment is judged against: the backward start (loss temporaries are
 made in forward) against the larger of forward and backward, the gradient reduce / end of backward against the
-backward phase, the optimizer step against its own phase."""
+backward phase, the optimizer step against its own phase, rank 0's weight load against the init phase."""
 
 
 def moment_totals(moment_bytes: dict[str, int], rank: dict) -> dict[str, dict]:

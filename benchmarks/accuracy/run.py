@@ -48,7 +48,7 @@ from benchmarks.accuracy.harness import (  # noqa: E402
     step_times_s,
     write_job,
 )
-from benchmarks.accuracy.render import category_table, markdown, plot  # noqa: E402
+from benchmarks.accuracy.render import SIDES, category_table, markdown, plot  # noqa: E402
 
 ROOT = RUNS / "accuracy"
 
@@ -135,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         refit = refit_peak_bytes(samples[r["cell"]], scales) if scales else None
         r["predicted"]["refit"] = refit
         r["errors"]["refit"] = rel(refit, r["measured_peak_bytes"])
-    sides_shown = ("validation", "validation-1", "held-out", "fit")
-    by_split = {side: summary([r for r in rows if r["split"] == side]) for side in sides_shown}
-    moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in sides_shown}
+    by_split = {side: summary([r for r in rows if r["split"] == side]) for side in SIDES}
+    moments = {side: moment_summary([r for r in rows if r["split"] == side]) for side in SIDES}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"meta": meta, "summary": summary(rows), "summary_by_split": by_split, "moments_by_split": moments,

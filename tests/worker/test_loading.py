@@ -30,18 +30,24 @@ def save_checkpoint(root, family):
     return d, {k: v.clone() for k, v in model.state_dict().items()}, {k: b.clone() for k, b in model.named_buffers()}
 
 
+def run_loader_ranks(tmp_path, model_dir, *args: str):
+    """loader_ranks.py on two CPU ranks under torchrun; returns the folder each rank wrote its files to."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(SCRIPT), str(model_dir), str(out), *args], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family):
     model_dir, want, want_buffers = save_checkpoint(tmp_path, family)
     on_disk = load_file(str(next(model_dir.glob("*.safetensors"))))
-    out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(SCRIPT), str(model_dir), str(out), engine], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_loader_ranks(tmp_path, model_dir, engine)
     info = [json.loads((out / f"rank-{k}.json").read_text()) for k in (0, 1)]
     assert [i["built_on_meta"] for i in info] == [False, True]  # rank 1 never held weights of its own
     total = sum(v.numel() for v in want.values() if v.dtype.is_floating_point)
@@ -64,13 +70,7 @@ def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(tmp_path):
     # Rank 0 casts on the host before anything reaches a device (a GPU would otherwise hold the fp32 build first),
     # and the other ranks allocate bf16 tensors to receive it: half the bytes broadcast.
     model_dir, want, _ = save_checkpoint(tmp_path, "llama")
-    out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(SCRIPT), str(model_dir), str(out), "deepspeed", "bf16"], env=env, capture_output=True,
-                         text=True, timeout=300, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = run_loader_ranks(tmp_path, model_dir, "deepspeed", "bf16")
     for k in (0, 1):
         got = torch.load(out / f"rank-{k}.pt")["state"]
         for name, tensor in want.items():
