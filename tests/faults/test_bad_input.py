@@ -7,94 +7,18 @@ nothing but the inputs the case wrote and the shared planner cache: no run dir, 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-import yaml
 
 from launcher.cli.main import main
-from tests.conftest import REPO, base_job
+from tests.conftest import REPO
+from tests.faults.harness import Case, Sandbox, check_refused, entries, one_error_block
+from tests.faults.harness import read_only_dir as _read_only_dir
 from tests.model.families import save_model_dir
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
-
-
-@dataclass
-class Sandbox:
-    root: Path
-    data: Path
-
-    def job(self, name: str = "job", **over) -> Path:
-        """A valid job (tiny GPT-2, 2 ranks, 1GB) with dotted overrides; None removes a key."""
-        p = self.root / f"{name}.yaml"
-        p.write_text(yaml.safe_dump(base_job(str(self.data), **over), sort_keys=False))
-        return p
-
-    def raw(self, text: str, name: str = "raw") -> Path:
-        p = self.root / f"{name}.yaml"
-        p.write_text(text)
-        return p
-
-    def file(self, name: str, text: str = "x") -> Path:
-        p = self.root / name
-        p.write_text(text)
-        return p
-
-    @property
-    def run_dir(self) -> Path:
-        return self.root / "run"
-
-
-@pytest.fixture(scope="session")
-def planner_cache(tmp_path_factory) -> Path:
-    """One introspection cache for every case (a temporary dir, shared so each case does not re-probe)."""
-    return tmp_path_factory.mktemp("launcher-cache")
-
-
-@pytest.fixture
-def sandbox(tmp_path, monkeypatch, planner_cache) -> Sandbox:
-    root = tmp_path / "box"
-    root.mkdir()
-    monkeypatch.chdir(root)  # the default run dir (runs/...) would land here
-    monkeypatch.setenv("LAUNCHER_CACHE", str(planner_cache))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    data = root / "data.jsonl"
-    data.write_text("".join(f'{{"text": "sentence number {i} about memory"}}\n' for i in range(64)))
-    return Sandbox(root=root, data=data)
-
-
-@dataclass
-class Case:
-    id: str
-    argv: Callable[[Sandbox], list]
-    """The CLI arguments (after `launch`); --run-dir <sandbox>/run is added for the run verb unless given."""
-    expect: list[str]
-    """Substrings of stderr: the field, the value, the rule and the fix."""
-    verb: str = "run"
-    setup: Callable[[Sandbox], None] | None = None
-    keeps: list[str] = field(default_factory=list)
-    """Sandbox entries the case made on purpose before the CLI ran (they must stay exactly as they were)."""
-
-
-def _read_only_dir(s: Sandbox) -> Path:
-    """A directory this process may not write in. Tests run as root, where access(W_OK) on a 0o555 directory is
-    still true; /proc/self is read-only for root too."""
-    ro = s.root / "read-only"
-    ro.mkdir(exist_ok=True)
-    ro.chmod(0o555)
-    if not os.access(ro, os.W_OK | os.X_OK):
-        return ro
-    if not os.access("/proc/self", os.W_OK | os.X_OK):
-        return Path("/proc/self")
-    pytest.skip("no read-only directory here: neither a 0o555 dir nor /proc/self refuses writes")
 
 
 def _nvme_pins(**cluster) -> dict:
@@ -353,10 +277,6 @@ FIXES = {
 }
 
 
-def _entries(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
-
-
 def test_the_table_is_big_enough():
     assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
 
@@ -366,44 +286,9 @@ def test_every_case_names_its_fix():
     assert all(fix.strip() for fix in FIXES.values())
 
 
-def _one_error_block(text: str) -> list[str]:
-    """The error lines of stderr, checked to be one block: argparse's usage lines may come first, then only
-    `error:` lines and their indented continuations; nothing else (no traceback, no progress, no second report)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    first = next((i for i, ln in enumerate(lines) if " error: " in ln), None)
-    assert first is not None, f"no error line in:\n{text}"
-    assert all(ln.startswith(("usage:", " ")) for ln in lines[:first]), f"output before the error:\n{text}"
-    assert all(" error: " in ln or ln.startswith("  ") for ln in lines[first:]), f"not one error block:\n{text}"
-    return lines[first:]
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_exits_2_with_one_clear_message(case: Case, sandbox: Sandbox):
-    if case.setup:
-        case.setup(sandbox)
-    argv = [str(a) for a in case.argv(sandbox)]
-    if case.verb == "run" and "--run-dir" not in argv:
-        argv += ["--run-dir", str(sandbox.run_dir)]
-    argv = [case.verb, *argv, "--quiet"] if case.verb == "run" else [case.verb, *argv]
-    before = _entries(sandbox.root)
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse rejects a flag's value itself, with exit status 2
-            code = e.code
-    text = err.getvalue()
-    assert code == 2, f"exit {code}; stderr:\n{text}"
-    assert "Traceback" not in text, text
-    _one_error_block(text)
-    assert out.getvalue() == "", f"bad input printed a plan or a run:\n{out.getvalue()}"
-    for part in [*case.expect, FIXES[case.id]]:
-        assert part in text, f"{part!r} not in:\n{text}"
-    # Nothing started: no run dir (or the one the case made is untouched), no rank logs, no new files at all.
-    if "run" not in case.keeps:
-        assert not sandbox.run_dir.exists(), "a run dir was created for bad input"
-    assert not list(sandbox.root.rglob("logs")), "rank logs exist: ranks were started"
-    assert _entries(sandbox.root) == before, f"new files: {_entries(sandbox.root) - before}"
+    check_refused(case, sandbox, FIXES[case.id])
 
 
 SUBPROCESS_CASES = ["yaml-unclosed-flow", "budget-unparsable-flag", "gpus-do-not-divide-global-batch",
@@ -419,18 +304,18 @@ def test_bad_input_through_the_launch_binary(case: Case, sandbox: Sandbox, tmp_p
     argv = [str(a) for a in case.argv(sandbox)]
     if "--run-dir" not in argv:
         argv += ["--run-dir", str(sandbox.run_dir)]
-    before = _entries(sandbox.root)
+    before = entries(sandbox.root)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path)}
     res = subprocess.run([LAUNCH, *argv, "--quiet"], capture_output=True, text=True, timeout=300, cwd=sandbox.root,
                          env=env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr, res.stderr
-    _one_error_block(res.stderr)
+    one_error_block(res.stderr)
     for part in [*case.expect, FIXES[case.id]]:
         assert part in res.stderr, f"{part!r} not in:\n{res.stderr}"
     assert res.stdout == "", "nothing is planned or run, so nothing is printed"
     assert not sandbox.run_dir.exists()
-    assert _entries(sandbox.root) == before
+    assert entries(sandbox.root) == before
 
 
 @pytest.mark.parametrize("flag", ["--nodes", "--nnodes"])
