@@ -40,21 +40,38 @@ _YAML_HEADER = """\
 
 
 
+MACHINE_RANK_UNSET = "SET_BY_--machine_rank"
+"""machine_rank of a multi-node accelerate config: each node passes its own with `--machine_rank`. accelerate
+takes the flag over the file; without the flag it stops at once (int() of this text names the flag)."""
+MAIN_PROCESS_IP_UNSET = "SET_BY_--main_process_ip"
+"""main_process_ip of a multi-node accelerate config: the head node is known only when the job runs. Without
+`--main_process_ip` torchrun retries this name, and its warning names the flag (never a wrong host: leaving the key
+out would rendezvous at `None:29500`)."""
+
+
 def accelerate_base(plan: Plan, distributed_type: str, mixed_precision: str | None) -> dict:
-    """The keys every accelerate config file needs, for one machine's view of the plan's world."""
+    """The keys every accelerate config file needs, for one machine's view of the plan's world.
+
+    On one node the file is complete. On several, the node's rank and the head node's address are not in the
+    plan, so they hold a marker that accelerate refuses unless `--machine_rank` / `--main_process_ip` are given.
+    """
+    multinode = plan.nodes > 1
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": distributed_type,
+        # Required by accelerate's loader; None for DeepSpeed, whose config file holds the precision.
         "mixed_precision": mixed_precision,
         "num_machines": plan.nodes,
         "num_processes": plan.world_size,
-        "machine_rank": 0,
+        "machine_rank": MACHINE_RANK_UNSET if multinode else 0,
+        **({"main_process_ip": MAIN_PROCESS_IP_UNSET} if multinode else {}),
         "main_training_function": "main",
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
         "debug": False,
     }
+
 
 def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
     """``{"fsdp2": ..., "accelerate": ...}`` for an FSDP plan.
@@ -113,8 +130,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         # Rank 0 alone reads pretrained weights into host RAM; the rest start on meta and get a broadcast.
         "fsdp_cpu_ram_efficient_loading": True,
     })
-    # Keys as `accelerate config` writes them for FSDP2; main_process_ip/port are left to the launch line
-    # (on Slurm they are only known once the job runs).
+    # Keys as `accelerate config` writes them for FSDP2; on several nodes machine_rank and main_process_ip come
+    # from the launch line (on Slurm they are only known once the job runs).
     accelerate = accelerate_base(plan, "FSDP", _ACCELERATE_MIXED_PRECISION[plan.precision])
     accelerate["fsdp_config"] = fsdp_section
     if hybrid:
