@@ -31,8 +31,9 @@ HF_AUTO_SCHEDULER = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "tota
 
 
 def hf_ds_config(plan: Plan, job: Job) -> dict:
-    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))`` or
-    ``accelerate launch``: ds_config(plan, job) with "auto" where the Trainer fills values."""
+    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))``:
+    ds_config(plan, job) with "auto" where the Trainer fills values. Not for a bare ``accelerate launch``, which
+    fills "auto" with its own defaults (accelerate.yaml points at the concrete ds_config.json)."""
     cfg = copy.deepcopy(ds_config(plan, job))
     for key in HF_AUTO_TOP:
         cfg[key] = "auto"
