@@ -5,7 +5,7 @@ Pure: ``fsdp_config``, ``fsdp_yaml_text`` and ``accelerate_yaml_text`` read and 
 ``fsdp.yaml`` is one YAML document with two sections: ``fsdp2`` (the fully_shard settings: resharding, the
 device mesh, MixedPrecisionPolicy and CPUOffloadPolicy, checkpointing, the wrapped units) and ``accelerate``
 (a config file for ``accelerate launch``, whose loader rejects any other top-level key, so it gets the
-``accelerate`` section alone: ``accelerate_yaml_text``, or the command in the file's header).
+``accelerate`` section alone: ``accelerate_yaml_text``, or ``plan --out``'s accelerate.yaml with its launch line).
 
 The two sections agree on sharding, offload, checkpointing and the wrap unit. They differ in one place
 accelerate does not let a config file control: accelerate's FSDP2 mixed precision reduces gradients in the
@@ -34,8 +34,9 @@ MESH_DIM_NAMES_FULL = ("shard",)
 _YAML_HEADER = """\
 # FSDP2 plan: `fsdp2` is what the launcher's worker applies (torch.distributed.fsdp.fully_shard);
 # `accelerate` is the same as an `accelerate launch` config. accelerate reads only that section:
-#   python -c "import sys, yaml; yaml.safe_dump(yaml.safe_load(open('fsdp.yaml'))['accelerate'], sys.stdout)" \\
-#     > accelerate.yaml && accelerate launch --config_file accelerate.yaml train.py
+# `launch plan --out DIR` writes it alone as DIR/accelerate.yaml, whose header gives the launch line
+# (the accumulation goes in ACCELERATE_GRADIENT_ACCUMULATION_STEPS; several nodes add --machine_rank and
+# --main_process_ip).
 """
 
 
