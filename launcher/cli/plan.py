@@ -53,7 +53,7 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
 
     from launcher.config.jobfile import job_to_data
     from launcher.emit import ds_config
-    from launcher.emit.exports import accelerate_config, hf_ds_config
+    from launcher.emit.exports import accelerate_yaml_text, hf_ds_config
     from launcher.fsutil import atomic_write
 
     hf_path = None
@@ -66,8 +66,12 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
     written.append(atomic_write(out / "job.yaml", yaml.safe_dump(job_to_data(job), sort_keys=False)))
     if hf_path is not None:
         written.append(atomic_write(hf_path, json.dumps(hf_ds_config(plan, job), indent=2) + "\n"))
-    accelerate = accelerate_config(plan, job, ds_config_file=str(hf_path) if hf_path else None)
-    written.append(atomic_write(out / "accelerate.yaml", yaml.safe_dump(accelerate, sort_keys=False)))
+    # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
+    # accumulation with its own defaults (no mixed precision, 1), not the plan's.
+    ds_file = str((out / "ds_config.json").resolve()) if hf_path is not None else None
+    accelerate_path = out / "accelerate.yaml"
+    written.append(atomic_write(accelerate_path, accelerate_yaml_text(
+        plan, job, config_file=str(accelerate_path.resolve()), ds_config_file=ds_file)))
     return written
 
 

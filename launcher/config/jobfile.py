@@ -198,6 +198,11 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
+    per_node = job.cluster.gpus_per_node
+    if job.gpus and per_node and job.gpus > per_node:
+        # gpus is per node: planning 16 on an 8-GPU node would export a world no node can hold.
+        p.append(f"gpus: {job.gpus} per node is more than cluster.gpus_per_node {per_node}; use --gpus {per_node} "
+                 f"--nodes {-(-job.gpus * (job.nodes or 1) // per_node)}, or fix cluster.gpus_per_node")
     _positive(p, "slurm.timeout_min", job.slurm.timeout_min, "use e.g. timeout_min: 60")
     for name in ("warmup_steps", "eval_every_steps", "checkpoint_every_steps", "seed"):
         v = getattr(job.train, name)

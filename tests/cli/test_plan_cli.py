@@ -76,7 +76,7 @@ def test_plan_out_writes_the_exports(capsys, write_job, tmp_path, engine, pins, 
     acc = yaml.safe_load((out_dir / "accelerate.yaml").read_text())
     assert acc["distributed_type"] == {"deepspeed": "DEEPSPEED", "fsdp": "FSDP"}[engine]
     if engine == "deepspeed":
-        assert acc["deepspeed_config"]["deepspeed_config_file"] == str((out_dir / "ds_config.hf.json").resolve())
+        assert acc["deepspeed_config"]["deepspeed_config_file"] == str((out_dir / "ds_config.json").resolve())
 
 
 def test_cli_flags_override_the_file(capsys, write_job):
