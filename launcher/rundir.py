@@ -379,6 +379,3 @@ class RunDir:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
-
-    def has_checkpoint(self) -> bool:
-        return (self.checkpoint / "latest").is_file()
