@@ -11,6 +11,7 @@ from typing import Any
 
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
+from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
@@ -188,6 +189,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     p: list[str] = []
     if not job.name.strip():
         p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
+    p += check_job_name(job.name)
+    p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
     _positive(p, "train.global_batch_size", job.train.global_batch_size, "use e.g. global_batch_size: 32")
     _positive(p, "train.lr", job.train.lr, "use e.g. lr: 2.0e-5")
