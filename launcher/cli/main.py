@@ -14,7 +14,7 @@ from pathlib import Path
 from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LauncherError
 from launcher.units import BYTES_HELP
 
-VERBS = ("run", "plan", "calibrate", "status", "logs", "cancel")
+VERBS = ("run", "plan", "calibrate", "status", "logs", "cancel", "export")
 
 DESCRIPTION = f"""Plan, run and verify a fine-tune under a per-GPU memory budget.
 
@@ -43,14 +43,14 @@ class LaunchParser(argparse.ArgumentParser):
 
 
 def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
-    from launcher.cli import calibrate, manage, plan, run
+    from launcher.cli import calibrate, export, manage, plan, run
 
     LaunchParser.json_errors = json_errors
     parser = LaunchParser(prog="launch", description=DESCRIPTION,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", "-V", action="version", version=f"launch {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
-    for mod in (run, plan, calibrate, manage):
+    for mod in (run, plan, calibrate, manage, export):
         mod.add_parser(sub)
     return parser
 

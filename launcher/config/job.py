@@ -83,6 +83,9 @@ class LoraConfig:
     """Dropout on the adapter input, 0 to 1."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
     """Module names (suffixes) that get adapters, e.g. q_proj, c_attn, query."""
+    merge: bool = False
+    """Also export the base model with the adapters merged in (RUN_DIR/model/merged/, a full model in the saved
+    dtype) beside the adapter; costs the full model in rank 0's host memory at the end (docs/export.md)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,6 +23,7 @@ from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
 from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
 from launcher.worker.engines.base import WORK_DTYPES
+from launcher.worker.export import export_at_end
 from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
@@ -326,6 +327,7 @@ class Trainer:
         self.evaluate()
         if step > start or checkpoint.latest_tag(self.ckpt_root) is None:
             self.save(step)
+        export_at_end(self)  # RUN_DIR/model: the Hugging Face model dir (launcher.worker.export)
         return "completed"
 
     def _comm_device(self) -> torch.device:

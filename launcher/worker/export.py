@@ -1,0 +1,229 @@
+"""The model out: a Hugging Face model directory, at the end of a run or from a checkpoint (docs/export.md).
+
+RUN_DIR/model/              the full model (config.json, generation_config.json, *.safetensors [+ index], tokenizer)
+                            or, for LoRA, the PEFT adapter (adapter_config.json, adapter_model.safetensors, tokenizer)
+RUN_DIR/model/merged/       LoRA with train.lora.merge (or export --merge): base + adapter merged, a full model
+RUN_DIR/model/export.json   what was exported: step, source, engine, dtype, format; marks the dir as export's own
+
+Gathering (collective, every rank calls; rank 0 alone keeps host copies):
+  DeepSpeed ZeRO-3  one module's own parameters at a time (zero.GatheredParameters), copied to rank 0's host.
+  FSDP2             get_model_state_dict(full_state_dict, cpu_offload): one parameter all-gathered at a time,
+                    kept on rank 0's host only.
+  ZeRO-0/1/2        the module is replicated: rank 0 copies its own parameters to the host.
+Offline (``launch export``): one process reads the checkpoint files, no ranks: DeepSpeed's
+get_fp32_state_dict_from_zero_checkpoint (ZeRO-1/2/3), DCP's loader for FSDP2's ``dcp/`` dir.
+The saved dtype is the plan's working dtype (bf16/fp16) or fp32 (export_dtype).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.fsutil import atomic_write
+from launcher.worker.engines.base import WORK_DTYPES
+
+MARKER = "export.json"
+"""Written last into every export dir: an --out dir holding it may be replaced by a new export."""
+MERGED = "merged"
+MAX_SHARD_SIZE = "5GB"
+"""safetensors files are split past this size (transformers' default), with model.safetensors.index.json."""
+
+
+def export_dtype(precision: str) -> torch.dtype:
+    """bf16/fp16 runs save their working dtype (the weights the run evaluated with, half the bytes); fp32 runs
+    save fp32."""
+    return WORK_DTYPES.get(precision, torch.float32)
+
+
+def is_lora_model(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _wanted(name: str, p: nn.Parameter, adapter_only: bool) -> bool:
+    # An adapter export needs what peft saves: the trainable adapters and modules_to_save (seq_cls head).
+    return not adapter_only or p.requires_grad
+
+
+def gather_zero3(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+    """ZeRO-3: every rank gathers one module's own parameters at a time; rank 0 copies them to its host."""
+    import deepspeed
+
+    rank0 = dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        own = [(n, p) for n, p in module.named_parameters(recurse=False)
+               if id(p) not in seen and _wanted(n, p, adapter_only)]
+        if not own:
+            continue
+        seen.update(id(p) for _, p in own)
+        with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=None):
+            if rank0:
+                for n, p in own:
+                    out[f"{prefix}.{n}" if prefix else n] = p.data.detach().to("cpu", dtype, copy=True)
+    for prefix, module in model.named_modules():
+        for n, b in module.named_buffers(recurse=False):
+            if rank0 and n not in module._non_persistent_buffers_set and not adapter_only:
+                out[f"{prefix}.{n}" if prefix else n] = b.detach().to("cpu", copy=True)
+    return out if rank0 else None
+
+
+def gather_fsdp(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+    """FSDP2: DCP's full state dict, gathered one parameter at a time into rank 0's host memory."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    keep = {n for n, p in model.named_parameters() if _wanted(n, p, adapter_only)} if adapter_only else None
+    return {k: _cast(v, dtype) for k, v in sd.items() if keep is None or k in keep}
+
+
+def gather_replicated(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+    """ZeRO-0/1/2: every rank holds the whole module; rank 0 copies its state dict to the host."""
+    if dist.get_rank() != 0:
+        return None
+    keep = {n for n, p in model.named_parameters() if _wanted(n, p, adapter_only)} if adapter_only else None
+    return {k: _cast(v, dtype) for k, v in model.state_dict().items() if keep is None or k in keep}
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    t = t.detach()
+    return t.to("cpu", dtype, copy=True) if t.is_floating_point() else t.to("cpu", copy=True)
+
+
+def gather(engine, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+    """The trained weights on rank 0's host (None on the other ranks). Collective."""
+    if engine.name == "fsdp":
+        return gather_fsdp(engine.model, dtype, adapter_only)
+    module = engine.engine.module
+    if engine.stage == 3:
+        return gather_zero3(module, dtype, adapter_only)
+    return gather_replicated(module, dtype, adapter_only)
+
+
+# -- writing (rank 0, or the one process of `launch export`) -------------------------------------------------------
+def host_model(job, recipe, sd: dict[str, torch.Tensor], dtype: torch.dtype, adapter_only: bool) -> nn.Module:
+    """The job's model (LoRA-wrapped if the job has LoRA) built on meta and given ``sd``'s tensors (no copy).
+
+    ``adapter_only``: ``sd`` holds the trainable tensors alone; the frozen base stays on meta (allocating nothing)
+    and only the adapter is saved from it."""
+    from launcher.worker.model import build
+
+    model = build(job, recipe, seq_len=1, hf_checkpointing=False, on_meta=True)
+    missing = [k for k, _ in model.named_parameters() if k not in sd]
+    # Tied weights (GPT-2's head is its input embedding) appear once; tie_weights() restores the other name.
+    model.load_state_dict(sd, strict=False, assign=True)
+    inner = model.get_base_model() if is_lora_model(model) else model
+    if hasattr(inner, "tie_weights"):
+        inner.tie_weights()
+    still = [k for k, p in model.named_parameters() if p.is_meta and (p.requires_grad or not adapter_only)]
+    if still:
+        raise RuntimeError(f"export: the gathered state dict lacks {len(still)} parameter(s), e.g. {still[0]} "
+                           f"(missing before tying: {missing[:3]})")
+    return model.to(dtype)
+
+
+def _fix_config(out: Path, dtype: torch.dtype) -> None:
+    # The saved dtype under both names transformers versions read; and the KV cache the worker turned off for
+    # training (launcher.worker.model.build) back on, for generation.
+    cfg = out / "config.json"
+    if cfg.exists():
+        data = json.loads(cfg.read_text())
+        if "use_cache" in data:
+            data["use_cache"] = True
+        name = str(dtype).removeprefix("torch.")
+        data["torch_dtype"] = name
+        if "dtype" in data:
+            data["dtype"] = name
+        cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_tokenizer(tokenizer, out: Path) -> bool:
+    if tokenizer is None or not hasattr(tokenizer, "save_pretrained"):
+        return False  # the byte tokenizer of random-weight runs has no files (launcher.worker.tokenizer)
+    tokenizer.save_pretrained(str(out))
+    return True
+
+
+@contextmanager
+def zero3_off():
+    """transformers off its ZeRO-3 paths while rank 0 alone builds and saves the host copy: with the run's
+    HfDeepSpeedConfig alive, from_config would enter zero.Init and tie_weights would gather, both collectives the
+    other ranks never join (a hang)."""
+    try:
+        from transformers.integrations import deepspeed as hf_ds
+    except ImportError:
+        yield
+        return
+    saved = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = saved
+
+
+def write_export(out: Path, *, job, recipe, sd: dict[str, torch.Tensor], dtype: torch.dtype, tokenizer,
+                 merge: bool, info: dict) -> dict:
+    """Write the HF dir for ``sd`` into ``out`` (replaced atomically: built beside it, then renamed)."""
+    with zero3_off():
+        return _write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer, merge=merge,
+                             info=info)
+
+
+def _write_export(out: Path, *, job, recipe, sd, dtype, tokenizer, merge: bool, info: dict) -> dict:
+    model = host_model(job, recipe, sd, dtype, adapter_only=job.train.lora is not None and not merge)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    lora = is_lora_model(model)
+    model.save_pretrained(str(tmp), safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
+    has_tok = save_tokenizer(tokenizer, tmp)
+    if not lora:
+        _fix_config(tmp, dtype)
+    merged = False
+    if lora and merge:
+        full = model.merge_and_unload()
+        full.save_pretrained(str(tmp / MERGED), safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
+        save_tokenizer(tokenizer, tmp / MERGED)
+        _fix_config(tmp / MERGED, dtype)
+        merged = True
+    record = {**info, "format": "lora_adapter" if lora else "full", "merged": merged,
+              "dtype": str(dtype).removeprefix("torch."), "tokenizer": has_tok, "task": job.task,
+              "exported_at": time.time()}
+    atomic_write(tmp / MARKER, json.dumps(record, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return record
+
+
+# -- at the end of a run -----------------------------------------------------------------------------------------
+def export_at_end(trainer, out: Path | None = None) -> None:
+    """Collective: gather the trained model and write RUN_DIR/model (rank 0). Called by the loop after training."""
+    job, plan = trainer.job, trainer.plan
+    dtype = export_dtype(plan.precision)
+    lora = job.train.lora
+    merge = bool(lora is not None and lora.merge)
+    out = out or trainer.run_dir / "model"
+    with trainer.probe.phase("export"):
+        sd = gather(trainer.engine, dtype, adapter_only=lora is not None and not merge)
+        if trainer.rank == 0:
+            info = {"source": "end of run", "step": trainer.probe.step, "engine": trainer.engine.name,
+                    "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}
+            record = write_export(out, job=job, recipe=trainer.recipe, sd=sd, dtype=dtype,
+                                  tokenizer=trainer.tokenizer, merge=merge, info=info)
+            del sd
+            trainer.probe.record(export=str(out), export_format=record["format"])
+        dist.barrier()
+

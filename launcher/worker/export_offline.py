@@ -1,0 +1,110 @@
+"""`launch export RUN_DIR`: the Hugging Face model dir from a checkpoint, in one process, no ranks.
+
+The engine's own offline readers consolidate the shards on the host:
+  DeepSpeed ZeRO-1/2/3  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint (the fp32 masters,
+                        frozen parameters included), then cast to the saved dtype.
+  DeepSpeed ZeRO-0      the module file (mp_rank_00_model_states.pt) holds the whole model.
+  FSDP2                 the DCP dir's "model" entries (torch.distributed.checkpoint, no process group).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from launcher.errors import ConfigError
+from launcher.worker import checkpoint
+from launcher.worker.export import MARKER, export_dtype, write_export
+
+
+def pick_tag(root: Path, step: int | None) -> str:
+    """The complete checkpoint to export: ``step``'s, or the latest. ConfigError naming what exists."""
+    complete = sorted(p.name for p in root.glob("step-*") if (p / "trainer_state.json").is_file())
+    if step is None:
+        tag = checkpoint.latest_tag(root)
+        if tag is None:
+            raise ConfigError(f"{root}: no complete checkpoint (a run writes one every train.checkpoint_every_steps, "
+                              "on a checkpoint request and at its end); nothing to export")
+        return tag
+    tag = checkpoint.tag_for(step)
+    if tag not in complete:
+        have = ", ".join(str(int(t.removeprefix("step-"))) for t in complete) or "none"
+        raise ConfigError(f"--step {step}: no complete checkpoint {root / tag}; steps available: {have}")
+    return tag
+
+
+def check_out(out: Path) -> None:
+    """--out must be new, empty, or an earlier export (holding export.json), which is replaced."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; give a directory path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ConfigError(f"--out {out}: not empty and not made by launch export (no {MARKER}); give a new or "
+                          "empty directory")
+
+
+def read_deepspeed(root: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
+    if zero_stage == 0:
+        files = sorted((root / tag).glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise ConfigError(f"{root / tag}: no mp_rank_00_model_states.pt; the checkpoint is incomplete")
+        return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
+
+
+def read_dcp(path: Path) -> dict[str, torch.Tensor]:
+    """The "model" entries of an FSDP2 DCP checkpoint (the optimizer state is not read)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(path))
+    meta = reader.read_metadata()
+    sd = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
+          for k, m in meta.state_dict_metadata.items()
+          if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    state = {"model": sd}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state["model"]
+
+
+def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path | None) -> tuple[Path, dict]:
+    """Write the export of RUN_DIR's checkpoint (``step`` or the latest) into ``out`` (default RUN_DIR/model)."""
+    from launcher.worker.data import read_records
+    from launcher.worker.main import load_run_dir
+    from launcher.worker.model import build, tokenizer_for
+    from launcher.worker.recipes import make_recipe
+
+    run_dir = run_dir.resolve()
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run dir; give the run dir a launch run wrote")
+    job, plan, _ = load_run_dir(run_dir)
+    out = (out or run_dir / "model").resolve()
+    if merge and job.train.lora is None:
+        raise ConfigError("--merge: this run trained no LoRA adapters (train.lora is not set); drop --merge")
+    check_out(out)
+    root = run_dir / "checkpoint"
+    tag = pick_tag(root, step)
+    state = json.loads((root / tag / "trainer_state.json").read_text())
+    recipe = make_recipe(job.task, job.data)
+    if job.task == "seq_cls":
+        recipe.fit_labels(read_records(job.data.path))
+    if state["engine"] == "fsdp":
+        sd = read_dcp(root / tag / "dcp")
+    else:
+        sd = read_deepspeed(root, tag, plan.strategy.zero_stage or 0)
+    merge = merge or bool(job.train.lora is not None and job.train.lora.merge)
+    dtype = export_dtype(plan.precision)
+    if job.train.lora is not None and not merge:
+        # The adapter alone: the frozen base is not held (peft saves what requires grad).
+        wanted = {n for n, p in build(job, recipe, seq_len=1, hf_checkpointing=False, on_meta=True)
+                  .named_parameters() if p.requires_grad}
+        sd = {k: v for k, v in sd.items() if k in wanted}
+    sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    info = {"source": f"checkpoint {tag}", "step": int(state["global_step"]), "engine": state["engine"],
+            "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}
+    record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
+                          merge=merge, info=info)
+    return out, record
