@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import REPO, TINY_GPT2
+from tests.worker.export_checks import check_export, safetensors_of, same_tensors
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
 ACCURACY = 0.10  # |predicted - measured| / measured we claim on CPU ranks (benchmarks/results/accuracy.md)
@@ -85,6 +87,19 @@ def test_zero3_cpu_optimizer_offload(tmp_path):
     # On CPU ranks the "offloaded" optimizer lives in the same memory, and the plan says so.
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert plan["breakdown"]["optimizer"] == 0 and plan["breakdown"]["offloaded"] > 0
+    check_exported(tmp_path / "run", tmp_path / "offline")
+
+
+def check_exported(run: Path, offline: Path) -> float:
+    """RUN/model reloads with the run's eval loss, training moved it, and `launch export` of the final checkpoint
+    (offline, one process, from the engine's shards) writes the same tensors."""
+    final = check_export(run)
+    initial = json.loads((run / "ranks" / "rank-0.json").read_text())["eval_loss_initial"]
+    assert abs(final - initial) > 1e-3, (initial, final)
+    res = launch("export", run, "--out", offline)
+    assert res.returncode == 0, res.stdout + res.stderr
+    same_tensors(run / "model", offline)
+    return final
 
 
 def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
@@ -101,15 +116,34 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert (plan["engine"], plan["fsdp_reshard_after_forward"], plan["activation_checkpointing"]) == ("fsdp", True, True)
     assert (tmp_path / "run" / "fsdp.yaml").is_file()
+    run = tmp_path / "run"
+    check_exported(run, tmp_path / "offline")
+    assert (run / "model" / "tokenizer.json").is_file() and (run / "model" / "tokenizer_config.json").is_file()
+    # The encoder differs from the pretrained one it started from.
+    from launcher.model.build import resolve_model_dir
+
+    base = safetensors_of(resolve_model_dir("all-MiniLM-L6-v2"))
+    mine = safetensors_of(run / "model")
+    key = "encoder.layer.0.attention.self.query.weight"
+    assert key in mine and not torch.equal(mine[key], base.get(key, base.get("bert." + key)))
+
+
+def tiny_llama_dir(root: Path) -> Path:
+    """A saved random-weight Llama: a base an adapter can be loaded onto (peft needs the base's weights)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=1024, max_position_embeddings=256)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(root / "tiny-llama"))
+    return root / "tiny-llama"
 
 
 def test_lora_bf16_trains_only_the_adapters(tmp_path):
     """LoRA in bf16, as the job asks: also the CPU-rank bf16 run (every other run test is fp32)."""
-    model = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-             "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 256}
-    job = job_file(tmp_path, "lora", model=model,
+    job = job_file(tmp_path, "lora", model=str(tiny_llama_dir(tmp_path)),
                    train={"global_batch_size": 8, "precision": "bf16", "lr": 1e-2, "max_steps": 8,
-                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "merge": True}},
                    strategy={"engine": "deepspeed", "zero_stage": 2})
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -120,6 +154,15 @@ def test_lora_bf16_trains_only_the_adapters(tmp_path):
     assert plan["trainable_params"] == rank["trainable_params"] == lora
     assert plan["precision"] == "bf16" and plan["precision_reason"].startswith("precision bf16: set by the job")
     assert rank["total_params"] > 50 * lora
+    # The adapter (peft's files, over the base dir it names) and the merged model both reload.
+    run = tmp_path / "run"
+    assert {"adapter_config.json", "adapter_model.safetensors", "export.json"} <= {p.name for p in (run / "model").iterdir()}
+    adapter = check_export(run)
+    assert abs(adapter - rank["eval_loss_initial"]) > 1e-3
+    lora_b = [v for k, v in safetensors_of(run / "model").items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # peft starts B at zero: training moved them
+    merged = check_export(run, merged=True)  # merged in bf16: measured within 1e-4 all the same
+    print(f"LoRA bf16 eval loss: adapter {adapter:.6f}, merged {merged:.6f}, run {rank['eval_loss']:.6f}")
 
 
 def test_forced_plan_over_budget_exits_3_naming_the_rank(tmp_path):

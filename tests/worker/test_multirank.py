@@ -8,7 +8,11 @@ import os
 import subprocess
 import sys
 
+import torch
+
 from launcher.runtime import read_jsonl
+from tests.conftest import REPO
+from tests.worker.export_checks import check_export, eval_loss_of, load_export, safetensors_of, same_tensors
 from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
@@ -34,6 +38,12 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
     reports = [json.loads((run / "ranks" / f"rank-{k}.json").read_text()) for k in (0, 1)]
     assert [r["status"] for r in reports] == ["checkpointed", "checkpointed"]
     assert (run / "checkpoint" / "latest").read_text().strip() == "step-00000001"
+    assert not (run / "model").exists()  # a stopped run exports nothing: `launch export` does, from its checkpoint
+    step1 = run.parent / "step1"
+    exp = launch_export(run, "--out", step1)
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    assert "exported the model of step 1" in exp.stdout
+    assert json.loads((step1 / "export.json").read_text())["source"] == "checkpoint step-00000001"
 
     second = torchrun(run)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -48,3 +58,22 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
         assert [s["step"] for s in steps] == [1, 2, 3]
         assert steps[-1]["loss"] < steps[0]["loss"]
     assert (run / "checkpoint" / "latest").read_text().strip() == "step-00000003"
+
+    # The finished run's own export reloads with from_pretrained and gives the eval loss the run reported.
+    assert {"config.json", "generation_config.json", "model.safetensors", "export.json"} <= \
+        {p.name for p in (run / "model").iterdir()}
+    final = check_export(run)
+    # `launch export` of the same (latest) checkpoint, offline from the ZeRO-2 files: the same tensors; the
+    # stopped run's step-1 export is another model (its eval loss lies between).
+    again = launch_export(run, "--out", run.parent / "again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    same_tensors(run / "model", run.parent / "again")
+    a, b = safetensors_of(step1), safetensors_of(run / "model")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert abs(eval_loss_of(run, load_export(run, step1)) - final) > 1e-4
+
+
+def launch_export(run_dir, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([str(REPO / ".venv" / "bin" / "launch"), "export", str(run_dir), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=180)
