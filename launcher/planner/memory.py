@@ -386,6 +386,17 @@ def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     return 4 * m.num_params + max(untied_head, shards) if host else on_device * shards
 
 
+def export_host_bytes(m: ModelStats, precision: str) -> float:
+    """Rank 0's extra host bytes when the run ends and writes RUN_DIR/model (launcher.worker.export, docs/export.md).
+
+    The gathered model in the saved dtype (the run's working dtype: 2 bytes for bf16/fp16, 4 for fp32), plus the
+    largest layer being gathered (host memory on CPU ranks). A LoRA run gathers its trainable tensors alone; with
+    train.lora.merge it gathers the whole model, which this does not see (docs/export.md says so).
+    """
+    kept = m.trainable_params if m.lora_params else m.num_params
+    return BYTES[precision] * (kept + m.largest_layer_params)
+
+
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
     m = inp.model
     st = deepspeed_states(inp, s, buckets) if s.engine == "deepspeed" else fsdp_states(inp, s)
@@ -441,7 +452,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     else:
         load = 4 * m.num_params
     host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
-    host = max(host, load)
+    # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
+    host = max(host + export_host_bytes(m, inp.precision), load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
                           basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes)
