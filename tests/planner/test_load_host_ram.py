@@ -31,7 +31,7 @@ def test_405b_loads_one_copy_per_node_not_one_per_rank(engine, stage):
 
 def test_zero3_loads_one_layer_per_rank_inside_zero_init():
     # The load holds one layer per rank (8 x 4 x largest layer, 67 GB); the export at the end of the run holds rank
-    # 0's bf16 copy of the whole model (812 GB), which is the node's host peak (tests/planner/test_export_host_ram).
+    # 0's bf16 copy of the whole model (816 GB), which is the node's host peak (tests/planner/test_export_host_ram).
     load = 8 * 4 * LLAMA_405B.largest_layer_params
     assert load_host_bytes("deepspeed", 3) == max(load, export_host_bytes(LLAMA_405B, "bf16")) > load
 
