@@ -17,12 +17,12 @@ from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
 from launcher.errors import ConfigError
 from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
-from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
+from launcher.model.build import BUNDLED_DIR, MINILM_NAMES, config_file_problems
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
-from launcher.planner.search import PlanRequest, batch_problem, make_plan
+from launcher.planner.search import PlanRequest, batch_problem, context_problem, make_plan
 from launcher.precision import choose_precision
 
 
@@ -40,6 +40,9 @@ def _model_fingerprint(job: Job) -> str:
             p = p if p.is_absolute() else Path(job.base_dir) / p
             cfg = p / "config.json" if p.is_dir() else BUNDLED_DIR / f"{job.model}.json"
         if cfg is not None and cfg.is_file():
+            problems = config_file_problems(cfg)  # its size and sizes, before it is read whole or built
+            if problems:
+                raise ConfigError(problems)
             src += cfg.read_text()
     lora = dataclasses.asdict(job.train.lora) if job.train.lora else None
     versions = []
@@ -166,6 +169,11 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
     precision, precision_reason = choose_precision(job.train.precision, bf16_support(job, profile))
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
     stats = model_stats(job)
+    # Before the activation probe, which feeds seq_len real token ids through the model: a sequence past the
+    # model's position table is refused without building anything for it.
+    problem = context_problem(stats, job.data.max_seq_len)
+    if problem:
+        raise ConfigError(problem)
     return PlanRequest(
         model=stats, gpus_per_node=job.gpus, nodes=job.nodes, budget_bytes=job.budget_bytes,
         seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,
