@@ -94,14 +94,12 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     """Activation constants of this model and task, measured on fake tensors (bytes per example-token)."""
     import torch
 
-    from launcher.model.build import attention_implementation, model_config
+    from launcher.model.build import attention_implementation, model_config, planning_attention
 
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     config = model_config(job)
     attention = attention_implementation(config)
-    if attention == "flash_attention_2":
-        # flash-attn needs CUDA; sdpa's fused kernels save the same tensors (no a·s² scores, an s-sized logsumexp).
-        config._attn_implementation = "sdpa"
+    config = planning_attention(config)  # flash-attn needs CUDA and its package; sdpa saves the same tensors
     if job.task == "seq_cls":
         config.num_labels = job.data.num_labels or 2
         if getattr(config, "pad_token_id", None) is None:

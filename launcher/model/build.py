@@ -154,6 +154,17 @@ def model_config(job: Job):
     return config
 
 
+def planning_attention(config):
+    """``config`` as the planner builds it: flash_attention_2 becomes sdpa. The planner plans for the cluster, not
+    for the machine it runs on, which may lack the flash-attn package (a login node, a laptop) or CUDA; the two
+    kernels have the same parameters and save the same tensors (no a·s² scores, an s-sized logsumexp), so the
+    meta build and the fake-tensor probe measure the same terms. Only the ranks need flash-attn
+    (launcher.session.checks.check_runnable)."""
+    if attention_implementation(config) == "flash_attention_2":
+        config._attn_implementation = "sdpa"
+    return config
+
+
 def config_file_problems(path: Path) -> list[str]:
     """A config.json past bounds.MODEL_CONFIG_BYTES, or with sizes past the bounds, said before transformers is
     imported or reads it (transformers' own errors name a file that cannot be read or parsed)."""

@@ -172,9 +172,9 @@ def checkpoint_bytes(model_dir: Path | None) -> int:
 
 def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     """Build the job's model on the meta device and measure it."""
-    from launcher.model.build import build_model, model_config, resolve_model_dir
+    from launcher.model.build import build_model, model_config, planning_attention, resolve_model_dir
 
-    config = model_config(job)
+    config = planning_attention(model_config(job))
     if job.task == "seq_cls":
         num_labels = num_labels or job.data.num_labels or 2
     model = build_model(job, config, device="meta", num_labels=num_labels)
