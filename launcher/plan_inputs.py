@@ -24,6 +24,7 @@ from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
 from launcher.planner.search import PlanRequest, batch_problem, context_problem, make_plan
 from launcher.precision import choose_precision
+from launcher.units import article, format_bytes_apart
 
 
 def _model_fingerprint(job: Job) -> str:
@@ -136,10 +137,22 @@ def request_problems(job: Job) -> list[str]:
     # An absurd or tiny budget already has its own message; "more than the card" would only repeat it.
     if profile is not None and profile.memory_bytes and budget is not None and not check_budget(budget) \
             and budget > profile.memory_bytes:
+        asked, card = format_bytes_apart(budget, profile.memory_bytes)
         problems.append(
-            f"budget: {budget} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
-            f"give at most the card's memory or set cluster.hardware"
+            f"budget: {asked} is more than {article(profile.name)} {profile.name} holds ({card}); give at most the "
+            "card's memory or set cluster.hardware"
         )
+    if profile is not None and profile.device_is_host and budget is not None and not check_budget(budget):
+        # A CPU rank's memory is the node's RAM, as a GPU rank's is its card: a budget past it is refused alike.
+        ram = job.cluster.host_ram_per_node_bytes
+        where = "cluster.host_ram_per_node" if ram else "this machine's RAM"
+        ram = ram or host_ram_bytes()
+        if budget > ram:
+            asked, have = format_bytes_apart(budget, ram)
+            problems.append(
+                f"budget: {asked} per CPU rank is more than {where} ({have}); give at most the node's RAM "
+                "(--budget), or set cluster.host_ram_per_node for the nodes the ranks run on"
+            )
     if profile is not None and profile.device_is_host and job.train.attn_implementation == "flash_attention_2":
         # The flash-attn kernels exist only for CUDA: transformers would refuse at the first rank's model build.
         problems.append(

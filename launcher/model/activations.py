@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import warnings
 
 from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
@@ -75,7 +76,11 @@ def _fake_run(job: Job, model, batch) -> int:
     from launcher.model.loss import task_loss
     from launcher.runtime.tracker import PhaseMemTracker
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+        # A module made inside forward and gone by backward (seq_cls's loss: transformers builds a CrossEntropyLoss
+        # per call) leaves MemTracker's backward hooks a dead weakref; it says so with a UserWarning per hook and
+        # skips that module's snapshot, while the tensors are still counted. Noise on a planning run.
+        warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook", category=UserWarning)
         model.to_empty(device="cpu")
         model.train()
         # The worker's tracker: it also handles frozen parameters (LoRA), which plain MemTracker cannot hook.

@@ -14,6 +14,8 @@ from copy import deepcopy
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
+from launcher.units import format_bytes
+
 # Our seven categories; the raw MemTracker/FSDPMemTracker names map onto them.
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "buffers", "other")
 _CATEGORY_OF_RAW = {
@@ -141,8 +143,8 @@ class _PhasePeaks:
         if self.cap_bytes is not None and total > self.cap_bytes and self.over_cap is None:
             self.over_cap = (total, self.phase)
             raise torch.OutOfMemoryError(
-                f"tracked tensors reached {total} bytes in phase {self.phase!r}, over the enforced cap of "
-                f"{self.cap_bytes} bytes (LAUNCHER_ENFORCE_BYTES)"
+                f"tracked tensors reached {format_bytes(total)} in phase {self.phase!r}, over the enforced cap of "
+                f"{format_bytes(self.cap_bytes)} (LAUNCHER_ENFORCE_BYTES)"
             )
 
     def _reftype(self, category: str):

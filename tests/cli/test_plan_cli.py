@@ -137,3 +137,13 @@ def test_help_explains_gb_and_gib():
     out = subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, text=True).stdout
     assert "GB is 1e9 bytes, GiB is 2^30 bytes" in out
     assert "Exit codes: 0" in out
+
+
+def test_plan_help_lists_every_hardware_profile(capsys):
+    from launcher.planner.hardware import PROFILES
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at any space
+    assert len(PROFILES) == 13
+    assert all(name in text for name in PROFILES), [n for n in PROFILES if n not in text]
