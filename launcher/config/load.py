@@ -222,9 +222,13 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         problems.add(where, value, "must be a string", f"quote {where}")
         return None
     if tp is object:
+        if isinstance(value, str):  # a free-form value that is a plain string: the string rule, said the same way
+            return _convert(str, value, where, problems)
         why = _plain_problem(value)
         if why:
-            problems.add(where, value, why, "write the value out without aliases")
+            fix = f"shorten the string in {where}" if why.startswith("holds a string") else \
+                "write the value out without aliases"
+            problems.add(where, value, why, fix)
             return None
         return value
     raise TypeError(f"unsupported config type {tp!r} at {where}")
