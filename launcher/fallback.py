@@ -28,22 +28,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
 from launcher.planner.plan import Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
 from launcher.units import format_bytes
 
 RUNGS = ("micro_batch", "activation_checkpointing", "sharding", "optimizer_offload", "param_offload", "nvme")
-
-# Predicted categories (planner) -> measured categories (MemTracker via the rank files); as in launcher.report.
-CATEGORY_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "params": (("params",), ("params",)),
-    "grads": (("grads",), ("grads",)),
-    "optimizer": (("optimizer",), ("optimizer",)),
-    "activations": (("activations", "logits"), ("activations", "temp")),
-    "buffers": (("buffers",), ("buffers", "other")),
-}
-
 
 @dataclass(kw_only=True, slots=True)
 class Measurement:
@@ -79,7 +70,7 @@ class Correction:
     """Applied to the whole corrected peak for what the categories do not explain."""
 
     def apply(self, est: Estimate) -> int:
-        extra = sum((r - 1.0) * _group_bytes(est.breakdown, g) for g, r in self.ratios.items())
+        extra = sum((r - 1.0) * predicted_bytes(est.breakdown, g) for g, r in self.ratios.items())
         return int((est.peak_bytes + extra) * self.uniform)
 
     def describe(self) -> str:
@@ -107,22 +98,18 @@ class Fallback:
     correction: Correction | None = None
 
 
-def _group_bytes(breakdown: dict[str, int], group: str) -> int:
-    return sum(int(breakdown.get(k, 0)) for k in CATEGORY_GROUPS[group][0])
-
-
 def correction_for(predicted: Estimate, measured: Measurement) -> Correction:
     """Per-category ratios from the measurement, then a uniform factor so the failed strategy's corrected peak
     is at least what was measured (an OOM's breakdown stops where the rank died, so categories under-explain).
     No correction when the measured peak did not exceed the prediction."""
     ratios = dict.fromkeys(CATEGORY_GROUPS, 1.0)
     if measured.peak_bytes <= predicted.peak_bytes:
-        # The total was not under-predicted (a forced plan, or an OOM that struck below the prediction): the
-        # categories differ only in how the tracker names things (FSDP's gathered params are predicted as buffers).
+        # The total was not under-predicted (a forced plan, or an OOM that struck below the prediction): a
+        # category above its prediction is offset by another below it, and scaling it alone would over-correct.
         return Correction(ratios=ratios)
-    for g, (_, meas_keys) in CATEGORY_GROUPS.items():
-        pred = _group_bytes(predicted.breakdown, g)
-        meas = sum(int(measured.by_category.get(k, 0)) for k in meas_keys)
+    for g in CATEGORY_GROUPS:
+        pred = predicted_bytes(predicted.breakdown, g)
+        meas = measured_bytes(measured.by_category, g)
         ratios[g] = max(1.0, meas / pred) if pred > 0 else 1.0
     c = Correction(ratios=ratios)
     corrected = c.apply(predicted)

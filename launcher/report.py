@@ -5,29 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.categories import CATEGORY_GROUPS, grown_category
+from launcher.categories import measured_bytes as measured_group
+from launcher.categories import predicted_bytes as predicted_group
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.rundir import RunDir
 from launcher.units import decimal_unit, format_bytes
 
-# Predicted categories and the measured (MemTracker) categories they correspond to.
-CATEGORY_GROUPS = {
-    "params": (("params",), ("params",)),
-    "grads": (("grads",), ("grads",)),
-    "optimizer": (("optimizer",), ("optimizer",)),
-    "activations": (("activations", "logits"), ("activations", "temp")),
-    "buffers": (("buffers",), ("buffers", "other")),
-}
-
-
-def grown_category(predicted: dict[str, int], measured: dict[str, int]) -> tuple[str, int]:
-    """The category whose measured bytes exceed the prediction by the most."""
-    best, growth = "activations", None
-    for name, (pred_keys, meas_keys) in CATEGORY_GROUPS.items():
-        diff = sum(measured.get(k, 0) for k in meas_keys) - sum(predicted.get(k, 0) for k in pred_keys)
-        if growth is None or diff > growth:
-            best, growth = name, diff
-    return best, int(growth or 0)
-
+__all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.categories), re-exported for its readers
 
 FAILED_STATUSES = ("failed", "oom")
 """Rank statuses (launcher.worker.main) of a rank that ended with an error."""
@@ -191,8 +176,8 @@ def plot_memory(report: dict, path: Path) -> Path | None:
     ax1.set_ylabel(f"{unit} (decimal)" if unit != "bytes" else "bytes")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
     cats = list(CATEGORY_GROUPS)
-    pred = [sum(report["predicted_breakdown"].get(k, 0) for k in CATEGORY_GROUPS[c][0]) / size for c in cats]
-    meas = [sum(ranks[0]["measured_breakdown"].get(k, 0) for k in CATEGORY_GROUPS[c][1]) / size for c in cats]
+    pred = [predicted_group(report["predicted_breakdown"], c) / size for c in cats]
+    meas = [measured_group(ranks[0]["measured_breakdown"], c) / size for c in cats]
     idx = range(len(cats))
     ax2.barh([i - 0.2 for i in idx], meas, height=0.4, label=f"measured (rank {ranks[0]['rank']})")
     ax2.barh([i + 0.2 for i in idx], pred, height=0.4, label="predicted")
