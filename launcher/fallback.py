@@ -17,7 +17,8 @@ corrected first: each memory category is scaled by how far the measurement excee
 the categories cannot explain scales the whole peak. Walking the rungs from the failed strategy, the first
 change whose corrected prediction fits the usable budget is the next attempt. A rung none of whose options
 fits is taken at its most frugal and the walk goes on, so one relaunch can combine rungs instead of spending an
-attempt on a change already predicted to fail. Options that host RAM or NVMe cannot hold are skipped (those
+attempt on a change already predicted to fail. When even the end of the walk is predicted over the budget there
+is no next attempt: a relaunch predicted over budget is never made. Options that host RAM or NVMe cannot hold are skipped (those
 checks keep the planner's own numbers: the measurement says nothing about host memory). The engine never
 changes (DeepSpeed and FSDP2 checkpoints and configs differ); every other pinned field may.
 """
@@ -202,7 +203,8 @@ def describe_change(old: Strategy, new: Strategy) -> str:
 
 def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest, measured: Measurement,
                   tried: list[Strategy] | None = None) -> Fallback:
-    """The next rung for ``failed``; ``Fallback.strategy`` is None when no rung is left.
+    """The next rung for ``failed``; ``Fallback.strategy`` is None when no rung is left or none is predicted to fit
+    (the returned strategy's corrected prediction is always within ``req.usable_bytes``).
 
     ``failed_estimate`` is the planner's estimate for ``failed`` (plan.json), ``req`` the request it was
     planned from (its pins are ignored), ``tried`` every strategy already run (never proposed again).
@@ -218,7 +220,6 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
     usable = req.usable_bytes
     skipped: list[str] = []
     cur = failed
-    last_rung: str | None = None
     host_blocked = failed.offload_optimizer == "nvme" or failed.offload_params == "nvme"
     for rung in RUNGS:
         if rung == "nvme" and not host_blocked:
@@ -247,17 +248,20 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
                                 corrected_peak_bytes=corrected, skipped=skipped, correction=fix)
             skipped.append(f"{rung} ({s.label()}): predicted {format_bytes(corrected)} corrected, over "
                            f"{format_bytes(usable)} usable")
-        cur, last_rung = held[-1], rung  # the rung's most frugal option; later rungs build on it
+        cur = held[-1]  # the rung's most frugal option; later rungs build on it
     if cur == failed:
         return Fallback(strategy=None, rung=None, skipped=skipped, correction=fix,
                         reason=(f"{measured.describe()} with {failed.label()}; no rung of the ladder is left to try "
                                 f"({'; '.join(skipped) or 'every rung is used up for this engine'})"))
+    # Walked to the end without a fit: the most frugal strategy reachable is still predicted over the budget, and
+    # a relaunch predicted over budget is never made (under --enforce it would only run out of memory again).
     est = scored(cur)
     corrected = fix.apply(est)
-    reason = (f"{measured.describe()} with {failed.label()}; no single rung is predicted to fit, so trying the "
-              f"most frugal reachable: {describe_change(failed, cur)}, predicted {format_bytes(corrected)} of "
-              f"{format_bytes(usable)} usable (corrected by the measurement: {fix.describe()})")
-    return Fallback(strategy=cur, rung=last_rung, reason=reason, predicted_peak_bytes=est.peak_bytes,
+    reason = (f"{measured.describe()} with {failed.label()}; no rung of the ladder is left that is predicted to "
+              f"fit: the most frugal reachable ({describe_change(failed, cur)}) is predicted "
+              f"{format_bytes(corrected)} of {format_bytes(usable)} usable (corrected by the measurement: "
+              f"{fix.describe()}), so it is not launched; raise the budget or run on more GPUs")
+    return Fallback(strategy=None, rung=None, reason=reason, predicted_peak_bytes=est.peak_bytes,
                     corrected_peak_bytes=corrected, skipped=skipped, correction=fix)
 
 
