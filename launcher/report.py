@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 from launcher.categories import CATEGORY_GROUPS, grown_category
 from launcher.categories import measured_bytes as measured_group
 from launcher.categories import predicted_bytes as predicted_group
+from launcher.fsutil import atomic_write
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.rundir import RunDir
 from launcher.units import decimal_unit, format_bytes
@@ -233,5 +235,6 @@ def plot_memory(report: dict, path: Path) -> Path | None:
     ax2.set_xlabel(f"{unit} at peak")
     ax2.set_title("breakdown")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
-    fig.savefig(path, dpi=90)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return atomic_write(path, buf.getvalue())  # 0600 like every file of the run dir (launcher.fsutil)

@@ -9,6 +9,7 @@ import yaml
 from launcher.backends.base import Outcome
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.planner.plan import Plan
+from launcher.ranklog import wait_settled
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, redact
 
@@ -20,7 +21,9 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     "within_budget", state.json and the exit code, so they cannot disagree."""
     if outcome.ok and plan.nodes > 1:
         run.wait_for_rank_files(plan.world_size, timeout_s=60)
-    run.redact_logs()  # before any tail of them is printed or kept
+    for rank in range(plan.world_size):  # the ranks are gone; their log redactors may still write the last bytes
+        wait_settled(run.rank_log(rank))
+    run.redact_logs()  # before any tail of them is printed or kept (they were redacted as written: a backstop)
     report = build_report(run, plan.to_json(), expected_ranks=plan.world_size, interrupted=outcome.interrupted,
                           failed=not outcome.ok)
     report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
