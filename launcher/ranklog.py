@@ -89,31 +89,40 @@ def copy_redacted(src: int, dst: int, secrets: list[str]) -> None:
     _write_all(dst, pending)
 
 
-def wait_settled(log: Path, timeout_s: float = 2.0) -> bool:
-    """Until no redactor writes ``log`` any more (or ``timeout_s``); whether it settled."""
+def wait_settled(*logs: Path, timeout_s: float = 2.0) -> bool:
+    """Until no redactor writes any of ``logs`` any more, or ``timeout_s`` in all; whether they all settled."""
     deadline = time.monotonic() + timeout_s
-    try:
-        fd = os.open(log, os.O_RDONLY)
-    except OSError:
-        return True
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.02)
-    finally:
-        os.close(fd)
+    settled = True
+    for log in logs:
+        try:
+            fd = os.open(log, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        settled = False
+                        break
+                    time.sleep(0.02)
+                except OSError:  # a filesystem without locks: nothing to wait for
+                    break
+        finally:
+            os.close(fd)
+    return settled
 
 
 def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # end only at end of file, with every byte written
     fd = open_log(Path(argv[0]))
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:  # a filesystem without locks: readers then do not wait, the log is still redacted
+        pass
     copy_redacted(0, fd, secret_values())
     return 0
 

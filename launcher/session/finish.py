@@ -21,8 +21,8 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     "within_budget", state.json and the exit code, so they cannot disagree."""
     if outcome.ok and plan.nodes > 1:
         run.wait_for_rank_files(plan.world_size, timeout_s=60)
-    for rank in range(plan.world_size):  # the ranks are gone; their log redactors may still write the last bytes
-        wait_settled(run.rank_log(rank))
+    # The ranks are gone; their logs' redactors may still write the last bytes (2 s at most in all).
+    wait_settled(*(run.rank_log(rank) for rank in range(plan.world_size)))
     run.redact_logs()  # before any tail of them is printed or kept (they were redacted as written: a backstop)
     report = build_report(run, plan.to_json(), expected_ranks=plan.world_size, interrupted=outcome.interrupted,
                           failed=not outcome.ok)
@@ -61,7 +61,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
 def next_step_after_interrupt(run: RunDir) -> str:
     """What to do with an interrupted run dir: --resume only where `launch --resume` will accept it (a checkpoint
     to continue from, and no --auto-fallback, which --resume refuses)."""
-    if run.has_checkpoint():
+    if (run.checkpoint / "latest").is_file():  # what prepare_run_dir and check_resume look for
         ladder = " --auto-fallback 0" if _job_auto_fallback(run) else ""
         return f"continue it with the same job file and --run-dir {run.path} --resume{ladder}"
     return (f"no checkpoint was saved, so --resume cannot continue it: start again with --run-dir {run.path} "
