@@ -144,8 +144,16 @@ def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
     return True
 
 
+SLUG_MAX_CHARS = 64
+"""Longest slug: a file name (255 bytes at most) has room for it, a timestamp and a variant index."""
+
+
 def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "job"
+    """The one file-name form of a job or variant name, for every path built from one (run dirs, the sbatch
+    script's RUN_DIR, Slurm's job name): letters, digits, '.', '_' and '-', never starting with '.' or '-', so
+    neither '..' nor a '/' nor a hidden or option-like name can come out of it."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", name[:SLUG_MAX_CHARS * 16]).strip("-.")
+    return text[:SLUG_MAX_CHARS].strip("-.") or "job"
 
 
 def default_run_dir(job_name: str, root: Path = Path("runs")) -> Path:
@@ -276,6 +284,12 @@ class RunDir:
     def clear(self) -> None:
         import shutil
 
+        # Interim guard (a full marker rule is coming): never clear a filesystem root, HOME, or a directory that
+        # holds no plan.json, so --overwrite cannot empty a directory the launcher did not make.
+        here = self.path.resolve()
+        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / "plan.json").is_file():
+            raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no plan.json); "
+                              "--overwrite never clears it; choose another --run-dir")
         for p in self.path.iterdir():
             if p.name == ".lock":
                 continue
@@ -371,6 +385,3 @@ class RunDir:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
-
-    def has_checkpoint(self) -> bool:
-        return (self.checkpoint / "latest").is_file()
