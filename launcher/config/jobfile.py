@@ -199,6 +199,12 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
+    per_node = job.cluster.gpus_per_node
+    if isinstance(job.gpus, int) and isinstance(per_node, int) and job.gpus > per_node > 0:
+        # One node cannot hold more ranks than it has GPUs; planning them would emit --gpus-per-node=<gpus>.
+        p.append(f"gpus: {job.gpus} ranks per node is more than cluster.gpus_per_node: {per_node}, the "
+                 f"GPUs one node has; use --gpus {per_node} with --nodes {-(-job.gpus // per_node)}, or correct "
+                 "cluster.gpus_per_node")
     _positive(p, "slurm.timeout_min", job.slurm.timeout_min, "use e.g. timeout_min: 60")
     for name in ("warmup_steps", "eval_every_steps", "checkpoint_every_steps", "seed"):
         v = getattr(job.train, name)
