@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from launcher.backends.base import Outcome
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.planner.plan import Plan
+from launcher.rankenv import plan_digest
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, redact
+from launcher.session.prepare import plan_text
 
 
 def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
@@ -16,7 +19,9 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     if outcome.ok and plan.nodes > 1:
         run.wait_for_rank_files(plan.world_size, timeout_s=60)
     run.redact_logs()  # before any tail of them is printed or kept
+    outcome = other_plan(run, plan, outcome)
     report = build_report(run, plan.to_json(), expected_ranks=plan.world_size)
+    report["plan_sha256"] = plan_digest(plan_text(plan))
     report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
                          "failures": [{"rank": f.rank, "exitcode": f.exitcode, "host": f.host} for f in outcome.failures]}
     run.write_json("report.json", report)
@@ -58,3 +63,15 @@ def describe_failure(run: RunDir, outcome: Outcome) -> None:
         if log.is_file():
             tail = log.read_text(errors="replace").splitlines()[-15:]
             print("\n".join(f"  | {ln}" for ln in tail), file=sys.stderr)
+
+
+def other_plan(run: RunDir, plan: Plan, outcome: Outcome) -> Outcome:
+    """A failure when a rank records having trained another plan.json than the one planned here (ranks started
+    without the launcher's digest to check, e.g. by hand): the report's prediction would not describe them."""
+    want = plan_digest(plan_text(plan))
+    other = sorted(r for r, d in run.rank_reports().items() if d.get("plan_sha256") not in (None, want))
+    if not other:
+        return outcome
+    return dataclasses.replace(outcome, ok=False, message=(
+        f"rank(s) {other} trained a plan.json other than the one the launcher planned (sha256 {want[:12]}...): "
+        "it was replaced after the launch; this report's prediction does not describe them"))
