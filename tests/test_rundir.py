@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.rundir import MARKER, RunDir
+from launcher.rundir import MARKER, RunDir, refuse_protected
 
 
 def test_a_new_run_dir_carries_the_marker(tmp_path):
@@ -87,3 +88,14 @@ def test_the_lock_waits_for_a_short_holder_and_refuses_a_long_one(tmp_path):
     threading.Timer(0.2, holder.unlock).start()
     other.lock(wait_s=5)  # taken once the holder lets go
     other.unlock()
+
+
+def test_root_and_home_are_never_overwritten(tmp_path, monkeypatch):
+    """Checked on the rule alone: a test must never hand the real / to RunDir.create or the CLI, since a
+    regression (or today's main) would delete the machine's files."""
+    with pytest.raises(ConfigError, match="--run-dir: '/' is (the current directory or holds it|/; --overwrite never)"):
+        refuse_protected(Path("/"))  # / holds the working directory here; either way it is refused
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="--overwrite never clears it"):
+        refuse_protected(tmp_path)
+    refuse_protected(tmp_path / "run")  # below them is fine

@@ -76,8 +76,8 @@ CASES = [
     Case("run-dir-home-overwrite", lambda s: [s.job(), "--run-dir", s.root / "home", "--overwrite"],
          ["--overwrite never clears it", "choose another --run-dir"],
          setup=marked_home, keeps=["home", "home/.bashrc", "home/.launcher-run"]),
-    Case("run-dir-root-overwrite", lambda s: [s.job(), "--run-dir", "/", "--overwrite"],
-         [f"--run-dir: '/' {FOREIGN}"]),
+    # NEVER add a case that points --overwrite at a real system dir ("/", /etc): run against a launcher without
+    # the marker rule (today's main) it deletes the machine's /etc. That happened once while writing this table.
     Case("run-dir-symlink-to-user-dir", lambda s: [s.job(), "--run-dir", s.root / "link", "--overwrite"],
          [f"/link' {FOREIGN} (it holds .hidden, notes.txt, sub)"],
          setup=lambda s: link_to_user_dir(s, "link"),
@@ -96,7 +96,6 @@ CASES = [
     Case("out-is-a-user-dir", lambda s: [s.job(), "--out", s.root / "run"], [FOREIGN, "notes.txt"], verb="plan",
          setup=user_dir, keeps=USER),
     Case("out-empty-string", lambda s: [s.job(), "--out", ""], ["argument --out: '' is empty"], verb="plan"),
-    Case("out-root", lambda s: [s.job(), "--out", "/"], [f"--out: '/' {FOREIGN}"], verb="plan"),
     Case("out-symlink-to-user-dir", lambda s: [s.job(), "--out", s.root / "link"], [FOREIGN, "notes.txt"],
          verb="plan", setup=lambda s: link_to_user_dir(s, "link"),
          keeps=["link", "userdata", "userdata/notes.txt", "userdata/sub", "userdata/sub/data.bin", "userdata/.hidden"]),
