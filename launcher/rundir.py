@@ -166,8 +166,16 @@ def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
     return True
 
 
+SLUG_MAX_CHARS = 64
+"""Longest slug: a file name (255 bytes at most) has room for it, a timestamp and a variant index."""
+
+
 def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "job"
+    """The one file-name form of a job or variant name, for every path built from one (run dirs, the sbatch
+    script's RUN_DIR, Slurm's job name): letters, digits, '.', '_' and '-', never starting with '.' or '-', so
+    neither '..' nor a '/' nor a hidden or option-like name can come out of it."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", name[:SLUG_MAX_CHARS * 16]).strip("-.")
+    return text[:SLUG_MAX_CHARS].strip("-.") or "job"
 
 
 def default_run_dir(job_name: str, root: Path = Path("runs")) -> Path:
@@ -373,6 +381,12 @@ class RunDir:
         """Delete what the launcher wrote here (never following a link out of the dir); the names it kept."""
         import shutil
 
+        # Defence in depth (create() has refused these already): never clear a filesystem root, HOME, or a dir
+        # without the marker, whoever calls this.
+        here = self.path.resolve()
+        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / MARKER).is_file():
+            raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no {MARKER}); "
+                              "--overwrite never clears it; choose another --run-dir")
         kept = []
         for p in sorted(self.path.iterdir()):
             if p.name in (".lock", MARKER):
@@ -473,6 +487,3 @@ class RunDir:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
-
-    def has_checkpoint(self) -> bool:
-        return (self.checkpoint / "latest").is_file()

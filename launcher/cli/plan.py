@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, dir_path, job_from_args
-from launcher.cli.render import render_plan
+from launcher.cli.render import render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
@@ -46,41 +46,41 @@ def no_fit_json(e: NoPlanError) -> dict:
     return {"status": "no_fit", "reasons": e.reasons, "suggestions": e.suggestions}
 
 
-def export_files(out: Path, plan: Plan, job: Job, *, sbatch: bool = False) -> dict[str, str]:
+def export_files(out: Path, plan: Plan, job: Job, *, script: str | None = None) -> dict[str, str]:
     """`plan --out`: the run dir's files plus what other tools take as they are: the resolved job.yaml, the
-    DeepSpeed config checked by DeepSpeed's own parser, its HF Trainer variant, an accelerate config, and with
-    ``sbatch`` the script. All built and checked here, before anything is written (ConfigError: exit 2)."""
+    DeepSpeed config checked by DeepSpeed's own parser, its HF Trainer variant, an accelerate config, and the
+    sbatch ``script`` when given. All built and checked here, before anything is written (ConfigError: exit 2)."""
     import yaml
 
     from launcher.config.jobfile import job_to_data
     from launcher.emit import ds_config
-    from launcher.emit.exports import accelerate_config, hf_ds_config
+    from launcher.emit.exports import accelerate_yaml_text, hf_ds_config
 
-    hf_path = None
-    if plan.strategy.engine == "deepspeed":
+    hf = plan.strategy.engine == "deepspeed"
+    if hf:
         from launcher.dscheck import check_ds_config
 
         check_ds_config(ds_config(plan, job), plan.world_size)
-        hf_path = (out / "ds_config.hf.json").resolve()
     files = plan_files(plan, job)
     files["job.yaml"] = yaml.safe_dump(job_to_data(job), sort_keys=False)
-    if hf_path is not None:
+    if hf:
         files["ds_config.hf.json"] = json.dumps(hf_ds_config(plan, job), indent=2) + "\n"
-    accelerate = accelerate_config(plan, job, ds_config_file=str(hf_path) if hf_path else None)
-    files["accelerate.yaml"] = yaml.safe_dump(accelerate, sort_keys=False)
-    if sbatch:
-        from launcher.emit.sbatch import sbatch_text
-
-        files["job.sbatch"] = sbatch_text(plan, job, run_dir=out)
+    # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
+    # accumulation with its own defaults (no mixed precision, 1), not the plan's.
+    ds_file = str((out / "ds_config.json").resolve()) if hf else None
+    files["accelerate.yaml"] = accelerate_yaml_text(plan, job, config_file=str((out / "accelerate.yaml").resolve()),
+                                                    ds_config_file=ds_file)
+    if script is not None:
+        files["job.sbatch"] = script
     return files
 
 
-def write_exports(out: Path, plan: Plan, job: Job, *, sbatch: bool = False) -> list[Path]:
+def write_exports(out: Path, plan: Plan, job: Job, *, script: str | None = None) -> list[Path]:
     """The export set written into ``out`` as one (launcher.session.outdir), or nothing."""
     from launcher.session.outdir import check_out_dir, write_out_dir
 
     check_out_dir(out)  # a path that cannot be the dir is named before the plan's files are built
-    return write_out_dir(out, export_files(out, plan, job, sbatch=sbatch))
+    return write_out_dir(out, export_files(out, plan, job, script=script))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,10 +88,23 @@ def run(args: argparse.Namespace) -> int:
         if args.json and args.sbatch and not args.out:
             raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "
                               "object); add --out DIR to write it there")
+        if args.sbatch and args.out is not None:
+            from launcher.config.slurm_rules import check_shell_path
+
+            bad_out = check_shell_path(args.out, "--out")  # the script names it in #SBATCH --output and RUN_DIR
+            if bad_out:
+                raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
         plan = plan_job(job, force=args.force)
-        written = write_exports(args.out, plan, job, sbatch=args.sbatch) if args.out else []
+        script = None
+        if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
+            from launcher.emit.sbatch import sbatch_text
+            from launcher.rundir import slug
+
+            run_dir = args.out if args.out else Path("runs") / slug(job.name)  # slugged, as launch run's default
+            script = sbatch_text(plan, job, run_dir=run_dir, run_dir_flag="--out" if args.out else "run dir")
+        written = write_exports(args.out, plan, job, script=script) if args.out else []
     except NoPlanError as e:
         if not args.json:
             raise
@@ -105,13 +118,26 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     for path in written:
         say(f"wrote {path}")
-    if args.sbatch and not args.out:
-        from launcher.emit.sbatch import sbatch_text
-
-        print(sbatch_text(plan, job, run_dir=Path("runs") / job.name))
+    if script is not None and not args.out:
+        print(script)
         return 0
+    slurm = job.launcher == "slurm" or args.sbatch
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps(plan.to_json() | ({"slurm": slurm_json(job, plan)} if slurm else {}), indent=2))
     elif not args.out:
         print(render_plan(plan, job.name, model_desc(job)))
+        if slurm:
+            from launcher.emit.slurm_params import slurm_resources
+
+            print(render_slurm_resources(slurm_resources(job, plan)))
     return 0
+
+
+def slurm_json(job: Job, plan: Plan) -> dict:
+    """What a Slurm job of this plan asks for, and which values the plan derived (``launch plan --json``)."""
+    import dataclasses
+
+    from launcher.emit.slurm_params import slurm_resources
+
+    res = slurm_resources(job, plan)
+    return dataclasses.asdict(res) | {"derived": res.derived}

@@ -11,6 +11,9 @@ decisions (stage, offload, bucket sizes) stay concrete, because they are what th
 from __future__ import annotations
 
 import copy
+import shlex
+
+import yaml
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
@@ -28,8 +31,9 @@ HF_AUTO_SCHEDULER = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "tota
 
 
 def hf_ds_config(plan: Plan, job: Job) -> dict:
-    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))`` or
-    ``accelerate launch``: ds_config(plan, job) with "auto" where the Trainer fills values."""
+    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))``:
+    ds_config(plan, job) with "auto" where the Trainer fills values. Not for a bare ``accelerate launch``, which
+    fills "auto" with its own defaults (accelerate.yaml points at the concrete ds_config.json)."""
     cfg = copy.deepcopy(ds_config(plan, job))
     for key in HF_AUTO_TOP:
         cfg[key] = "auto"
@@ -50,9 +54,12 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
 def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None) -> dict:
     """An `accelerate launch --config_file` config: FSDP2 from the plan, or DeepSpeed reading ``ds_config_file``.
 
-    With a DeepSpeed config file accelerate takes precision, accumulation, clipping, stage and offload from that
-    file and refuses them in its own config (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is
-    null and deepspeed_config holds only the file and how to start the model.
+    ``ds_config_file`` is the concrete ds_config.json (not the HF variant): accelerate fills an "auto" precision
+    from its own mixed_precision, which its launcher sets to "no" when the config file has none, and an "auto"
+    accumulation from its own default of 1; concrete values it keeps. With a DeepSpeed config file accelerate
+    refuses precision, accumulation, clipping, stage and offload in its own config
+    (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is null and deepspeed_config holds only the
+    file and how to start the model.
     """
     if plan.strategy.engine == "fsdp":
         return fsdp_config(plan, job)["accelerate"]
@@ -66,3 +73,50 @@ def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None
     if plan.nodes > 1:
         deepspeed["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, as launch does
     return {**accelerate_base(plan, "DEEPSPEED", None), "deepspeed_config": deepspeed}
+
+
+def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py") -> str:
+    """The command that runs the plan through accelerate with ``config_file``: what the file cannot say goes
+    on the line (FSDP: the accumulation, which accelerate reads only from its environment; several nodes: this
+    node's rank and the head node)."""
+    parts = []
+    if plan.strategy.engine == "fsdp":
+        parts.append(f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}")
+    parts += ["accelerate", "launch", "--config_file", shlex.quote(config_file)]
+    if plan.nodes > 1:
+        parts += ["--machine_rank", "$NODE_RANK", "--main_process_ip", "$HEAD_NODE"]
+    return " ".join([*parts, script])
+
+
+def accelerate_yaml_text(plan: Plan, job: Job, *, config_file: str, ds_config_file: str | None = None) -> str:
+    """``accelerate.yaml``: accelerate_config under a header with the launch line and what the script must do."""
+    s = plan.strategy
+    engine = f"DeepSpeed ZeRO-{s.zero_stage}" if s.engine == "deepspeed" else "FSDP2"
+    lines = [
+        f"{engine}, {_count(plan.nodes, 'node')} x {_count(plan.gpus_per_node, 'rank')}, {plan.precision}, micro-batch "
+        f"{s.micro_batch_size}, accumulation {s.grad_accum_steps}. Launch (on every node):",
+        f"  {accelerate_launch_line(plan, config_file)}",
+    ]
+    if plan.nodes > 1:
+        lines += ["  NODE_RANK: 0 on the head node, 1..N-1 on the others; HEAD_NODE: the head node's address.",
+                  "  Without --machine_rank accelerate stops; without --main_process_ip it retries the marker name."]
+    lines.append(f"train.py's DataLoader: batch_size={s.micro_batch_size} per process (accelerate has no key for it).")
+    if s.engine == "deepspeed":
+        lines += [
+            f"Precision, micro-batch, accumulation, optimizer and schedule are in {ds_config_file}:",
+            "  pass accelerate.utils.DummyOptim (and DummyScheduler, if you pass one) to accelerator.prepare.",
+            "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
+            "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
+        ]
+    else:
+        lines += [
+            "GPUs only: accelerate applies FSDP2 (fully_shard) on GPUs; on CPU ranks it ignores the FSDP settings",
+            "  (with ACCELERATE_USE_CPU=1 it runs unsharded DDP over gloo), so the plan's memory does not hold there.",
+        ]
+    header = "".join(f"# {line}\n" for line in lines)
+    body = yaml.safe_dump(accelerate_config(plan, job, ds_config_file=ds_config_file), sort_keys=False)
+    return header + body
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -19,7 +19,7 @@ from launcher.backends.slurm_array import array_exit_code, submit_array, summary
 from launcher.backends.slurm_state import SLURM_JSON, live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_from_data, job_to_data
-from launcher.emit.slurm_params import executor_parameters
+from launcher.emit.slurm_params import combined, executor_parameters, slurm_resources
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, LauncherError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir, default_run_dir
@@ -62,7 +62,9 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
         print(f"launch: variant {v.index} ({v.name}) not submitted: {reason}", file=sys.stderr)
     if not planned:
         raise ConfigError([f"sweep: variant {v.index} ({v.name}): {reason}" for v, reason in unplanned])
-    params = [executor_parameters(vj, p) for _, vj, p in planned]
+    # One allocation for the array: the largest time, memory and CPUs any variant's plan derives.
+    resources = combined([slurm_resources(vj, p) for _, vj, p in planned])
+    params = [executor_parameters(vj, p, resources=resources) for _, vj, p in planned]
     if any(p != params[0] for p in params):
         raise ConfigError("sweep: the variants need different Slurm allocations, which one array cannot give; "
                           "vary only training keys")

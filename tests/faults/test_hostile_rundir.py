@@ -113,10 +113,10 @@ CASES = [
          ["argument --gpus: --nproc_per_node 4 and --gpus 2: both set the ranks per node"], verb="plan"),
     Case("gpus-given-twice", lambda s: [s.job(), "--gpus", "2", "--gpus", "4"], ["--gpus 2 and --gpus 4"]),
     Case("gpus-above-gpus-per-node", lambda s: [s.job(**{"cluster.gpus_per_node": 8}), "--gpus", "16"],
-         ["gpus: 16 ranks per node is more than cluster.gpus_per_node: 8", "use --gpus 8 with --nodes 2"],
+         ["gpus: 16 per node is more than cluster.gpus_per_node 8", "use --gpus 8 --nodes 2"],
          verb="plan"),
     Case("gpus-above-gpus-per-node-in-file", lambda s: [s.job(gpus=16, **{"cluster.gpus_per_node": 8})],
-         ["gpus: 16 ranks per node is more than cluster.gpus_per_node: 8"]),
+         ["gpus: 16 per node is more than cluster.gpus_per_node 8"]),
 ]
 
 
