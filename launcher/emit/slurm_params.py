@@ -121,7 +121,7 @@ MEM_FACTOR = 1.25
 """Margin on the plan's host RAM per node (offloaded optimizer states and parameters, the weight load)."""
 RANK_PROCESS_BYTES = {"cuda_reserved_plus_context": 4 * GB, "cpu_tensor_bytes": 1 * GB}
 """Host memory of one rank's process beyond the plan's tensors, bytes, by the plan's basis (GPU or CPU ranks):
-Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability-slurm.md);
+Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability/slurm.md);
 on GPU ranks also CUDA's libraries and pinned staging buffers (assumed, not measured here)."""
 HOST_OPTIMIZER_CPUS_PER_RANK = 4
 """CPUs per rank when the optimizer steps on the host (DeepSpeedCPUAdam, FSDP2 CPU offload): an OpenMP loop over
