@@ -80,7 +80,7 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run dir; give the run dir a launch run wrote")
-    job, plan, _ = load_run_dir(run_dir)
+    job, plan = load_run_dir(run_dir)[:2]
     out = (out or run_dir / "model").resolve()
     if merge and job.train.lora is None:
         raise ConfigError("--merge: this run trained no LoRA adapters (train.lora is not set); drop --merge")

@@ -25,7 +25,7 @@ def reported_eval_loss(run_dir: Path) -> float:
 
 def load_export(run_dir: Path, export_dir: Path | None = None, *, merged: bool = False):
     """The exported model, as a user loads it: Auto class per task, PeftModel over its base for an adapter."""
-    job, plan, _ = load_run_dir(run_dir)
+    job, plan = load_run_dir(run_dir)[:2]
     d = export_dir or run_dir / "model"
     record = json.loads((d / "export.json").read_text())
     dtype = getattr(torch, record["dtype"])
@@ -45,7 +45,7 @@ def load_export(run_dir: Path, export_dir: Path | None = None, *, merged: bool =
 
 @torch.no_grad()
 def eval_loss_of(run_dir: Path, model, world_size: int = 2) -> float:
-    job, plan, _ = load_run_dir(run_dir)
+    job, plan = load_run_dir(run_dir)[:2]
     recipe = make_recipe(job.task, job.data)
     rows = read_records(job.data.path)
     recipe.fit_labels(rows)
