@@ -6,6 +6,7 @@
     RUN/steps/rank-K.discarded.jsonl  lines a resume set aside: steps logged after the checkpoint it resumed from
     RUN/logs/rank-K.log      each rank's stdout and stderr
     RUN/checkpoint/          the last checkpoint (engine-native)
+    RUN/model/               the Hugging Face model dir a completed run exports (docs/export.md)
     RUN/control/             files the launcher drops to ask ranks for something (checkpoint)
     RUN/heartbeat/rank-K     optional: a script touches it to tell the hang watchdog it is alive
     RUN/attempts/<k>/        with --auto-fallback: attempt k's plan, job, ranks/, steps/, logs/ and report,
@@ -60,7 +61,7 @@ EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGIN
 """What `launch plan --out` writes."""
 RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "memory.png", "slurm.json", "sweep.json",
                "requeues.jsonl", "ranks", "steps", "logs", "checkpoint", "control", "heartbeat", "attempts",
-               "submitit", "memory-snapshot", "rdzv", "variants")
+               "submitit", "memory-snapshot", "rdzv", "variants", "model", "model.partial")
 """Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with the
 temporaries below)."""
 OWN_PATTERNS = (re.compile(r"slurm-\d+\.out"), re.compile(r"\.write-test-\d+"),

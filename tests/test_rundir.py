@@ -26,6 +26,9 @@ def test_overwrite_deletes_only_what_the_launcher_wrote(tmp_path):
     (run.logs / "rank-0.log").write_text("old log")
     (run.path / "checkpoint").mkdir()
     (run.path / "checkpoint" / "latest").write_text("1")
+    for export in ("model", "model.partial"):  # the run's export (launcher.worker.export) and one cut short
+        (run.path / export).mkdir()
+        (run.path / export / "model.safetensors").write_bytes(b"old")
     (run.path / "notes.txt").write_text("mine")
     (run.path / "analysis").mkdir()
     (run.path / "analysis" / "fig.png").write_bytes(b"png")
