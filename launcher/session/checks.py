@@ -98,3 +98,17 @@ def check_launch(job: Job, opts: RunOptions) -> None:
     if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
     check_fallback(job, opts)
+    if not opts.script:  # a user's script reads its own data
+        check_data(job)
+
+
+def check_data(job: Job) -> None:
+    """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
+    row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""
+    import datasets
+
+    from launcher.worker.data import read_records
+    from launcher.worker.formats import check_rows
+
+    datasets.disable_progress_bars()  # the launcher's stderr holds the plan and errors only
+    check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
