@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome
-from launcher.backends.slurm_state import SLURM_JSON, is_active, submitit_results
+from launcher.backends.slurm_state import SLURM_JSON, SlurmRecord, is_active, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
 from launcher.emit.slurm_params import executor_parameters, slurm_resources
@@ -61,11 +61,11 @@ def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report
                      signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, report=report)
 
 
-def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> dict:
-    return {"kind": kind, "job_id": job_ids[0].split("_")[0] if job_ids else None, "job_ids": job_ids,
-            "submitit_folder": str(folder), "submitted_at": time.time(), "nodes": plan.nodes,
-            "gpus_per_node": plan.gpus_per_node, "timeout_min": slurm_resources(job, plan).time_min,
-            "signal_delay_s": job.slurm.signal_delay_s, "max_requeues": job.slurm.max_requeues, **extra}
+def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> SlurmRecord:
+    return SlurmRecord(kind=kind, job_id=job_ids[0].split("_")[0] if job_ids else None, job_ids=job_ids,
+                       submitit_folder=str(folder), submitted_at=time.time(), nodes=plan.nodes,
+                       gpus_per_node=plan.gpus_per_node, timeout_min=slurm_resources(job, plan).time_min,
+                       signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, **extra)
 
 
 class SlurmBackend(Backend):
@@ -83,7 +83,7 @@ class SlurmBackend(Backend):
         ex = make_executor(run.path / "submitit", params, max_requeues=self.job.slurm.max_requeues)
         sjob = ex.submit(task)
         run.write_json(SLURM_JSON, slurm_record(self.job, self.plan, kind="job", folder=ex.folder,
-                                                job_ids=[sjob.job_id]))
+                                                job_ids=[sjob.job_id]).to_json())
         run.set_state("submitted", slurm_job_id=sjob.job_id)
         return sjob
 

@@ -176,6 +176,8 @@ class States:
     """Device bytes of optimizer state and fp32 master weights."""
     buffers: float = 0.0
     """Device bytes of engine buffers alive at the backward start (reduce bucket, FSDP2 unsharded copies)."""
+    buffers_category: str = "buffers"
+    """The breakdown category ``buffers`` is shown under (launcher.categories: gathered parameters are params)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
     backward_extra: float = 0.0
@@ -334,6 +336,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.buffers = w * (m.non_block_params + m.block_params)
     else:
         st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
+    # They are parameters, gathered: the ranks measure them as such (FSDPMemTracker's 'Unsharded Param').
+    st.buffers_category = "params"
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
     # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
     root_trainable = m.non_block_params * m.trainable_params / m.num_params
@@ -408,10 +412,12 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "params": st.params,
         "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
-        "buffers": 0.0 if moment == "backward_end" or (moment == "step" and s.engine == "fsdp") else st.buffers,
+        "buffers": 0.0,
         "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
+    if not (moment == "backward_end" or (moment == "step" and s.engine == "fsdp")):
+        breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
         breakdown[st.backward_extra_category] += st.backward_extra
     hw = inp.hardware

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write
+from launcher.fsutil import atomic_write, open_private
 from launcher.planner.plan import Plan
 from launcher.rankenv import ATTEMPT_ENV
 from launcher.runtime.control import CheckpointRequests
@@ -103,7 +103,7 @@ def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str |
     discarded = discarded_path(path)
     stamp = {"discarded_at": time.time(), "discarded_by_attempt": attempt, "resumed_from_step": step,
              "resumed_from": resumed_from}
-    with discarded.open("a") as f:
+    with open_private(discarded, "a") as f:
         for row in dropped:
             f.write(json.dumps({**row, **stamp}) + "\n")
         f.flush()
