@@ -64,6 +64,9 @@ class DataConfig:
     on the completion); auto takes the first row's fields (messages, then prompt + completion, then text)."""
     text_field: str = "text"
     """The field holding each example's text."""
+    packing: bool = False
+    """causal_lm: several examples per max_seq_len sequence, position ids restarted per example; attention stays
+    within an example with flash_attention_2 only (docs/data.md)."""
     label_field: str = "label"
     """seq_cls: the field holding the class label."""
     pair_field: str = "positive"

@@ -23,6 +23,10 @@ def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor]) -> to
         labels = batch.get("labels")
         if labels is None:
             labels = batch["input_ids"].masked_fill(mask == 0, -100)
+        if "position_ids" in batch:
+            # Packed examples: no mask, restarted positions; flash_attention_2 then attends within each example
+            # (launcher.worker.packing says what sdpa and eager do).
+            return forward(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels).loss
         return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
     if task == "seq_cls":
         return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss

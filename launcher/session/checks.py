@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from launcher.config.job import Job
@@ -150,3 +151,8 @@ def check_data(job: Job) -> None:
 
     datasets.disable_progress_bars()  # the launcher's stderr holds the plan and errors only
     check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
+    if job.data.packing and job.train.attn_implementation != "flash_attention_2":
+        print(f"launch: warning: data.packing with attention {job.train.attn_implementation or 'sdpa (default)'}: "
+              "a token also attends to the earlier examples packed into its sequence (positions restart and labels "
+              "never cross); set train.attn_implementation: flash_attention_2 to keep examples apart",
+              file=sys.stderr)

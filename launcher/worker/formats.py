@@ -42,6 +42,9 @@ def check_rows(rows: list[dict], task: str, data: DataConfig, where: str) -> Non
     """Raise one ConfigError for the first row that lacks what the job reads (1-based row number, the field)."""
     if not rows:
         raise ConfigError(f"data.path: {where!r} holds no examples; add at least one record")
+    if data.packing and task != "causal_lm":
+        raise ConfigError(f"data.packing: true packs causal_lm examples only, and this job is {task}; "
+                          "remove data.packing")
     fmt = row_format(rows[0], data) if task == "causal_lm" else "text"
     if fmt == "text" and task == "causal_lm" and data.format == "auto" and data.text_field not in rows[0]:
         fields = ", ".join(map(str, rows[0])) or "none"

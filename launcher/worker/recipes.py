@@ -17,6 +17,7 @@ from launcher.model.loss import Forward, task_loss
 from launcher.worker.chat import encode_rows
 from launcher.worker.data import column
 from launcher.worker.formats import check_rows, row_format
+from launcher.worker.packing import example_ids, pack
 from launcher.worker.tokenizer import encode_texts
 
 
@@ -65,7 +66,12 @@ class Recipe:
     def encode(self, rows: list[dict], tokenizer, seq_len: int) -> dict[str, torch.Tensor]:
         """Tensors for ``rows``, one leading row per example, every sequence exactly ``seq_len`` tokens.
 
-        Conversations and prompt-completion pairs also get ``labels`` (-100 outside the trained tokens)."""
+        Conversations and prompt-completion pairs also get ``labels`` (-100 outside the trained tokens); packed
+        causal_lm data gets fewer rows than examples, with ``labels`` and ``position_ids`` (launcher.worker.packing)."""
+        if self.task == "causal_lm" and self.data.packing:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            return pack([example_ids(tokenizer, r, self.format, self.data.text_field, seq_len) for r in rows],
+                        seq_len, pad)
         if self.task == "causal_lm" and self.format != "text":
             return encode_rows(tokenizer, rows, [self.format] * len(rows), seq_len)
         texts = [str(t) for t in column(rows, self.data.text_field, self.data.path, "data.text_field")]
