@@ -26,6 +26,7 @@ from launcher.worker.engines.base import WORK_DTYPES
 from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
+from launcher.worker.tokcache import tokenized
 
 
 def seed_all(seed: int) -> None:
@@ -149,8 +150,9 @@ class Trainer:
         train_rows, eval_rows = split(rows, job.data.eval_fraction)
         self.seq_len = plan.seq_len
         self.tokenizer = tokenizer_for(job)
-        self.train_data = self.recipe.encode(train_rows, self.tokenizer, self.seq_len)
-        self.eval_data = self.recipe.encode(eval_rows, self.tokenizer, self.seq_len) if eval_rows else {}
+        # Rank 0 tokenizes once per dataset into the launcher's cache; the other ranks wait for it, then load.
+        self.train_data, self.eval_data = tokenized(self.recipe, self.tokenizer, rows, train_rows, eval_rows,
+                                                    self.seq_len)
         self.stream = Stream(
             num_examples=len(self.train_data["input_ids"]),  # sequences: fewer than rows when packed
             micro_batch_size=plan.strategy.micro_batch_size,
