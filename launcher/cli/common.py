@@ -7,6 +7,7 @@ import argparse
 from launcher.config.job import Job
 from launcher.config.jobfile import load_job, parse_overrides
 from launcher.plan_inputs import request_problems
+from launcher.planner.hardware import PROFILES
 from launcher.units import BYTES_HELP, parse_bytes
 
 
@@ -64,7 +65,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", "--nnodes", dest="nodes", type=_positive_int, help="nodes (default 1)")
     p.add_argument("--seq-len", type=_positive_int, help="override data.max_seq_len, tokens")
     p.add_argument("--global-batch", type=_positive_int, help="override train.global_batch_size, sequences")
-    p.add_argument("--hardware", help="override cluster.hardware: a100-40gb, a100-80gb, h100-80gb, l4, v100-16gb, cpu")
+    p.add_argument("--hardware", help=f"override cluster.hardware: {', '.join(PROFILES)}, or auto (the card "
+                                      "nvidia-smi or rocm-smi names here)")
     p.add_argument("--force", action="store_true",
                    help="run a fully pinned plan even if its prediction is over the budget (to exercise the check)")
 

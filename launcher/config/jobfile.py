@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.config import bounds
 from launcher.config.datasource import FILE_SUFFIXES, looks_like_hub_id
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
@@ -51,10 +53,14 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     problems, out = [], []
     for item in items:
         key, _, raw = item.partition("=")
+        if len(item) > bounds.OVERRIDE_CHARS:  # before YAML reads it: its pure-Python reader is slow on megabytes
+            problems.append(f"{key[:100]}: the value given on the command line is {len(raw)} characters, over the "
+                            f"{bounds.OVERRIDE_CHARS} an override may hold; set long values in the job file")
+            continue
         try:
             out.append((key, parse_yaml_value(raw)))
         except ValueError as e:
-            problems.append(f"{key}: {raw!r} (from {item!r} on the command line) is not a YAML value ({e}); "
+            problems.append(f"{key}: {show(raw)} (from the command line) is not a YAML value ({e}); "
                             "quote it or fix its syntax")
     if problems:
         raise ConfigError(problems)
@@ -195,6 +201,9 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     p: list[str] = []
     if not job.name.strip():
         p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
+    elif len(job.name) > bounds.NAME_CHARS:
+        p.append(f"name: {show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job name may "
+                 "hold (run dirs and file names are built from it); give a shorter name")
     p += check_job_name(job.name)
     p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
@@ -217,6 +226,10 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
         v = getattr(job.train, name)
         if v < 0:
             p.append(f"train.{name}: {v!r} must not be negative; use 0 or more")
+    clip = job.train.max_grad_norm
+    if clip is not None and not (math.isfinite(clip) and clip >= 0):
+        p.append(f"train.max_grad_norm: {clip!r} must be a finite number >= 0; use e.g. 1.0, or 0 (or null) to "
+                 "turn gradient clipping off")
     if job.auto_fallback < 0:
         p.append(f"auto_fallback: {job.auto_fallback!r} must not be negative; use 0 (off) or the number of retries")
     if for_run and job.train.max_steps is None and job.train.epochs is None:
@@ -237,6 +250,7 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
             p.append(f"train.lora.dropout: {lo.dropout!r} must be in [0, 1); use e.g. 0.05")
     if job.budget_bytes is not None:
         p += check_budget(job.budget_bytes)
+    p += bounds.job_problems(job)
     if isinstance(job.model, InlineArch):
         p += check_arch(job.model, job.data.max_seq_len)
     elif not job.model.strip() or "\x00" in job.model:

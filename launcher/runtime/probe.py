@@ -25,6 +25,7 @@ import torch
 from launcher.runtime import env
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
+from launcher.units import format_bytes
 
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
 """The phases whose peak the planner predicts; init, eval and checkpoint are reported beside them."""
@@ -205,7 +206,8 @@ class MemoryProbe:
             self._oom_raised = True
             total, phase = t.over_cap
             raise torch.OutOfMemoryError(
-                f"tracked tensors reached {total} bytes in phase {phase!r}, over the enforced cap of {t.cap_bytes} bytes"
+                f"tracked tensors reached {format_bytes(total)} in phase {phase!r}, over the enforced cap of "
+                f"{format_bytes(t.cap_bytes)}"
             )
 
     # -- numbers ----------------------------------------------------------------------------------------------
@@ -229,17 +231,22 @@ class MemoryProbe:
         peaks = self.phase_peaks()
         return max(peaks.values(), default=0)
 
-    def step_done(self, step: int, loss: float, tokens: int, **extra) -> dict:
-        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration."""
+    def step_done(self, step: int, loss: float | None, tokens: int | None, **extra) -> dict:
+        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration.
+
+        ``loss`` and ``tokens`` (summed over ranks) are None on a step that is not a log step (the worker reads
+        them only every train.log_every_steps): the line then has no loss and no tokens_per_s.
+        """
         now = time.perf_counter()
         dt = max(now - self._t_step, 1e-9)
         self._t_step = now
         self.step = step
-        self.losses.append(float(loss))
+        if loss is not None:
+            self.losses.append(float(loss))
         row = {
             "step": step,
-            "loss": float(loss),
-            "tokens_per_s": tokens / dt,
+            **({} if loss is None else {"loss": float(loss)}),
+            **({} if tokens is None else {"tokens_per_s": tokens / dt}),
             "step_time_s": dt,
             "mem_current_bytes": self.current_bytes(),
             "mem_peak_bytes": self.peak_bytes(),

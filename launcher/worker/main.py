@@ -70,7 +70,7 @@ def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
         check_ds_config(ds_config, plan)
         from launcher.worker.engines.deepspeed import DeepSpeedEngine
 
-        return DeepSpeedEngine(ds_config)
+        return DeepSpeedEngine(ds_config, device=device, activation_checkpointing=s.activation_checkpointing)
     from launcher.worker.engines.fsdp import FsdpEngine
 
     return FsdpEngine(
