@@ -52,21 +52,17 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
     import yaml
 
     from launcher.config.jobfile import job_to_data
-    from launcher.emit import ds_config
-    from launcher.emit.exports import accelerate_config, hf_ds_config
+    from launcher.engines import engine_spec
     from launcher.fsutil import atomic_write
 
-    hf_path = None
-    if plan.strategy.engine == "deepspeed":
-        from launcher.dscheck import check_ds_config
-
-        check_ds_config(ds_config(plan, job), plan.world_size)  # before anything is written
-        hf_path = (out / "ds_config.hf.json").resolve()
+    spec = engine_spec(plan.strategy.engine)
+    extra = spec.export_files(plan, job)  # checked (DeepSpeed's parser) before anything is written
+    paths = {name: str((out / name).resolve()) for name in extra}
     written = write_plan_outputs(out, plan, job)
     written.append(atomic_write(out / "job.yaml", yaml.safe_dump(job_to_data(job), sort_keys=False)))
-    if hf_path is not None:
-        written.append(atomic_write(hf_path, json.dumps(hf_ds_config(plan, job), indent=2) + "\n"))
-    accelerate = accelerate_config(plan, job, ds_config_file=str(hf_path) if hf_path else None)
+    for name, text in extra.items():
+        written.append(atomic_write(Path(paths[name]), text))
+    accelerate = spec.accelerate_config(plan, job, exported=paths)
     written.append(atomic_write(out / "accelerate.yaml", yaml.safe_dump(accelerate, sort_keys=False)))
     return written
 

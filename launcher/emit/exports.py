@@ -1,6 +1,6 @@
 """Configs for other tools to run the plan with: an HF Trainer DeepSpeed file and an `accelerate launch` file.
 
-Pure: ``hf_ds_config`` and ``accelerate_config`` read and write nothing.
+Pure: ``hf_ds_config`` and ``deepspeed_accelerate_config`` read and write nothing.
 
 ``hf_ds_config`` is our concrete ds_config with "auto" wherever HF Trainer fills a value from its
 TrainingArguments (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process), so
@@ -14,7 +14,7 @@ import copy
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.fsdp import accelerate_base, fsdp_config
+from launcher.emit.fsdp import accelerate_base
 from launcher.planner.plan import Plan
 
 HF_AUTO_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -47,17 +47,14 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
     return cfg
 
 
-def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None) -> dict:
-    """An `accelerate launch --config_file` config: FSDP2 from the plan, or DeepSpeed reading ``ds_config_file``.
+def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) -> dict:
+    """An `accelerate launch --config_file` config for a DeepSpeed plan, reading ``ds_config_file``.
 
     With a DeepSpeed config file accelerate takes precision, accumulation, clipping, stage and offload from that
     file and refuses them in its own config (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is
-    null and deepspeed_config holds only the file and how to start the model.
+    null and deepspeed_config holds only the file and how to start the model. (An FSDP2 plan's is the
+    ``accelerate`` section of launcher.emit.fsdp.fsdp_config; launcher.engines picks.)
     """
-    if plan.strategy.engine == "fsdp":
-        return fsdp_config(plan, job)["accelerate"]
-    if ds_config_file is None:
-        raise ValueError("accelerate_config: a DeepSpeed plan needs ds_config_file, the path of its DeepSpeed config")
     deepspeed = {
         "deepspeed_config_file": ds_config_file,
         # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init), as the plan's memory figure assumes.

@@ -12,11 +12,12 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
-from launcher.rankenv import DS_CONFIG_ENV, ENFORCE_ENV, PLAN_ENV, RUN_DIR_ENV, SNAPSHOT_ENV
+from launcher.rankenv import ENFORCE_ENV, PLAN_ENV, RUN_DIR_ENV, SNAPSHOT_ENV
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.options import RunOptions
 
@@ -50,8 +51,8 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    if plan.strategy.engine == "deepspeed":
-        env[DS_CONFIG_ENV] = str(run.path / "ds_config.json")
+    for var, name in engine_spec(plan.strategy.engine).config_env:
+        env[var] = str(run.path / name)
     if enforce:
         env[ENFORCE_ENV] = str(plan.budget_bytes)
     if snapshot:
@@ -66,15 +67,11 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
 
 
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
-    """plan.json plus the engine's config; each file written atomically."""
-    from launcher.emit import ds_config, fsdp_yaml_text
-
+    """plan.json plus the engine's config files (its spec says which); each file written atomically."""
     out.mkdir(parents=True, exist_ok=True)
     written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
-    if plan.strategy.engine == "deepspeed":
-        written.append(atomic_write(out / "ds_config.json", json.dumps(ds_config(plan, job), indent=2) + "\n"))
-    else:
-        written.append(atomic_write(out / "fsdp.yaml", fsdp_yaml_text(plan, job)))
+    for name, text in engine_spec(plan.strategy.engine).config_files(plan, job).items():
+        written.append(atomic_write(out / name, text))
     return written
 
 
