@@ -23,11 +23,12 @@ import torch.distributed as dist
 from torch import nn
 
 
-def loads_on_rank0_only(engine_name: str, zero_stage: int | None) -> bool:
-    """Whether this run builds the model on rank 0 alone (every engine but ZeRO-3, which has zero.Init), given a
-    process group of more than one rank."""
+def loads_on_rank0_only(builds_partitioned: bool) -> bool:
+    """Whether this run builds the model on rank 0 alone (every engine but one that builds it partitioned on
+    every rank, as ZeRO-3's zero.Init does: Engine.builds_partitioned), given a process group of more than one
+    rank."""
     many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return many and not (engine_name == "deepspeed" and (zero_stage or 0) >= 3)
+    return many and not builds_partitioned
 
 
 def is_loader() -> bool:

@@ -167,13 +167,13 @@ class Trainer:
     def build(self) -> None:
         job, plan = self.job, self.plan
         seed_all(job.train.seed)  # rank 0's random init is the one every rank gets
-        hf_ckpt = plan.strategy.activation_checkpointing and self.engine.name == "deepspeed"
+        hf_ckpt = plan.strategy.activation_checkpointing and self.engine.hf_checkpointing
         self.engine.before_build()
         # One host copy per job: rank 0 reads the weights, the others build on meta and receive them.
-        rank0_only = loads_on_rank0_only(self.engine.name, plan.strategy.zero_stage)
+        rank0_only = loads_on_rank0_only(self.engine.builds_partitioned)
         model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt,
                       on_meta=rank0_only and not is_loader())
-        if rank0_only and self.engine.name == "deepspeed":
+        if rank0_only and self.engine.broadcasts_weights:
             model = broadcast_from_rank0(model, self.device, WORK_DTYPES.get(plan.precision))
         self.engine.rank0_load = rank0_only
         total, trainable = count_params(model)

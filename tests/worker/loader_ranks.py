@@ -29,7 +29,7 @@ def main() -> None:
                           "data": {"path": str(out / "unused.jsonl"), "max_seq_len": 16},
                           "train": {"global_batch_size": 2, "max_steps": 1, "precision": "fp32"}})
     torch.manual_seed(1000 + rank)
-    assert loads_on_rank0_only(engine, 2)
+    assert loads_on_rank0_only(builds_partitioned=False)
     model = build(job, make_recipe("causal_lm", job.data), seq_len=16, hf_checkpointing=False, on_meta=not is_loader())
     built_on_meta = all(p.is_meta for p in model.parameters())
     device = torch.device("cpu")

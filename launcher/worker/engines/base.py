@@ -15,6 +15,12 @@ WORK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Engine(Protocol):
     name: str
+    hf_checkpointing: bool
+    """Activation checkpointing is left to transformers (True) or applied by the engine (False)."""
+    broadcasts_weights: bool
+    """The loop broadcasts rank 0's built weights before setup (True) or setup scatters them (False)."""
+    builds_partitioned: bool
+    """Every rank builds its own part of the model (ZeRO-3's zero.Init): no rank-0-only load."""
     model: torch.nn.Module
     """The module to call for forward passes (an engine wrapper or the sharded model)."""
 

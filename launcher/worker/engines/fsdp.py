@@ -19,6 +19,7 @@ from torch import nn
 
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
 from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, lr_lambda
 
 
@@ -40,6 +41,32 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
 
 class FsdpEngine:
     name = "fsdp"
+    hf_checkpointing = False
+    """Activation checkpointing wraps the blocks here (checkpoint_wrapper), not in transformers."""
+    broadcasts_weights = False
+    """Rank 0's weights reach the other ranks as shards, in setup (set_model_state_dict)."""
+    builds_partitioned = False
+    """Every rank but 0 builds on meta; rank 0 alone reads the weights."""
+
+    @classmethod
+    def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
+        s = plan.strategy
+        return cls(
+            reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
+                                       else True),
+            offload_params=s.offload_params,
+            offload_optimizer=s.offload_optimizer,
+            activation_checkpointing=s.activation_checkpointing,
+            precision=plan.precision,
+            grad_accum_steps=s.grad_accum_steps,
+            device=device,
+            sharding=s.fsdp_sharding or "full",
+        )
+
+    @staticmethod
+    def init_process_group(backend: str) -> None:
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
 
     def __init__(
         self,
