@@ -48,11 +48,3 @@ class NoPlanError(LauncherError):
     @property
     def suggestions(self) -> list[str]:
         return [ln[4:] for ln in str(self).splitlines() if ln.startswith("  - ")]
-
-
-class TrainingFailed(LauncherError):
-    exit_code = EXIT_TRAINING_FAILED
-
-
-class OverBudget(LauncherError):
-    exit_code = EXIT_OVER_BUDGET

@@ -276,6 +276,12 @@ class RunDir:
     def clear(self) -> None:
         import shutil
 
+        # Interim guard (a full marker rule is coming): never clear a filesystem root, HOME, or a directory that
+        # holds no plan.json, so --overwrite cannot empty a directory the launcher did not make.
+        here = self.path.resolve()
+        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / "plan.json").is_file():
+            raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no plan.json); "
+                              "--overwrite never clears it; choose another --run-dir")
         for p in self.path.iterdir():
             if p.name == ".lock":
                 continue
@@ -371,6 +377,3 @@ class RunDir:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
-
-    def has_checkpoint(self) -> bool:
-        return (self.checkpoint / "latest").is_file()

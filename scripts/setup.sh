@@ -9,12 +9,9 @@ stamp=.venv/.launcher-setup-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum 
 if [ -f "$stamp" ]; then exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
-else
-  # This machine kind keeps the CPU wheel of this exact version on disk; an unpinned torch pulls CUDA.
-  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
-fi
+# Pinned: this machine kind keeps the CPU wheel of this exact version on disk, and an unpinned torch pulls the
+# multi-GB CUDA build. On a GPU machine the same pin resolves to that machine's index's CUDA wheel.
+.venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
 .venv/bin/python -m pip install -q -e ".[test]"
 # NVMe offload compiles DeepSpeed's async_io op, which needs libaio's headers.
 if ! [ -e /usr/include/libaio.h ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

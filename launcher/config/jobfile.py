@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
 from collections.abc import Callable
@@ -264,7 +263,3 @@ def job_to_data(job: Job) -> dict:
     data = to_dict(job)
     data["data"]["path"] = str(data_path(job))
     return data
-
-
-def replace(job: Job, **changes) -> Job:
-    return dataclasses.replace(job, **changes)

@@ -189,7 +189,3 @@ def probe_fallback(job: Job, stats, error: BaseException) -> ActivationConstants
     print(f"launch: warning: the fake-tensor activation probe failed for this model ({detail}); planning with "
           f"Korthikanti et al.'s per-layer constants, {attention} attention, which may be off", file=sys.stderr)
     return constants
-
-
-def constants_json(c: ActivationConstants) -> dict:
-    return dataclasses.asdict(c)
