@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
 from launcher.config.job import StrategyConfig
 from launcher.errors import ConfigError
 from launcher.model.lora import LORA_RANK, lora_suggestion
 from launcher.planner.candidates import pinned
 from launcher.planner.request import PlanRequest
-from launcher.planner.scoring import Scored, evaluate
+from launcher.planner.scoring import Problem, Resource, Scored, evaluate
 from launcher.units import format_bytes
 
 
@@ -63,23 +64,56 @@ def smallest_budget(req: PlanRequest) -> tuple[int, Scored] | None:
     return (budget, hit) if hit else None
 
 
-def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> str:
-    """Exit-2 message: the smallest footprint, and what would make the job fit.
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Suggestion:
+    """One change that makes the job fit, and the plan the re-plan then found."""
+
+    change: str
+    """The change, in the job file's and the CLI's words."""
+    outcome: str
+    """The plan it gets: strategy, peak per GPU, seconds per step (and NVMe per node where it swaps)."""
+
+    def describe(self) -> str:
+        return f"{self.change}: {self.outcome}"
+
+
+@dataclass(kw_only=True, slots=True)
+class NoFit:
+    """Why nothing fits, and the changes that would: the search's answer when there is no plan."""
+
+    reasons: list[str]
+    """What was tried and the smallest footprint, one sentence each."""
+    smallest: Problem
+    """Why the smallest candidate does not fit: the resource it overruns (device, host RAM, NVMe)."""
+    suggestions: list[Suggestion] = field(default_factory=list)
+    """Each one change that re-plans to a fit; empty when none is within reach."""
+
+    @property
+    def short_of(self) -> Resource:
+        return self.smallest.resource
+
+    def suggestion_lines(self) -> list[str]:
+        if not self.suggestions:
+            return ["nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence"]
+        return [s.describe() for s in self.suggestions]
+
+
+def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> NoFit:
+    """The smallest footprint, and what would make the job fit.
 
     Every suggestion is a re-plan: the request with that one change goes through the same search, and only a
     change that then fits is offered, with the plan it gets (strategy, peak, step time).
     """
     smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
-    lines = [
+    no_fit = NoFit(reasons=[
         f"no plan fits {format_bytes(req.budget_bytes)} per GPU on {req.world_size} GPUs "
         f"({len(scored)} candidates tried); smallest footprint: {format_bytes(smallest.estimate.peak_bytes)} "
-        f"with {smallest.strategy.label()} ({smallest.problem})",
-        "what would fit:",
-    ]
+        f"with {smallest.strategy.label()} ({smallest.problem.describe()})",
+    ], smallest=smallest.problem)
 
     def offer(text: str, hit: Scored | None, extra: str = "") -> bool:
         if hit is not None:
-            lines.append(f"  - {text}: {_outcome(hit)}{extra}")
+            no_fit.suggestions.append(Suggestion(change=text, outcome=f"{_outcome(hit)}{extra}"))
         return hit is not None
 
     found = smallest_budget(req)
@@ -123,12 +157,10 @@ def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> str:
     if req.pins.micro_batch_size not in (None, 1):
         offer("a smaller micro-batch", _fits_with(req, pins=dataclasses.replace(req.pins, micro_batch_size=None)))
     if req.host_ram_per_node_bytes is not None:
-        short = sorted((c for c in scored if c.problem and c.problem.startswith("host RAM")),
+        short = sorted((c for c in scored if c.problem and c.problem.resource == "host_ram"),
                        key=lambda c: c.estimate.host_bytes_per_node)
         for c in short[:1]:
             need = _round_up(c.estimate.host_bytes_per_node)
             offer(f"more host RAM per node: {format_bytes(need)} (cluster.host_ram_per_node)",
                   _fits_with(req, host_ram_per_node_bytes=need))
-    if len(lines) == 2:
-        lines.append("  - nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence")
-    return "\n".join(lines)
+    return no_fit

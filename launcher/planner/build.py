@@ -19,7 +19,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     b = best.estimate
     reasons = []
     if status == "forced":
-        reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem}")
+        reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem.describe()}")
     else:
         reasons.append(
             f"fastest of {fit_count} fitting candidates out of {len(scored)}: predicted {b.step_time_s:.3g} s/step, "
@@ -86,7 +86,7 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
             continue
         seen.add(label)
         if c.problem:
-            reason = c.problem
+            reason = c.problem.describe()
         else:
             slower = (c.estimate.step_time_s / t0 - 1) if t0 else 0.0
             reason = f"fits but slower: {c.estimate.step_time_s:.3g} s/step (+{slower:.0%})"

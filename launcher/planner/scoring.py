@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
@@ -26,13 +27,40 @@ def activation_constants(req: PlanRequest) -> ActivationConstants:
     return req.activations or analytic_constants(req.model, req.precision)
 
 
+Resource = Literal["device", "host_ram", "nvme"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Problem:
+    """Why a candidate does not fit: the resource it overruns, what it needs and what there is, bytes."""
+
+    resource: Resource
+    """device: the usable per-GPU budget; host_ram: host RAM per node; nvme: free NVMe per node."""
+    need_bytes: int
+    """Device: the predicted peak per rank; host RAM and NVMe: bytes per node."""
+    have_bytes: int
+    """What there is of that resource, bytes (the usable budget for device)."""
+    largest: str = ""
+    """Device: the largest category of the predicted peak."""
+
+    def describe(self) -> str:
+        """The sentence plan.json's reasons and rejected alternatives carry."""
+        need, have = format_bytes(self.need_bytes), format_bytes(self.have_bytes)
+        if self.resource == "device":
+            return (f"over budget by {format_bytes(self.need_bytes - self.have_bytes)} "
+                    f"(peak {need}, largest: {self.largest})")
+        if self.resource == "host_ram":
+            return f"host RAM: needs {need} per node, has {have}"
+        return f"NVMe: needs {need}, has {have} free"
+
+
 @dataclass(slots=True)
 class Scored:
     """One candidate's estimate, and why it does not fit (None when it does)."""
 
     strategy: Strategy
     estimate: Estimate
-    problem: str | None
+    problem: Problem | None
     buckets: Buckets | None = None
 
 
@@ -55,15 +83,13 @@ def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
                    moment_bytes=mem.moment_bytes)
     problem = None
     if mem.peak_bytes > req.usable_bytes:
-        largest = max(mem.breakdown, key=mem.breakdown.get)
-        problem = (f"over budget by {format_bytes(mem.peak_bytes - req.usable_bytes)} "
-                   f"(peak {format_bytes(mem.peak_bytes)}, largest: {largest})")
+        problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
+                          largest=max(mem.breakdown, key=mem.breakdown.get))
     elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
-        problem = (f"host RAM: needs {format_bytes(mem.host_bytes_per_node)} per node, "
-                   f"has {format_bytes(req.host_ram_per_node_bytes)}")
+        problem = Problem(resource="host_ram", need_bytes=mem.host_bytes_per_node,
+                          have_bytes=req.host_ram_per_node_bytes)
     elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
-        problem = (f"NVMe: needs {format_bytes(mem.nvme_bytes_per_node)}, "
-                   f"has {format_bytes(req.nvme_free_bytes or 0)} free")
+        problem = Problem(resource="nvme", need_bytes=mem.nvme_bytes_per_node, have_bytes=req.nvme_free_bytes or 0)
     return Scored(s, est, problem, buckets)
 
 

@@ -26,7 +26,8 @@ def make_plan(req: PlanRequest) -> Plan:
         fully_pinned = len(scored) == 1
         if req.force and fully_pinned:
             return build_plan(req, scored[0], [], pins, status="forced")
-        raise NoPlanError(explain_no_fit(req, scored))
+        no_fit = explain_no_fit(req, scored)
+        raise NoPlanError(no_fit.reasons, no_fit.suggestion_lines(), short_of=no_fit.short_of)
     return build_plan(req, fits[0], scored, pins, status="fits")
 
 
