@@ -107,10 +107,6 @@ DEFAULT cap nothing. Names from oneDNN's docs, "CPU Dispatcher Control"."""
 ATEN_BELOW_BF16 = ("default", "avx2")
 """ATEN_CPU_CAPABILITY values that keep ATen's own kernels off AVX512, where its bf16 paths live."""
 
-PROFILE_CAPABILITY = {"a10g": 8.6, "l4": 8.9, "l40s": 8.9, "a100-40gb": 8.0, "a100-80gb": 8.0, "h100-80gb": 9.0,
-                      "h100-pcie": 9.0, "h200": 9.0, "b200": 10.0, "rtx4090": 8.9, "v100-16gb": 7.0}
-"""CUDA compute capability of each NVIDIA profile (NVIDIA's "CUDA GPUs" list), for plans made off the GPU node."""
-
 NATIVE_BF16_WITHOUT_CUDA = {"mi300x": "AMD CDNA3 computes bf16 natively"}
 """GPU profiles outside CUDA's capability numbering, with why they count as native bf16."""
 
@@ -164,7 +160,8 @@ def gpu_bf16_support(profile_name: str, detected: bool) -> Bf16Support:
     cap = gpu_compute_capability() if detected else None
     source = "nvidia-smi" if cap is not None else f"the {profile_name} profile"
     if cap is None:
-        cap = PROFILE_CAPABILITY.get(profile_name)
+        known = PROFILES.get(profile_name)  # the profile's own generation, for plans made off the GPU node
+        cap = known.compute_capability if known else None
     if cap is None:
         return Bf16Support(False, "cuda", f"the compute capability of {profile_name} is unknown")
     return Bf16Support(cap >= GPU_BF16_MIN_CAPABILITY, "cuda", f"compute capability {cap:g} ({source})")

@@ -144,8 +144,16 @@ def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
     return True
 
 
+SLUG_MAX_CHARS = 64
+"""Longest slug: a file name (255 bytes at most) has room for it, a timestamp and a variant index."""
+
+
 def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "job"
+    """The one file-name form of a job or variant name, for every path built from one (run dirs, the sbatch
+    script's RUN_DIR, Slurm's job name): letters, digits, '.', '_' and '-', never starting with '.' or '-', so
+    neither '..' nor a '/' nor a hidden or option-like name can come out of it."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", name[:SLUG_MAX_CHARS * 16]).strip("-.")
+    return text[:SLUG_MAX_CHARS].strip("-.") or "job"
 
 
 def default_run_dir(job_name: str, root: Path = Path("runs")) -> Path:

@@ -9,16 +9,17 @@ What runs on the nodes is launcher.backends.slurm_task.SlurmTask; sweeps go thro
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome
-from launcher.backends.slurm_state import SLURM_JSON, is_active, submitit_results
+from launcher.backends.slurm_state import SLURM_JSON, SlurmRecord, is_active, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
-from launcher.emit.slurm_params import executor_parameters
+from launcher.emit.slurm_params import executor_parameters, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
@@ -52,16 +53,19 @@ def make_executor(folder: Path, params: dict, *, max_requeues: int):
 
 def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report | None = None) -> SlurmTask:
     """What the nodes run: the session's launch spec (rank environment, script) plus the job's Slurm settings."""
-    return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, env=dict(spec.env),
+    env = dict(spec.env)
+    if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the task's CPUs (more of them for CPU Adam)
+        env["OMP_NUM_THREADS"] = str(slurm_resources(job, plan).threads_per_rank)
+    return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, env=env,
                      script=spec.script, script_args=list(spec.script_args), hang_timeout_s=spec.hang_timeout_s,
                      signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, report=report)
 
 
-def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> dict:
-    return {"kind": kind, "job_id": job_ids[0].split("_")[0] if job_ids else None, "job_ids": job_ids,
-            "submitit_folder": str(folder), "submitted_at": time.time(), "nodes": plan.nodes,
-            "gpus_per_node": plan.gpus_per_node, "timeout_min": job.slurm.timeout_min,
-            "signal_delay_s": job.slurm.signal_delay_s, "max_requeues": job.slurm.max_requeues, **extra}
+def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> SlurmRecord:
+    return SlurmRecord(kind=kind, job_id=job_ids[0].split("_")[0] if job_ids else None, job_ids=job_ids,
+                       submitit_folder=str(folder), submitted_at=time.time(), nodes=plan.nodes,
+                       gpus_per_node=plan.gpus_per_node, timeout_min=slurm_resources(job, plan).time_min,
+                       signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, **extra)
 
 
 class SlurmBackend(Backend):
@@ -79,7 +83,7 @@ class SlurmBackend(Backend):
         ex = make_executor(run.path / "submitit", params, max_requeues=self.job.slurm.max_requeues)
         sjob = ex.submit(task)
         run.write_json(SLURM_JSON, slurm_record(self.job, self.plan, kind="job", folder=ex.folder,
-                                                job_ids=[sjob.job_id]))
+                                                job_ids=[sjob.job_id]).to_json())
         run.set_state("submitted", slurm_job_id=sjob.job_id)
         return sjob
 

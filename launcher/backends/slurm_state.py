@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from launcher.errors import ConfigError
 
@@ -20,12 +23,109 @@ ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPEN
           "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SIGNALING", "STAGE_OUT", "UNKNOWN")
 
 
-def read_slurm_json(run_dir: Path) -> dict:
+SLURM_RECORD_SCHEMA = 1
+"""Version of slurm.json's layout; from_json refuses a newer one rather than misread it."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SweepRow:
+    """One planned and submitted variant of an array: a row of sweep.json and of the array's slurm.json."""
+
+    index: int
+    """The variant's position in the sweep (0-based)."""
+    name: str
+    """The variant's name (its overrides, or the list entry's name)."""
+    overrides: dict
+    """The dotted job keys this variant sets."""
+    run_dir: str
+    """The variant's own run dir."""
+    job_id: str
+    """The array task's Slurm job id (``123_4``)."""
+    plan: str
+    """The plan's label (engine, stage, micro-batch, ...)."""
+    predicted_peak_bytes: int
+    """The plan's predicted per-rank peak, bytes."""
+
+
+@dataclass(kw_only=True, slots=True)
+class UnplannedVariant:
+    """A variant that could not be planned, with the reason; it was not submitted."""
+
+    index: int
+    """The variant's position in the sweep (0-based)."""
+    name: str
+    """The variant's name."""
+    overrides: dict
+    """The dotted job keys this variant sets."""
+    reason: str
+    """Why no plan was made, one line."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SlurmRecord:
+    """RUN_DIR/slurm.json: what was submitted, written once at submit time, read by status, logs and cancel."""
+
+    kind: Literal["job", "array", "array-task"]
+    """job: one run; array: a sweep's root dir; array-task: one variant's run dir inside a sweep."""
+    job_id: str | None
+    """The Slurm job id (an array's base id, without ``_N``)."""
+    job_ids: list[str]
+    """Every submitted id: one for a job or a task, one per task for an array."""
+    submitit_folder: str
+    """submitit's folder of pickles and logs."""
+    submitted_at: float
+    """Submit time, seconds since the epoch."""
+    nodes: int
+    """Nodes per job."""
+    gpus_per_node: int
+    """Ranks per node."""
+    timeout_min: int | None
+    """The --time the job was given, minutes."""
+    signal_delay_s: int
+    """Seconds before the time limit that Slurm sends USR2 (checkpoint and requeue)."""
+    max_requeues: int
+    """Requeues allowed after a time limit or preemption."""
+    array_run_dir: str | None = None
+    """array-task: the sweep's root run dir."""
+    variant: str | None = None
+    """array-task: the variant's name."""
+    variants: list[SweepRow] = field(default_factory=list)
+    """array: the submitted variants."""
+    unplanned: list[UnplannedVariant] = field(default_factory=list)
+    """array: the variants that could not be planned."""
+    schema: int = SLURM_RECORD_SCHEMA
+    """Layout version of this file."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> SlurmRecord:
+        if int(d.get("schema", 1)) > SLURM_RECORD_SCHEMA:
+            raise ValueError(f"slurm.json schema {d['schema']} is newer than this launcher reads "
+                             f"({SLURM_RECORD_SCHEMA}); upgrade launcher")
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in d.items() if k in names}
+        known["variants"] = [SweepRow(**v) for v in d.get("variants", [])]
+        known["unplanned"] = [UnplannedVariant(**v) for v in d.get("unplanned", [])]
+        return cls(**known)
+
+    @property
+    def first_job_id(self) -> str:
+        """The job a single run or task is (its one id); an array's first task."""
+        return self.job_ids[0]
+
+
+def read_slurm_json(run_dir: Path) -> SlurmRecord:
     p = Path(run_dir) / SLURM_JSON
     if not p.is_file():
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} holds no {SLURM_JSON}; give the run dir of a job submitted "
                           "with launch --slurm")
-    return json.loads(p.read_text())
+    try:
+        return SlurmRecord.from_json(json.loads(p.read_text()))
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"RUN_DIR: {str(p)!r} cannot be read as a slurm record ({e}); was it edited by hand?") \
+            from None
 
 
 def is_active(state: str) -> bool:

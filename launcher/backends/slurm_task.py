@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from launcher.backends.base import LaunchSpec, Outcome, RankFailure
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
@@ -36,10 +37,6 @@ REQUEUE_MARGIN_S = 3.0
 """Kept back from the job's end time for `scontrol requeue` itself."""
 REPORT_WAIT_S = 60.0
 """After a good run, node 0 waits this long for the other nodes' rank files before writing report.json."""
-
-# What the signal handler decided, for the interrupted __call__ in the same process.
-_attempt: dict[str, object] = {"started": 0.0, "decision": None}
-
 
 @dataclass(kw_only=True)
 class SlurmTask:
@@ -59,6 +56,14 @@ class SlurmTask:
     """Requeues so far; carried in the pickle submitit writes at each requeue."""
     report: Callable[[RunDir, Plan, Outcome], int] | None = None
     """Node 0's verdict when the ranks end (the session's finish, pickled by reference); None: no report."""
+    # This attempt's state, shared by __call__ and the checkpoint hook: submitit's signal handler calls
+    # checkpoint() on the very object whose __call__ it interrupted (JobEnvironment._delayed.function). Not init
+    # fields, so the copy made for a requeue starts fresh.
+    started_at_s: float = field(default=0.0, init=False, repr=False, compare=False)
+    """When this attempt's __call__ began (time.time())."""
+    decision: Literal["completed", "limit", "requeue"] | None = field(default=None, init=False, repr=False,
+                                                                        compare=False)
+    """What the checkpoint hook decided; None until a signal came."""
 
     @property
     def world_size(self) -> int:
@@ -66,7 +71,7 @@ class SlurmTask:
 
     # -- the job -------------------------------------------------------------------------------------------
     def __call__(self) -> dict:
-        _attempt.update(started=time.time(), decision=None)
+        self.started_at_s, self.decision = time.time(), None
         run = RunDir(Path(self.run_dir))
         try:
             return self._call(run)
@@ -89,7 +94,7 @@ class SlurmTask:
                           hang_timeout_s=self.hang_timeout_s)
         with ranks_shielded_from(signal.SIGUSR2):
             outcome = self._run_agent(run, spec)
-        if _attempt["decision"] == "requeue":
+        if self.decision == "requeue":
             scrub_own_logs(run)  # Slurm ends this process during the wait: no finally runs
             _wait_for_requeue_kill()
         outcome = self._interpreted(run, outcome)
@@ -136,9 +141,9 @@ class SlurmTask:
             return LocalBackend().run(run, spec)
         except UncompletedJobError:
             # submitit's handler raises this when checkpoint() returned None: not requeued.
-            if _attempt["decision"] == "completed":
+            if self.decision == "completed":
                 return Outcome(ok=True)
-            if _attempt["decision"] == "limit":
+            if self.decision == "limit":
                 return Outcome(ok=False, interrupted=True, message=(
                     f"stopped at the time limit or by preemption after {self.requeues} requeue(s) "
                     f"(slurm.max_requeues={self.max_requeues}); resume with launch --slurm --resume "
@@ -170,7 +175,7 @@ class SlurmTask:
         from submitit.helpers import DelayedSubmission
 
         run = RunDir(Path(self.run_dir))
-        started = float(_attempt["started"] or time.time())
+        started = self.started_at_s or time.time()
         budget_s = checkpoint_budget_s(self.signal_delay_s)
         t0 = time.time()
         run.control.mkdir(parents=True, exist_ok=True)
@@ -184,7 +189,7 @@ class SlurmTask:
             decision = "limit"
         else:
             decision = "requeue"
-        _attempt["decision"] = decision
+        self.decision = decision
         record_requeue(run, {
             "time": time.time(), "job_id": os.environ.get("SLURM_JOB_ID"),
             "attempt": int(os.environ.get("SLURM_RESTART_COUNT") or 0), "decision": decision,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
 from launcher.backends.slurm_state import (
+    SlurmRecord,
     allocation_rows,
     current_state,
     is_active,
@@ -60,16 +62,16 @@ def add_parser(sub) -> None:
 
 
 # -- status ---------------------------------------------------------------------------------------------------
-def job_status(run_dir: Path, rec: dict, rows: list[dict]) -> dict:
+def job_status(run_dir: Path, rec: SlurmRecord, rows: list[dict]) -> dict:
     """One job (kind job or array-task): sacct records, submitit's per-task results, ranks, requeues."""
-    job_id = rec["job_ids"][0]
-    tasks = int(rec.get("nodes") or 1)
-    results = submitit_results(Path(rec["submitit_folder"]), job_id, tasks)
+    job_id = rec.first_job_id
+    tasks = rec.nodes
+    results = submitit_results(Path(rec.submitit_folder), job_id, tasks)
     plan_path = run_dir / "plan.json"
-    world = json.loads(plan_path.read_text())["world_size"] if plan_path.is_file() else tasks * rec["gpus_per_node"]
+    world = json.loads(plan_path.read_text())["world_size"] if plan_path.is_file() else tasks * rec.gpus_per_node
     state_path = run_dir / "state.json"
     return {
-        "run_dir": str(run_dir), "kind": rec["kind"], "job_id": job_id, "state": current_state(rows, job_id),
+        "run_dir": str(run_dir), "kind": rec.kind, "job_id": job_id, "state": current_state(rows, job_id),
         "requeued": restarts(rows, job_id),
         "allocations": allocation_rows(rows, job_id), "steps": step_rows(rows, job_id),
         "tasks": [{"task": t, "node": node_of(run_dir, t), "result": r} for t, r in enumerate(results)],
@@ -85,17 +87,16 @@ def node_of(run_dir: Path, task: int) -> str | None:
 
 def collect_status(run_dir: Path) -> dict:
     rec = read_slurm_json(run_dir)
-    if rec["kind"] != "array":
-        return job_status(run_dir, rec, sacct_rows(rec["job_ids"]))
-    rows = sacct_rows([rec["job_id"]])
+    if rec.kind != "array":
+        return job_status(run_dir, rec, sacct_rows(rec.job_ids))
+    rows = sacct_rows([rec.job_id])
     from launcher.backends.slurm_array import variant_row
 
     variants = []
-    for v in rec["variants"]:
-        vdir = Path(v["run_dir"])
-        variants.append({**v, "state": current_state(rows, v["job_id"]), **variant_row(vdir)})
-    return {"run_dir": str(run_dir), "kind": "array", "job_id": rec["job_id"], "variants": variants,
-            "unplanned": rec.get("unplanned", []),
+    for v in rec.variants:
+        variants.append({**dataclasses.asdict(v), "state": current_state(rows, v.job_id), **variant_row(Path(v.run_dir))})
+    return {"run_dir": str(run_dir), "kind": "array", "job_id": rec.job_id, "variants": variants,
+            "unplanned": [dataclasses.asdict(u) for u in rec.unplanned],
             "state": "RUNNING" if any(is_active(v["state"]) for v in variants) else "DONE"}
 
 
@@ -137,18 +138,18 @@ def status(args: argparse.Namespace) -> int:
 
 
 # -- logs -----------------------------------------------------------------------------------------------------
-def log_files(run_dir: Path, rec: dict, rank: int | None) -> list[tuple[str, Path]]:
-    if rec["kind"] == "array":
-        names = [v["run_dir"] for v in rec["variants"]]
+def log_files(run_dir: Path, rec: SlurmRecord, rank: int | None) -> list[tuple[str, Path]]:
+    if rec.kind == "array":
+        names = [v.run_dir for v in rec.variants]
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} is an array; give one variant's run dir: {', '.join(names)}")
     plan = json.loads((run_dir / "plan.json").read_text()) if (run_dir / "plan.json").is_file() else {}
-    world = int(plan.get("world_size") or rec["nodes"] * rec["gpus_per_node"])
+    world = int(plan.get("world_size") or rec.nodes * rec.gpus_per_node)
     if rank is not None and not 0 <= rank < world:
         raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
     ranks = [rank] if rank is not None else list(range(world))
     files = [(f"rank {r}", run_dir / "logs" / f"rank-{r}.log") for r in ranks]
-    for t in range(int(rec.get("nodes") or 1)):
-        out, err = submitit_logs(Path(rec["submitit_folder"]), rec["job_ids"][0], t)
+    for t in range(rec.nodes):
+        out, err = submitit_logs(Path(rec.submitit_folder), rec.first_job_id, t)
         files += [(f"submitit task {t} stdout", out), (f"submitit task {t} stderr", err)]
     return files
 
@@ -179,13 +180,13 @@ def logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def follow(files: list[tuple[str, Path]], rec: dict, poll_s: float = 0.5, check_every_s: float = 2.0, *,
+def follow(files: list[tuple[str, Path]], rec: SlurmRecord, poll_s: float = 0.5, check_every_s: float = 2.0, *,
            secrets: list[str] | None = None) -> None:
     """Print what the files gain, line by line with their label (secret values redacted), until the job is over."""
     from launcher.rundir import redact
 
     offsets = {p: (p.stat().st_size if p.is_file() else 0) for _, p in files}
-    job_id = rec["job_ids"][0]
+    job_id = rec.first_job_id
     last_check, active = 0.0, True
     while True:
         for label, p in files:
@@ -212,12 +213,12 @@ def cancel(args: argparse.Namespace) -> int:
     from submitit.slurm.slurm import SlurmJob
 
     rec = read_slurm_json(args.run_dir)
-    job_id = rec["job_id"] if rec["kind"] == "array" else rec["job_ids"][0]
+    job_id = rec.job_id if rec.kind == "array" else rec.first_job_id
     state = current_state(sacct_rows([job_id]), job_id)
     if state and not is_active(state):
         print(f"slurm job {job_id} already ended: {state}; nothing to cancel")
         return 0
-    SlurmJob(folder=rec["submitit_folder"], job_id=job_id).cancel(check=True)
+    SlurmJob(folder=rec.submitit_folder, job_id=job_id).cancel(check=True)
     print(f"scancel {job_id}: sent")
     if args.no_wait:
         return 0
@@ -234,7 +235,7 @@ def cancel(args: argparse.Namespace) -> int:
     print(f"slurm job {job_id}: {state}")
     from launcher.rundir import RunDir
 
-    dirs = [args.run_dir] + ([Path(v["run_dir"]) for v in rec["variants"]] if rec["kind"] == "array" else [])
+    dirs = [args.run_dir] + ([Path(v.run_dir) for v in rec.variants] if rec.kind == "array" else [])
     for d in dirs:
         RunDir(Path(d).resolve()).set_state("cancelled", message=f"slurm job {job_id}: {state}")
     return 0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, job_from_args
-from launcher.cli.render import render_plan
+from launcher.cli.render import render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
@@ -57,13 +57,12 @@ def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
 
     spec = engine_spec(plan.strategy.engine)
     extra = spec.export_files(plan, job)  # checked (DeepSpeed's parser) before anything is written
-    paths = {name: str((out / name).resolve()) for name in extra}
+    paths = {name: (out / name).resolve() for name in extra}
     written = write_plan_outputs(out, plan, job)
     written.append(atomic_write(out / "job.yaml", yaml.safe_dump(job_to_data(job), sort_keys=False)))
     for name, text in extra.items():
-        written.append(atomic_write(Path(paths[name]), text))
-    accelerate = spec.accelerate_config(plan, job, exported=paths)
-    written.append(atomic_write(out / "accelerate.yaml", yaml.safe_dump(accelerate, sort_keys=False)))
+        written.append(atomic_write(paths[name], text))
+    written.append(atomic_write(out / "accelerate.yaml", spec.accelerate_yaml(plan, job, config_dir=out)))
     return written
 
 
@@ -72,9 +71,22 @@ def run(args: argparse.Namespace) -> int:
         if args.json and args.sbatch and not args.out:
             raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "
                               "object); add --out DIR to write it there")
+        if args.sbatch and args.out is not None:
+            from launcher.config.slurm_rules import check_shell_path
+
+            bad_out = check_shell_path(args.out, "--out")  # the script names it in #SBATCH --output and RUN_DIR
+            if bad_out:
+                raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
         plan = plan_job(job, force=args.force)
+        script = None
+        if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
+            from launcher.emit.sbatch import sbatch_text
+            from launcher.rundir import slug
+
+            run_dir = args.out if args.out else Path("runs") / slug(job.name)  # slugged, as launch run's default
+            script = sbatch_text(plan, job, run_dir=run_dir, run_dir_flag="--out" if args.out else "run dir")
     except NoPlanError as e:
         if not args.json:
             raise
@@ -89,18 +101,30 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         for path in write_exports(args.out, plan, job):
             say(f"wrote {path}")
-        if args.sbatch:
-            from launcher.emit.sbatch import sbatch_text
+        if script is not None:
             from launcher.fsutil import atomic_write
 
-            say(f"wrote {atomic_write(args.out / 'job.sbatch', sbatch_text(plan, job, run_dir=args.out))}")
-    elif args.sbatch:
-        from launcher.emit.sbatch import sbatch_text
-
-        print(sbatch_text(plan, job, run_dir=Path("runs") / job.name))
+            say(f"wrote {atomic_write(args.out / 'job.sbatch', script)}")
+    elif script is not None:
+        print(script)
         return 0
+    slurm = job.launcher == "slurm" or args.sbatch
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps(plan.to_json() | ({"slurm": slurm_json(job, plan)} if slurm else {}), indent=2))
     elif not args.out:
         print(render_plan(plan, job.name, model_desc(job)))
+        if slurm:
+            from launcher.emit.slurm_params import slurm_resources
+
+            print(render_slurm_resources(slurm_resources(job, plan)))
     return 0
+
+
+def slurm_json(job: Job, plan: Plan) -> dict:
+    """What a Slurm job of this plan asks for, and which values the plan derived (``launch plan --json``)."""
+    import dataclasses
+
+    from launcher.emit.slurm_params import slurm_resources
+
+    res = slurm_resources(job, plan)
+    return dataclasses.asdict(res) | {"derived": res.derived}

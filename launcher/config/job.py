@@ -164,22 +164,28 @@ class ClusterConfig:
 
 @dataclass(kw_only=True, slots=True)
 class SlurmConfig:
-    """Slurm submission settings (launcher: slurm); each maps to an #SBATCH option or submitit parameter."""
+    """Slurm submission settings (launcher: slurm, and `launch plan --sbatch`); each maps to an #SBATCH option or
+    submitit parameter. Every value but ``setup`` is checked for its Slurm syntax and for control characters
+    (launcher.config.slurm_rules) before it is written anywhere; time, memory and CPUs left out are derived from
+    the plan (launcher.emit.slurm_params.slurm_resources)."""
 
     partition: str | None = None
-    """Slurm partition."""
+    """Slurm partition, or several joined by commas (letters, digits, '_', '-', '.')."""
     account: str | None = None
-    """Slurm account."""
+    """Slurm account (letters, digits, '_', '-', '.')."""
     qos: str | None = None
-    """Quality of service."""
-    timeout_min: int = 60
-    """Time limit, minutes."""
+    """Quality of service (letters, digits, '_', '-', '.')."""
+    timeout_min: int | None = None
+    """Time limit, minutes; None derives it from the plan: predicted step time x train.max_steps x 1.5 plus
+    10 minutes of start-up (60 when the job gives epochs instead of max_steps)."""
     cpus_per_task: int | None = None
-    """CPUs per task (one task per node runs the torchrun agent)."""
+    """CPUs per task (one task per node runs the torchrun agent and all its ranks); None derives it from the plan:
+    one per rank, four per rank when the optimizer steps on the host (CPU Adam under offload)."""
     mem_gb: float | None = None
-    """Host memory per node, GB."""
+    """Host memory per node, in Slurm's GB (--mem=64GB: Slurm counts 1024 MB to its GB, so GiB); None derives it
+    from the plan's host RAM per node x 1.25 plus each rank's process."""
     constraint: str | None = None
-    """Node feature constraint."""
+    """Node feature constraint: features joined by & | , with [] () *N ! and no spaces, e.g. a100&ib."""
     exclusive: bool = False
     """Request whole nodes."""
     signal_delay_s: int = 90
@@ -189,9 +195,11 @@ class SlurmConfig:
     array_parallelism: int = 64
     """Array tasks running at once."""
     additional_parameters: dict[str, object] = field(default_factory=dict)
-    """Extra #SBATCH directives, key to value."""
+    """Extra #SBATCH directives, sbatch long option (without dashes) to value; keys must be options sbatch or
+    submitit knows, values one line of text (a Slurm time or size where the option takes one)."""
     setup: list[str] = field(default_factory=list)
-    """Shell lines run before the job starts (quoted as given)."""
+    """Shell lines run before the job starts, written into the script exactly as given: the one place for raw
+    shell (module load, source a venv). Each item must be one line; nothing in it is quoted or checked."""
 
 
 @dataclass(kw_only=True, slots=True)

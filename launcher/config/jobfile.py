@@ -11,6 +11,7 @@ from typing import Any
 
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
+from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
@@ -188,6 +189,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     p: list[str] = []
     if not job.name.strip():
         p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
+    p += check_job_name(job.name)
+    p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
     _positive(p, "train.global_batch_size", job.train.global_batch_size, "use e.g. global_batch_size: 32")
     _positive(p, "train.lr", job.train.lr, "use e.g. lr: 2.0e-5")
@@ -198,6 +201,11 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
+    per_node = job.cluster.gpus_per_node
+    if job.gpus and per_node and job.gpus > per_node:
+        # gpus is per node: planning 16 on an 8-GPU node would export a world no node can hold.
+        p.append(f"gpus: {job.gpus} per node is more than cluster.gpus_per_node {per_node}; use --gpus {per_node} "
+                 f"--nodes {-(-job.gpus * (job.nodes or 1) // per_node)}, or fix cluster.gpus_per_node")
     _positive(p, "slurm.timeout_min", job.slurm.timeout_min, "use e.g. timeout_min: 60")
     for name in ("warmup_steps", "eval_every_steps", "checkpoint_every_steps", "seed"):
         v = getattr(job.train, name)

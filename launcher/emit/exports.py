@@ -1,6 +1,6 @@
 """Configs for other tools to run the plan with: an HF Trainer DeepSpeed file and an `accelerate launch` file.
 
-Pure: ``hf_ds_config`` and ``deepspeed_accelerate_config`` read and write nothing.
+Pure: ``hf_ds_config``, ``deepspeed_accelerate_config`` and ``accelerate_yaml_text`` read and write nothing.
 
 ``hf_ds_config`` is our concrete ds_config with "auto" wherever HF Trainer fills a value from its
 TrainingArguments (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process), so
@@ -11,6 +11,9 @@ decisions (stage, offload, bucket sizes) stay concrete, because they are what th
 from __future__ import annotations
 
 import copy
+import shlex
+
+import yaml
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
@@ -28,8 +31,9 @@ HF_AUTO_SCHEDULER = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "tota
 
 
 def hf_ds_config(plan: Plan, job: Job) -> dict:
-    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))`` or
-    ``accelerate launch``: ds_config(plan, job) with "auto" where the Trainer fills values."""
+    """The DeepSpeed config for ``Trainer(args=TrainingArguments(deepspeed="ds_config.hf.json"))``:
+    ds_config(plan, job) with "auto" where the Trainer fills values. Not for a bare ``accelerate launch``, which
+    fills "auto" with its own defaults (accelerate.yaml points at the concrete ds_config.json)."""
     cfg = copy.deepcopy(ds_config(plan, job))
     for key in HF_AUTO_TOP:
         cfg[key] = "auto"
@@ -48,12 +52,15 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
 
 
 def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) -> dict:
-    """An `accelerate launch --config_file` config for a DeepSpeed plan, reading ``ds_config_file``.
+    """An `accelerate launch --config_file` config for a DeepSpeed plan, reading ``ds_config_file``. (An FSDP2
+    plan's is the ``accelerate`` section of launcher.emit.fsdp.fsdp_config; the engine's spec picks.)
 
-    With a DeepSpeed config file accelerate takes precision, accumulation, clipping, stage and offload from that
-    file and refuses them in its own config (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is
-    null and deepspeed_config holds only the file and how to start the model. (An FSDP2 plan's is the
-    ``accelerate`` section of launcher.emit.fsdp.fsdp_config; launcher.engines picks.)
+    ``ds_config_file`` is the concrete ds_config.json (not the HF variant): accelerate fills an "auto" precision
+    from its own mixed_precision, which its launcher sets to "no" when the config file has none, and an "auto"
+    accumulation from its own default of 1; concrete values it keeps. With a DeepSpeed config file accelerate
+    refuses precision, accumulation, clipping, stage and offload in its own config
+    (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is null and deepspeed_config holds only the
+    file and how to start the model.
     """
     deepspeed = {
         "deepspeed_config_file": ds_config_file,
@@ -63,3 +70,54 @@ def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) ->
     if plan.nodes > 1:
         deepspeed["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, as launch does
     return {**accelerate_base(plan, "DEEPSPEED", None), "deepspeed_config": deepspeed}
+
+
+def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py", *, env: str = "") -> str:
+    """The command that runs the plan through accelerate with ``config_file``: what the file cannot say goes
+    on the line (``env``: what the engine reads only from its environment, e.g. FSDP's accumulation; several
+    nodes: this node's rank and the head node)."""
+    parts = [env] if env else []
+    parts += ["accelerate", "launch", "--config_file", shlex.quote(config_file)]
+    if plan.nodes > 1:
+        parts += ["--machine_rank", "$NODE_RANK", "--main_process_ip", "$HEAD_NODE"]
+    return " ".join([*parts, script])
+
+
+def deepspeed_notes(ds_config_file: str) -> list[str]:
+    """What a script run with a DeepSpeed accelerate.yaml must do."""
+    return [
+        f"Precision, micro-batch, accumulation, optimizer and schedule are in {ds_config_file}:",
+        "  pass accelerate.utils.DummyOptim (and DummyScheduler, if you pass one) to accelerator.prepare.",
+        "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
+        "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
+    ]
+
+
+FSDP_NOTES = [
+    "GPUs only: accelerate applies FSDP2 (fully_shard) on GPUs; on CPU ranks it ignores the FSDP settings",
+    "  (with ACCELERATE_USE_CPU=1 it runs unsharded DDP over gloo), so the plan's memory does not hold there.",
+]
+"""What a script run with an FSDP2 accelerate.yaml must know."""
+
+
+def accelerate_yaml_text(plan: Plan, *, title: str, config: dict, config_file: str, env: str = "",
+                         notes: list[str]) -> str:
+    """``accelerate.yaml``: the engine's accelerate ``config`` under a header with the launch line and what the
+    script must do (``notes``, the engine's)."""
+    s = plan.strategy
+    lines = [
+        f"{title}, {_count(plan.nodes, 'node')} x {_count(plan.gpus_per_node, 'rank')}, {plan.precision}, micro-batch "
+        f"{s.micro_batch_size}, accumulation {s.grad_accum_steps}. Launch (on every node):",
+        f"  {accelerate_launch_line(plan, config_file, env=env)}",
+    ]
+    if plan.nodes > 1:
+        lines += ["  NODE_RANK: 0 on the head node, 1..N-1 on the others; HEAD_NODE: the head node's address.",
+                  "  Without --machine_rank accelerate stops; without --main_process_ip it retries the marker name."]
+    lines.append(f"train.py's DataLoader: batch_size={s.micro_batch_size} per process (accelerate has no key for it).")
+    lines += notes
+    header = "".join(f"# {line}\n" for line in lines)
+    return header + yaml.safe_dump(config, sort_keys=False)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

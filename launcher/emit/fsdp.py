@@ -5,7 +5,7 @@ Pure: ``fsdp_config``, ``fsdp_yaml_text`` and ``accelerate_yaml_text`` read and 
 ``fsdp.yaml`` is one YAML document with two sections: ``fsdp2`` (the fully_shard settings: resharding, the
 device mesh, MixedPrecisionPolicy and CPUOffloadPolicy, checkpointing, the wrapped units) and ``accelerate``
 (a config file for ``accelerate launch``, whose loader rejects any other top-level key, so it gets the
-``accelerate`` section alone: ``accelerate_yaml_text``, or the command in the file's header).
+``accelerate`` section alone: ``accelerate_yaml_text``, or ``plan --out``'s accelerate.yaml with its launch line).
 
 The two sections agree on sharding, offload, checkpointing and the wrap unit. They differ in one place
 accelerate does not let a config file control: accelerate's FSDP2 mixed precision reduces gradients in the
@@ -34,27 +34,45 @@ MESH_DIM_NAMES_FULL = ("shard",)
 _YAML_HEADER = """\
 # FSDP2 plan: `fsdp2` is what the launcher's worker applies (torch.distributed.fsdp.fully_shard);
 # `accelerate` is the same as an `accelerate launch` config. accelerate reads only that section:
-#   python -c "import sys, yaml; yaml.safe_dump(yaml.safe_load(open('fsdp.yaml'))['accelerate'], sys.stdout)" \\
-#     > accelerate.yaml && accelerate launch --config_file accelerate.yaml train.py
+# `launch plan --out DIR` writes it alone as DIR/accelerate.yaml, whose header gives the launch line
+# (the accumulation goes in ACCELERATE_GRADIENT_ACCUMULATION_STEPS; several nodes add --machine_rank and
+# --main_process_ip).
 """
 
 
 
+MACHINE_RANK_UNSET = "SET_BY_--machine_rank"
+"""machine_rank of a multi-node accelerate config: each node passes its own with `--machine_rank`. accelerate
+takes the flag over the file; without the flag it stops at once (int() of this text names the flag)."""
+MAIN_PROCESS_IP_UNSET = "SET_BY_--main_process_ip"
+"""main_process_ip of a multi-node accelerate config: the head node is known only when the job runs. Without
+`--main_process_ip` torchrun retries this name, and its warning names the flag (never a wrong host: leaving the key
+out would rendezvous at `None:29500`)."""
+
+
 def accelerate_base(plan: Plan, distributed_type: str, mixed_precision: str | None) -> dict:
-    """The keys every accelerate config file needs, for one machine's view of the plan's world."""
+    """The keys every accelerate config file needs, for one machine's view of the plan's world.
+
+    On one node the file is complete. On several, the node's rank and the head node's address are not in the
+    plan, so they hold a marker that accelerate refuses unless `--machine_rank` / `--main_process_ip` are given.
+    """
+    multinode = plan.nodes > 1
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": distributed_type,
+        # Required by accelerate's loader; None for DeepSpeed, whose config file holds the precision.
         "mixed_precision": mixed_precision,
         "num_machines": plan.nodes,
         "num_processes": plan.world_size,
-        "machine_rank": 0,
+        "machine_rank": MACHINE_RANK_UNSET if multinode else 0,
+        **({"main_process_ip": MAIN_PROCESS_IP_UNSET} if multinode else {}),
         "main_training_function": "main",
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
         "debug": False,
     }
+
 
 def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
     """``{"fsdp2": ..., "accelerate": ...}`` for an FSDP plan.
@@ -113,8 +131,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         # Rank 0 alone reads pretrained weights into host RAM; the rest start on meta and get a broadcast.
         "fsdp_cpu_ram_efficient_loading": True,
     })
-    # Keys as `accelerate config` writes them for FSDP2; main_process_ip/port are left to the launch line
-    # (on Slurm they are only known once the job runs).
+    # Keys as `accelerate config` writes them for FSDP2; on several nodes machine_rank and main_process_ip come
+    # from the launch line (on Slurm they are only known once the job runs).
     accelerate = accelerate_base(plan, "FSDP", _ACCELERATE_MIXED_PRECISION[plan.precision])
     accelerate["fsdp_config"] = fsdp_section
     if hybrid:

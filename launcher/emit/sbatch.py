@@ -8,7 +8,12 @@ allocation (at its NodeAddr, as scontrol knows it; no localhost fallback, pytorc
 Requeue, as in the submitit path: ``--signal=B:USR2@signal_delay_s`` reaches only the batch shell, whose trap
 drops RUN_DIR/control/checkpoint; the ranks save at the next optimizer step and exit 0 ('checkpointed'); the
 script then runs ``scontrol requeue`` while SLURM_RESTART_COUNT < slurm.max_requeues, and the requeued job
-resumes from RUN_DIR/checkpoint/latest. Every value that reaches the shell is quoted (shlex.quote).
+resumes from RUN_DIR/checkpoint/latest.
+
+What reaches the shell: every value is checked (launcher.config.slurm_rules: no control characters, each Slurm
+option's syntax) and then quoted (shlex.quote), so it stays one word on one line; the run dir is checked here too.
+``slurm.setup`` is the one exception, written as given: raw shell by design. --time, --mem and --cpus-per-task come
+from ``slurm_resources`` (the job's, or derived from the plan), and the ranks get OMP_NUM_THREADS to match.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 import yaml
 
 from launcher.config.job import Job
+from launcher.config.slurm_rules import check_shell_path
+from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rankenv import PLAN_ENV, RUN_DIR_ENV
 
@@ -29,7 +36,7 @@ HEADER = """#!/bin/bash
 # {name}: {label} on {nodes} node(s) x {gpus} GPU(s); predicted peak {peak:.3f} GB of {budget:.3f} GB per GPU.
 # Written by `launch plan --sbatch`. The run dir must exist before `sbatch` (Slurm opens --output first):
 #   mkdir -p {run_dir_q} && sbatch THIS_FILE
-"""
+{derived}"""
 
 BODY = """
 set -euo pipefail
@@ -50,6 +57,7 @@ head_addr=${{head_addr:-$head_host}}
 port=$((20000 + SLURM_JOB_ID % 20000))
 
 export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shared by the node's ranks
 {ds_export}
 # USR2 comes here only (B:); the ranks poll the control file at every optimizer step.
 rm -f "$RUN_DIR/control/checkpoint"
@@ -96,19 +104,27 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
     return files
 
 
-def sbatch_text(plan: Plan, job: Job, run_dir: Path) -> str:
-    """The sbatch script for ``plan``; ConfigError (exit 2) if the slurm: section has a problem."""
-    from launcher.emit.slurm_params import directives
+def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run dir") -> str:
+    """The sbatch script for ``plan``; ConfigError (exit 2) if the slurm: section or the run dir (given by
+    ``run_dir_flag``, named in the message) has a problem."""
+    from launcher.emit.slurm_params import directives, slurm_resources
 
+    bad_path = check_shell_path(run_dir, run_dir_flag)
+    if bad_path:
+        raise ConfigError(bad_path)
+    res = slurm_resources(job, plan)
+    flags = directives(job, plan, resources=res)  # checks the slurm: section and the name first
     run_dir_q = shlex.quote(str(run_dir))
+    derived = f"# From the plan: {' '.join(res.derived)} (`launch plan` says how); the rest as the job sets it.\n"
     out = [HEADER.format(name=" ".join(job.name.split()), label=plan.strategy.label(), nodes=plan.nodes,
                          gpus=plan.gpus_per_node, peak=plan.estimate.peak_bytes / 1e9,
-                         budget=plan.budget_bytes / 1e9, run_dir_q=run_dir_q)]
-    flags = directives(job, plan)
+                         budget=plan.budget_bytes / 1e9, run_dir_q=run_dir_q,
+                         derived=derived if res.derived else "")]
     flags["signal"] = f"B:USR2@{job.slurm.signal_delay_s}"
     flags["requeue"] = True
     flags["open-mode"] = "append"
-    flags["output"] = f"{run_dir}/slurm-%j.out"
+    # Slurm expands %j, %u, ... in the file name; a % of the path itself is written %%.
+    flags["output"] = f"{str(run_dir).replace('%', '%%')}/slurm-%j.out"
     out += [_flag(k, v) for k, v in flags.items()]
     files = "\n".join(heredoc(name, text) for name, text in run_files(plan, job).items())
     setup = "\n# setup (slurm.setup)\n" + "\n".join(job.slurm.setup) + "\n" if job.slurm.setup else ""
@@ -116,6 +132,6 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path) -> str:
 
     ds_export = "".join(f'export {var}="$RUN_DIR/{name}"\n' for var, name in engine_spec(plan.strategy.engine).config_env)
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
-                           nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export,
+                           nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export, threads=res.threads_per_rank,
                            run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV))
     return "\n".join(out).replace("\n\n\n", "\n\n")

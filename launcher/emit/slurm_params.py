@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
+from typing import Literal
 
 from launcher.config.job import Job, SlurmConfig
+from launcher.config.slurm_rules import KEY, TIMEOUT_MAX_MIN, check_job_name, check_slurm_values
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import slug
+from launcher.units import GB, GiB
 
 # Keys this backend derives from SlurmConfig fields or from the plan: a user sets the field, not the key.
 OWNED = {
@@ -59,10 +65,12 @@ def _key(k: str) -> str:
 
 def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = None) -> list[str]:
     """Every problem with the slurm: section, one line each (field, value, rule, fix)."""
-    p: list[str] = []
-    if cfg.timeout_min < 1:
+    p: list[str] = check_slurm_values(cfg)  # syntax and control characters; setup lines are raw shell
+    if cfg.timeout_min is not None and cfg.timeout_min < 1:
         p.append(f"slurm.timeout_min: {cfg.timeout_min!r} must be at least 1 (Slurm's unit is minutes); e.g. 60")
-    elif not 0 <= cfg.signal_delay_s < cfg.timeout_min * 60:
+    elif cfg.signal_delay_s < 0:
+        p.append(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must not be negative; e.g. 90")
+    elif cfg.timeout_min is not None and cfg.signal_delay_s >= cfg.timeout_min * 60:
         p.append(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must be in [0, timeout_min*60 = "
                  f"{cfg.timeout_min * 60}) so the checkpoint signal comes before the limit; e.g. 90")
     if cfg.max_requeues < 0:
@@ -70,12 +78,11 @@ def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = Non
     if cfg.array_parallelism < 1:
         p.append(f"slurm.array_parallelism: {cfg.array_parallelism!r} must be at least 1; e.g. 64")
     if cfg.cpus_per_task is not None and cfg.cpus_per_task < 1:
-        p.append(f"slurm.cpus_per_task: {cfg.cpus_per_task!r} must be at least 1; leave it out for one CPU per rank")
+        p.append(f"slurm.cpus_per_task: {cfg.cpus_per_task!r} must be at least 1; leave it out to derive it from "
+                 "the plan")
     if cfg.mem_gb is not None and cfg.mem_gb <= 0:
-        p.append(f"slurm.mem_gb: {cfg.mem_gb!r} must be greater than 0; e.g. 64, or leave it out for Slurm's default")
-    for i, line in enumerate(cfg.setup):
-        if not isinstance(line, str) or "\n" in line:
-            p.append(f"slurm.setup[{i}]: {line!r} must be one shell line (a string without newlines); split it")
+        p.append(f"slurm.mem_gb: {cfg.mem_gb!r} must be greater than 0; e.g. 64, or leave it out to derive it from "
+                 "the plan")
     p += check_additional(cfg.additional_parameters, sbatch_options=sbatch_options)
     return p
 
@@ -88,6 +95,8 @@ def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str]
     for raw, value in extra.items():
         key = _key(str(raw))
         where = f"slurm.additional_parameters.{raw}"
+        if not KEY.fullmatch(str(raw)):
+            continue  # not an option name at all (a newline, a space): check_slurm_values names it
         if key in OWNED:
             p.append(f"{where}: is set by the launcher; set {OWNED[key]} instead")
         elif key not in valid:
@@ -103,27 +112,157 @@ def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str]
     return p
 
 
-def cpus_per_task(cfg: SlurmConfig, plan: Plan) -> int:
-    """One CPU per rank unless the job says otherwise: the node's one task runs all its ranks."""
-    return cfg.cpus_per_task or plan.gpus_per_node
+TIME_FACTOR = 1.5
+"""Margin on the predicted training time: the cost model's step time is a prediction (benchmarks/results/
+plan_quality.md), and a run that outlives its limit still checkpoints and requeues (slurm.max_requeues)."""
+STARTUP_S = 600
+"""Added to the predicted training time for start-up and the end: imports, the weight load, DeepSpeed's op build,
+rendezvous, checkpoints and the report."""
+MEM_FACTOR = 1.25
+"""Margin on the plan's host RAM per node (offloaded optimizer states and parameters, the weight load)."""
+RANK_PROCESS_BYTES = {"cuda_reserved_plus_context": 4 * GB, "cpu_tensor_bytes": 1 * GB}
+"""Host memory of one rank's process beyond the plan's tensors, bytes, by the plan's basis (GPU or CPU ranks):
+Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability-slurm.md);
+on GPU ranks also CUDA's libraries and pinned staging buffers (assumed, not measured here)."""
+HOST_OPTIMIZER_CPUS_PER_RANK = 4
+"""CPUs per rank when the optimizer steps on the host (DeepSpeedCPUAdam, FSDP2 CPU offload): an OpenMP loop over
+the rank's fp32 shard, so the ranks get OMP_NUM_THREADS of them; one CPU per rank otherwise."""
+MEM_KEYS_ELSEWHERE = ("mem_per_cpu", "mem_per_gpu")
+"""additional_parameters that set memory another way: sbatch refuses them beside --mem, so none is derived."""
+CPU_KEYS_ELSEWHERE = ("cpus_per_gpu",)
+"""additional_parameters that set CPUs another way: sbatch refuses them beside --cpus-per-task."""
+
+Source = Literal["job", "plan", "default", "none"]
 
 
-def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] | None = None) -> dict[str, object]:
-    """Keyword arguments for ``SlurmExecutor.update_parameters``; ConfigError lists every problem."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SlurmResources:
+    """Time, memory and CPUs a Slurm job asks for, and where each came from: the job (pinned in slurm:), the plan
+    (derived), a default (time, when the job gives epochs), or none (set another way through
+    additional_parameters). The sbatch script and the submitit parameters both use it; cli/ renders it."""
+
+    time_min: int
+    """--time, minutes."""
+    time_source: Source
+    """Where time_min came from."""
+    predicted_train_s: float | None
+    """Predicted step time x train.max_steps, seconds; None when the job gives epochs."""
+    mem_bytes: int | None
+    """--mem per node, bytes (rendered in whole GiB when derived); None: not set (mem_per_cpu or mem_per_gpu)."""
+    mem_source: Source
+    """Where mem_bytes came from."""
+    predicted_host_bytes: int
+    """The plan's host RAM per node, bytes, before the margin."""
+    mem_capped: bool
+    """The derivation was cut to cluster.host_ram_per_node (a node cannot give more)."""
+    cpus_per_task: int | None
+    """--cpus-per-task (the node's one task runs every rank); None: not set (cpus_per_gpu)."""
+    cpus_source: Source
+    """Where cpus_per_task came from."""
+    host_optimizer: bool
+    """The optimizer steps on the host (CPU Adam), so each rank gets HOST_OPTIMIZER_CPUS_PER_RANK CPUs."""
+    threads_per_rank: int
+    """OMP_NUM_THREADS for the ranks: cpus_per_task shared by the node's ranks (1 when not set)."""
+
+    @property
+    def derived(self) -> list[str]:
+        """The sbatch options derived from the plan, sbatch spelling."""
+        return [o for o, src in (("--time", self.time_source), ("--mem", self.mem_source),
+                                 ("--cpus-per-task", self.cpus_source)) if src == "plan"]
+
+
+def host_optimizer(plan: Plan) -> bool:
+    """The optimizer steps on the host CPUs (offloaded optimizer, or FSDP2 parameters on the CPU); CPU ranks
+    always step on their own cores, so they are not counted here."""
+    s = plan.strategy
+    if plan.estimate.basis == "cpu_tensor_bytes":
+        return False
+    return engine_spec(s.engine).optimizer_on_host(s)
+
+
+def slurm_resources(job: Job, plan: Plan) -> SlurmResources:
+    """--time, --mem and --cpus-per-task: the job's when it pins them, else derived from the plan (pure)."""
+    cfg, ranks = job.slurm, plan.gpus_per_node
+    extra = {_key(str(k)) for k in cfg.additional_parameters}
+    steps = job.train.max_steps
+    train_s = plan.estimate.step_time_s * steps if steps else None
+    if cfg.timeout_min is not None:
+        time_min, time_src = cfg.timeout_min, "job"
+    elif train_s is not None:
+        # At least one minute past the checkpoint signal, so USR2 always comes inside the limit.
+        time_min = max(math.ceil((train_s * TIME_FACTOR + STARTUP_S) / 60), cfg.signal_delay_s // 60 + 1)
+        time_min, time_src = min(time_min, TIMEOUT_MAX_MIN), "plan"
+    else:
+        time_min, time_src = max(60, cfg.signal_delay_s // 60 + 1), "default"
+    host = plan.estimate.host_bytes_per_node
+    capped = False
+    if cfg.mem_gb is not None:
+        mem, mem_src = int(cfg.mem_gb * GiB), "job"
+    elif extra & set(MEM_KEYS_ELSEWHERE):
+        mem, mem_src = None, "none"
+    else:
+        need = host * MEM_FACTOR + ranks * RANK_PROCESS_BYTES.get(plan.estimate.basis, 4 * GB)
+        mem, mem_src = math.ceil(need / GiB) * GiB, "plan"
+        node = job.cluster.host_ram_per_node_bytes
+        if node is not None and mem > node:
+            mem, capped = node // GiB * GiB, True
+    on_host = host_optimizer(plan)
+    if cfg.cpus_per_task is not None:
+        cpus, cpus_src = cfg.cpus_per_task, "job"
+    elif extra & set(CPU_KEYS_ELSEWHERE):
+        cpus, cpus_src = None, "none"
+    else:
+        cpus, cpus_src = ranks * (HOST_OPTIMIZER_CPUS_PER_RANK if on_host else 1), "plan"
+    return SlurmResources(time_min=time_min, time_source=time_src, predicted_train_s=train_s, mem_bytes=mem,
+                          mem_source=mem_src, predicted_host_bytes=host, mem_capped=capped, cpus_per_task=cpus,
+                          cpus_source=cpus_src, host_optimizer=on_host,
+                          threads_per_rank=max(1, (cpus or ranks) // ranks))
+
+
+def combined(resources: list[SlurmResources]) -> SlurmResources:
+    """One allocation for several plans (a sweep's array): the largest of each, so every variant fits."""
+    best = resources[0]
+    for r in resources[1:]:
+        best = SlurmResources(
+            time_min=max(best.time_min, r.time_min), time_source=best.time_source,
+            predicted_train_s=max(best.predicted_train_s or 0.0, r.predicted_train_s or 0.0) or None,
+            mem_bytes=None if best.mem_bytes is None else max(best.mem_bytes, r.mem_bytes or 0),
+            mem_source=best.mem_source, predicted_host_bytes=max(best.predicted_host_bytes, r.predicted_host_bytes),
+            mem_capped=best.mem_capped or r.mem_capped,
+            cpus_per_task=None if best.cpus_per_task is None else max(best.cpus_per_task, r.cpus_per_task or 0),
+            cpus_source=best.cpus_source, host_optimizer=best.host_optimizer or r.host_optimizer,
+            threads_per_rank=max(best.threads_per_rank, r.threads_per_rank))
+    return best
+
+
+def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] | None = None,
+                        resources: SlurmResources | None = None) -> dict[str, object]:
+    """Keyword arguments for ``SlurmExecutor.update_parameters``; ConfigError lists every problem.
+
+    ``resources`` (a sweep's combined allocation) replaces what ``slurm_resources(job, plan)`` would derive.
+    """
     cfg = job.slurm
-    problems = check_slurm(cfg, sbatch_options=sbatch_options)
+    problems = check_job_name(job.name) + check_slurm(cfg, sbatch_options=sbatch_options)
     if problems:
         raise ConfigError(problems)
+    res = resources or slurm_resources(job, plan)
+    if not 0 <= cfg.signal_delay_s < res.time_min * 60:
+        raise ConfigError(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must be in [0, time limit*60 = "
+                          f"{res.time_min * 60}) so the checkpoint signal comes before the limit; e.g. 90")
     params: dict[str, object] = {
-        "job_name": slug(job.name), "time": cfg.timeout_min, "nodes": plan.nodes, "ntasks_per_node": 1,
-        "gpus_per_node": plan.gpus_per_node, "cpus_per_task": cpus_per_task(cfg, plan),
-        "signal_delay_s": cfg.signal_delay_s, "array_parallelism": cfg.array_parallelism,
+        "job_name": slug(job.name), "time": res.time_min, "nodes": plan.nodes, "ntasks_per_node": 1,
+        "gpus_per_node": plan.gpus_per_node, "signal_delay_s": cfg.signal_delay_s,
+        "array_parallelism": cfg.array_parallelism,
     }
+    if res.cpus_per_task is not None:
+        params["cpus_per_task"] = res.cpus_per_task
     for name in ("partition", "account", "qos", "constraint"):
         if getattr(cfg, name) is not None:
             params[name] = getattr(cfg, name)
-    if cfg.mem_gb is not None:
+    if res.mem_source == "job":
         params["mem"] = _mem(cfg.mem_gb)
+    elif res.mem_bytes is not None:
+        params["mem"] = f"{res.mem_bytes // GiB}G"
     if cfg.exclusive:
         params["exclusive"] = True
     if cfg.setup:
@@ -146,9 +285,10 @@ def _mem(mem_gb: float) -> str:
     return f"{int(mem_gb)}GB" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}MB"
 
 
-def directives(job: Job, plan: Plan, *, sbatch_options: frozenset[str] | None = None) -> dict[str, object]:
+def directives(job: Job, plan: Plan, *, sbatch_options: frozenset[str] | None = None,
+               resources: SlurmResources | None = None) -> dict[str, object]:
     """The #SBATCH directives (sbatch spelling, dashed) the plain sbatch script carries, in a stable order."""
-    params = executor_parameters(job, plan, sbatch_options=sbatch_options)
+    params = executor_parameters(job, plan, sbatch_options=sbatch_options, resources=resources)
     out: dict[str, object] = {}
     for key in ("job_name", "nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem", "time",
                 "partition", "account", "qos", "constraint", "exclusive"):

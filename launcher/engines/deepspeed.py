@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.exports import deepspeed_accelerate_config, hf_ds_config
+from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
@@ -324,8 +325,23 @@ class DeepSpeedSpec(EngineSpec):
         check_ds_config(ds_config(plan, job), plan.world_size)
         return {HF_EXPORT: json.dumps(hf_ds_config(plan, job), indent=2) + "\n"}
 
-    def accelerate_config(self, plan: Plan, job: Job, *, exported: dict[str, str]) -> dict:
-        return deepspeed_accelerate_config(plan, job, ds_config_file=exported[HF_EXPORT])
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
+        # accumulation with its own defaults (no mixed precision, 1), not the plan's.
+        if config_dir is None:
+            raise ValueError("accelerate_config: a DeepSpeed plan needs ds_config_file, the path of its DeepSpeed "
+                             "config: give config_dir, the directory holding ds_config.json")
+        return deepspeed_accelerate_config(plan, job, ds_config_file=self._ds_file(config_dir))
+
+    @staticmethod
+    def _ds_file(config_dir: Path) -> str:
+        return str((Path(config_dir) / "ds_config.json").resolve())
+
+    def accelerate_title(self, s: Strategy) -> str:
+        return f"DeepSpeed ZeRO-{s.zero_stage}"
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        return deepspeed_notes(self._ds_file(config_dir))
 
     def title(self, s: Strategy, nodes: int) -> str:
         return f"DeepSpeed ZeRO-{s.zero_stage}"

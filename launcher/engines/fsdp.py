@@ -8,8 +8,10 @@ across groups.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from launcher.config.job import Job
+from launcher.emit.exports import FSDP_NOTES
 from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.planner.plan import Buckets, Plan, Strategy
@@ -136,10 +138,14 @@ class FsdpSpec(EngineSpec):
             return Traffic(intra_node_bytes=volume * ring(g), inter_node_bytes=cross, calls=calls + accum * units)
         return over_links(inp, volume, calls)
 
+    def optimizer_on_host(self, s: Strategy) -> bool:
+        # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
+        return s.offload_optimizer != "none" or s.offload_params == "cpu"
+
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
         m, hw = inp.model, inp.hardware
         offload = 0.0
-        if s.offload_optimizer != "none" or s.offload_params == "cpu":
+        if self.optimizer_on_host(s):
             # The optimizer runs over this rank's shard: 1/N of the model, or 1/gpus_per_node under hybrid.
             offload += optimizer_offload_s(inp, m.trainable_params / fsdp_shard_ranks(inp, s),
                                            s.offload_optimizer == "nvme")
@@ -169,8 +175,18 @@ class FsdpSpec(EngineSpec):
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
         return {}  # the ranks read plan.json; fsdp.yaml documents the same settings
 
-    def accelerate_config(self, plan: Plan, job: Job, *, exported: dict[str, str]) -> dict:
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
         return fsdp_config(plan, job)["accelerate"]
+
+    def accelerate_title(self, s: Strategy) -> str:
+        return "FSDP2"
+
+    def accelerate_env(self, plan: Plan) -> str:
+        # accelerate reads FSDP's accumulation only from its environment.
+        return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        return list(FSDP_NOTES)
 
     def title(self, s: Strategy, nodes: int) -> str:
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.config.job import Job, Offload, StrategyConfig
+from launcher.emit.exports import accelerate_yaml_text
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
@@ -92,6 +94,10 @@ class EngineSpec:
         """Per-rank collective traffic of one optimizer step, on more than one rank."""
         raise NotImplementedError
 
+    def optimizer_on_host(self, s: Strategy) -> bool:
+        """The optimizer steps on the host CPUs (its state offloaded)."""
+        return s.offload_optimizer != "none"
+
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
         raise NotImplementedError
@@ -117,9 +123,27 @@ class EngineSpec:
         """`plan --out`'s extra files for other tools, each checked before anything is written."""
         return {}
 
-    def accelerate_config(self, plan: Plan, job: Job, *, exported: dict[str, str]) -> dict:
-        """An `accelerate launch --config_file` config; ``exported`` maps export_files' names to their paths."""
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        """An `accelerate launch --config_file` config; ``config_dir`` holds the engine's config files."""
         raise NotImplementedError
+
+    def accelerate_title(self, s: Strategy) -> str:
+        raise NotImplementedError
+
+    def accelerate_env(self, plan: Plan) -> str:
+        """What the launch line sets in the environment because accelerate reads it only from there."""
+        return ""
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        """What a script run with this engine's accelerate.yaml must do."""
+        raise NotImplementedError
+
+    def accelerate_yaml(self, plan: Plan, job: Job, *, config_dir: Path) -> str:
+        """`plan --out`'s accelerate.yaml in ``config_dir``: the config under a header with the launch line."""
+        return accelerate_yaml_text(plan, title=self.accelerate_title(plan.strategy),
+                                    config=self.accelerate_config(plan, job, config_dir=config_dir),
+                                    config_file=str((config_dir / "accelerate.yaml").resolve()),
+                                    env=self.accelerate_env(plan), notes=self.accelerate_notes(plan, config_dir))
 
     # -- words ---------------------------------------------------------------------------------------------------
     def title(self, s: Strategy, nodes: int) -> str:

@@ -41,7 +41,6 @@ CUBLAS_WORKSPACE_OLDER_BYTES = 4096 * KiB * 2 + 16 * KiB * 8  # [BLAS] ":4096:2:
 CUBLAS_WORKSPACES = 2  # [BLAS] one per (handle, stream): the compute stream and a communication/copy stream
 NCCL_BUFFSIZE_BYTES = 4 * MiB  # [NCCL] NCCL_BUFFSIZE default
 NCCL_RING_PEERS = 2  # [NCCL] a ring channel talks to the previous and the next rank
-HOPPER_AND_LATER = ("h100", "h200", "gh200", "b200", "gb200")
 
 
 def verdict_basis(hw: HardwareProfile) -> Basis:
@@ -51,7 +50,7 @@ def verdict_basis(hw: HardwareProfile) -> Basis:
 
 def cublas_workspace_bytes(hw: HardwareProfile) -> int:
     """[BLAS] PyTorch's default cuBLAS workspaces for this GPU generation."""
-    per = CUBLAS_WORKSPACE_HOPPER_BYTES if hw.name.startswith(HOPPER_AND_LATER) else CUBLAS_WORKSPACE_OLDER_BYTES
+    per = CUBLAS_WORKSPACE_HOPPER_BYTES if hw.hopper_or_later else CUBLAS_WORKSPACE_OLDER_BYTES
     return CUBLAS_WORKSPACES * per
 
 

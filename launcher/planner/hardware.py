@@ -57,18 +57,27 @@ class HardwareProfile:
     """Device memory bandwidth, bytes/s (datasheet)."""
     source: str = ""
     """Where the figures come from: the vendor datasheet's URL."""
+    compute_capability: float | None = None
+    """CUDA compute capability (NVIDIA's "CUDA GPUs" list): the GPU generation, which decides native bf16 (>= 8.0)
+    and cuBLAS's workspace size (>= 9.0, Hopper); None off CUDA (CPU ranks, AMD)."""
+
+    @property
+    def hopper_or_later(self) -> bool:
+        """sm90 and newer (H100, H200, B200): where PyTorch's cuBLAS workspace config differs."""
+        return self.compute_capability is not None and self.compute_capability >= 9.0
 
     def with_overrides(self, values: dict) -> HardwareProfile:
         known = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known})
 
 
-def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw, source,
+def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw, source, capability,
          context_mib=600) -> HardwareProfile:
     return HardwareProfile(
         name=name, memory_bytes=int(mem_gib * GiB), context_bytes=context_mib * MiB, fragmentation=0.08,
         flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=0.4, intra_node_bw=intra, inter_node_bw=inter,
         host_link_bw=pcie, cpu_adam_params_per_s=1.0e9, nvme_bw=3.0 * GB, memory_bw=memory_bw, source=source,
+        compute_capability=capability,
     )
 
 
@@ -78,35 +87,35 @@ def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw
 # cards talk over PCIe (Gen4 x16: 32 GB/s a direction). inter_node_bw is one NIC per GPU: HDR 200 Gb/s on A100
 # systems, NDR 400 Gb/s on H100/H200/B200/MI300X systems, 100 Gb/s Ethernet shared by a PCIe box's cards.
 PROFILES: dict[str, HardwareProfile] = {
-    "a10g": _gpu("a10g", 24, 70e12, 35e12, 16 * GB, 3 * GB, 16 * GB, memory_bw=600 * GB, context_mib=400,
+    "a10g": _gpu("a10g", 24, 70e12, 35e12, 16 * GB, 3 * GB, 16 * GB, capability=8.6, memory_bw=600 * GB, context_mib=400,
                  source="https://aws.amazon.com/ec2/instance-types/g5/ ; A10G vs A10 figures: "
                         "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
-    "l4": _gpu("l4", 24, 121e12, 60e12, 32 * GB, 12 * GB, 32 * GB, memory_bw=300 * GB, context_mib=400,
+    "l4": _gpu("l4", 24, 121e12, 60e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=300 * GB, context_mib=400,
                source="https://www.nvidia.com/en-us/data-center/l4/"),
-    "l40s": _gpu("l40s", 48, 362e12, 183e12, 32 * GB, 12 * GB, 32 * GB, memory_bw=864 * GB, context_mib=400,
+    "l40s": _gpu("l40s", 48, 362e12, 183e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=864 * GB, context_mib=400,
                  source="https://www.nvidia.com/en-us/data-center/l40s/"),
-    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, memory_bw=1555 * GB,
+    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=1555 * GB,
                       source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, memory_bw=2039 * GB,
+    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=2039 * GB,
                       source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, memory_bw=3350 * GB,
+    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=3350 * GB,
                       source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM)"),
-    "h100-pcie": _gpu("h100-pcie", 80, 756e12, 378e12, 300 * GB, 50 * GB, 64 * GB, memory_bw=2000 * GB,
+    "h100-pcie": _gpu("h100-pcie", 80, 756e12, 378e12, 300 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=2000 * GB,
                       source="https://www.nvidia.com/en-us/data-center/h100/ (H100 PCIe; NVLink bridge 600 GB/s)"),
-    "h200": _gpu("h200", 141, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, memory_bw=4800 * GB,
+    "h200": _gpu("h200", 141, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=4800 * GB,
                  source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM)"),
-    "b200": _gpu("b200", 180, 2250e12, 1100e12, 900 * GB, 50 * GB, 64 * GB, memory_bw=7700 * GB,
+    "b200": _gpu("b200", 180, 2250e12, 1100e12, 900 * GB, 50 * GB, 64 * GB, capability=10.0, memory_bw=7700 * GB,
                  source="https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 1,440 GB over 8 GPUs, "
                         "18 PFLOPS sparse bf16 over 8 GPUs, NVLink 5 1.8 TB/s)"),
-    "mi300x": _gpu("mi300x", 192, 1307e12, 654e12, 448 * GB, 50 * GB, 64 * GB, memory_bw=5300 * GB,
+    "mi300x": _gpu("mi300x", 192, 1307e12, 654e12, 448 * GB, 50 * GB, 64 * GB, capability=None, memory_bw=5300 * GB,
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
                           "(Infinity Fabric 896 GB/s aggregate, both ways)"),
-    "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, memory_bw=1008 * GB, context_mib=400,
+    "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, capability=8.9, memory_bw=1008 * GB, context_mib=400,
                     source="https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf "
                            "(Appendix A: bf16 tensor with fp32 accumulate; no NVLink, no P2P)"),
-    "v100-16gb": _gpu("v100-16gb", 16, 125e12, 15.7e12, 150 * GB, 12 * GB, 16 * GB, memory_bw=900 * GB,
+    "v100-16gb": _gpu("v100-16gb", 16, 125e12, 15.7e12, 150 * GB, 12 * GB, 16 * GB, capability=7.0, memory_bw=900 * GB,
                       context_mib=400, source="https://images.nvidia.com/content/technologies/volta/pdf/"
                                               "volta-v100-datasheet-update-us-1165301-r5.pdf (no bf16: the fp16 figure)"),
     # CPU ranks (gloo): MemTracker counts tensor bytes only, so no context or allocator reserve.

@@ -23,6 +23,13 @@ from launcher.session.prepare import announce, launch_spec, prepare_run_dir, res
 
 def run_job(job: Job, opts: RunOptions) -> int:
     """`launch run`: the exit code is the verdict (launcher.errors)."""
+    if job.launcher == "slurm" and opts.run_dir is not None:
+        from launcher.config.slurm_rules import check_shell_path
+
+        # submitit's script names the run dir in #SBATCH lines: one line of text, like every value there.
+        bad_dir = check_shell_path(opts.run_dir, "--run-dir")
+        if bad_dir:
+            raise ConfigError(bad_dir)
     if job.sweep is not None:  # each variant is planned for itself, so the base job is not planned here
         from launcher.session.sweep import run_sweep
 
@@ -108,7 +115,7 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
             print(f"plan: {plan.strategy.label()}, predicted peak per rank {plan.estimate.peak_bytes / 1e9:.3f} GB "
                   f"of {plan.budget_bytes / 1e9:.3f} GB")
             print(f"submitted slurm job {job_id} ({plan.nodes} node(s) x {plan.gpus_per_node} rank(s), "
-                  f"time limit {job.slurm.timeout_min} min); run dir {run_dir.path}")
+                  f"time limit {slurm_time_min(job, plan)} min); run dir {run_dir.path}")
             print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel {run_dir.path}")
             sys.stdout.flush()
             if opts.wait:
@@ -118,6 +125,12 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
         preload_plotting()
 
     return on_start
+
+
+def slurm_time_min(job: Job, plan: Plan) -> int:
+    from launcher.emit.slurm_params import slurm_resources
+
+    return slurm_resources(job, plan).time_min
 
 
 def preload_plotting() -> None:

@@ -16,10 +16,10 @@ import time
 
 from launcher.backends.slurm import job_outcome, print_state, slurm_record, task_for, wait_jobs
 from launcher.backends.slurm_array import array_exit_code, submit_array, summary_table, variant_dir
-from launcher.backends.slurm_state import SLURM_JSON, live_state
+from launcher.backends.slurm_state import SLURM_JSON, SweepRow, UnplannedVariant, live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_from_data, job_to_data
-from launcher.emit.slurm_params import executor_parameters
+from launcher.emit.slurm_params import combined, executor_parameters, slurm_resources
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, LauncherError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir, default_run_dir
@@ -62,7 +62,9 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
         print(f"launch: variant {v.index} ({v.name}) not submitted: {reason}", file=sys.stderr)
     if not planned:
         raise ConfigError([f"sweep: variant {v.index} ({v.name}): {reason}" for v, reason in unplanned])
-    params = [executor_parameters(vj, p) for _, vj, p in planned]
+    # One allocation for the array: the largest time, memory and CPUs any variant's plan derives.
+    resources = combined([slurm_resources(vj, p) for _, vj, p in planned])
+    params = [executor_parameters(vj, p, resources=resources) for _, vj, p in planned]
     if any(p != params[0] for p in params):
         raise ConfigError("sweep: the variants need different Slurm allocations, which one array cannot give; "
                           "vary only training keys")
@@ -84,21 +86,23 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
     rows = []
     for run, sjob, (v, _, plan) in zip(runs, sjobs, planned, strict=True):
         run.write_json(SLURM_JSON, slurm_record(job, plan, kind="array-task", folder=folder, job_ids=[sjob.job_id],
-                                                array_run_dir=str(root.path), variant=v.name))
+                                                array_run_dir=str(root.path), variant=v.name).to_json())
         run.set_state("submitted", slurm_job_id=sjob.job_id)
-        rows.append({"index": v.index, "name": v.name, "overrides": v.overrides, "run_dir": str(run.path),
-                     "job_id": sjob.job_id, "plan": plan.strategy.label(),
-                     "predicted_peak_bytes": plan.estimate.peak_bytes})
-    missing = [{"index": v.index, "name": v.name, "overrides": v.overrides, "reason": r} for v, r in unplanned]
-    root.write_json("sweep.json", {"variants": rows, "unplanned": missing})
-    root.write_json(SLURM_JSON, slurm_record(job, planned[0][2], kind="array", folder=folder,
-                                             job_ids=[j.job_id for j in sjobs], variants=rows, unplanned=missing))
+        rows.append(SweepRow(index=v.index, name=v.name, overrides=v.overrides, run_dir=str(run.path),
+                             job_id=sjob.job_id, plan=plan.strategy.label(),
+                             predicted_peak_bytes=plan.estimate.peak_bytes))
+    missing = [UnplannedVariant(index=v.index, name=v.name, overrides=v.overrides, reason=r) for v, r in unplanned]
+    record = slurm_record(job, planned[0][2], kind="array", folder=folder, job_ids=[j.job_id for j in sjobs],
+                          variants=rows, unplanned=missing)
+    root.write_json("sweep.json", {"variants": record.to_json()["variants"],
+                                   "unplanned": record.to_json()["unplanned"]})
+    root.write_json(SLURM_JSON, record.to_json())
     root.set_state("submitted", slurm_job_id=sjobs[0].job_id.split("_")[0])
     print(f"submitted slurm array {sjobs[0].job_id.split('_')[0]}: {len(sjobs)} variant(s)"
           f"{f', {len(unplanned)} not planned' if unplanned else ''}, at most {job.slurm.array_parallelism} at once; "
           f"run dir {root.path}")
     for r in rows:
-        print(f"  {r['job_id']:>12}  {r['name']}: {r['plan']}, predicted {format_bytes(r['predicted_peak_bytes'])}")
+        print(f"  {r.job_id:>12}  {r.name}: {r.plan}, predicted {format_bytes(r.predicted_peak_bytes)}")
     sys.stdout.flush()
     if not opts.wait:
         return EXIT_BAD_INPUT if unplanned else EXIT_OK

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from launcher.backends import slurm_state
+from launcher.backends.slurm_state import SlurmRecord, SweepRow, read_slurm_json
 from launcher.cli import manage
 from launcher.cli.main import main
 
@@ -24,9 +25,9 @@ def run_dir(tmp_path):
     for sub in ("ranks", "steps", "logs", "rdzv/77-1"):
         (d / sub).mkdir(parents=True)
     (d / "plan.json").write_text(json.dumps({"world_size": 2}))
-    (d / "slurm.json").write_text(json.dumps({
-        "kind": "job", "job_id": "77", "job_ids": ["77"], "submitit_folder": str(d / "submitit"), "nodes": 2,
-        "gpus_per_node": 1}))
+    (d / "slurm.json").write_text(json.dumps(SlurmRecord(
+        kind="job", job_id="77", job_ids=["77"], submitit_folder=str(d / "submitit"), submitted_at=0.0, nodes=2,
+        gpus_per_node=1, timeout_min=60, signal_delay_s=90, max_requeues=3).to_json()))
     (d / "state.json").write_text(json.dumps({"state": "running"}))
     (d / "steps" / "rank-0.jsonl").write_text(json.dumps({"step": 3, "loss": 6.5}) + "\n")
     (d / "logs" / "rank-0.log").write_text("".join(f"line {i}\n" for i in range(50)))
@@ -102,7 +103,7 @@ def test_follow_prints_whole_new_lines_and_stops_when_the_job_ends(run_dir, sacc
         assert polls["n"] < 20, "follow did not stop after the job ended"
 
     monkeypatch.setattr(manage.time, "sleep", sleep)
-    rec = json.loads((run_dir / "slurm.json").read_text())
+    rec = read_slurm_json(run_dir)
     manage.follow([("rank 1", log)], rec, poll_s=0, check_every_s=0)
     out = capsys.readouterr().out
     assert out == "[rank 1] new line\n"  # the partial line waits for its newline
@@ -132,7 +133,7 @@ def test_logs_never_print_a_secret_the_live_files_still_hold(run_dir, sacct, cap
         assert polls["n"] < 20
 
     monkeypatch.setattr(manage.time, "sleep", sleep)
-    manage.follow([("rank 1", log)], json.loads((run_dir / "slurm.json").read_text()), poll_s=0, check_every_s=0)
+    manage.follow([("rank 1", log)], read_slurm_json(run_dir), poll_s=0, check_every_s=0)
     assert capsys.readouterr().out == "[rank 1] token [redacted] again\n"
 
 
@@ -164,7 +165,10 @@ def test_cancel_of_a_finished_job_does_nothing(run_dir, sacct, capsys, monkeypat
 
 
 def test_logs_of_an_array_root_names_the_variants(tmp_path, capsys):
-    (tmp_path / "slurm.json").write_text(json.dumps({"kind": "array", "job_id": "5", "job_ids": ["5_0"],
-                                                     "variants": [{"run_dir": "/r/variants/0-a"}]}))
+    row = SweepRow(index=0, name="a", overrides={}, run_dir="/r/variants/0-a", job_id="5_0", plan="ZeRO-2",
+                   predicted_peak_bytes=1)
+    (tmp_path / "slurm.json").write_text(json.dumps(SlurmRecord(
+        kind="array", job_id="5", job_ids=["5_0"], submitit_folder=str(tmp_path / "submitit"), submitted_at=0.0,
+        nodes=1, gpus_per_node=1, timeout_min=60, signal_delay_s=90, max_requeues=3, variants=[row]).to_json()))
     assert main(["logs", str(tmp_path)]) == 2
     assert "is an array; give one variant's run dir: /r/variants/0-a" in capsys.readouterr().err

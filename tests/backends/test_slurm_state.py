@@ -108,3 +108,19 @@ def test_submitit_results_per_task(tmp_path):
 def test_requeue_lines_skip_a_torn_line(tmp_path):
     (tmp_path / "requeues.jsonl").write_text(json.dumps({"decision": "requeue"}) + "\n{\"decis")
     assert read_requeues(tmp_path) == [{"decision": "requeue"}]
+
+
+def test_slurm_record_round_trips_and_refuses_a_newer_schema(tmp_path):
+    from launcher.backends.slurm_state import SLURM_RECORD_SCHEMA, SlurmRecord, SweepRow, UnplannedVariant
+
+    rec = SlurmRecord(kind="array", job_id="5", job_ids=["5_0", "5_1"], submitit_folder="/s", submitted_at=1.5,
+                      nodes=1, gpus_per_node=2, timeout_min=90, signal_delay_s=90, max_requeues=3,
+                      variants=[SweepRow(index=0, name="lr=1e-4", overrides={"train.lr": 1e-4}, run_dir="/r/0",
+                                         job_id="5_0", plan="ZeRO-2 mb 4", predicted_peak_bytes=123)],
+                      unplanned=[UnplannedVariant(index=1, name="mb=9", overrides={}, reason="no plan fits")])
+    (tmp_path / "slurm.json").write_text(json.dumps(rec.to_json()))
+    back = read_slurm_json(tmp_path)
+    assert back == rec and back.variants[0].job_id == "5_0" and back.schema == SLURM_RECORD_SCHEMA
+    (tmp_path / "slurm.json").write_text(json.dumps(rec.to_json() | {"schema": SLURM_RECORD_SCHEMA + 1}))
+    with pytest.raises(ConfigError, match="newer than this launcher reads"):
+        read_slurm_json(tmp_path)

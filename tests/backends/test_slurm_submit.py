@@ -180,8 +180,12 @@ def test_single_job_cli_prints_the_job_id_and_run_dir(tmp_path, data_file, fake_
     code = main([job, "--run-dir", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert code == 0
-    assert f"submitted slurm job 1000 (1 node(s) x 1 rank(s), time limit 60 min); run dir {tmp_path / 'r'}" in out
-    assert json.loads((tmp_path / "r" / "slurm.json").read_text())["job_id"] == "1000"
+    # No slurm.timeout_min: the limit is derived from the plan (2 short steps + 10 min start-up = 11 min), and the
+    # message, slurm.json and submitit's script all say the same.
+    assert f"submitted slurm job 1000 (1 node(s) x 1 rank(s), time limit 11 min); run dir {tmp_path / 'r'}" in out
+    record = json.loads((tmp_path / "r" / "slurm.json").read_text())
+    assert record["job_id"] == "1000" and record["timeout_min"] == 11
+    assert "#SBATCH --time=11\n" in fake_sbatch[0] and "#SBATCH --mem=" in fake_sbatch[0]
     assert (tmp_path / "r" / "plan.json").is_file() and (tmp_path / "r" / "job.yaml").is_file()
 
 

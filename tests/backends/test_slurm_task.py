@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -55,7 +56,7 @@ def test_checkpoint_asks_the_ranks_then_requeues_with_one_more_count(tmp_path, t
         return True
 
     monkeypatch.setattr(slurm_task, "wait_for_ranks", ranks_save)
-    slurm_task._attempt.update(started=time.time() - 1, decision=None)
+    task.started_at_s = time.time() - 1
     delayed = task.checkpoint()
     assert seen == {"control_file": True, "budget_s": 27.0}  # signal_delay_s less the 3 s margin, no end time
     assert not (run.control / "checkpoint").exists()  # the resumed run must not stop at once
@@ -70,7 +71,7 @@ def test_checkpoint_stops_requeueing_at_max_requeues(tmp_path, task, no_slurm, m
     make_run(tmp_path)
     monkeypatch.setattr(slurm_task, "wait_for_ranks", lambda *a: True)
     task.requeues = 2
-    assert task.checkpoint() is None and slurm_task._attempt["decision"] == "limit"
+    assert task.checkpoint() is None and task.decision == "limit"
 
 
 def test_zero_max_requeues_never_requeues(tmp_path, no_slurm, monkeypatch):
@@ -89,8 +90,8 @@ def test_no_requeue_when_the_run_completed_as_the_signal_came(tmp_path, task, no
         return True
 
     monkeypatch.setattr(slurm_task, "wait_for_ranks", completed)
-    slurm_task._attempt.update(started=time.time() - 1, decision=None)
-    assert task.checkpoint() is None and slurm_task._attempt["decision"] == "completed"
+    task.started_at_s = time.time() - 1
+    assert task.checkpoint() is None and task.decision == "completed"
     assert json.loads((run.path / "requeues.jsonl").read_text())["decision"] == "completed"
 
 
@@ -219,3 +220,15 @@ def test_the_plan_in_the_run_dir_is_what_slurm_must_match(tmp_path):
     # A plan.json whose world size is not its own nodes x GPUs.
     (tmp_path / "plan.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": 2, "world_size": 3}))
     assert "plan.json: world_size 3 but nodes x gpus_per_node = 1 x 2 = 2" in "\n".join(task.shape_problems(run, slurm_env))
+
+
+def test_attempt_state_lives_on_the_task_and_a_requeued_copy_starts_fresh(tmp_path, task, no_slurm, monkeypatch):
+    """The hook's decision is the interrupted task's own state (no module global); the requeue's copy is clean."""
+    make_run(tmp_path)
+    monkeypatch.setattr(slurm_task, "wait_for_ranks", lambda *a: True)
+    other = dataclasses.replace(task)
+    task.started_at_s = time.time() - 1
+    delayed = task.checkpoint()
+    assert task.decision == "requeue" and other.decision is None
+    assert delayed.function.decision is None and delayed.function.started_at_s == 0.0
+    assert not hasattr(slurm_task, "_attempt")

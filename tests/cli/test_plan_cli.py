@@ -76,7 +76,7 @@ def test_plan_out_writes_the_exports(capsys, write_job, tmp_path, engine, pins, 
     acc = yaml.safe_load((out_dir / "accelerate.yaml").read_text())
     assert acc["distributed_type"] == {"deepspeed": "DEEPSPEED", "fsdp": "FSDP"}[engine]
     if engine == "deepspeed":
-        assert acc["deepspeed_config"]["deepspeed_config_file"] == str((out_dir / "ds_config.hf.json").resolve())
+        assert acc["deepspeed_config"]["deepspeed_config_file"] == str((out_dir / "ds_config.json").resolve())
 
 
 def test_cli_flags_override_the_file(capsys, write_job):
@@ -137,3 +137,37 @@ def test_help_explains_gb_and_gib():
     out = subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, text=True).stdout
     assert "GB is 1e9 bytes, GiB is 2^30 bytes" in out
     assert "Exit codes: 0" in out
+
+
+def test_a_slurm_plan_says_which_allocation_values_it_derived(capsys, write_job):
+    """--time, --mem and --cpus-per-task from the plan, and the sbatch script asks for exactly those."""
+    import math
+
+    job = write_job(launcher="slurm", **{"train.max_steps": 4000, "strategy.engine": "deepspeed",
+                                         "strategy.zero_stage": 2, "strategy.offload_optimizer": "cpu",
+                                         "slurm.cpus_per_task": None})
+    args = ("plan", "--gpus", "2", "--budget", "1GB", "--hardware", "h100-80gb", job)
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    slurm = plan["slurm"]
+    assert slurm["derived"] == ["--time", "--mem", "--cpus-per-task"]
+    assert slurm["time_min"] == math.ceil((plan["predicted_step_time_s"] * 4000 * 1.5 + 600) / 60)
+    assert slurm["mem_bytes"] == math.ceil((plan["host_bytes_per_node"] * 1.25 + 2 * 4e9) / 2**30) * 2**30
+    assert slurm["cpus_per_task"] == 8 and slurm["host_optimizer"] and slurm["threads_per_rank"] == 4
+    code, out, _ = run_cli(capsys, *args)
+    assert "slurm allocation per node:" in out
+    assert f"--time={slurm['time_min']}" in out and "x 1.5 + 10 min start-up" in out
+    assert "--cpus-per-task=8" in out and "4 per rank for the optimizer on the host (CPU Adam)" in out
+    code, out, _ = run_cli(capsys, *args, "--sbatch")
+    for line in (f"#SBATCH --time={slurm['time_min']}\n", f"#SBATCH --mem={slurm['mem_bytes'] // 2**30}G\n",
+                 "#SBATCH --cpus-per-task=8\n", 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"'):
+        assert line in out, line
+    # A value the job pins is kept and not called derived.
+    code, out, _ = run_cli(capsys, *args[:-1], write_job(launcher="slurm", **{"slurm.timeout_min": 45}), "--json")
+    assert json.loads(out)["slurm"]["time_source"] == "job" and json.loads(out)["slurm"]["time_min"] == 45
+
+
+def test_a_local_plan_json_has_no_slurm_section(capsys, write_job):
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--json", write_job())
+    assert code == 0 and "slurm" not in json.loads(out)

@@ -147,11 +147,18 @@ def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeyp
     assert set(loaded.fsdp_config) <= dests
 
     argv = ["--config_file", str(path)]
-    if plan.nodes > 1:  # what the Slurm launch line adds per node
-        argv += ["--main_process_ip", "10.0.0.1", "--main_process_port", str(_free_port())]
+    if plan.nodes > 1:
+        # The file has no node rank or head node: as written, accelerate stops, naming the flag.
+        args, _, _ = _validate_launch_command(parser.parse_args([*argv, "train.py"]))
+        with pytest.raises(ValueError, match="SET_BY_--machine_rank"):
+            prepare_multi_gpu_env(args)
+        # What the documented launch line adds per node.
+        argv += ["--machine_rank", "1", "--main_process_ip", "10.0.0.1", "--main_process_port", str(_free_port())]
     args, _, _ = _validate_launch_command(parser.parse_args([*argv, "train.py"]))
     env = prepare_multi_gpu_env(args)
     assert int(args.nproc_per_node) == plan.gpus_per_node
+    if plan.nodes > 1:
+        assert args.node_rank == 1 and args.rdzv_endpoint.startswith("10.0.0.1:")
 
     prefixes = ("FSDP_", "ACCELERATE_", "PARALLELISM_CONFIG_")
     for key in [k for k in os.environ if k.startswith(prefixes)]:

@@ -2,6 +2,7 @@
 and accelerate's own launch-config processing (config loader, launch checks, the engine plugin)."""
 
 import json
+import os
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ from launcher.emit.exports import deepspeed_accelerate_config, hf_ds_config
 from launcher.emit.fsdp import fsdp_config
 from launcher.engines import engine_spec
 
-DS_FILE = "/runs/plan/ds_config.hf.json"
+DS_FILE = "/runs/plan/ds_config.json"
 
 
 def test_hf_variant_golden():
@@ -44,12 +45,9 @@ def test_accelerate_deepspeed_golden():
 
 def test_accelerate_fsdp_is_fsdp_yamls_section():
     plan, job = make_plan(engine="fsdp"), make_job()
-    assert engine_spec(plan.strategy.engine).accelerate_config(plan, job, exported={}) == \
-        fsdp_config(plan, job)["accelerate"]
-    ds_plan = make_plan()
-    exported = {"ds_config.hf.json": DS_FILE}
-    assert engine_spec(ds_plan.strategy.engine).accelerate_config(ds_plan, job, exported=exported) == \
-        deepspeed_accelerate_config(ds_plan, job, ds_config_file=DS_FILE)
+    assert engine_spec(plan.strategy.engine).accelerate_config(plan, job) == fsdp_config(plan, job)["accelerate"]
+    with pytest.raises(ValueError, match="needs ds_config_file"):
+        engine_spec(make_plan().strategy.engine).accelerate_config(make_plan(), job)
 
 
 def _accelerate_launch_env(path, monkeypatch) -> tuple:
@@ -73,20 +71,54 @@ def _accelerate_launch_env(path, monkeypatch) -> tuple:
     return loaded, args
 
 
-def test_accelerate_launch_takes_the_deepspeed_export(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_accelerate_launch_takes_the_deepspeed_export(tmp_path, monkeypatch, precision):
+    """`plan --out`'s accelerate.yaml, as `accelerate launch` and an Accelerator's DeepSpeed plugin read it: the
+    plan's precision, stage, micro-batch and accumulation, not accelerate's defaults (no mixed precision, 1)."""
     from accelerate.utils import DeepSpeedPlugin
 
-    plan, job = make_plan(zero_stage=3, world_size=8), make_job()
-    ds_file = tmp_path / "ds_config.hf.json"
-    ds_file.write_text(json_text(hf_ds_config(plan, job)))
+    from launcher.cli.plan import write_exports
+
+    plan, job = make_plan(zero_stage=3, world_size=8, precision=precision), make_job()
+    write_exports(tmp_path, plan, job)
     path = tmp_path / "accelerate.yaml"
-    path.write_text(yaml.safe_dump(deepspeed_accelerate_config(plan, job, ds_config_file=str(ds_file)), sort_keys=False))
+    assert f"accelerate launch --config_file {path} train.py" in path.read_text()  # the documented line
     loaded, args = _accelerate_launch_env(path, monkeypatch)
     assert loaded.distributed_type.value == "DEEPSPEED" and args.use_deepspeed and args.num_processes == 8
     plugin = DeepSpeedPlugin()  # reads the file and refuses accelerate keys the file should hold
+    plugin.set_mixed_precision(os.environ["ACCELERATE_MIXED_PRECISION"])  # as AcceleratorState does
+    cfg = plugin.hf_ds_config.config
+    assert (cfg["bf16"]["enabled"], cfg["fp16"]["enabled"]) == (precision == "bf16", precision == "fp16")
     assert plugin.zero_stage == 3 and plugin.zero3_init_flag is True
-    assert plugin.hf_ds_config.config["zero_optimization"]["stage3_max_live_parameters"] == \
-        plan.buckets.stage3_max_live_parameters
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)
+    assert plugin.gradient_accumulation_steps == 4  # what the Accelerator then uses instead of its own 1
+    assert cfg["zero_optimization"]["stage3_max_live_parameters"] == plan.buckets.stage3_max_live_parameters
+
+
+def test_multinode_deepspeed_export_needs_the_node_flags(tmp_path, monkeypatch):
+    """Two nodes: the file holds no node rank or head node; accelerate stops until the launch line gives them."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    from launcher.cli.plan import write_exports
+
+    plan = make_plan(zero_stage=2, world_size=16, nodes=2)
+    write_exports(tmp_path, plan, make_job())
+    path = tmp_path / "accelerate.yaml"
+    text = path.read_text()
+    assert "--machine_rank $NODE_RANK --main_process_ip $HEAD_NODE" in text
+
+    def cmd_env(*flags):
+        args = launch_command_parser().parse_args(["--config_file", str(path), *flags, "train.py"])
+        args, _, _ = _validate_launch_command(args)
+        args.deepspeed_fields_from_accelerate_config = ""
+        prepare_deepspeed_cmd_env(args)
+        return args
+
+    with pytest.raises(ValueError, match="SET_BY_--machine_rank"):
+        cmd_env()
+    args = cmd_env("--machine_rank", "1", "--main_process_ip", "10.0.0.1", "--main_process_port", "29511")
+    assert (args.node_rank, args.nnodes, args.nproc_per_node, args.rdzv_endpoint) == (1, "2", "8", "10.0.0.1:29511")
 
 
 @pytest.mark.parametrize("pins", [{}, {"offload_optimizer": "cpu", "offload_params": "cpu",
@@ -96,7 +128,7 @@ def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
 
     plan, job = make_plan(engine="fsdp", world_size=4, **pins), make_job()
     path = tmp_path / "accelerate.yaml"
-    path.write_text(yaml.safe_dump(engine_spec("fsdp").accelerate_config(plan, job, exported={}), sort_keys=False))
+    path.write_text(yaml.safe_dump(engine_spec("fsdp").accelerate_config(plan, job), sort_keys=False))
     loaded, args = _accelerate_launch_env(path, monkeypatch)
     assert loaded.distributed_type.value == "FSDP" and args.use_fsdp and args.num_processes == 4
     plugin = FullyShardedDataParallelPlugin()

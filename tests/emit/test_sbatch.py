@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -141,3 +142,66 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
     assert (run_dir / "setup.txt").read_text() == "setup ran\n"
     assert not (run_dir / "control" / "checkpoint").exists()
+
+
+def offload_plan(**estimate):
+    """ZeRO-3 with the optimizer on the CPUs of 2 GPU nodes x 8: a 116 GB host need per node, 2.0 s a step."""
+    plan = make_plan(zero_stage=3, offload_optimizer="cpu", world_size=16, nodes=2)
+    values = {"host_bytes_per_node": 116 * 10**9, "step_time_s": 2.0, "basis": "cuda_reserved_plus_context",
+              **estimate}
+    return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, **values))
+
+
+def unpinned_job(**over):
+    """The golden job without the three values the plan can derive."""
+    return slurm_job(**{"slurm.timeout_min": None, "slurm.mem_gb": None, "train.max_steps": 8000, **over})
+
+
+def test_golden_offload_plan_derives_time_mem_and_cpus(tmp_path):
+    text = sbatch_text(offload_plan(), unpinned_job(), run_dir=Path("/scratch/runs/emit"))
+    bash_n(text, tmp_path)
+    check_golden("sbatch/offload_derived.sbatch", text)
+    # 8000 steps x 2.0 s = 16000 s x 1.5 + 600 s = 24600 s = 410 min
+    assert "#SBATCH --time=410" in text
+    # 116 GB x 1.25 + 8 ranks x 4 GB = 177 GB = 164.8 GiB, rounded up
+    assert "#SBATCH --mem=165G" in text
+    # CPU Adam: 4 CPUs for each of the node's 8 ranks, and the ranks use them
+    assert "#SBATCH --cpus-per-task=32" in text and 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"' in text
+    assert "# From the plan: --time --mem --cpus-per-task" in text
+
+
+def test_pinned_values_win_over_the_plan():
+    job = unpinned_job(**{"slurm.timeout_min": 30, "slurm.mem_gb": 64, "slurm.cpus_per_task": 6})
+    text = sbatch_text(offload_plan(), job, run_dir=Path("/r"))
+    assert "#SBATCH --time=30\n" in text and "#SBATCH --mem=64GB\n" in text and "#SBATCH --cpus-per-task=6\n" in text
+    assert "# From the plan" not in text
+
+
+def test_memory_per_cpu_leaves_mem_unset():
+    # sbatch refuses --mem beside --mem-per-cpu (and --cpus-per-task beside --cpus-per-gpu)
+    job = unpinned_job(**{"slurm.additional_parameters": {"mem_per_cpu": "4G", "cpus_per_gpu": 2}})
+    text = sbatch_text(offload_plan(), job, run_dir=Path("/r"))
+    assert "--mem=" not in text and "#SBATCH --mem-per-cpu=4G" in text
+    assert "#SBATCH --cpus-per-task" not in text and "#SBATCH --cpus-per-gpu=2" in text
+
+
+def test_percent_in_the_run_dir_is_not_a_slurm_pattern(tmp_path):
+    text = sbatch_text(fsdp_plan(), slurm_job(), run_dir=Path("/scratch/100%done"))
+    assert "#SBATCH --output=/scratch/100%%done/slurm-%j.out" in text
+    assert "RUN_DIR=/scratch/100%done\n" in text
+
+
+def test_a_newline_in_the_run_dir_is_refused():
+    with pytest.raises(ConfigError, match=r"run dir: '/scratch/a\\n#SBATCH --wrap=id' holds a newline"):
+        sbatch_text(fsdp_plan(), slurm_job(), run_dir=Path("/scratch/a\n#SBATCH --wrap=id"))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("slurm.partition", "gpu\nid"), ("slurm.account", "proj\rid"), ("slurm.qos", "high\x00"),
+    ("slurm.constraint", "a100\nid"), ("name", "emit\n#SBATCH --wrap=id"),
+    ("slurm.additional_parameters", {"comment": "x\nid"}), ("slurm.additional_parameters", {"x\n#SBATCH --wrap": "id"}),
+])
+def test_the_emitter_refuses_control_characters_even_without_the_loader(field, value):
+    """make_job skips the job-file rules; the emitter checks again, so no caller can write an injected line."""
+    with pytest.raises(ConfigError, match="holds a"):
+        sbatch_text(fsdp_plan(), slurm_job(**{field: value}), run_dir=Path("/r"))

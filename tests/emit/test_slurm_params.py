@@ -110,3 +110,51 @@ def test_sbatch_help_is_parsed_when_sbatch_exists(monkeypatch):
         assert sbatch_long_options() == frozenset({"array", "reservation"})
     finally:
         sbatch_long_options.cache_clear()
+
+
+def _offload(plan, **estimate):
+    import dataclasses
+
+    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, offload_optimizer="cpu"))
+    values = {"host_bytes_per_node": 20 * 10**9, "step_time_s": 3.0, "basis": "cuda_reserved_plus_context", **estimate}
+    return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, **values))
+
+
+def test_submitit_parameters_carry_the_derived_allocation(make_job, make_plan):
+    """The --slurm path asks for what the plan needs, as the sbatch script does (point 15 of issue 20)."""
+    job = make_job(**{"train.max_steps": 1000})
+    params = executor_parameters(job, _offload(make_plan(nodes=1, gpus_per_node=4)), sbatch_options=SBATCH)
+    assert params["time"] == 85  # 1000 x 3.0 s x 1.5 + 600 s = 5100 s
+    assert params["mem"] == "39G"  # 20 GB x 1.25 + 4 ranks x 4 GB = 41 GB = 38.2 GiB, rounded up
+    assert params["cpus_per_task"] == 16  # CPU Adam: 4 for each of the 4 ranks
+    submitit_slurm._make_sbatch_string(command="true", folder="/tmp/x", **params)
+
+
+def test_a_known_node_size_caps_the_derived_memory(make_job, make_plan):
+    from launcher.emit.slurm_params import slurm_resources
+
+    job = make_job(**{"cluster.host_ram_per_node": "32GB"})
+    res = slurm_resources(job, _offload(make_plan(nodes=1, gpus_per_node=4)))
+    assert res.mem_capped and res.mem_bytes == 29 * 2**30  # 32 GB is 29.8 GiB: whole GiB, down
+
+
+def test_a_sweep_asks_for_the_largest_variant(make_job, make_plan):
+    from launcher.emit.slurm_params import combined, slurm_resources
+
+    small = slurm_resources(make_job(**{"train.max_steps": 10}), make_plan())
+    big = slurm_resources(make_job(**{"train.max_steps": 10_000}), _offload(make_plan()))
+    both = combined([small, big])
+    assert (both.time_min, both.mem_bytes, both.cpus_per_task) == (big.time_min, big.mem_bytes, big.cpus_per_task)
+    assert combined([big, small]) == both
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("slurm.partition", "gpu\n#SBATCH --wrap=id", "slurm.partition: 'gpu\\n#SBATCH --wrap=id' holds a newline"),
+    ("slurm.qos", "a b", "slurm.qos: 'a b' is not one QOS name"),
+    ("name", "x\ry", "name: 'x\\ry' holds a carriage return"),
+    ("slurm.additional_parameters", {"comment": "a\nb"}, "slurm.additional_parameters.comment: 'a\\nb' holds"),
+])
+def test_submitit_never_gets_a_value_with_a_line_break(make_job, make_plan, field, value, needle):
+    with pytest.raises(ConfigError) as e:
+        executor_parameters(make_job(**{field: value}), make_plan(), sbatch_options=SBATCH)
+    assert any(needle in p for p in e.value.problems), e.value.problems

@@ -99,3 +99,13 @@ def test_overhead_terms_by_hand_on_round_profile_numbers():
     # Twice the tensors, twice the reserve; nothing else moves.
     doubled = cuda_overhead(hw, 2 * 10**10, 8)
     assert doubled["allocator_reserve"] == 2_000_000_000 and doubled["cuda_context"] == 500_000_000
+
+
+def test_the_cublas_workspace_follows_the_generation_not_the_name():
+    """The GPU generation lives in the profile (compute_capability): a renamed or calibrated copy keeps it."""
+    import dataclasses
+
+    renamed = dataclasses.replace(PROFILES["h100-80gb"], name="my-cluster-gpu")
+    assert cuda_overhead(renamed, 0, 1)["cublas_workspace"] == 2 * CUBLAS_WORKSPACE_HOPPER_BYTES
+    assert PROFILES["b200"].hopper_or_later and not PROFILES["a100-80gb"].hopper_or_later
+    assert not PROFILES["mi300x"].hopper_or_later and PROFILES["cpu"].compute_capability is None
