@@ -17,7 +17,8 @@ corrected first: each memory category is scaled by how far the measurement excee
 the categories cannot explain scales the whole peak. Walking the rungs from the failed strategy, the first
 change whose corrected prediction fits the usable budget is the next attempt. A rung none of whose options
 fits is taken at its most frugal and the walk goes on, so one relaunch can combine rungs instead of spending an
-attempt on a change already predicted to fail. Options that host RAM or NVMe cannot hold are skipped (those
+attempt on a change already predicted to fail. When even the end of the walk is predicted over the budget there
+is no next attempt: a relaunch predicted over budget is never made. Options that host RAM or NVMe cannot hold are skipped (those
 checks keep the planner's own numbers: the measurement says nothing about host memory). The engine never
 changes (DeepSpeed and FSDP2 checkpoints and configs differ); every other pinned field may.
 """
@@ -28,6 +29,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
 from launcher.engines import engine_spec
 from launcher.planner.plan import Estimate, Strategy
@@ -35,16 +37,6 @@ from launcher.planner.search import PlanRequest, candidates, micro_batches, scor
 from launcher.units import format_bytes
 
 RUNGS = ("micro_batch", "activation_checkpointing", "sharding", "optimizer_offload", "param_offload", "nvme")
-
-# Predicted categories (planner) -> measured categories (MemTracker via the rank files); as in launcher.report.
-CATEGORY_GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "params": (("params",), ("params",)),
-    "grads": (("grads",), ("grads",)),
-    "optimizer": (("optimizer",), ("optimizer",)),
-    "activations": (("activations", "logits"), ("activations", "temp")),
-    "buffers": (("buffers",), ("buffers", "other")),
-}
-
 
 @dataclass(kw_only=True, slots=True)
 class Measurement:
@@ -80,7 +72,7 @@ class Correction:
     """Applied to the whole corrected peak for what the categories do not explain."""
 
     def apply(self, est: Estimate) -> int:
-        extra = sum((r - 1.0) * _group_bytes(est.breakdown, g) for g, r in self.ratios.items())
+        extra = sum((r - 1.0) * predicted_bytes(est.breakdown, g) for g, r in self.ratios.items())
         return int((est.peak_bytes + extra) * self.uniform)
 
     def describe(self) -> str:
@@ -108,22 +100,18 @@ class Fallback:
     correction: Correction | None = None
 
 
-def _group_bytes(breakdown: dict[str, int], group: str) -> int:
-    return sum(int(breakdown.get(k, 0)) for k in CATEGORY_GROUPS[group][0])
-
-
 def correction_for(predicted: Estimate, measured: Measurement) -> Correction:
     """Per-category ratios from the measurement, then a uniform factor so the failed strategy's corrected peak
     is at least what was measured (an OOM's breakdown stops where the rank died, so categories under-explain).
     No correction when the measured peak did not exceed the prediction."""
     ratios = dict.fromkeys(CATEGORY_GROUPS, 1.0)
     if measured.peak_bytes <= predicted.peak_bytes:
-        # The total was not under-predicted (a forced plan, or an OOM that struck below the prediction): the
-        # categories differ only in how the tracker names things (FSDP's gathered params are predicted as buffers).
+        # The total was not under-predicted (a forced plan, or an OOM that struck below the prediction): a
+        # category above its prediction is offset by another below it, and scaling it alone would over-correct.
         return Correction(ratios=ratios)
-    for g, (_, meas_keys) in CATEGORY_GROUPS.items():
-        pred = _group_bytes(predicted.breakdown, g)
-        meas = sum(int(measured.by_category.get(k, 0)) for k in meas_keys)
+    for g in CATEGORY_GROUPS:
+        pred = predicted_bytes(predicted.breakdown, g)
+        meas = measured_bytes(measured.by_category, g)
         ratios[g] = max(1.0, meas / pred) if pred > 0 else 1.0
     c = Correction(ratios=ratios)
     corrected = c.apply(predicted)
@@ -189,7 +177,8 @@ def describe_change(old: Strategy, new: Strategy) -> str:
 
 def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest, measured: Measurement,
                   tried: list[Strategy] | None = None) -> Fallback:
-    """The next rung for ``failed``; ``Fallback.strategy`` is None when no rung is left.
+    """The next rung for ``failed``; ``Fallback.strategy`` is None when no rung is left or none is predicted to fit
+    (the returned strategy's corrected prediction is always within ``req.usable_bytes``).
 
     ``failed_estimate`` is the planner's estimate for ``failed`` (plan.json), ``req`` the request it was
     planned from (its pins are ignored), ``tried`` every strategy already run (never proposed again).
@@ -205,7 +194,6 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
     usable = req.usable_bytes
     skipped: list[str] = []
     cur = failed
-    last_rung: str | None = None
     host_blocked = failed.offload_optimizer == "nvme" or failed.offload_params == "nvme"
     for rung in RUNGS:
         if rung == "nvme" and not host_blocked:
@@ -234,17 +222,20 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
                                 corrected_peak_bytes=corrected, skipped=skipped, correction=fix)
             skipped.append(f"{rung} ({s.label()}): predicted {format_bytes(corrected)} corrected, over "
                            f"{format_bytes(usable)} usable")
-        cur, last_rung = held[-1], rung  # the rung's most frugal option; later rungs build on it
+        cur = held[-1]  # the rung's most frugal option; later rungs build on it
     if cur == failed:
         return Fallback(strategy=None, rung=None, skipped=skipped, correction=fix,
                         reason=(f"{measured.describe()} with {failed.label()}; no rung of the ladder is left to try "
                                 f"({'; '.join(skipped) or 'every rung is used up for this engine'})"))
+    # Walked to the end without a fit: the most frugal strategy reachable is still predicted over the budget, and
+    # a relaunch predicted over budget is never made (under --enforce it would only run out of memory again).
     est = scored(cur)
     corrected = fix.apply(est)
-    reason = (f"{measured.describe()} with {failed.label()}; no single rung is predicted to fit, so trying the "
-              f"most frugal reachable: {describe_change(failed, cur)}, predicted {format_bytes(corrected)} of "
-              f"{format_bytes(usable)} usable (corrected by the measurement: {fix.describe()})")
-    return Fallback(strategy=cur, rung=last_rung, reason=reason, predicted_peak_bytes=est.peak_bytes,
+    reason = (f"{measured.describe()} with {failed.label()}; no rung of the ladder is left that is predicted to "
+              f"fit: the most frugal reachable ({describe_change(failed, cur)}) is predicted "
+              f"{format_bytes(corrected)} of {format_bytes(usable)} usable (corrected by the measurement: "
+              f"{fix.describe()}), so it is not launched; raise the budget or run on more GPUs")
+    return Fallback(strategy=None, rung=None, reason=reason, predicted_peak_bytes=est.peak_bytes,
                     corrected_peak_bytes=corrected, skipped=skipped, correction=fix)
 
 

@@ -1,10 +1,35 @@
-"""File writes that never leave a half-written file behind."""
+"""File writes that never leave a half-written file behind, and the run dir's permissions.
+
+The policy (docs/reliability-verdicts.md): a run dir and every directory the launcher makes in it are 0700, and
+every file the launcher or its ranks write there is 0600 from the moment it exists. Other users can then neither
+list nor open anything in a run dir, whatever mode a third-party writer (an engine's checkpoint, Slurm's logs, a
+training script) gives its own files.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+FILE_MODE = 0o600
+"""Every file the launcher and its ranks write in a run dir (mkstemp's mode, which atomic_write inherits)."""
+DIR_MODE = 0o700
+"""A run dir and every directory the launcher makes in it."""
+
+
+def private_dir(path: str | os.PathLike, *, parents: bool = True) -> Path:
+    """``path`` as a directory of DIR_MODE (made so, or set so if it exists); its parents keep their modes."""
+    path = Path(path)
+    path.mkdir(mode=DIR_MODE, parents=parents, exist_ok=True)
+    if (path.stat().st_mode & 0o777) != DIR_MODE:
+        path.chmod(DIR_MODE)
+    return path
+
+
+def open_private(path: str | os.PathLike, mode: str = "a"):
+    """``open(path, mode)`` for text, the file created with FILE_MODE (never readable by others, not even briefly)."""
+    return open(path, mode, opener=lambda p, flags: os.open(p, flags, FILE_MODE))  # noqa: SIM115 - the caller closes it
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = True) -> Path:

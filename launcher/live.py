@@ -14,8 +14,12 @@ from pathlib import Path
 
 from launcher.units import format_bytes
 
+CARRIED = ("loss", "tokens_per_s")
+"""Step-line fields only log steps have (train.log_every_steps); between them the view shows the latest."""
+
 
 def last_line(path: Path) -> dict | None:
+    """The last complete step line, with loss and tokens/s carried from the latest log step before it."""
     try:
         with path.open("rb") as f:
             f.seek(0, 2)
@@ -24,12 +28,20 @@ def last_line(path: Path) -> dict | None:
             lines = [ln for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return None
-    for ln in reversed(lines):
+    rows = []
+    for ln in lines:
         try:
-            return json.loads(ln)
+            rows.append(json.loads(ln))
         except ValueError:
-            continue  # a line being written right now
-    return None
+            continue  # a line being written right now (or cut by the 4 KiB window)
+    if not rows:
+        return None
+    last = dict(rows[-1])
+    for key in CARRIED:
+        seen = [r[key] for r in rows if key in r]
+        if key not in last and seen:
+            last[key] = seen[-1]
+    return last
 
 
 def rank_rows(run_dir: Path, world_size: int) -> list[dict]:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 
 def redirect_output(run_dir: Path, rank: int) -> None:
-    log = run_dir / "logs" / f"rank-{rank}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    """stdout and stderr to logs/rank-K.log, 0600 and redacted as written (launcher.ranklog)."""
+    from launcher.ranklog import log_fd
+
+    fd = log_fd(run_dir / "logs" / f"rank-{rank}.log")
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)

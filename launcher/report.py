@@ -2,45 +2,55 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from launcher.categories import CATEGORY_GROUPS, grown_category
+from launcher.categories import measured_bytes as measured_group
+from launcher.categories import predicted_bytes as predicted_group
+from launcher.fsutil import atomic_write
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.rundir import RunDir
 from launcher.units import decimal_unit, format_bytes
 
-# Predicted categories and the measured (MemTracker) categories they correspond to.
-CATEGORY_GROUPS = {
-    "params": (("params",), ("params",)),
-    "grads": (("grads",), ("grads",)),
-    "optimizer": (("optimizer",), ("optimizer",)),
-    "activations": (("activations", "logits"), ("activations", "temp")),
-    "buffers": (("buffers",), ("buffers", "other")),
-}
-
-
-def grown_category(predicted: dict[str, int], measured: dict[str, int]) -> tuple[str, int]:
-    """The category whose measured bytes exceed the prediction by the most."""
-    best, growth = "activations", None
-    for name, (pred_keys, meas_keys) in CATEGORY_GROUPS.items():
-        diff = sum(measured.get(k, 0) for k in meas_keys) - sum(predicted.get(k, 0) for k in pred_keys)
-        if growth is None or diff > growth:
-            best, growth = name, diff
-    return best, int(growth or 0)
-
+__all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.categories), re-exported for its readers
 
 FAILED_STATUSES = ("failed", "oom")
 """Rank statuses (launcher.worker.main) of a rank that ended with an error."""
 
 
-def rank_verdict(status: str, measured_bytes: int, budget_bytes: int) -> str:
-    """ok, OVER, oom or failed. A rank that failed, or measured nothing, is never "ok": 0 bytes measured is
-    no evidence of fitting, and the table would otherwise read "ok, measured 0 B"."""
+def rank_verdict(status: str, measured_bytes: int, budget_bytes: int, *, interrupted: bool = False) -> str:
+    """ok, OVER, oom, failed or interrupted. A rank that failed, or measured nothing, is never "ok": 0 bytes
+    measured is no evidence of fitting, and the table would otherwise read "ok, measured 0 B". In an interrupted
+    run a rank that did not complete is "interrupted" (the signal ended it, whatever it wrote on the way out)
+    unless it was already over the budget or out of memory: those are facts the interrupt does not change."""
     if status == "oom":
         return "oom"
+    if interrupted and status != "completed":
+        return "OVER" if measured_bytes > budget_bytes else "interrupted"
     if status in FAILED_STATUSES or measured_bytes <= 0:
         return "failed"
     return "ok" if measured_bytes <= budget_bytes else "OVER"
+
+
+RUN_VERDICTS = ("within_budget", "over_budget", "oom", "failed", "interrupted", "incomplete")
+"""report.json's "verdict": what the run showed, in the order the exit code is decided (launcher.session.finish):
+interrupted (130), oom or failed (1), over_budget (3), incomplete (1: a rank wrote no memory file),
+within_budget (0: every rank completed, measured, and stayed within the budget)."""
+
+
+def run_verdict(rows: list[dict], missing: list[int], *, interrupted: bool = False, failed: bool = False) -> str:
+    verdicts = {r["verdict"] for r in rows}
+    if interrupted:
+        return "interrupted"
+    if failed or verdicts & {"failed", "oom"}:
+        return "oom" if "oom" in verdicts else "failed"
+    if "OVER" in verdicts:
+        return "over_budget"
+    if missing or not rows:
+        return "incomplete"
+    return "within_budget"
 
 
 def predicted_on_basis(plan: dict, basis: str) -> int:
@@ -53,7 +63,10 @@ def predicted_on_basis(plan: dict, basis: str) -> int:
     return peak_on_basis(tensors, plan.get("overhead", {}), basis)
 
 
-def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
+def build_report(run: RunDir, plan: dict, *, expected_ranks: int, interrupted: bool = False,
+                 failed: bool = False) -> dict:
+    """report.json from the rank files; ``interrupted`` and ``failed`` say how the run ended (the backend's
+    Outcome), so the table, report.json and the exit code give one verdict."""
     rows = []
     budget = int(plan["budget_bytes"])
     bases = set()
@@ -74,15 +87,16 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
             "host": r.get("host", "?"),
             "device": r.get("device", "cpu"),
             "status": status,
-            "verdict": rank_verdict(status, measured, budget),
+            "verdict": (verdict := rank_verdict(status, measured, budget, interrupted=interrupted)),
             "measured": measured > 0,
             "basis": basis,
             "measured_peak_bytes": measured,
             "predicted_peak_bytes": predicted,
             "budget_bytes": budget,
             "headroom_bytes": budget - measured,
-            # Nothing measured is not "within": the rank gave no evidence either way.
-            "within_budget": 0 < measured <= budget,
+            # Only a rank that completed, measured and stayed within is "within": nothing measured is no evidence,
+            # and a failed or interrupted rank did not run the whole job.
+            "within_budget": verdict == "ok",
             "relative_error": (predicted - measured) / measured if measured else None,
             "largest_category": largest,
             "grew_most": grew,
@@ -101,8 +115,10 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int) -> dict:
     missing = sorted(set(range(expected_ranks)) - {row["rank"] for row in rows})
     plan_basis = plan.get("basis", "cpu_tensor_bytes")
     basis = bases.pop() if len(bases) == 1 else ("mixed" if bases else plan_basis)
+    verdict = run_verdict(rows, missing, interrupted=interrupted, failed=failed)
     return {
-        "within_budget": bool(rows) and not missing and all(row["within_budget"] for row in rows),
+        "verdict": verdict,
+        "within_budget": verdict == "within_budget",
         # What measured and predicted peaks count: cpu_tensor_bytes (MemTracker) or cuda_reserved_plus_context.
         "basis": basis,
         "predicted_basis": plan_basis,
@@ -128,7 +144,7 @@ def over_budget_message(report: dict) -> str | None:
 
 
 def render_report(report: dict) -> str:
-    head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<7} largest"
+    head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<11} largest"
     lines = [head]
     for r in report["ranks"]:
         verdict = r.get("verdict") or rank_verdict(r.get("status", "unknown"), r["measured_peak_bytes"],
@@ -137,13 +153,32 @@ def render_report(report: dict) -> str:
         lines.append(
             f"{r['rank']:>4}  {r['host'][:12]:<12} {format_bytes(r['predicted_peak_bytes']):>10} "
             f"{format_bytes(r['measured_peak_bytes']) if measured else '-':>10} {format_bytes(r['budget_bytes']):>10} "
-            f"{format_bytes(r['headroom_bytes']) if measured else '-':>10}  {verdict:<7} {r['largest_category'] or '-'}"
+            f"{format_bytes(r['headroom_bytes']) if measured else '-':>10}  {verdict:<11} {r['largest_category'] or '-'}"
         )
     if report["missing_ranks"]:
         lines.append(f"missing ranks (no memory file): {report['missing_ranks']}")
-    lines.append("verdict: " + ("every rank within budget" if report["within_budget"] else "NOT within budget")
-                 + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
+    lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
     return "\n".join(lines)
+
+
+def verdict_line(report: dict) -> str:
+    """The table's last line: the same verdict report.json records, in words."""
+    verdict = report.get("verdict") or ("within_budget" if report["within_budget"] else "over_budget")
+    ranks = report["ranks"]
+
+    def which(v: str) -> list[int]:
+        return [r["rank"] for r in ranks if r.get("verdict") == v]
+
+    over = f"; rank(s) {which('OVER')} already over budget" if which("OVER") else ""
+    return {
+        "within_budget": "every rank within budget",
+        "interrupted": f"interrupted: the run stopped before it finished, so NOT shown within budget{over}",
+        "oom": f"NOT within budget: rank(s) {which('oom')} ran out of memory",
+        "failed": "NOT within budget: " + (f"rank(s) {which('failed')} failed" if which("failed")
+                                           else "the ranks did not finish") + over,
+        "over_budget": f"NOT within budget: rank(s) {which('OVER')} over",
+        "incomplete": f"NOT within budget: rank(s) {report['missing_ranks']} wrote no memory file",
+    }.get(verdict, f"NOT within budget ({verdict})")
 
 
 BUDGET_OFF_CHART = 3.0
@@ -191,8 +226,8 @@ def plot_memory(report: dict, path: Path) -> Path | None:
     ax1.set_ylabel(f"{unit} (decimal)" if unit != "bytes" else "bytes")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
     cats = list(CATEGORY_GROUPS)
-    pred = [sum(report["predicted_breakdown"].get(k, 0) for k in CATEGORY_GROUPS[c][0]) / size for c in cats]
-    meas = [sum(ranks[0]["measured_breakdown"].get(k, 0) for k in CATEGORY_GROUPS[c][1]) / size for c in cats]
+    pred = [predicted_group(report["predicted_breakdown"], c) / size for c in cats]
+    meas = [measured_group(ranks[0]["measured_breakdown"], c) / size for c in cats]
     idx = range(len(cats))
     ax2.barh([i - 0.2 for i in idx], meas, height=0.4, label=f"measured (rank {ranks[0]['rank']})")
     ax2.barh([i + 0.2 for i in idx], pred, height=0.4, label="predicted")
@@ -200,5 +235,6 @@ def plot_memory(report: dict, path: Path) -> Path | None:
     ax2.set_xlabel(f"{unit} at peak")
     ax2.set_title("breakdown")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
-    fig.savefig(path, dpi=90)
-    return path
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return atomic_write(path, buf.getvalue())  # 0600 like every file of the run dir (launcher.fsutil)

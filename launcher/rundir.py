@@ -12,9 +12,10 @@
                              moved aside before the next attempt; RUN itself always holds the latest attempt
 
 What the launcher writes here passes through ``redact``: the values of secret-looking environment
-variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs
-are scrubbed the same way when the run ends (on Slurm also submitit's own .out/.err files, by each task as it
-ends and again by `--wait`).
+variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs are
+redacted as they are written (launcher.ranklog); they are scrubbed again when the run ends, as are submitit's
+own .out/.err files on Slurm (by each task as it ends and again by `--wait`), which are written by Slurm itself.
+The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.fsutil).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write
+from launcher.fsutil import FILE_MODE, atomic_write, private_dir
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
 # DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable.
@@ -201,7 +202,7 @@ class RunDir:
             raise ConfigError(f"--run-dir: {str(path)!r} already holds a run; pass --overwrite to replace it, "
                               "--resume to continue it, or choose another --run-dir")
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            private_dir(path)  # 0700 before anything is written in it (launcher.fsutil: the permissions policy)
             probe = path / f".write-test-{os.getpid()}"
             probe.write_text("")
             probe.unlink()
@@ -219,7 +220,7 @@ class RunDir:
         if existing and overwrite and not resume:
             run.clear()
         for d in (run.ranks, run.steps, run.logs, run.control):
-            d.mkdir(exist_ok=True)
+            private_dir(d, parents=False)
         # A checkpoint request left by a launch that died before the ranks saw it would stop this run at once.
         (run.control / "checkpoint").unlink(missing_ok=True)
         return run
@@ -232,7 +233,7 @@ class RunDir:
         return cls(path.resolve())
 
     def lock(self) -> None:
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -329,14 +330,13 @@ class RunDir:
 
     def archive_attempt(self, attempt: int) -> Path:
         """Move attempt ``attempt``'s outputs to RUN/attempts/<attempt>/ and leave RUN ready for the next one."""
-        dest = self.path / "attempts" / str(attempt)
-        dest.mkdir(parents=True, exist_ok=True)
+        dest = private_dir(private_dir(self.path / "attempts", parents=False) / str(attempt), parents=False)
         for name in ATTEMPT_ITEMS:
             src = self.path / name
             if src.exists() or src.is_symlink():
                 os.replace(src, dest / name)
         for d in (self.ranks, self.steps, self.logs, self.control):
-            d.mkdir(exist_ok=True)
+            private_dir(d, parents=False)
         (self.control / "checkpoint").unlink(missing_ok=True)
         return dest
 

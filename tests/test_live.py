@@ -105,3 +105,13 @@ def test_a_terminal_gets_the_live_table_and_a_pipe_gets_none(tmp_path):
                            text=True, timeout=300)
     assert piped.returncode == 0, piped.stderr
     assert "tok/s" not in piped.stdout and "verdict: every rank within budget" in piped.stdout
+
+
+def test_steps_between_log_steps_show_the_latest_loss(tmp_path):
+    # train.log_every_steps: only log steps carry loss and tokens/s; the view keeps the last ones it saw.
+    (tmp_path / "steps").mkdir()
+    quiet = json.dumps({"step": 3, "mem_current_bytes": 1_000_000, "mem_peak_bytes": 2_000_000}) + "\n"
+    (tmp_path / "steps" / "rank-0.jsonl").write_text(step(2, 6.69) + quiet)
+    row = rank_rows(tmp_path, 1)[0]
+    assert row["step"] == 3 and row["loss"] == 6.69 and row["tokens_per_s"] == 2188.0
+    assert row["mem_current_bytes"] == 1_000_000

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
 from launcher.fsutil import atomic_write
 from launcher.rankenv import RDZV_ID_ENV
+from launcher.ranklog import wait_settled
 from launcher.rundir import RunDir
 
 RANK_MODULE = "launcher.rank_entry"
@@ -237,6 +238,7 @@ class Watchdog(threading.Thread):
             time.sleep(0.1)
         stacks = {}
         for r in procs:
+            wait_settled(self.run_dir.rank_log(r))  # the dump may still be on its way through the log's redactor
             try:
                 text = self.run_dir.rank_log(r).read_text(errors="replace")
             except OSError:

@@ -29,6 +29,7 @@ from typing import Literal
 
 from launcher.backends.base import LaunchSpec, Outcome, RankFailure
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
+from launcher.fsutil import open_private
 from launcher.planner.plan import Plan
 from launcher.rankenv import ATTEMPT_ENV, CONTROL_FILE, RDZV_ID_ENV
 from launcher.rundir import FINAL_STATUSES, RunDir
@@ -313,7 +314,7 @@ def latest_checkpoint(run: RunDir) -> str | None:
 
 
 def record_requeue(run: RunDir, row: dict) -> None:
-    with (run.path / "requeues.jsonl").open("a") as f:
+    with open_private(run.path / "requeues.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 
 

@@ -102,6 +102,11 @@ class TrainConfig:
     """Decoupled weight decay."""
     warmup_steps: int = 0
     """Linear warm-up, in optimizer steps."""
+    max_grad_norm: float | None = 1.0
+    """Gradient clipping: before each optimizer step, if the L2 norm of all gradients together (over every rank and
+    shard, after averaging over ranks and micro-batches) exceeds this, every gradient is scaled by
+    max_grad_norm / norm. Every engine applies it the same way (DeepSpeed's gradient_clipping, FSDP2 in the
+    worker); 1.0 is HF Trainer's default; 0 or null turns clipping off."""
     max_steps: int | None = None
     """Optimizer steps to run; give this or epochs."""
     epochs: float | None = None
@@ -109,7 +114,9 @@ class TrainConfig:
     seed: int = 0
     """Seed for data order, init and dropout."""
     log_every_steps: int = 1
-    """Steps between loss lines in the rank logs."""
+    """Steps between log steps, the only ones that read the loss on the host (a device sync) and write loss,
+    tokens/s and the clip norm into steps/rank-K.jsonl; the first and the last step are log steps too. Every step
+    still writes its line (progress, memory, lr)."""
     eval_every_steps: int = 0
     """Steps between evaluations; 0 evaluates once at the end."""
     lora: LoraConfig | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from collections.abc import Callable
@@ -211,6 +212,10 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
         v = getattr(job.train, name)
         if v < 0:
             p.append(f"train.{name}: {v!r} must not be negative; use 0 or more")
+    clip = job.train.max_grad_norm
+    if clip is not None and not (math.isfinite(clip) and clip >= 0):
+        p.append(f"train.max_grad_norm: {clip!r} must be a finite number >= 0; use e.g. 1.0, or 0 (or null) to "
+                 "turn gradient clipping off")
     if job.auto_fallback < 0:
         p.append(f"auto_fallback: {job.auto_fallback!r} must not be negative; use 0 (off) or the number of retries")
     if for_run and job.train.max_steps is None and job.train.epochs is None:

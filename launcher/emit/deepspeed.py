@@ -42,11 +42,10 @@ TEMPLATE_FOR: dict[tuple[int, str], str] = {
     (3, "nvme"): "zero3_offload_nvme",
 }
 
-# The job has no knobs for these; they are torch's AdamW defaults and HF Trainer's max_grad_norm default,
-# so a run moved between our launcher, HF Trainer and plain torch trains the same way.
+# The job has no knobs for these; they are torch's AdamW defaults, so a run moved between our launcher,
+# HF Trainer and plain torch trains the same way.
 ADAM_BETAS = [0.9, 0.999]
 ADAM_EPS = 1e-8
-GRADIENT_CLIPPING = 1.0
 
 # DeepSpeed prints loss and lr every steps_per_print steps; the worker logs those itself.
 STEPS_PER_PRINT = 1_000_000_000
@@ -91,7 +90,7 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
     cfg["train_batch_size"] = plan.global_batch_size
     cfg["train_micro_batch_size_per_gpu"] = s.micro_batch_size
     cfg["gradient_accumulation_steps"] = s.grad_accum_steps
-    cfg["gradient_clipping"] = GRADIENT_CLIPPING
+    cfg["gradient_clipping"] = float(job.train.max_grad_norm or 0.0)  # DeepSpeed: 0 turns clipping off
 
     _fill_precision(cfg, plan)
     _fill_optimizer(cfg, plan, job)

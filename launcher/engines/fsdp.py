@@ -64,6 +64,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.buffers = w * (m.non_block_params + m.block_params)
     else:
         st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
+    # They are parameters, gathered: the ranks measure them as such (FSDPMemTracker's 'Unsharded Param').
+    st.buffers_category = "params"
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
     # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
     root_trainable = m.non_block_params * m.trainable_params / m.num_params

@@ -131,10 +131,12 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "params": st.params,
         "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
-        "buffers": 0.0 if moment == "backward_end" or (moment == "step" and st.step_frees_buffers) else st.buffers,
+        "buffers": 0.0,
         "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
+    if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
+        breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
         breakdown[st.backward_extra_category] += st.backward_extra
     hw = inp.hardware

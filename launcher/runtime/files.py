@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.fsutil import atomic_write
+from launcher.fsutil import atomic_write, open_private
 
 
 def atomic_write_json(path: str | os.PathLike, data: object) -> None:
@@ -26,7 +26,7 @@ class JsonlLog:
 
     def append(self, row: dict) -> None:
         if self._f is None:
-            self._f = open(self.path, "a")  # noqa: SIM115 - kept open for the run, closed in close()
+            self._f = open_private(self.path, "a")  # kept open for the run, closed in close(); 0600 (fsutil)
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
 

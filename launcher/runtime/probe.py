@@ -229,17 +229,22 @@ class MemoryProbe:
         peaks = self.phase_peaks()
         return max(peaks.values(), default=0)
 
-    def step_done(self, step: int, loss: float, tokens: int, **extra) -> dict:
-        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration."""
+    def step_done(self, step: int, loss: float | None, tokens: int | None, **extra) -> dict:
+        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration.
+
+        ``loss`` and ``tokens`` (summed over ranks) are None on a step that is not a log step (the worker reads
+        them only every train.log_every_steps): the line then has no loss and no tokens_per_s.
+        """
         now = time.perf_counter()
         dt = max(now - self._t_step, 1e-9)
         self._t_step = now
         self.step = step
-        self.losses.append(float(loss))
+        if loss is not None:
+            self.losses.append(float(loss))
         row = {
             "step": step,
-            "loss": float(loss),
-            "tokens_per_s": tokens / dt,
+            **({} if loss is None else {"loss": float(loss)}),
+            **({} if tokens is None else {"tokens_per_s": tokens / dt}),
             "step_time_s": dt,
             "mem_current_bytes": self.current_bytes(),
             "mem_peak_bytes": self.peak_bytes(),

@@ -14,8 +14,10 @@ from copy import deepcopy
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
-# Our seven categories; the raw MemTracker/FSDPMemTracker names map onto them.
-CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "buffers", "other")
+from launcher.categories import MEASURED as CATEGORIES
+
+# The raw MemTracker/FSDPMemTracker names map onto our seven categories (launcher.categories: one vocabulary with
+# the planner's breakdown; gathered parameters are params on both sides).
 _CATEGORY_OF_RAW = {
     "Parameter": "params",
     "Sharded Param": "params",

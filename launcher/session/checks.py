@@ -1,4 +1,4 @@
-"""What is checked after planning and before anything is written or started: runnable here, NVMe, the ladder."""
+"""What is checked before anything is written or started: the flags (--resume, the ladder), runnable here, NVMe."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None
             and not cuda_available():
         raise ConfigError("--memory-snapshot: records the CUDA allocator's history, and this machine has no CUDA "
                           "GPU; drop the flag (CPU ranks already write their breakdown to ranks/rank-K.json)")
+    if opts is not None and opts.enforce and plan.status == "forced" and not job.auto_fallback:
+        raise ConfigError(
+            f"--enforce with --force: the plan is predicted at {format_bytes(plan.estimate.peak_bytes)}, over the "
+            f"budget of {format_bytes(plan.budget_bytes)} that --enforce caps each rank at, so it would stop out of "
+            "memory; drop --enforce to measure how far over it goes, or add --auto-fallback N to let the ladder "
+            "find a strategy that fits")
     if job.launcher == "local":  # a Slurm job's NVMe is on the compute nodes, not here
         problems = check_nvme(job, plan)
         if problems:
@@ -88,7 +94,38 @@ def check_fallback(job: Job, opts: RunOptions) -> None:
                           "--slurm and --nodes > 1")
     if opts.resume:
         raise ConfigError(f"--auto-fallback: {job.auto_fallback} with --resume would restart the checkpointed run "
-                          "from step 0 on another rung; resume without --auto-fallback")
+                          "from step 0 on another rung; resume with --auto-fallback 0 (it overrides the job's "
+                          "auto_fallback)")
+
+
+def check_resume(opts: RunOptions) -> None:
+    """--resume continues one run dir from its checkpoint; what it cannot do is refused before planning."""
+    if not opts.resume:
+        return
+    if opts.overwrite:
+        raise ConfigError("--resume with --overwrite: one continues the run dir, the other deletes it first; "
+                          "pass only one of them")
+    if opts.run_dir is None:
+        raise ConfigError("--resume: needs --run-dir, the run dir to continue (a new run dir has no checkpoint); "
+                          "pass --run-dir RUN, or run without --resume")
+    path = opts.run_dir
+    if (path / "checkpoint" / "latest").is_file():
+        return
+    if path.is_dir() and any(p.name != ".lock" for p in path.iterdir()):
+        state = _state_of(path)
+        was = f" (state.json: {state})" if state else ""
+        raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from{was}; start it again with "
+                          "--overwrite instead of --resume, or choose another --run-dir")
+    raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
+
+
+def _state_of(path: Path) -> str | None:
+    import json
+
+    try:
+        return str(json.loads((path / "state.json").read_text()).get("state") or "") or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_launch(job: Job, opts: RunOptions) -> None:
@@ -97,4 +134,5 @@ def check_launch(job: Job, opts: RunOptions) -> None:
         raise ConfigError(f"--script: {opts.script!r} does not exist; give the path of your training script")
     if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
+    check_resume(opts)
     check_fallback(job, opts)

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import sys
 
+import yaml
+
 from launcher.backends.base import Outcome
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.planner.plan import Plan
+from launcher.ranklog import wait_settled
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, redact
 
 
 def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
-    """Merge the rank files, write report.json and memory.png, print the table, and return the exit code."""
+    """Merge the rank files, write report.json and memory.png, print the table, and return the exit code.
+
+    One verdict (launcher.report.run_verdict) decides the table's last line, report.json's "verdict" and
+    "within_budget", state.json and the exit code, so they cannot disagree."""
     if outcome.ok and plan.nodes > 1:
         run.wait_for_rank_files(plan.world_size, timeout_s=60)
-    run.redact_logs()  # before any tail of them is printed or kept
-    report = build_report(run, plan.to_json(), expected_ranks=plan.world_size)
+    # The ranks are gone; their logs' redactors may still write the last bytes (2 s at most in all).
+    wait_settled(*(run.rank_log(rank) for rank in range(plan.world_size)))
+    run.redact_logs()  # before any tail of them is printed or kept (they were redacted as written: a backstop)
+    report = build_report(run, plan.to_json(), expected_ranks=plan.world_size, interrupted=outcome.interrupted,
+                          failed=not outcome.ok)
     report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
                          "failures": [{"rank": f.rank, "exitcode": f.exitcode, "host": f.host} for f in outcome.failures]}
     run.write_json("report.json", report)
@@ -26,21 +35,22 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
         print(f"launch: warning: memory.png not written: {e}", file=sys.stderr)
     print(render_report(report))
     print(f"run dir: {run.path}")
-    if outcome.interrupted:
+    verdict = report["verdict"]
+    if verdict == "interrupted":
         run.set_state("interrupted", message=outcome.message)
-        print(f"launch: {redact(outcome.message)}; the run dir is marked interrupted (resume with --resume)",
-              file=sys.stderr)
+        print(f"launch: {redact(outcome.message or 'interrupted')}; the run dir is marked interrupted; "
+              f"{next_step_after_interrupt(run)}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if not outcome.ok:
-        run.set_state("failed", message=outcome.message)
-        describe_failure(run, outcome)
+    if verdict in ("failed", "oom"):
+        run.set_state("failed", message=outcome.message or f"rank(s) ended with {verdict}")
+        describe_failure(run, outcome, report)
         return EXIT_TRAINING_FAILED
-    msg = over_budget_message(report)
-    if msg:
+    if verdict == "over_budget":
+        msg = over_budget_message(report)
         run.set_state("over_budget", message=msg)
         print(f"launch: over budget: {msg}", file=sys.stderr)
         return EXIT_OVER_BUDGET
-    if not report["within_budget"]:
+    if verdict != "within_budget":
         run.set_state("failed", message="ranks missing from the report")
         print(f"launch: error: ranks {report['missing_ranks']} wrote no memory file", file=sys.stderr)
         return EXIT_TRAINING_FAILED
@@ -48,9 +58,30 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     return EXIT_OK
 
 
-def describe_failure(run: RunDir, outcome: Outcome) -> None:
+def next_step_after_interrupt(run: RunDir) -> str:
+    """What to do with an interrupted run dir: --resume only where `launch --resume` will accept it (a checkpoint
+    to continue from, and no --auto-fallback, which --resume refuses)."""
+    if (run.checkpoint / "latest").is_file():  # what prepare_run_dir and check_resume look for
+        ladder = " --auto-fallback 0" if _job_auto_fallback(run) else ""
+        return f"continue it with the same job file and --run-dir {run.path} --resume{ladder}"
+    return (f"no checkpoint was saved, so --resume cannot continue it: start again with --run-dir {run.path} "
+            "--overwrite (or another --run-dir); with --checkpoint-on-interrupt, Ctrl-C saves one first")
+
+
+def _job_auto_fallback(run: RunDir) -> int:
+    try:
+        return int((yaml.safe_load((run.path / "job.yaml").read_text()) or {}).get("auto_fallback") or 0)
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return 0
+
+
+def describe_failure(run: RunDir, outcome: Outcome, report: dict | None = None) -> None:
     if outcome.message:
         print(f"launch: error: {redact(outcome.message)}", file=sys.stderr)
+    if outcome.ok and report is not None:  # every process exited 0, yet a rank file records a failure
+        bad = [r["rank"] for r in report["ranks"] if r["verdict"] in ("failed", "oom")]
+        print(f"launch: error: rank(s) {bad} recorded a failure in ranks/rank-K.json; logs in {run.logs}",
+              file=sys.stderr)
     for f in sorted(outcome.failures, key=lambda f: f.rank):
         kind = "ran out of memory" if f.exitcode == EXIT_OOM else f"failed with exit code {f.exitcode}"
         print(f"launch: error: rank {f.rank} on {f.host} {kind}; log: {run.rank_log(f.rank)}", file=sys.stderr)

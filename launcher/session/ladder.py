@@ -48,7 +48,8 @@ def _outcome_name(code: int, outcome: Outcome, m: Measurement | None) -> str:
 
 def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job, Plan], tuple[int, Outcome]]) -> int:
     """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
-    until an attempt ends within budget, a non-memory failure or interrupt ends it, or the tries run out."""
+    until an attempt ends within budget, a non-memory failure or interrupt ends it (its own exit code), or the
+    tries run out or no rung is predicted to fit (exit 3). A rung predicted over the budget is never launched."""
     from launcher.plan_inputs import plan_job, plan_request
 
     tries = job.auto_fallback
@@ -73,16 +74,20 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
         records.append(record)
         if m is None:
             break  # within budget, or a failure no memory rung can fix (or an interrupt)
+        # From here the ladder ends only for lack of memory: exit 3, the budget was not met (README's exit codes),
+        # whether the last attempt measured over it or ran out of memory.
         if attempt > tries:
             record["stopped"] = f"auto_fallback: all {tries} relaunch(es) used"
             print(f"launch: auto-fallback: all {tries} relaunch(es) used; the last attempt ended {record['outcome']}",
                   file=sys.stderr)
+            code = EXIT_OVER_BUDGET
             break
         req = plan_request(job, force=True)
         fb = next_strategy(plan.strategy, plan.estimate, req, m, tried)
-        if fb.strategy is None:
+        if fb.strategy is None:  # no rung left, or none predicted to fit: nothing over budget is launched
             record["stopped"] = fb.reason
             print(f"launch: auto-fallback: {fb.reason}", file=sys.stderr)
+            code = EXIT_OVER_BUDGET
             break
         record["next"] = {"label": fb.strategy.label(), "rung": fb.rung, "reason": fb.reason,
                           "predicted_peak_bytes": fb.predicted_peak_bytes,
@@ -109,7 +114,8 @@ def finish_ladder(run_dir: RunDir, records: list[dict], tries: int, code: int) -
     report["auto_fallback"] = {"tries": tries, "relaunches": len(records) - 1, "ended_within_budget": code == EXIT_OK}
     report["attempts"] = records
     run_dir.write_json("report.json", report)
-    run_dir.set_state(run_dir.state().get("state", "failed"), attempts=len(records))
+    state = "over_budget" if code == EXIT_OVER_BUDGET else run_dir.state().get("state", "failed")
+    run_dir.set_state(state, attempts=len(records))
     if len(records) > 1:
         last = records[-1]
         verdict = "ended within budget" if code == EXIT_OK else f"ended {last['outcome']} (exit {code})"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from launcher.backends.base import Backend, Outcome
 from launcher.config.job import Job
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
+from launcher.fsutil import private_dir
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
 from launcher.session.checks import check_launch, check_runnable, cluster_hints
@@ -41,8 +42,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
     if opts.node_rank > 0:
         if not opts.run_dir:
             raise ConfigError("--node-rank: nodes after the first need the shared --run-dir of node 0")
-        run_dir = RunDir(opts.run_dir.resolve())
-        run_dir.path.mkdir(parents=True, exist_ok=True)
+        run_dir = RunDir(private_dir(opts.run_dir).resolve())
     else:
         run_dir = prepare_run_dir(opts, job, plan)
         announce(plan, run_dir)

@@ -23,12 +23,12 @@ import torch.distributed as dist
 from torch import nn
 
 
-def loads_on_rank0_only(builds_partitioned: bool) -> bool:
-    """Whether this run builds the model on rank 0 alone (every engine but one that builds it partitioned on
-    every rank, as ZeRO-3's zero.Init does: Engine.builds_partitioned), given a process group of more than one
-    rank."""
+def loads_on_rank0_only(*, partitioned_init: bool = False) -> bool:
+    """Whether this run builds the model on rank 0 alone: in a process group of more than one rank, unless the
+    engine partitions parameters as they are created (``partitioned_init``: ZeRO-3's zero.Init). Each engine asks
+    for itself (its ``before_build``)."""
     many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return many and not builds_partitioned
+    return many and not partitioned_init
 
 
 def is_loader() -> bool:

@@ -15,15 +15,14 @@ import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write
+from launcher.fsutil import atomic_write, open_private
 from launcher.planner.plan import Plan
 from launcher.rankenv import ATTEMPT_ENV
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
 from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
-from launcher.worker.engines.base import WORK_DTYPES
-from launcher.worker.loading import broadcast_from_rank0, is_loader, loads_on_rank0_only
+from launcher.worker.loading import is_loader
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
 
@@ -103,7 +102,7 @@ def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str |
     discarded = discarded_path(path)
     stamp = {"discarded_at": time.time(), "discarded_by_attempt": attempt, "resumed_from_step": step,
              "resumed_from": resumed_from}
-    with discarded.open("a") as f:
+    with open_private(discarded, "a") as f:
         for row in dropped:
             f.write(json.dumps({**row, **stamp}) + "\n")
         f.flush()
@@ -167,15 +166,11 @@ class Trainer:
     def build(self) -> None:
         job, plan = self.job, self.plan
         seed_all(job.train.seed)  # rank 0's random init is the one every rank gets
-        hf_ckpt = plan.strategy.activation_checkpointing and self.engine.hf_checkpointing
+        # The engine decides whether rank 0 alone builds the model (one host copy per job; the others build on
+        # meta and its setup fills them) and whether transformers checkpoints the blocks.
         self.engine.before_build()
-        # One host copy per job: rank 0 reads the weights, the others build on meta and receive them.
-        rank0_only = loads_on_rank0_only(self.engine.builds_partitioned)
-        model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=hf_ckpt,
-                      on_meta=rank0_only and not is_loader())
-        if rank0_only and self.engine.broadcasts_weights:
-            model = broadcast_from_rank0(model, self.device, WORK_DTYPES.get(plan.precision))
-        self.engine.rank0_load = rank0_only
+        model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=self.engine.hf_checkpointing,
+                      on_meta=self.engine.rank0_load and not is_loader())
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)
         self.probe.record(
@@ -194,9 +189,15 @@ class Trainer:
         )
         seed_all(job.train.seed + self.rank)  # distinct dropout masks per rank from here on
 
-    def _batch(self, data: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+    def _host_batch(self, data: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
         index = torch.tensor(idx, dtype=torch.long)
-        return to_device({k: v.index_select(0, index) for k, v in data.items()}, self.device)
+        return {k: v.index_select(0, index) for k, v in data.items()}
+
+    def is_log_step(self, step: int, *, stopping: bool) -> bool:
+        """Whether the step's loss is reduced over ranks and read on the host (a sync): every log_every_steps,
+        the first step of a run (first_loss), the last, and a step the run stops after (a checkpoint request)."""
+        every = self.job.train.log_every_steps
+        return self.first_loss is None or step % every == 0 or step == self.total_steps or stopping
 
     # -- run --------------------------------------------------------------------------------------------------
     def _step_log_path(self) -> Path | None:
@@ -286,14 +287,18 @@ class Trainer:
         self.probe.restart_step_clock()
         step = start
         for step in range(start + 1, self.total_steps + 1):
-            loss_sum, tokens = 0.0, 0
+            # The loss stays a device tensor until a log step: reading it (.item()) every micro-batch would wait
+            # for the device each time. Tokens are counted on the host batch, before it moves.
+            loss_sum, tokens = torch.zeros((), dtype=torch.float32, device=self.device), 0
             for micro in range(accum):
                 with self.probe.phase("forward"):
-                    batch = self._batch(self.train_data, self.stream.micro_batch(step - 1, micro))
-                    loss, n_tok = self.recipe.loss(self.engine.forward, batch)
+                    host = self._host_batch(self.train_data, self.stream.micro_batch(step - 1, micro))
+                    tokens += self.recipe.tokens(host)
+                    batch = to_device(host, self.device)
+                    del host
+                    loss = self.recipe.loss_tensor(self.engine.forward, batch)
                     del batch
-                    loss_sum += loss.detach().float().item()
-                tokens += n_tok
+                    loss_sum += loss.detach().float()
                 with self.probe.phase("backward"):
                     self.engine.backward(loss)
                     del loss
@@ -303,11 +308,20 @@ class Trainer:
                 stepped = self.engine.step()
             if not stepped:
                 raise RuntimeError(f"engine did not step the optimizer after {accum} micro-batches at step {step}")
-            mean_loss, global_tokens = self._global_mean(loss_sum / accum, tokens)
-            if self.first_loss is None:
-                self.first_loss = mean_loss
-            self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **self.step_stamp)
-            self.probe.record(first_loss=self.first_loss)
+            # A collective every step (a checkpoint request stops the run at the next step), but no loss in it.
+            reason = self.requests.agreed(self._comm_device()) if step < self.total_steps else None
+            if self.is_log_step(step, stopping=reason is not None):
+                mean_loss, global_tokens = self._global_mean(loss_sum / accum, tokens)
+                if self.first_loss is None:
+                    self.first_loss = mean_loss
+                norm = self.engine.grad_norm()
+                extra = {} if norm is None else {"grad_norm": float(norm)}
+                self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **extra, **self.step_stamp)
+                self.probe.record(first_loss=self.first_loss)
+            else:
+                # Step lines keep coming (progress, memory, step time for the live view), without loss or tok/s.
+                self.probe.step_done(step, None, None, lr=self.engine.lr(), **self.step_stamp)
+            del loss_sum
             if train_cfg.eval_every_steps and step % train_cfg.eval_every_steps == 0 and step < self.total_steps:
                 self.evaluate()
             if step == self.total_steps:
@@ -315,7 +329,6 @@ class Trainer:
             periodic = bool(train_cfg.checkpoint_every_steps) and step % train_cfg.checkpoint_every_steps == 0
             if periodic:
                 self.save(step)
-            reason = self.requests.agreed(self._comm_device())
             if reason is not None:
                 if not periodic:
                     self.save(step)
@@ -331,10 +344,14 @@ class Trainer:
     def _comm_device(self) -> torch.device:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def _global_mean(self, loss: float, tokens: int) -> tuple[float, int]:
-        t = torch.tensor([loss, float(tokens)], dtype=torch.float64, device=self._comm_device())
+    def _global_mean(self, loss: torch.Tensor, tokens: int) -> tuple[float, int]:
+        """(loss averaged over ranks, tokens summed over ranks): one all-reduce and one read on the host."""
+        comm = self._comm_device()
+        t = torch.stack([loss.detach().to(comm, torch.float64),
+                         torch.tensor(float(tokens), dtype=torch.float64, device=comm)])
         dist.all_reduce(t)
-        return float(t[0]) / self.world_size, int(t[1])
+        mean, total = t.tolist()
+        return mean / self.world_size, int(total)
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -344,11 +361,12 @@ class Trainer:
         batches = eval_batches(n, micro_batch_size=self.plan.strategy.micro_batch_size,
                                world_size=self.world_size, rank=self.rank)
         self.engine.train(False)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float32, device=self.device)  # read once, after the last batch
         for idx in batches:
             with self.probe.phase("eval"):
-                loss, _ = self.recipe.loss(self.engine.forward, self._batch(self.eval_data, idx))
-                total += loss.float().item()
+                batch = to_device(self._host_batch(self.eval_data, idx), self.device)
+                total += self.recipe.loss_tensor(self.engine.forward, batch).float()
+                del batch
         self.engine.train(True)
         mean, _ = self._global_mean(total / max(len(batches), 1), 0)
         self.eval_loss = mean

@@ -71,10 +71,14 @@ class Recipe:
 
     def loss(self, forward: Forward, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """(mean loss of the micro-batch, real tokens in it)."""
+        return self.loss_tensor(forward, batch), self.tokens(batch)
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """Real (unpadded) tokens in ``batch``; a host sync unless the batch is still on the host."""
         tokens = batch["attention_mask"].sum()
         if self.task == "sentence_embedding":
             tokens = tokens + batch["pair_attention_mask"].sum()
-        return self.loss_tensor(forward, batch), int(tokens)
+        return int(tokens)
 
     def loss_tensor(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""

@@ -13,6 +13,16 @@ import yaml
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
+
+
+def private_tree(root: Path) -> list[str]:
+    """What under ``root`` lets another user in: a directory not 0700, a file with a group or other bit."""
+    def mode(p: Path) -> int:
+        return p.stat().st_mode & 0o777
+
+    bad = [] if mode(root) == 0o700 else [f". {oct(mode(root))}"]
+    return bad + [f"{p.relative_to(root)} {oct(mode(p))}" for p in root.rglob("*")
+                  if (p.is_dir() and mode(p) != 0o700) or (p.is_file() and mode(p) & 0o077)]
 ACCURACY = 0.10  # |predicted - measured| / measured we claim on CPU ranks (benchmarks/results/accuracy.md)
 
 
@@ -245,25 +255,73 @@ def test_rank_crash_mid_training_stops_all_ranks_within_10_s_and_names_it(tmp_pa
     assert alive(before) == [], "processes of the run still alive"
 
 
+# Measures a little, then waits; stopped by a signal it records "failed" on its way out, as a rank whose training
+# loop raises does: the interrupt, not the rank, decides the verdict.
+SLEEP_AFTER_MEASURING = """
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from launcher.runtime import memory_probe
+dist.init_process_group("gloo")
+probe = memory_probe()
+with probe:
+    with probe.phase("forward"):
+        x = torch.ones(250_000)
+def stop(signum, frame):
+    probe.write(status="failed", error=f"stopped by signal {signum}")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+print("token:", os.environ["HF_TOKEN"], flush=True)
+probe.write(status="running")
+time.sleep(300)
+"""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launch_terminates_ranks(tmp_path, sig):
     script = tmp_path / f"sleep_{sig.name}.py"
-    script.write_text("import time, torch.distributed as dist\ndist.init_process_group('gloo')\ntime.sleep(300)\n")
+    script.write_text(SLEEP_AFTER_MEASURING)
     job = job_file(tmp_path, f"sig{sig.value}")
-    proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(tmp_path / "run"), "--quiet", "--script", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "run"
+    secret = "hf_NotForTheLogs0123456789"
+    proc = subprocess.Popen([LAUNCH, str(job), "--run-dir", str(run), "--quiet", "--script", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_TOKEN": secret})
 
     def ranks_up() -> bool:
         return sum("launcher.rank_entry" in " ".join(p.cmdline()) for p in process_tree(proc.pid)) >= 2
 
     wait_for(ranks_up, 60, "both ranks to start")
-    time.sleep(2)
+    wait_for(lambda: len(list((run / "ranks").glob("rank-*.json"))) == 2, 60, "both ranks to measure")
+    time.sleep(1)
+    # Mid-run, the ranks' logs hold no secret (redacted as written, not scrubbed at the end) and nobody else can
+    # read the run dir: 0700, every file 0600 (launcher.fsutil's policy).
+    for rank in (0, 1):
+        log = (run / "logs" / f"rank-{rank}.log").read_text()
+        assert "token: [redacted]" in log and secret not in log, log
+    assert private_tree(run) == []
     before = process_tree(proc.pid)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
-    assert json.loads((tmp_path / "run" / "state.json").read_text())["state"] == "interrupted"
+    assert json.loads((run / "state.json").read_text())["state"] == "interrupted"
     wait_for(lambda: not alive(before), 10, "the run's processes to end")
+    # One verdict in the table, report.json and the message: interrupted, never "within budget".
+    report = json.loads((run / "report.json").read_text())
+    assert (report["verdict"], report["within_budget"]) == ("interrupted", False), report
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1] and all(r["measured"] for r in report["ranks"])
+    assert {(r["verdict"], r["within_budget"]) for r in report["ranks"]} == {("interrupted", False)}
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:1] in (["0"], ["1"])]
+    assert len(rows) == 2 and all("interrupted" in row for row in rows), out
+    assert "verdict: interrupted" in out and "every rank within budget" not in out, out
+    # No checkpoint was saved: the message does not offer --resume, which would be refused; it says what works.
+    assert not (run / "checkpoint" / "latest").exists()
+    assert "no checkpoint was saved, so --resume cannot continue it" in err and "--overwrite" in err, err
+    again = launch(job, "--run-dir", run, "--quiet", "--script", script, "--resume")
+    assert again.returncode == 2 and "has no checkpoint to resume from (state.json: interrupted)" in again.stderr
+    assert "start it again with --overwrite instead of --resume" in again.stderr, again.stderr
+    assert private_tree(run) == [] and (run / "memory.png").is_file()
+    assert not [p for p in run.rglob("*") if p.is_file() and secret in p.read_text(errors="replace")]
 
 
 def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):

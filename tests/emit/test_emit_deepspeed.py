@@ -378,3 +378,10 @@ def test_deepspeed_initialize_trains_on_nvme(tmp_path):
         files = r["swap_files"]
         assert any(f.startswith("zero_stage_3/optimizer/") for f in files)
         assert any(f.startswith("zero_stage_3/bfloat16params/") for f in files) == (s["offload_params"] == "nvme")
+
+
+@pytest.mark.parametrize("max_grad_norm, clipping", [(None, 0.0), (0.0, 0.0), (0.25, 0.25), (1, 1.0)])
+def test_gradient_clipping_is_the_jobs_max_grad_norm(max_grad_norm, clipping):
+    # The same number FSDP2 clips to in the worker; 0 is DeepSpeed's "off".
+    assert emit(job_kw={"train.max_grad_norm": max_grad_norm})["gradient_clipping"] == clipping
+    assert emit()["gradient_clipping"] == 1.0  # the default

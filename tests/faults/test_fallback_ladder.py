@@ -69,7 +69,7 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
                                          "offload_params": "none"})
     s = make_plan(req).strategy
     est = score(req, s).estimate
-    tried, rungs, reasons = [], [], []
+    tried, rungs = [], []
     for _ in range(12):
         # The budget keeps being crossed right where the planner said it fits: every rung gets its chance.
         fb = next_strategy(s, est, req, oom(int(req.budget_bytes * 1.01)), tried)
@@ -78,8 +78,8 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
             break
         assert fb.strategy.micro_batch_size * fb.strategy.grad_accum_steps * req.world_size == 16
         assert fb.strategy.engine == "deepspeed"
+        assert fb.corrected_peak_bytes <= req.usable_bytes, fb.reason  # only what is predicted to fit is proposed
         rungs.append(fb.rung)
-        reasons.append(fb.reason)
         tried.append(s)
         s, est = fb.strategy, score(req, fb.strategy).estimate
     else:
@@ -88,12 +88,13 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
     assert order == sorted(order), rungs
     firsts = [r for i, r in enumerate(rungs) if r not in rungs[:i]]
     assert firsts[:2] == ["micro_batch", "activation_checkpointing"], rungs
-    # The ZeRO stage comes next: as its own rung, or combined with offload into one relaunch when the measurement
-    # says no single rung fits (the combined jump is labelled by its last rung and says what it changed).
-    sharding = rungs.index("sharding") if "sharding" in rungs else next(
-        i for i, r in enumerate(reasons) if "ZeRO stage 0 -> 3" in r)
-    assert sharding == rungs.index(firsts[2]), (rungs, reasons)
-    assert s.zero_stage == 3 and s.offload_optimizer == "cpu" and s.offload_params == "cpu", s.label()
+    # Each OOM scales the correction up, until the most frugal strategy reachable (ZeRO-3 with both offloads: the
+    # walk takes the ZeRO stage before offload) is itself predicted over the budget: it is named, not launched.
+    if "so it is not launched" in fb.reason:
+        assert fb.corrected_peak_bytes > req.usable_bytes
+        assert "ZeRO stage 0 -> 3, optimizer state -> cpu, parameters -> cpu" in fb.reason, fb.reason
+    else:
+        assert s.zero_stage == 3 and s.offload_optimizer == "cpu" and s.offload_params == "cpu", s.label()
 
 
 def gpu_request(tmp_path, strategy: dict, **cluster):
@@ -148,7 +149,9 @@ def _fake_attempts(run, results):
     def fake(job, plan, run_dir=run):
         kind = results[len(seen)]
         seen.append(plan.strategy)
-        peak = {"oom": plan.budget_bytes + 1000, "over": plan.budget_bytes + 5000, "ok": plan.budget_bytes // 2}[kind]
+        peak = {"oom": plan.budget_bytes + 1000, "over": plan.budget_bytes + 5000, "ok": plan.budget_bytes // 2,
+                "oom-far-over": 20 * plan.budget_bytes}[kind]
+        kind = "oom" if kind == "oom-far-over" else kind
         for r in range(plan.world_size):
             run_dir.write_json(f"ranks/rank-{r}.json", {
                 "rank": r, "status": "oom" if kind == "oom" else "completed", "measured_peak_bytes": peak,
@@ -212,3 +215,34 @@ def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, 
     assert report["attempts"][-1]["stopped"] == "auto_fallback: all 1 relaunch(es) used"
     assert report["auto_fallback"] == {"tries": 1, "relaunches": 1, "ended_within_budget": False}
     assert "all 1 relaunch(es) used" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("results, tries, attempts", [
+    (["oom-far-over", "ok"], 3, 1),  # 20x the budget: the correction leaves no rung predicted to fit
+    (["oom", "oom", "ok"], 1, 2),    # the relaunches run out on an OOM
+])
+def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_exit_3(
+        data_file, tmp_path, capsys, results, tries, attempts):
+    """README: exit 3 when the budget is not met. The ladder ends so whenever memory stopped it (an OOM, under
+    --enforce the budget's own cap, or a peak over budget), and never relaunches what it predicts to be over."""
+    from launcher.errors import EXIT_OVER_BUDGET
+    from launcher.plan_inputs import plan_job
+    from launcher.rundir import RunDir
+    from launcher.session.ladder import run_ladder
+
+    job = _ladder_job(data_file, tmp_path, tries=tries)
+    run = RunDir.create(tmp_path / "run")
+    fake, seen = _fake_attempts(run, results)
+    code = run_ladder(job, plan_job(job, force=True), run, fake)
+    err = capsys.readouterr().err
+    assert code == EXIT_OVER_BUDGET, err
+    assert len(seen) == attempts, [s.label() for s in seen]
+    report = json.loads((run.path / "report.json").read_text())
+    last = report["attempts"][-1]
+    assert last["outcome"] == "oom" and last["next"] is None
+    if attempts == 1:
+        assert "no rung of the ladder is left that is predicted to fit" in last["stopped"]
+        assert "so it is not launched" in err and "usable" in last["stopped"]
+    assert report["auto_fallback"]["ended_within_budget"] is False
+    assert json.loads((run.path / "state.json").read_text())["state"] == "over_budget"
+    assert f"(exit {EXIT_OVER_BUDGET})" in err or attempts == 1

@@ -29,7 +29,7 @@ def main() -> None:
                           "data": {"path": str(out / "unused.jsonl"), "max_seq_len": 16},
                           "train": {"global_batch_size": 2, "max_steps": 1, "precision": "fp32"}})
     torch.manual_seed(1000 + rank)
-    assert loads_on_rank0_only(builds_partitioned=False)
+    assert loads_on_rank0_only() and not loads_on_rank0_only(partitioned_init=True)
     model = build(job, make_recipe("causal_lm", job.data), seq_len=16, hf_checkpointing=False, on_meta=not is_loader())
     built_on_meta = all(p.is_meta for p in model.parameters())
     device = torch.device("cpu")
@@ -41,7 +41,8 @@ def main() -> None:
 
         fsdp = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
                           activation_checkpointing=False, precision="fp32", grad_accum_steps=1, device=device)
-        fsdp.rank0_load = True
+        fsdp.before_build()  # the engine decides: rank 0 loads on a group of 2
+        assert fsdp.rank0_load
         fsdp.setup(model, job.train, memory_probe(device=device, run_dir=out / f"probe-{rank}"))
         local = sum(p.to_local().numel() for p in model.parameters())
         # Which units reshard after forward (FSDP2 keeps a unit's post-forward mesh only if it does).

@@ -80,8 +80,10 @@ def plan_dict(
     return plan.to_json()
 
 
-def ds_config_dict(plan: dict, *, lr: float = 1e-3, weight_decay: float = 0.0) -> dict:
-    """A ds_config.json for ``plan`` (what the emitter is expected to write), with small buckets."""
+def ds_config_dict(plan: dict, *, lr: float = 1e-3, weight_decay: float = 0.0, gradient_clipping: float = 1.0) -> dict:
+    """A ds_config.json for ``plan`` (what the emitter is expected to write), with small buckets.
+
+    ``gradient_clipping`` must be the job's train.max_grad_norm (default 1.0), or the worker refuses the run dir."""
     b = plan["buckets"]
     zero: dict = {
         "stage": plan["zero_stage"] or 0,
@@ -108,6 +110,7 @@ def ds_config_dict(plan: dict, *, lr: float = 1e-3, weight_decay: float = 0.0) -
         "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
         "gradient_accumulation_steps": plan["grad_accum_steps"],
         "train_batch_size": plan["global_batch_size"],
+        "gradient_clipping": gradient_clipping,
         "bf16": {"enabled": plan["precision"] == "bf16"},
         "fp16": {"enabled": plan["precision"] == "fp16"},
         "zero_optimization": zero,

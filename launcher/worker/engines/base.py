@@ -1,4 +1,20 @@
-"""What every engine offers the training loop, and the optimizer/LR schedule they share."""
+"""What every engine offers the training loop, the step contract they all follow, and what they share.
+
+The step contract, the same for every engine, so one job trains the same math whichever engine the plan picked:
+
+  forward     ``forward(**batch)``: the model's output; the recipe takes the mean loss of the micro-batch.
+  backward    ``backward(loss)``: gradients of loss / grad_accum_steps (times the loss scale under fp16), so the
+              accumulated gradient is the mean over micro-batches; ranks average theirs (data parallel).
+  step        ``step()`` after every micro-batch; at the accumulation boundary, in this order: unscale (fp16),
+              clip to ``train.max_grad_norm`` (the global L2 norm over every rank and shard; 0 or None: off),
+              the optimizer step (skipped on fp16 overflow), the scheduler step, zero-grad. Returns True there.
+  grad_norm   ``grad_norm()``: the norm clipping measured at the last boundary, before clipping (a tensor or a
+              float, read by the loop only on log steps); None while clipping is off.
+
+The model build is the engine's decision too: ``before_build`` sets ``rank0_load`` (rank 0 builds the real model
+and the others a meta one, launcher.worker.loading) and ``hf_checkpointing`` says whether transformers' own
+gradient checkpointing is switched on at build; ``setup`` then receives the built model.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +28,38 @@ from launcher.config.job import TrainConfig
 WORK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """The 16-bit working dtypes by plan precision (fp32 has none: nothing is cast)."""
 
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+"""torch's AdamW defaults, written out so the worker's optimizer and DeepSpeed's (launcher.emit.deepspeed, which
+writes the same numbers into ds_config.json) cannot drift apart; tests/worker/test_step_contract.py checks both."""
+
+CLIP_EPS = 1e-6
+"""Added to the norm in the clip coefficient max_norm / (norm + eps): torch's clip_grad_norm_ and DeepSpeed's
+ZeRO use the same 1e-6."""
+
 
 class Engine(Protocol):
     name: str
-    hf_checkpointing: bool
-    """Activation checkpointing is left to transformers (True) or applied by the engine (False)."""
-    broadcasts_weights: bool
-    """The loop broadcasts rank 0's built weights before setup (True) or setup scatters them (False)."""
-    builds_partitioned: bool
-    """Every rank builds its own part of the model (ZeRO-3's zero.Init): no rank-0-only load."""
     model: torch.nn.Module
     """The module to call for forward passes (an engine wrapper or the sharded model)."""
+    rank0_load: bool
+    """Set by ``before_build``: rank 0 builds the real model, the others a meta one that ``setup`` fills."""
+    hf_checkpointing: bool
+    """Switch on transformers' gradient checkpointing at build (engines that wrap blocks themselves say False)."""
+
+    @classmethod
+    def from_plan(cls, plan, ds_config: dict | None, device: torch.device) -> Engine:
+        """The engine for ``plan`` (launcher.worker.engines.engine_class finds the class by the plan's engine)."""
+        ...
+
+    @staticmethod
+    def init_process_group(backend: str) -> None:
+        """Form the process group the way this engine needs it."""
+        ...
+
+    def before_build(self) -> None:
+        """Called in a formed process group, before the model is built: settles ``rank0_load``."""
+        ...
 
     def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None: ...
 
@@ -31,14 +68,25 @@ class Engine(Protocol):
     def backward(self, loss: torch.Tensor) -> None: ...
 
     def step(self) -> bool:
-        """Finish one micro-batch; at an accumulation boundary step the optimizer and return True."""
+        """Finish one micro-batch; at an accumulation boundary clip, step, schedule, zero-grad and return True."""
         ...
+
+    def grad_norm(self) -> torch.Tensor | float | None:
+        """The pre-clip global gradient norm of the last optimizer step; None when clipping is off."""
+        ...
+
+    def train(self, mode: bool = True) -> None: ...
 
     def lr(self) -> float: ...
 
     def save(self, root: Path, tag: str) -> None: ...
 
     def load(self, root: Path, tag: str) -> None: ...
+
+
+def clip_setting(max_grad_norm: float | None) -> float:
+    """The job's ``train.max_grad_norm`` as one number: 0.0 means clipping is off."""
+    return float(max_grad_norm or 0.0)
 
 
 def lr_lambda(warmup_steps: int):
@@ -60,7 +108,9 @@ def build_optimizer(train: TrainConfig, params) -> torch.optim.Optimizer:
     """The job's optimizer over ``params``; foreach=False so no multi-tensor temporaries inflate the peak."""
     params = list(params)
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)
+        return torch.optim.AdamW(params, lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=train.weight_decay,
+                                 foreach=False)
     if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)
+        return torch.optim.Adam(params, lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=train.weight_decay,
+                                foreach=False)
     return torch.optim.SGD(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)

@@ -19,7 +19,7 @@ import torch
 from launcher.config.job import TrainConfig
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
-from launcher.worker.engines.base import build_optimizer, lr_lambda
+from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
 # Attribute names of DeepSpeed's ZeRO / bf16 optimizers, by what the tensors hold.
 # Used only to label memory; a missing name is skipped, so DeepSpeed versions may differ.
@@ -68,19 +68,24 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
         raise ConfigError(problems)
 
 
+def check_clipping(ds_config: dict, train: TrainConfig) -> None:
+    """DeepSpeed clips to ds_config.json's gradient_clipping: it must be the job's train.max_grad_norm, which every
+    other engine clips to."""
+    have, want = float(ds_config.get("gradient_clipping", 0.0) or 0.0), clip_setting(train.max_grad_norm)
+    if have != want:
+        raise ConfigError(f"ds_config.json gradient_clipping: {have} but job.yaml train.max_grad_norm is "
+                          f"{train.max_grad_norm}; re-emit the run dir (launch --overwrite)")
+
+
 class DeepSpeedEngine:
     name = "deepspeed"
-    hf_checkpointing = True
-    """Activation checkpointing is transformers' own (gradient_checkpointing_enable); DeepSpeed wraps no block."""
-    broadcasts_weights = True
-    """Below ZeRO-3, rank 0's weights reach the other ranks by broadcast_from_rank0 before setup."""
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> DeepSpeedEngine:
         if ds_config is None:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
-        return cls(ds_config)
+        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -92,21 +97,25 @@ class DeepSpeedEngine:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=backend)
 
-    @property
-    def builds_partitioned(self) -> bool:
-        """ZeRO-3 builds the model inside zero.Init on every rank: no rank-0-only load."""
-        return self.stage >= 3
-
-    def __init__(self, ds_config: dict):
+    def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False):
         self.ds_config = ds_config
         self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+        self.device = device or torch.device("cpu")
+        self.hf_checkpointing = activation_checkpointing
+        """DeepSpeed has no block wrapper of its own: activation checkpointing is transformers'."""
+        self.work_dtype = next((WORK_DTYPES[p] for p in ("bf16", "fp16") if self.ds_config.get(p, {}).get("enabled")),
+                               None)
         self._hf_ds_config = None
         self.engine = None
         self.rank0_load = False
-        """Set by the trainer: the model was built on rank 0 and broadcast (launcher.worker.loading)."""
+        """Set by before_build: ZeRO-0/1/2 build on rank 0 and broadcast (launcher.worker.loading)."""
 
     def before_build(self) -> None:
-        """Call before building the model: under ZeRO-3 transformers then builds it inside zero.Init."""
+        """Call before building the model: under ZeRO-3 transformers then builds it inside zero.Init, which
+        partitions every parameter as it is created; ZeRO-0/1/2 build on rank 0 alone."""
+        from launcher.worker.loading import loads_on_rank0_only
+
+        self.rank0_load = loads_on_rank0_only(partitioned_init=self.stage >= 3)
         if self.stage == 3:
             from transformers.integrations import HfDeepSpeedConfig
 
@@ -116,17 +125,25 @@ class DeepSpeedEngine:
     def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None:
         import deepspeed
 
+        check_clipping(self.ds_config, train)
+        if self.rank0_load:
+            from launcher.worker.loading import broadcast_from_rank0
+
+            model = broadcast_from_rank0(model, self.device, self.work_dtype)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None if "optimizer" in self.ds_config else build_optimizer(train, params)
-        schedule = None
-        if "scheduler" not in self.ds_config:
-            factor = lr_lambda(train.warmup_steps)
+        factor = lr_lambda(train.warmup_steps)
 
-            def schedule(opt):
-                return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        def schedule(opt):
+            return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
+        # The job's schedule, the one every engine runs, rather than the ds_config's WarmupLR block (kept there
+        # for HF Trainer and plain DeepSpeed users): WarmupLR sets its first lr at construction and again at its
+        # first step(), so its ramp runs one optimizer step behind (DeepSpeed 0.19 lr_schedules.py), and it raises
+        # a warm-up of 1 step to 2. tests/worker/test_step_contract.py compares the two engines' lr step by step.
+        config = {k: v for k, v in self.ds_config.items() if k != "scheduler"}
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=self.ds_config
+            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config
         )
         self.model = self.engine
         if probe.tracker is None:
@@ -170,13 +187,21 @@ class DeepSpeedEngine:
         return self.engine(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        # DeepSpeed divides by gradient_accumulation_steps itself.
+        # DeepSpeed divides by gradient_accumulation_steps and applies the loss scale itself.
         self.engine.backward(loss)
 
     def step(self) -> bool:
+        # At the boundary engine.step() unscales, clips to gradient_clipping (= train.max_grad_norm, checked in
+        # setup), steps the optimizer (skipped on fp16 overflow), steps the scheduler and zeroes the gradients.
         boundary = self.engine.is_gradient_accumulation_boundary()
         self.engine.step()
         return boundary
+
+    def grad_norm(self):
+        if not self.ds_config.get("gradient_clipping"):
+            return None
+        # ZeRO's norm before clipping, over every rank's partition (a tensor or a float by DeepSpeed version).
+        return self.engine.get_global_grad_norm()
 
     def train(self, mode: bool = True) -> None:
         self.engine.train(mode)

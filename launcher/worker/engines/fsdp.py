@@ -3,6 +3,8 @@
 Activation checkpointing wraps each block (non-reentrant) before it is sharded.
 Hybrid sharding (HSDP) passes a 2-D mesh (nodes x ranks per node) to fully_shard, which shards over the
 second dimension and all-reduces the shards' gradients over the first.
+At the accumulation boundary the gradients are clipped to train.max_grad_norm over their global norm
+(clip_grad_norm: every rank's shards, host-resident under CPU offload), as DeepSpeed clips.
 Gradients are reduce-scattered after every micro-batch: accumulating unsharded
 gradients instead (set_requires_gradient_sync(False)) would hold a full gradient
 copy per rank, which the memory plan does not budget for.
@@ -20,7 +22,7 @@ from torch import nn
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
-from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, lr_lambda
+from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
@@ -39,14 +41,37 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
     return best
 
 
+def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) -> torch.Tensor:
+    """Clip the gradients of FSDP2's DTensor ``params`` to a global L2 norm of ``max_norm``; returns the norm before.
+
+    Each rank holds a shard of every gradient (on the host under CPU offload): the squared norms of the local
+    shards are summed over ``group``, the ranks one shard each of the whole (under HSDP the shard group: the
+    replicas hold the same reduced gradients). The coefficient is torch's and DeepSpeed's:
+    min(1, max_norm / (norm + 1e-6)). The all-reduce runs on ``comm_device`` (the device under NCCL, the host under
+    gloo), so host-resident shards work with either backend.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+    sq = torch.zeros((), dtype=torch.float32, device=comm_device)
+    for g in grads:
+        sq += torch.linalg.vector_norm(g, dtype=torch.float32).square().to(comm_device)
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(sq, group=group)
+    norm = sq.sqrt()
+    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
+    on = {}  # one copy of the coefficient per device: host shards under offload must not copy it once per tensor
+    for g in grads:
+        if g.device not in on:
+            on[g.device] = coef.to(g.device)
+        g.mul_(on[g.device])
+    return norm
+
+
 class FsdpEngine:
     name = "fsdp"
     hf_checkpointing = False
-    """Activation checkpointing wraps the blocks here (checkpoint_wrapper), not in transformers."""
-    broadcasts_weights = False
-    """Rank 0's weights reach the other ranks as shards, in setup (set_model_state_dict)."""
-    builds_partitioned = False
-    """Every rank but 0 builds on meta; rank 0 alone reads the weights."""
+    """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
@@ -97,11 +122,16 @@ class FsdpEngine:
         self.sharding = sharding
         self.micro = 0
         self.scaler = None
+        self.max_grad_norm = 0.0
+        self.shard_group = None
+        self._grad_norm: torch.Tensor | None = None
         self.rank0_load = False
-        """Set by the trainer: rank 0 holds the real model and the others a meta one (launcher.worker.loading)."""
+        """Set by before_build: rank 0 holds the real model and the others a meta one (launcher.worker.loading)."""
 
     def before_build(self) -> None:
-        pass
+        from launcher.worker.loading import loads_on_rank0_only
+
+        self.rank0_load = loads_on_rank0_only()
 
     def setup(self, model: nn.Module, train: TrainConfig, probe) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -118,6 +148,7 @@ class FsdpEngine:
                 blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         shape, dim_names = self.mesh_shape()
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
+        self.shard_group = mesh.get_group(mesh.ndim - 1)  # the ranks that hold one shard each of every gradient
         dtype = WORK_DTYPES.get(self.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
@@ -134,6 +165,7 @@ class FsdpEngine:
             fill_sharded(model, state, buffers, torch.device("cpu") if self.offload else self.device)
             del state, buffers
         self.model = model
+        self.max_grad_norm = clip_setting(train.max_grad_norm)
         self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
         if self.precision == "fp16":
@@ -170,6 +202,11 @@ class FsdpEngine:
         self.micro += 1
         if self.micro % self.grad_accum_steps:
             return False
+        if self.max_grad_norm > 0:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+            self._grad_norm = clip_grad_norm(self.optimizer_params(), self.max_grad_norm, self.shard_group, comm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -178,6 +215,12 @@ class FsdpEngine:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return True
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def grad_norm(self) -> torch.Tensor | None:
+        return self._grad_norm if self.max_grad_norm > 0 else None
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)

@@ -1,0 +1,104 @@
+"""benchmarks/results/gpu.md from the run dirs scripts/gpu-check.sh made: predicted vs measured per moment.
+
+    python -m benchmarks.gpu.report --out benchmarks/results/gpu.md --tests-rc 0 --run RUN_DIR RC [--run ...]
+
+Each run's predicted moments are its plan.json ``moment_bytes``; each is set beside the measured phase peak that
+benchmarks/accuracy judges it by (compare.moment_totals, compare.MOMENT_PHASES), for the rank that used the most.
+Both sides are on the run's verdict basis: on CUDA reserved plus what lies outside the allocator (context, NCCL),
+"cuda_reserved_plus_context"; a run on any other basis is flagged, since the GPU check is about that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks.accuracy.compare import moment_totals
+from benchmarks.accuracy.harness import rank_files, read_json
+from launcher.units import format_bytes
+
+CUDA_BASIS = "cuda_reserved_plus_context"
+
+
+def run_row(run_dir: Path, returncode: int) -> dict:
+    """What one run shows in the table: its verdict, peak and every predicted moment beside its measured phase."""
+    plan, report = read_json(run_dir / "plan.json"), read_json(run_dir / "report.json")
+    row: dict = {"run": run_dir.name, "run_dir": str(run_dir), "returncode": returncode}
+    if plan is None or report is None or not report.get("ranks"):
+        row["problem"] = "no plan.json or report.json with ranks: the run stopped before its verdict"
+        return row
+    ranks = {r["rank"]: r for r in rank_files(run_dir)}
+    worst = max(report["ranks"], key=lambda r: r.get("measured_peak_bytes") or 0)
+    row.update(
+        engine=plan.get("engine"), label=plan.get("label"), world_size=plan.get("world_size"),
+        basis=report.get("basis"), within_budget=report.get("within_budget"), worst_rank=worst["rank"],
+        predicted_peak_bytes=plan.get("predicted_peak_bytes"), measured_peak_bytes=worst.get("measured_peak_bytes"),
+        moments=moment_totals(plan.get("moment_bytes") or {}, ranks.get(worst["rank"], {})),
+    )
+    if row["basis"] != CUDA_BASIS:
+        row["problem"] = f"verdict basis {row['basis']!r}, not {CUDA_BASIS!r}: not a CUDA run"
+    return row
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
+    """The markdown page: the tests/gpu outcome, one verdict line per run, then predicted vs measured per moment."""
+    out = ["# GPU check", "", f"Written by `scripts/gpu-check.sh` on {machine}.", ""]
+    if tests_rc is not None:
+        out += [f"`pytest tests/gpu`: {'passed' if tests_rc == 0 else f'FAILED (exit {tests_rc})'}.", ""]
+    out += ["## Runs (`launch --enforce`)", "",
+            "| run | plan | ranks | exit | verdict | basis | predicted peak | measured peak (worst rank) | error |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "moments" not in r:
+            out.append(f"| {r['run']} | - | - | {r['returncode']} | - | - | - | - | {r['problem']} |")
+            continue
+        verdict = "within budget" if r["within_budget"] else "OVER BUDGET"
+        err = None
+        if r["predicted_peak_bytes"] and r["measured_peak_bytes"]:
+            err = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
+        out.append(f"| {r['run']} | {r['label']} | {r['world_size']} | {r['returncode']} | {verdict} | {r['basis']} | "
+                   f"{_bytes(r['predicted_peak_bytes'])} | {_bytes(r['measured_peak_bytes'])} (rank "
+                   f"{r['worst_rank']}) | {_pct(err)} |")
+    out += ["", "## Predicted vs measured per moment", "",
+            "Each moment of `plan.json` `moment_bytes` against the measured phase peak that benchmarks/accuracy "
+            "judges it by (`MOMENT_PHASES`), on the rank that used the most; error = (predicted - measured) / "
+            "measured. A phase peak is its largest moment, so of two moments in one phase (backward, backward_end) the "
+            "smaller reads low.", "",
+            "| run | moment | predicted | measured phase | measured | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for moment, m in (r.get("moments") or {}).items():
+            out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
+                       f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
+    problems = [f"- {r['run']}: {r['problem']}" for r in rows if r.get("problem")]
+    if problems:
+        out += ["", "## Problems", "", *problems]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu.report", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="the markdown file to write")
+    ap.add_argument("--tests-rc", type=int, default=None, help="exit status of pytest tests/gpu")
+    ap.add_argument("--machine", default="this machine", help="what ran it, e.g. the GPU's name and count")
+    ap.add_argument("--run", nargs=2, action="append", default=[], metavar=("RUN_DIR", "RC"),
+                    help="a run dir and the exit status of its launch (repeat)")
+    a = ap.parse_args(argv)
+    rows = [run_row(Path(d), int(rc)) for d, rc in a.run]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(render(rows, tests_rc=a.tests_rc, machine=a.machine))
+    print(f"wrote {a.out}")
+    bad = [r for r in rows if r.get("problem") or r["returncode"] != 0]
+    return 1 if bad or (a.tests_rc or 0) != 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU check anyone can run (issue 18 §8). On a machine with CUDA:
+#   1. pytest tests/gpu;
+#   2. a real run per engine (DeepSpeed, FSDP2) on 1 GPU and, with 2+ GPUs, on 2, each with --enforce; the verdict
+#      is on the plan's basis, on CUDA reserved plus context (cuda_reserved_plus_context);
+#   3. benchmarks/results/gpu.md: every run's verdict and predicted vs measured bytes per moment
+#      (python -m benchmarks.gpu.report, which reuses benchmarks/accuracy's comparison).
+# On a machine without CUDA it says so and exits 0. Exit 1 if a test, a run or the basis check failed.
+# GPU_CHECK_RESULTS=path writes the page elsewhere; the run dirs go under runs/gpu-check-<time>/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+PY=.venv/bin/python
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') || exit 1
+if [ "$gpus" -lt 1 ]; then
+  echo "gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False): nothing to check, exit 0"
+  exit 0
+fi
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions} HF_HUB_OFFLINE=1
+results=${GPU_CHECK_RESULTS:-benchmarks/results/gpu.md}
+runs=runs/gpu-check-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$runs"
+
+"$PY" -m pytest -q -m gpu tests/gpu
+tests_rc=$?
+
+# Nine tenths of the card, as tests/gpu does: a budget the planner accepts on any GPU.
+budget=$("$PY" -c 'import torch; print(int(0.9 * torch.cuda.get_device_properties(0).total_memory))')
+machine=$("$PY" -c 'import torch; print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")')
+worlds=1
+[ "$gpus" -ge 2 ] && worlds="1 2"
+runs_args=()
+for engine in deepspeed fsdp; do
+  for n in $worlds; do
+    name=$engine-$n
+    cat > "$runs/$name.yaml" <<JOB
+name: $name
+model: gpt2-124m
+task: causal_lm
+data: {path: $PWD/examples/data/causal.jsonl, max_seq_len: 512}
+train: {global_batch_size: $((4 * n)), precision: bf16, lr: 1.0e-4, max_steps: 4}
+strategy: {engine: $engine}
+JOB
+    echo "gpu-check: $name: launch --gpus $n --budget $budget --enforce"
+    .venv/bin/launch --gpus "$n" --budget "$budget" "$runs/$name.yaml" --run-dir "$runs/$name" --enforce --quiet
+    runs_args+=(--run "$runs/$name" "$?")
+  done
+done
+
+"$PY" -m benchmarks.gpu.report --out "$results" --tests-rc "$tests_rc" --machine "$machine" "${runs_args[@]}"

@@ -1,0 +1,62 @@
+"""scripts/gpu-check.sh: says so and exits 0 without CUDA; its report writer, on a real (CPU) run dir."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from benchmarks.accuracy.compare import MOMENT_PHASES
+from benchmarks.gpu.report import main, render, run_row
+from tests.cli.test_run_cli import job_file, launch
+from tests.conftest import REPO
+
+RESULTS = REPO / "benchmarks" / "results" / "gpu.md"
+
+
+def test_without_cuda_it_says_so_and_exits_0(tmp_path):
+    before = RESULTS.stat().st_mtime_ns if RESULTS.exists() else None
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPU_CHECK_RESULTS": str(tmp_path / "gpu.md")}
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "gpu-check: no CUDA device on this machine" in res.stdout
+    assert not (tmp_path / "gpu.md").exists()  # nothing ran, nothing written
+    assert (RESULTS.stat().st_mtime_ns if RESULTS.exists() else None) == before
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-report")
+    job = job_file(tmp, "fsdp-1", gpus=1, strategy={"engine": "fsdp"},
+                   train={"global_batch_size": 4, "precision": "fp32", "lr": 3e-3, "max_steps": 2})
+    res = launch(job, "--run-dir", tmp / "fsdp-1", "--quiet")
+    assert res.returncode == 0, res.stdout + res.stderr
+    return tmp / "fsdp-1"
+
+
+def test_each_planned_moment_sits_beside_its_measured_phase(cpu_run):
+    plan = json.loads((cpu_run / "plan.json").read_text())
+    rank = json.loads((cpu_run / "ranks" / "rank-0.json").read_text())
+    row = run_row(cpu_run, 0)
+    assert set(row["moments"]) == set(plan["moment_bytes"]) and row["moments"]
+    for moment, m in row["moments"].items():
+        assert m["predicted_bytes"] == plan["moment_bytes"][moment]
+        phase_peak = max(rank["phases"][p] for p in MOMENT_PHASES[moment] if p in rank["phases"])
+        assert m["measured_bytes"] == phase_peak and m["measured_phase"] in MOMENT_PHASES[moment]
+    assert row["engine"] == "fsdp" and row["world_size"] == 1 and row["within_budget"] is True
+    # A CPU run is on the CPU basis: the GPU page says so rather than passing it off as a CUDA figure.
+    assert row["basis"] == "cpu_tensor_bytes" and "not a CUDA run" in row["problem"]
+    page = render([row], tests_rc=0, machine="1 x CPU")
+    assert "| fsdp-1 | backward |" in page and "`pytest tests/gpu`: passed" in page
+
+
+def test_the_page_names_runs_that_failed_and_the_exit_says_so(cpu_run, tmp_path):
+    (tmp_path / "oom-run").mkdir()
+    out = tmp_path / "gpu.md"
+    rc = main(["--out", str(out), "--tests-rc", "1", "--run", str(cpu_run), "0", "--run", str(tmp_path / "oom-run"),
+               "1"])
+    page = out.read_text()
+    assert rc == 1
+    assert "FAILED (exit 1)" in page and "| oom-run | - | - | 1 |" in page and "stopped before its verdict" in page
+    assert page.count("| fsdp-1 |") == 1 + len(json.loads((cpu_run / "plan.json").read_text())["moment_bytes"])

@@ -1,0 +1,117 @@
+"""One step contract for every engine: the same seeded fp32 job trains the same math on ZeRO-2 and on FSDP2.
+
+The two engines share the data order, rank 0's init, torch's AdamW (same betas, eps, weight decay), the warm-up
+schedule, the mean over micro-batches and ranks, and clipping to train.max_grad_norm (set low here so that every
+step clips). Their loss curves must agree step by step.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from launcher.config.job import TrainConfig
+from launcher.emit import deepspeed as emit_ds
+from launcher.errors import ConfigError
+from launcher.worker.engines.base import ADAM_BETAS, ADAM_EPS, build_optimizer
+from launcher.worker.engines.deepspeed import check_clipping
+from tests.cli.test_run_cli import job_file, launch
+from tests.conftest import REPO
+
+MAX_GRAD_NORM = 0.05
+"""Far below the tiny GPT-2's gradient norm (about 1 to 5 at these steps): every step clips."""
+AGREE = 1e-4
+"""Relative agreement of the two loss curves on CPU ranks (fp32; only the order of float sums differs)."""
+
+
+def step_rows(run_dir):
+    lines = (run_dir / "steps" / "rank-0.jsonl").read_text().splitlines()
+    return [json.loads(ln) for ln in lines if ln.strip()]
+
+
+def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
+    train = {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 6, "seed": 7,
+             "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": MAX_GRAD_NORM}
+    pins = {"micro_batch_size": 2, "activation_checkpointing": False, "offload_optimizer": "none",
+            "offload_params": "none"}  # 2 micro-batches of 2 per rank: accumulation is part of the math
+    curves = {}
+    for name, strategy in (("zero2", {"engine": "deepspeed", "zero_stage": 2}),
+                           ("fsdp2", {"engine": "fsdp", "fsdp_reshard_after_forward": True})):
+        job = job_file(tmp_path, name, strategy={**strategy, **pins}, train=train)
+        res = launch(job, "--run-dir", tmp_path / name, "--quiet")
+        assert res.returncode == 0, res.stdout + res.stderr
+        plan = json.loads((tmp_path / name / "plan.json").read_text())
+        assert (plan["engine"], plan["micro_batch_size"], plan["grad_accum_steps"]) == (strategy["engine"], 2, 2)
+        curves[name] = step_rows(tmp_path / name)
+    z, f = curves["zero2"], curves["fsdp2"]
+    assert [r["step"] for r in z] == [r["step"] for r in f] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(z, f, strict=True):
+        # Clipping was active: the norm each engine measured before clipping is over the limit.
+        assert a["grad_norm"] > 10 * MAX_GRAD_NORM and b["grad_norm"] > 10 * MAX_GRAD_NORM
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=AGREE), (a, b)
+        assert b["lr"] == pytest.approx(a["lr"], rel=1e-12), ("warm-up schedules differ", a, b)
+        assert b["loss"] == pytest.approx(a["loss"], rel=AGREE), (z, f)
+    assert z[-1]["loss"] < z[0]["loss"]  # and it trains
+
+
+def test_the_worker_optimizer_is_the_one_the_ds_config_names():
+    # Both engines run torch's AdamW; FSDP2 builds it here, DeepSpeed from ds_config.json's params.
+    assert list(ADAM_BETAS) == list(emit_ds.ADAM_BETAS) and ADAM_EPS == emit_ds.ADAM_EPS
+    opt = build_optimizer(TrainConfig(global_batch_size=1, weight_decay=0.1), [torch.nn.Parameter(torch.zeros(1))])
+    group = opt.param_groups[0]
+    assert type(opt) is torch.optim.AdamW
+    assert (group["betas"], group["eps"], group["weight_decay"]) == (ADAM_BETAS, ADAM_EPS, 0.1)
+
+
+@pytest.mark.parametrize("ds_clip, job_clip, ok", [(1.0, 1.0, True), (0.0, None, True), (0.0, 0.0, True),
+                                                   (1.0, 0.5, False), (0.0, 1.0, False)])
+def test_deepspeed_clips_to_the_jobs_max_grad_norm(ds_clip, job_clip, ok):
+    train = TrainConfig(global_batch_size=1, max_grad_norm=job_clip)
+    if ok:
+        check_clipping({"gradient_clipping": ds_clip}, train)
+    else:
+        with pytest.raises(ConfigError, match="gradient_clipping.*max_grad_norm.*re-emit"):
+            check_clipping({"gradient_clipping": ds_clip}, train)
+
+
+def test_fsdp_clip_uses_the_global_norm_of_dtensor_shards(single_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    from launcher.worker.engines.fsdp import clip_grad_norm
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    ref = [p.detach().clone() for p in model.parameters()]
+    fully_shard(model)
+    x = torch.randn(3, 4)
+    model(x).square().sum().backward()
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    with torch.no_grad():
+        for p, r in zip(plain.parameters(), ref, strict=True):
+            p.copy_(r)
+    plain(x).square().sum().backward()
+    want = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+    got = clip_grad_norm(list(model.parameters()), 0.5, dist.group.WORLD, torch.device("cpu"))
+    assert float(got) == pytest.approx(float(want), rel=1e-6) and float(want) > 0.5
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad)
+
+
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_fsdp_clip_norm_is_global_across_ranks(tmp_path, offload):
+    """Each rank holds half of every gradient: the norm must be the whole gradient's, on the host shards too."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(REPO / "tests" / "worker" / "clip_ranks.py"), str(tmp_path), offload],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["want"] > 0.5  # the averaged gradient is over the limit: clipping acts
+        assert r["norm"] == pytest.approx(r["want"], rel=1e-6) and r["grads_match"], r
+    assert ranks[0]["local_elems"] < ranks[0]["total_elems"]  # sharded: no rank alone sees the whole norm
