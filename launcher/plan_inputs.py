@@ -17,13 +17,14 @@ from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
 from launcher.errors import ConfigError
 from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
-from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
+from launcher.model.build import BUNDLED_DIR, MINILM_NAMES, config_file_problems
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
-from launcher.planner.search import PlanRequest, batch_problem, make_plan
+from launcher.planner.search import PlanRequest, batch_problem, context_problem, make_plan
 from launcher.precision import choose_precision
+from launcher.units import article, format_bytes_apart
 
 
 def _model_fingerprint(job: Job) -> str:
@@ -40,6 +41,9 @@ def _model_fingerprint(job: Job) -> str:
             p = p if p.is_absolute() else Path(job.base_dir) / p
             cfg = p / "config.json" if p.is_dir() else BUNDLED_DIR / f"{job.model}.json"
         if cfg is not None and cfg.is_file():
+            problems = config_file_problems(cfg)  # its size and sizes, before it is read whole or built
+            if problems:
+                raise ConfigError(problems)
             src += cfg.read_text()
     lora = dataclasses.asdict(job.train.lora) if job.train.lora else None
     versions = []
@@ -133,10 +137,22 @@ def request_problems(job: Job) -> list[str]:
     # An absurd or tiny budget already has its own message; "more than the card" would only repeat it.
     if profile is not None and profile.memory_bytes and budget is not None and not check_budget(budget) \
             and budget > profile.memory_bytes:
+        asked, card = format_bytes_apart(budget, profile.memory_bytes)
         problems.append(
-            f"budget: {budget} bytes is more than a {profile.name} holds ({profile.memory_bytes} bytes); "
-            f"give at most the card's memory or set cluster.hardware"
+            f"budget: {asked} is more than {article(profile.name)} {profile.name} holds ({card}); give at most the "
+            "card's memory or set cluster.hardware"
         )
+    if profile is not None and profile.device_is_host and budget is not None and not check_budget(budget):
+        # A CPU rank's memory is the node's RAM, as a GPU rank's is its card: a budget past it is refused alike.
+        ram = job.cluster.host_ram_per_node_bytes
+        where = "cluster.host_ram_per_node" if ram else "this machine's RAM"
+        ram = ram or host_ram_bytes()
+        if budget > ram:
+            asked, have = format_bytes_apart(budget, ram)
+            problems.append(
+                f"budget: {asked} per CPU rank is more than {where} ({have}); give at most the node's RAM "
+                "(--budget), or set cluster.host_ram_per_node for the nodes the ranks run on"
+            )
     if profile is not None and profile.device_is_host and job.train.attn_implementation == "flash_attention_2":
         # The flash-attn kernels exist only for CUDA: transformers would refuse at the first rank's model build.
         problems.append(
@@ -166,6 +182,11 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
     precision, precision_reason = choose_precision(job.train.precision, bf16_support(job, profile))
     job = dataclasses.replace(job, train=dataclasses.replace(job.train, precision=precision))
     stats = model_stats(job)
+    # Before the activation probe, which feeds seq_len real token ids through the model: a sequence past the
+    # model's position table is refused without building anything for it.
+    problem = context_problem(stats, job.data.max_seq_len)
+    if problem:
+        raise ConfigError(problem)
     return PlanRequest(
         model=stats, gpus_per_node=job.gpus, nodes=job.nodes, budget_bytes=job.budget_bytes,
         seq_len=job.data.max_seq_len, global_batch_size=job.train.global_batch_size,

@@ -11,8 +11,10 @@ variant is planned and run as its own job (one Slurm array task); the keys are t
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
+from launcher.config.bounds import SWEEP_VARIANTS
 from launcher.errors import ConfigError
 
 # An array's tasks share one allocation shape (one sbatch script), so these cannot differ per variant;
@@ -84,6 +86,10 @@ def expand(sweep: dict | None) -> list[Variant]:
             continue
         axes.append((key, values))
     overrides_list: list[dict[str, object]] = []
+    count = (math.prod(len(v) for _, v in axes) if axes else 0) + len(entries)
+    if count > SWEEP_VARIANTS:  # counted before itertools.product makes them: ten 30-value axes are 30^10
+        raise ConfigError(problems + [f"sweep: {count} variants, over the {SWEEP_VARIANTS} one sweep may hold "
+                                      "(Slurm's default MaxArraySize); sweep fewer values, or split the sweep"])
     if axes:
         keys = [k for k, _ in axes]
         overrides_list += [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))]

@@ -97,3 +97,18 @@ def format_bytes(n: float) -> str:
     if unit == "B":
         return f"{int(n)} B"
     return f"{n / size:.2f} {unit}"
+
+
+def format_bytes_apart(a: float, b: float) -> tuple[str, str]:
+    """format_bytes of two sizes a message compares; where both would read the same (42.95 GB against 42.95 GB),
+    each also gives its exact bytes, so the message never says one is more than an equal-looking other."""
+    sa, sb = format_bytes(a), format_bytes(b)
+    if sa == sb and a != b:
+        return f"{sa} ({int(a)} bytes)", f"{sb} ({int(b)} bytes)"
+    return sa, sb
+
+
+def article(name: str) -> str:
+    """'a' or 'an' before a hardware name as it is read aloud, letter by letter: an A100, an H100, an L4, an MI300X,
+    an RTX 4090, but a B200, a V100, a CPU (the letters whose names start with a vowel sound take 'an')."""
+    return "an" if name[:1].lower() in "aefhilmnorsx" else "a"

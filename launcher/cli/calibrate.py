@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from launcher.units import format_bytes
 
 EPILOG = """examples:
   launch calibrate                              measure this machine (cpu, or the detected GPU) with 2 ranks
@@ -152,8 +153,8 @@ def refit(args: argparse.Namespace) -> int:
               "activation bytes = activations + temp at the forward/backward peak")
         print(f"{'run/rank':<36} {'measured':>11} {'before':>11} {'err':>7} {'after':>11} {'err':>7}  peak err before>after")
         for r in result.rows:
-            print(f"{r['name'][:36]:<36} {r['measured_bytes']:>11.0f} {r['predicted_before']:>11.0f} "
-                  f"{r['act_err_before']:>+7.1%} {r['predicted_after']:>11.0f} {r['act_err_after']:>+7.1%}  "
+            print(f"{r['name'][:36]:<36} {format_bytes(r['measured_bytes']):>11} {format_bytes(r['predicted_before']):>11} "
+                  f"{r['act_err_before']:>+7.1%} {format_bytes(r['predicted_after']):>11} {r['act_err_after']:>+7.1%}  "
                   f"{_pct(r['peak_err_before'])} > {_pct(r['peak_err_after'])}")
         s = result.summary()
         print(f"activation bytes |error|: median {s['median_abs_act_err_before']:.1%} -> "

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.config import bounds
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
@@ -51,10 +52,14 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     problems, out = [], []
     for item in items:
         key, _, raw = item.partition("=")
+        if len(item) > bounds.OVERRIDE_CHARS:  # before YAML reads it: its pure-Python reader is slow on megabytes
+            problems.append(f"{key[:100]}: the value given on the command line is {len(raw)} characters, over the "
+                            f"{bounds.OVERRIDE_CHARS} an override may hold; set long values in the job file")
+            continue
         try:
             out.append((key, parse_yaml_value(raw)))
         except ValueError as e:
-            problems.append(f"{key}: {raw!r} (from {item!r} on the command line) is not a YAML value ({e}); "
+            problems.append(f"{key}: {show(raw)} (from the command line) is not a YAML value ({e}); "
                             "quote it or fix its syntax")
     if problems:
         raise ConfigError(problems)
@@ -190,6 +195,9 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     p: list[str] = []
     if not job.name.strip():
         p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
+    elif len(job.name) > bounds.NAME_CHARS:
+        p.append(f"name: {show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job name may "
+                 "hold (run dirs and file names are built from it); give a shorter name")
     p += check_job_name(job.name)
     p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
@@ -236,6 +244,7 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
             p.append(f"train.lora.dropout: {lo.dropout!r} must be in [0, 1); use e.g. 0.05")
     if job.budget_bytes is not None:
         p += check_budget(job.budget_bytes)
+    p += bounds.job_problems(job)
     if isinstance(job.model, InlineArch):
         p += check_arch(job.model, job.data.max_seq_len)
     elif not job.model.strip() or "\x00" in job.model:

@@ -17,8 +17,9 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from launcher.config import bounds
 from launcher.errors import ConfigError
-from launcher.units import parse_bytes
+from launcher.units import format_bytes, parse_bytes
 
 T = TypeVar("T")
 
@@ -89,6 +90,9 @@ def _plain_problem(value: Any) -> str | None:
     on_path: set[int] = set()
 
     def size(v: Any, depth: int) -> int:
+        if isinstance(v, str) and len(v) > bounds.STRING_CHARS:
+            raise ValueError(f"holds a string of {len(v)} characters, over the {bounds.STRING_CHARS} a job's "
+                             "strings may hold")
         if not isinstance(v, (list, dict)):
             return 1
         key = id(v)
@@ -151,11 +155,24 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         if not isinstance(value, list):
             problems.add(where, value, "must be a list", f"write {where} as [a, b, ...]")
             return None
+        if len(value) > bounds.LIST_ITEMS:  # before each item is converted (and each refusal quoted)
+            problems.add(where, value, f"has {len(value)} items, over the {bounds.LIST_ITEMS} a job's lists may hold",
+                         f"give {where} at most {bounds.LIST_ITEMS} items")
+            return None
         return [_convert(item_tp, v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             problems.add(where, value, "must be a mapping", f"write {where} as {{key: value}}")
+            return None
+        if len(value) > bounds.LIST_ITEMS:
+            problems.add(where, value, f"has {len(value)} keys, over the {bounds.LIST_ITEMS} a job's mappings may "
+                         "hold", f"give {where} at most {bounds.LIST_ITEMS} keys")
+            return None
+        long_key = next((k for k in value if len(str(k)) > bounds.STRING_CHARS), None)
+        if long_key is not None:
+            problems.add(f"{where} key", long_key, f"is {len(str(long_key))} characters, over the "
+                         f"{bounds.STRING_CHARS} a job's strings may hold", "shorten the key")
             return None
         return {str(k): _convert(val_tp, v, f"{where}.{k}", problems) for k, v in value.items()}
     if tp is int and is_bytes:
@@ -196,14 +213,22 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
         problems.add(where, value, "must be a number", f"write {where} as a number, e.g. 2.0e-5")
         return None
     if tp is str:
+        if isinstance(value, str) and len(value) > bounds.STRING_CHARS:
+            problems.add(where, value, f"is {len(value)} characters, over the {bounds.STRING_CHARS} a job's strings "
+                         "may hold (the longest path Linux takes)", f"shorten {where}")
+            return None
         if isinstance(value, str):
             return value
         problems.add(where, value, "must be a string", f"quote {where}")
         return None
     if tp is object:
+        if isinstance(value, str):  # a free-form value that is a plain string: the string rule, said the same way
+            return _convert(str, value, where, problems)
         why = _plain_problem(value)
         if why:
-            problems.add(where, value, why, "write the value out without aliases")
+            fix = f"shorten the string in {where}" if why.startswith("holds a string") else \
+                "write the value out without aliases"
+            problems.add(where, value, why, fix)
             return None
         return value
     raise TypeError(f"unsupported config type {tp!r} at {where}")
@@ -314,15 +339,25 @@ def parse_yaml_value(text: str) -> Any:
         return yaml.load(text, Loader=JobLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ValueError(getattr(e, "problem", None) or str(e).splitlines()[0]) from None
+    except ValueError as e:
+        raise ValueError(value_error(e)) from None
 
 
 def load_yaml(path: str | Path) -> Any:
-    """safe_load a file; syntax errors and duplicate keys name the line and column."""
+    """safe_load a file; syntax errors and duplicate keys name the line and column. A file over
+    bounds.JOB_FILE_BYTES is refused before YAML reads it."""
     p = Path(path)
     try:
         if p.exists() and not p.is_file():  # a directory, FIFO or device: reading could block or never end
             raise ConfigError(f"{path}: not a regular file; pass the path of a YAML job file")
-        text = p.read_text()
+        with p.open("rb") as f:  # read one byte past the bound: /proc files say size 0, a file may grow
+            raw = f.read(bounds.JOB_FILE_BYTES + 1)
+        if len(raw) > bounds.JOB_FILE_BYTES:
+            size = max(p.stat().st_size, len(raw))
+            raise ConfigError(f"{path}: the job file is {format_bytes(size)}, over the "
+                              f"{format_bytes(bounds.JOB_FILE_BYTES)} a job file may be (real ones are a few KB); "
+                              "keep data in data.path and variants in sweep:, not in the job file")
+        text = raw.decode()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such job file; check the path") from None
     except (OSError, ValueError) as e:  # permissions, a name too long, a NUL byte, not UTF-8
@@ -340,6 +375,15 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: YAML syntax error at {at}: {problem}; fix the YAML there") from None
     except RecursionError:
         raise ConfigError(f"{path}: the YAML nests too deeply to read; a job file is a few levels of key: value") from None
+    except ValueError as e:  # a constructor refused a value: an integer of 4300+ digits, a date like 2024-13-45
+        raise ConfigError(f"{path}: a value in the job file cannot be read ({value_error(e)}); fix that value") from None
+
+
+def value_error(e: ValueError) -> str:
+    """What a YAML constructor's ValueError says, in the user's terms."""
+    if "integer string conversion" in str(e):  # Python's guard against quadratic int(): no job field needs one
+        return "a whole number of over 4300 digits"
+    return show(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 def _first_duplicate_key(text: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import warnings
 
 from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants
@@ -75,7 +76,11 @@ def _fake_run(job: Job, model, batch) -> int:
     from launcher.model.loss import task_loss
     from launcher.runtime.tracker import PhaseMemTracker
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+        # A module made inside forward and gone by backward (seq_cls's loss: transformers builds a CrossEntropyLoss
+        # per call) leaves MemTracker's backward hooks a dead weakref; it says so with a UserWarning per hook and
+        # skips that module's snapshot, while the tensors are still counted. Noise on a planning run.
+        warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook", category=UserWarning)
         model.to_empty(device="cpu")
         model.train()
         # The worker's tracker: it also handles frozen parameters (LoRA), which plain MemTracker cannot hook.
@@ -94,14 +99,12 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     """Activation constants of this model and task, measured on fake tensors (bytes per example-token)."""
     import torch
 
-    from launcher.model.build import attention_implementation, model_config
+    from launcher.model.build import attention_implementation, model_config, planning_attention
 
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     config = model_config(job)
     attention = attention_implementation(config)
-    if attention == "flash_attention_2":
-        # flash-attn needs CUDA; sdpa's fused kernels save the same tensors (no a·s² scores, an s-sized logsumexp).
-        config._attn_implementation = "sdpa"
+    config = planning_attention(config)  # flash-attn needs CUDA and its package; sdpa saves the same tensors
     if job.task == "seq_cls":
         config.num_labels = job.data.num_labels or 2
         if getattr(config, "pad_token_id", None) is None:

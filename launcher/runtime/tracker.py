@@ -15,6 +15,7 @@ import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
 from launcher.categories import MEASURED as CATEGORIES
+from launcher.units import format_bytes
 
 # The raw MemTracker/FSDPMemTracker names map onto our seven categories (launcher.categories: one vocabulary with
 # the planner's breakdown; gathered parameters are params on both sides).
@@ -143,8 +144,8 @@ class _PhasePeaks:
         if self.cap_bytes is not None and total > self.cap_bytes and self.over_cap is None:
             self.over_cap = (total, self.phase)
             raise torch.OutOfMemoryError(
-                f"tracked tensors reached {total} bytes in phase {self.phase!r}, over the enforced cap of "
-                f"{self.cap_bytes} bytes (LAUNCHER_ENFORCE_BYTES)"
+                f"tracked tensors reached {format_bytes(total)} in phase {self.phase!r}, over the enforced cap of "
+                f"{format_bytes(self.cap_bytes)} (LAUNCHER_ENFORCE_BYTES)"
             )
 
     def _reftype(self, category: str):

@@ -33,9 +33,32 @@ def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None
             "memory; drop --enforce to measure how far over it goes, or add --auto-fallback N to let the ladder "
             "find a strategy that fits")
     if job.launcher == "local":  # a Slurm job's NVMe is on the compute nodes, not here
-        problems = check_nvme(job, plan)
+        problems = check_nvme(job, plan) + check_flash_attn(job, plan)
         if problems:
             raise ConfigError(problems)
+
+
+def plan_attention(job: Job, plan: Plan) -> str | None:
+    """The attention kernel the ranks build the model with: the plan's (its activation constants), else the job's."""
+    activations = plan.constants.get("activations")
+    found = activations.get("attention") if isinstance(activations, dict) else None
+    return found or job.train.attn_implementation
+
+
+def package_installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def check_flash_attn(job: Job, plan: Plan) -> list[str]:
+    """flash_attention_2 is planned without the package (as sdpa: launcher.model.build.planning_attention), but the
+    ranks build the model with it: ranks started here need it here, said before anything is written or started."""
+    if plan_attention(job, plan) != "flash_attention_2" or package_installed("flash_attn"):
+        return []
+    return ["train.attn_implementation: 'flash_attention_2' needs the flash-attn package on the ranks, and this "
+            "machine, where they would run, does not have it; pip install flash-attn (or use "
+            "train.attn_implementation: sdpa)"]
 
 
 def check_nvme(job: Job, plan: Plan) -> list[str]:

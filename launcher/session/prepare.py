@@ -17,7 +17,14 @@ from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
-from launcher.rankenv import ENFORCE_ENV, PLAN_ENV, RUN_DIR_ENV, SNAPSHOT_ENV
+from launcher.rankenv import (
+    ENFORCE_ENV,
+    PLAN_DIGEST_ENV,
+    PLAN_ENV,
+    RUN_DIR_ENV,
+    SNAPSHOT_ENV,
+    plan_digest,
+)
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.options import RunOptions
 
@@ -48,6 +55,8 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
+        # The ranks refuse a plan.json other than the one written for this attempt (launcher.runtime.env).
+        PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
@@ -66,12 +75,27 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     return env
 
 
+def plan_text(plan: Plan) -> str:
+    """plan.json's text, byte for byte: its sha256 is what the ranks check (PLAN_DIGEST_ENV)."""
+    return json.dumps(plan.to_json(), indent=2) + "\n"
+
+
+def plan_files(plan: Plan, job: Job) -> dict[str, str]:
+    """plan.json plus the engine's config, by file name."""
+    return {"plan.json": plan_text(plan), **engine_spec(plan.strategy.engine).config_files(plan, job)}
+
+
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
-    """plan.json plus the engine's config files (its spec says which); each file written atomically."""
+    """plan.json plus the engine's config, each written atomically; the other engine's config, left by an
+    earlier plan in this dir, is removed so the dir never holds both."""
+    from launcher.rundir import ENGINE_FILES
+
     out.mkdir(parents=True, exist_ok=True)
-    written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
-    for name, text in engine_spec(plan.strategy.engine).config_files(plan, job).items():
-        written.append(atomic_write(out / name, text))
+    files = plan_files(plan, job)
+    written = [atomic_write(out / name, text) for name, text in files.items()]
+    for name in ENGINE_FILES:
+        if name not in files:
+            (out / name).unlink(missing_ok=True)
     return written
 
 

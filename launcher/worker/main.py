@@ -28,8 +28,9 @@ from launcher.runtime.probe import error_tail, memory_probe  # noqa: E402
 USAGE = "usage: python -m launcher.worker RUN_DIR   (started by torchrun on every rank)"
 
 
-def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None]:
-    """The job, plan and (DeepSpeed plans) ds_config in ``run_dir``; relative data paths resolve against it."""
+def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
+    """The job, plan, (DeepSpeed plans) ds_config in ``run_dir`` and the plan's sha256; relative data paths
+    resolve against it. A plan.json other than the one the launcher wrote for this attempt is refused."""
     missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).exists()]
     if missing:
         raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; pass a run dir the launcher wrote")
@@ -37,10 +38,12 @@ def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None]:
     job.base_dir = str(run_dir)
     if not Path(job.data.path).is_absolute():
         job.data.path = str((run_dir / job.data.path).resolve())
-    plan = Plan.from_json(json.loads((run_dir / "plan.json").read_text()))
+    raw = (run_dir / "plan.json").read_bytes()
+    digest = env.check_plan_digest(raw, run_dir / "plan.json")
+    plan = Plan.from_json(json.loads(raw))
     ds_path = run_dir / "ds_config.json"
     ds_config = json.loads(ds_path.read_text()) if ds_path.exists() else None
-    return job, plan, ds_config
+    return job, plan, ds_config, digest
 
 
 def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
@@ -82,7 +85,8 @@ def main(argv: list[str]) -> int:
     probe = memory_probe(device=device, run_dir=run_dir)
     status, code, error = "failed", 1, None
     try:
-        job, plan, ds_config = load_run_dir(run_dir)
+        job, plan, ds_config, digest = load_run_dir(run_dir)
+        probe.record(plan_sha256=digest)  # what this rank trains, for the report to compare with the launcher's
         if plan.precision == "fp16" and device.type != "cuda":
             raise ConfigError(
                 "train.precision: 'fp16' needs CUDA (loss scaling and fp16 kernels); these ranks run on CPU; "

@@ -67,7 +67,7 @@ def test_plan_out_writes_the_exports(capsys, write_job, tmp_path, engine, pins, 
     out_dir = tmp_path / "out"
     code, out, err = run_cli(capsys, "plan", "--out", out_dir, write_job(**{"strategy": pins}), "train.lr=3e-4")
     assert code == 0, err
-    assert {p.name for p in out_dir.iterdir()} == written
+    assert {p.name for p in out_dir.iterdir()} == written | {".launcher-run", ".lock"}  # the marker, the lock
     assert json.loads((out_dir / "plan.json").read_text())["engine"] == engine
     # job.yaml is the resolved job: overrides applied, paths absolute, loadable as it is from anywhere.
     job = load_job(out_dir / "job.yaml")
@@ -171,3 +171,13 @@ def test_a_slurm_plan_says_which_allocation_values_it_derived(capsys, write_job)
 def test_a_local_plan_json_has_no_slurm_section(capsys, write_job):
     code, out, _ = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--json", write_job())
     assert code == 0 and "slurm" not in json.loads(out)
+
+
+def test_plan_help_lists_every_hardware_profile(capsys):
+    from launcher.planner.hardware import PROFILES
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at any space
+    assert len(PROFILES) == 13
+    assert all(name in text for name in PROFILES), [n for n in PROFILES if n not in text]

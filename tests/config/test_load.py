@@ -95,7 +95,7 @@ def test_type_key_value_and_request_problems_come_in_one_error(write_job):
     assert len(problems) == 4, problems
     assert problems[0].startswith("train.max_step: unknown key; did you mean 'max_steps'?")
     assert any(p.startswith("data.max_seq_len: -5 must be greater than 0; use e.g. max_seq_len: 512") for p in problems)
-    assert any(p.startswith("budget: 80000000000 bytes is more than a a100-40gb holds") for p in problems)
+    assert any(p.startswith("budget: 80.00 GB is more than an a100-40gb holds (42.95 GB)") for p in problems)
     assert any(p.startswith("train.global_batch_size: 8 is not divisible by 3 GPUs") for p in problems)
     # max_steps is absent only because of the typo: "train.max_steps: missing" would say the same thing twice.
 
@@ -188,7 +188,7 @@ def test_loading_a_job_probes_nothing(write_job, tmp_path, monkeypatch):
     assert not marker.exists()
     # The CLI's path does probe, and says what the probe found.
     monkeypatch.setenv("PATH", env["PATH"])
-    with pytest.raises(ConfigError, match="more than a h100-80gb holds"):
+    with pytest.raises(ConfigError, match="more than an h100-80gb holds"):
         load_job(job, checks=request_problems)
     assert marker.exists()
 

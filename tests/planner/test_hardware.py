@@ -62,7 +62,7 @@ def test_a_130gb_budget_fits_an_h200_not_an_h100(tmp_path, data_file, capsys, ha
     job.write_text(yaml.safe_dump(base_job(str(data_file), **{"cluster.host_ram_per_node": "4TB"})))
     assert main(["plan", str(job), "--hardware", hardware, "--budget", "130GB", "--gpus", "2"]) == code
     if code:
-        assert "budget: 130000000000 bytes is more than a h100-80gb holds" in capsys.readouterr().err
+        assert "budget: 130.00 GB is more than an h100-80gb holds (85.90 GB)" in capsys.readouterr().err
 
 
 ROCM_SMI = """
