@@ -1,10 +1,15 @@
 """The contract between the launcher and its ranks: environment variable names and the control file's name.
 
-Defined here, in a module that imports nothing, so the CLI, the session, the backends and the sbatch emitter can
+Defined here, in a module that imports nothing of the launcher's (hashlib only), so the CLI, the session, the backends and the sbatch emitter can
 name them without importing launcher.runtime (which pulls torch)."""
+
+import hashlib
 
 PLAN_ENV = "LAUNCHER_PLAN"
 """Path of the run's plan.json."""
+PLAN_DIGEST_ENV = "LAUNCHER_PLAN_SHA256"
+"""sha256 of the plan.json the launcher wrote for this attempt; a rank that reads another plan.json refuses to
+start (something replaced the file after the launch: another `launch plan --out`, an edit)."""
 RUN_DIR_ENV = "LAUNCHER_RUN_DIR"
 """The run directory: ranks/, steps/, checkpoint/ and control/ live under it."""
 DS_CONFIG_ENV = "LAUNCHER_DS_CONFIG"
@@ -22,3 +27,8 @@ RDZV_ID_ENV = "LAUNCHER_RDZV_ID"
 """torchrun's rendezvous id; one per Slurm job attempt so a requeued job never joins its old rendezvous."""
 CONTROL_FILE = "checkpoint"
 """RUN_DIR/control/<this>: its presence asks every rank to checkpoint and stop at the next step."""
+
+
+def plan_digest(data: bytes | str) -> str:
+    """The hex sha256 of a plan.json's bytes, as the launcher puts it in PLAN_DIGEST_ENV."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
