@@ -53,23 +53,14 @@ def export_files(out: Path, plan: Plan, job: Job, *, script: str | None = None) 
     import yaml
 
     from launcher.config.jobfile import job_to_data
-    from launcher.emit import ds_config
-    from launcher.emit.exports import accelerate_yaml_text, hf_ds_config
+    from launcher.engines import engine_spec
 
-    hf = plan.strategy.engine == "deepspeed"
-    if hf:
-        from launcher.dscheck import check_ds_config
-
-        check_ds_config(ds_config(plan, job), plan.world_size)
+    spec = engine_spec(plan.strategy.engine)
+    extra = spec.export_files(plan, job)  # checked (DeepSpeed's parser) before the rest is built
     files = plan_files(plan, job)
     files["job.yaml"] = yaml.safe_dump(job_to_data(job), sort_keys=False)
-    if hf:
-        files["ds_config.hf.json"] = json.dumps(hf_ds_config(plan, job), indent=2) + "\n"
-    # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
-    # accumulation with its own defaults (no mixed precision, 1), not the plan's.
-    ds_file = str((out / "ds_config.json").resolve()) if hf else None
-    files["accelerate.yaml"] = accelerate_yaml_text(plan, job, config_file=str((out / "accelerate.yaml").resolve()),
-                                                    ds_config_file=ds_file)
+    files.update(extra)
+    files["accelerate.yaml"] = spec.accelerate_yaml(plan, job, config_dir=out)
     if script is not None:
         files["job.sbatch"] = script
     return files

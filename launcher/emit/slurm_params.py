@@ -18,6 +18,7 @@ from typing import Literal
 
 from launcher.config.job import Job, SlurmConfig
 from launcher.config.slurm_rules import KEY, TIMEOUT_MAX_MIN, check_job_name, check_slurm_values
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import slug
@@ -176,7 +177,7 @@ def host_optimizer(plan: Plan) -> bool:
     s = plan.strategy
     if plan.estimate.basis == "cpu_tensor_bytes":
         return False
-    return s.offload_optimizer != "none" or (s.engine == "fsdp" and s.offload_params == "cpu")
+    return engine_spec(s.engine).optimizer_on_host(s)
 
 
 def slurm_resources(job: Job, plan: Plan) -> SlurmResources:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from launcher.config.job import Job
@@ -91,21 +92,21 @@ def check_nvme(job: Job, plan: Plan) -> list[str]:
     return []
 
 
-def cluster_hints(job: Job, message: str) -> str:
-    """The job fields behind a host-RAM or NVMe refusal, for a no-plan message that names only the resource."""
-    hints = ""
-    if "host RAM:" in message:
+def cluster_hints(job: Job, short_of: str) -> list[str]:
+    """The job fields behind a host-RAM or NVMe refusal (``short_of``: the resource the smallest candidate
+    overruns, NoPlanError.short_of), for a no-plan answer that names only the resource."""
+    if short_of == "host_ram":
         have = job.cluster.host_ram_per_node_bytes
-        hints += (f"\n  - cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
-                  if have else "\n  - cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
-                  "run where there is more, or offload less")
-    if "NVMe:" in message:
+        return [f"cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
+                if have else "cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
+                "run where there is more, or offload less"]
+    if short_of == "nvme":
         free = job.cluster.nvme_free_bytes
-        hints += (f"\n  - cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
-                  "cluster.nvme_path or point it at a larger drive" if free else
-                  f"\n  - cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
-                  "needs; free space there or point it at a larger drive")
-    return hints
+        return [f"cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
+                "cluster.nvme_path or point it at a larger drive" if free else
+                f"cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
+                "needs; free space there or point it at a larger drive"]
+    return []
 
 
 def check_fallback(job: Job, opts: RunOptions) -> None:
@@ -159,3 +160,22 @@ def check_launch(job: Job, opts: RunOptions) -> None:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
     check_resume(opts)
     check_fallback(job, opts)
+    if not opts.script:  # a user's script reads its own data
+        check_data(job)
+
+
+def check_data(job: Job) -> None:
+    """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
+    row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""
+    import datasets
+
+    from launcher.worker.data import read_records
+    from launcher.worker.formats import check_rows
+
+    datasets.disable_progress_bars()  # the launcher's stderr holds the plan and errors only
+    check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
+    if job.data.packing and job.train.attn_implementation != "flash_attention_2":
+        print(f"launch: warning: data.packing with attention {job.train.attn_implementation or 'sdpa (default)'}: "
+              "a token also attends to the earlier examples packed into its sequence (positions restart and labels "
+              "never cross); set train.attn_implementation: flash_attention_2 to keep examples apart",
+              file=sys.stderr)

@@ -12,12 +12,12 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
-    DS_CONFIG_ENV,
     ENFORCE_ENV,
     PLAN_DIGEST_ENV,
     PLAN_ENV,
@@ -60,8 +60,8 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    if plan.strategy.engine == "deepspeed":
-        env[DS_CONFIG_ENV] = str(run.path / "ds_config.json")
+    for var, name in engine_spec(plan.strategy.engine).config_env:
+        env[var] = str(run.path / name)
     if enforce:
         env[ENFORCE_ENV] = str(plan.budget_bytes)
     if snapshot:
@@ -82,11 +82,7 @@ def plan_text(plan: Plan) -> str:
 
 def plan_files(plan: Plan, job: Job) -> dict[str, str]:
     """plan.json plus the engine's config, by file name."""
-    from launcher.emit import ds_config, fsdp_yaml_text
-
-    if plan.strategy.engine == "deepspeed":
-        return {"plan.json": plan_text(plan), "ds_config.json": json.dumps(ds_config(plan, job), indent=2) + "\n"}
-    return {"plan.json": plan_text(plan), "fsdp.yaml": fsdp_yaml_text(plan, job)}
+    return {"plan.json": plan_text(plan), **engine_spec(plan.strategy.engine).config_files(plan, job)}
 
 
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:

@@ -46,62 +46,18 @@ def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
     return job, plan, ds_config, digest
 
 
-def check_ds_config(ds: dict, plan: Plan) -> None:
-    """The ds_config must carry out the plan; every disagreement in one error."""
-    s = plan.strategy
-    want = {
-        "train_micro_batch_size_per_gpu": s.micro_batch_size,
-        "gradient_accumulation_steps": s.grad_accum_steps,
-        "zero_optimization.stage": s.zero_stage,
-    }
-    problems = []
-    for key, value in want.items():
-        node = ds
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and value is not None and int(node) != int(value):
-            problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
-    if problems:
-        raise ConfigError(problems)
-
-
 def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
-    s = plan.strategy
-    if s.engine == "deepspeed":
-        if ds_config is None:
-            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
-        check_ds_config(ds_config, plan)
-        from launcher.worker.engines.deepspeed import DeepSpeedEngine
+    """The rank-side Engine the plan's engine names (launcher.worker.engines.engine_class)."""
+    from launcher.worker.engines import engine_class
 
-        return DeepSpeedEngine(ds_config, device=device, activation_checkpointing=s.activation_checkpointing)
-    from launcher.worker.engines.fsdp import FsdpEngine
-
-    return FsdpEngine(
-        reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None else True),
-        offload_params=s.offload_params,
-        offload_optimizer=s.offload_optimizer,
-        activation_checkpointing=s.activation_checkpointing,
-        precision=plan.precision,
-        grad_accum_steps=s.grad_accum_steps,
-        device=device,
-        sharding=s.fsdp_sharding or "full",
-    )
+    return engine_class(plan.strategy.engine).from_plan(plan, ds_config, device)
 
 
-def init_distributed(engine_name: str, device: torch.device) -> None:
+def init_distributed(engine, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if engine_name == "deepspeed":
-        import deepspeed
-        import deepspeed.ops
-
-        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
-        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend=backend)
-    elif not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+    engine.init_process_group(backend)
 
 
 def is_oom(exc: BaseException | None) -> bool:
@@ -137,7 +93,7 @@ def main(argv: list[str]) -> int:
                 "use bf16 or fp32"
             )
         engine = make_engine(plan, ds_config, device)
-        init_distributed(engine.name, device)
+        init_distributed(engine, device)
         trainer = Trainer(job=job, plan=plan, engine=engine, run_dir=run_dir, device=device, probe=probe)
         trainer.prepare_data()
         with probe:
