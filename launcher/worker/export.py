@@ -103,7 +103,9 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def gather(engine, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
     """The trained weights on rank 0's host (None on the other ranks). Collective."""
-    if engine.name == "fsdp":
+    from launcher.worker.engines.fsdp import FsdpEngine
+
+    if isinstance(engine, FsdpEngine):
         return gather_fsdp(engine.model, dtype, adapter_only)
     module = engine.engine.module
     if engine.stage == 3:

@@ -91,7 +91,7 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     recipe = make_recipe(job.task, job.data)
     if job.task == "seq_cls":
         recipe.fit_labels(read_records(job.data.path))
-    if state["engine"] == "fsdp":
+    if (root / tag / "dcp").is_dir():  # FSDP2 saves a DCP dir (engines/fsdp.py); DeepSpeed its own files
         sd = read_dcp(root / tag / "dcp")
     else:
         sd = read_deepspeed(root, tag, plan.strategy.zero_stage or 0)
