@@ -16,7 +16,16 @@ from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
-from launcher.rankenv import DS_CONFIG_ENV, ENFORCE_ENV, PLAN_ENV, RUN_DIR_ENV, SNAPSHOT_ENV
+from launcher.rankenv import (
+    DS_CONFIG_ENV,
+    ENFORCE_ENV,
+    GRAD_ACCUM_ENV,
+    GRAD_CKPT_ENV,
+    MICRO_BATCH_ENV,
+    PLAN_ENV,
+    RUN_DIR_ENV,
+    SNAPSHOT_ENV,
+)
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.options import RunOptions
 
@@ -65,6 +74,21 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     return env
 
 
+def script_env(run: RunDir, plan: Plan, job: Job) -> dict[str, str]:
+    """What a --script rank reads the plan from, with no launcher import: accelerate's own variables (which HF
+    Trainer reads through accelerate too) and the three the libraries have no name for."""
+    from launcher.emit.exports import accelerate_env
+
+    ds_file = str(run.path / "ds_config.json") if plan.strategy.engine == "deepspeed" else None
+    s = plan.strategy
+    return {
+        **accelerate_env(plan, job, ds_config_file=ds_file),
+        MICRO_BATCH_ENV: str(s.micro_batch_size),
+        GRAD_ACCUM_ENV: str(s.grad_accum_steps),
+        GRAD_CKPT_ENV: "1" if s.activation_checkpointing else "0",
+    }
+
+
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
     """plan.json plus the engine's config; each file written atomically."""
     from launcher.emit import ds_config, fsdp_yaml_text
@@ -103,7 +127,8 @@ def launch_spec(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir) -> Laun
     return LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=opts.node_rank,
                       rdzv_endpoint=opts.rdzv_endpoint, script=str(Path(opts.script).resolve()) if opts.script else None,
                       script_args=list(opts.script_args),
-                      env=rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
+                      env={**rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
+                           **(script_env(run_dir, plan, job) if opts.script else {})},
                       hang_timeout_s=opts.hang_timeout_s, checkpoint_on_interrupt_s=interrupt_grace_s(opts, job))
 
 

@@ -1,0 +1,57 @@
+"""launch --script runs a plain script (no launcher import) inside the rank wrapper (launcher.runtime.script):
+its peak is measured, the rank files are written, and the run gets a verdict and its exit code."""
+
+import json
+
+from tests.cli.test_run_cli import job_file, launch
+
+# A plain torch script: nothing from the launcher; it only holds argv[1] floats and takes three SGD steps.
+PLAIN = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+hold = torch.ones(int(sys.argv[1]))  # 4 bytes per element, kept for the whole run
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(8, 64)).square().mean().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    opt.zero_grad()
+print("plan:", os.environ["LAUNCHER_MICRO_BATCH_SIZE"], os.environ["LAUNCHER_GRAD_ACCUM_STEPS"],
+      os.environ["ACCELERATE_MIXED_PRECISION"], os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"], flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_plain_script_is_measured_and_judged_without_a_launcher_import(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    # The plan predicts about 11 MB per rank, so a 40 MB budget fits; the script's own tensors decide the verdict.
+    job = job_file(tmp_path, "plain", budget="40MB")
+    held = 1_000_000
+    res = launch(job, "--run-dir", tmp_path / "ok", "--quiet", "--script", script, "--", held)
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = json.loads((tmp_path / "ok" / "plan.json").read_text())
+    for rank in (0, 1):
+        r = json.loads((tmp_path / "ok" / "ranks" / f"rank-{rank}.json").read_text())
+        assert r["status"] == "completed" and r["basis"] == "cpu_tensor_bytes", r
+        # The held tensor is counted (4 MB) plus the model's few kB, nothing like the process's RSS.
+        assert 4 * held <= r["measured_peak_bytes"] < 4 * held + 200_000, r
+        assert r["peak_rss_bytes"] > 10 * r["measured_peak_bytes"]
+        steps = [json.loads(ln) for ln in (tmp_path / "ok" / "steps" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert [s["step"] for s in steps] == [1, 2, 3] and r["steps_done"] == 3
+        log = (tmp_path / "ok" / "logs" / f"rank-{rank}.log").read_text()
+        assert f"plan: {plan['micro_batch_size']} {plan['grad_accum_steps']} no {plan['grad_accum_steps']}" in log, log
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    assert report["within_budget"] is True and report["basis"] == "cpu_tensor_bytes", report
+    assert "every rank within budget" in res.stdout
+
+    over = launch(job, "--run-dir", tmp_path / "over", "--quiet", "--script", script, "--", 16_000_000)
+    assert over.returncode == 3, over.stdout + over.stderr
+    report = json.loads((tmp_path / "over" / "report.json").read_text())
+    assert report["within_budget"] is False
+    assert all(r["measured_peak_bytes"] >= 64_000_000 for r in report["ranks"]), report["ranks"]
