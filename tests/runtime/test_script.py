@@ -55,3 +55,22 @@ def test_a_plain_script_is_measured_and_judged_without_a_launcher_import(tmp_pat
     report = json.loads((tmp_path / "over" / "report.json").read_text())
     assert report["within_budget"] is False
     assert all(r["measured_peak_bytes"] >= 64_000_000 for r in report["ranks"]), report["ranks"]
+
+
+def test_the_accelerate_example_takes_the_plan_from_accelerates_environment(tmp_path):
+    """examples/accelerate_script: a plain Accelerator loop gets DeepSpeed ZeRO-2, bf16, the micro-batch and the
+    accumulation from the plan with no launcher line in it, and the wrapper judges it."""
+    from tests.conftest import REPO
+
+    script = REPO / "examples" / "accelerate_script" / "train.py"
+    assert "launcher" not in script.read_text().split('"""')[2]  # the code after the docstring
+    job = job_file(tmp_path, "acc", train={"global_batch_size": 8, "precision": "bf16", "lr": 3e-3, "max_steps": 3},
+                   strategy={"engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 2})
+    res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, "--", "--max-steps", 3)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "every rank within budget" in res.stdout
+    log = (tmp_path / "run" / "logs" / "rank-0.log").read_text()
+    assert "world 2, DEEPSPEED, precision bf16, micro-batch 2, accumulation 2" in log, log[-3000:]
+    for rank in (0, 1):
+        r = json.loads((tmp_path / "run" / "ranks" / f"rank-{rank}.json").read_text())
+        assert r["status"] == "completed" and r["steps_done"] == 3 and r["measured_peak_bytes"] > 1_000_000, r
