@@ -31,20 +31,21 @@ class ConfigError(LauncherError):
 
 
 class NoPlanError(LauncherError):
-    """No candidate fits the budget; the message says what would.
+    """No candidate fits the budget: why (``reasons``), and what would (``suggestions``), kept as given.
 
-    The message is the search's explanation (launcher.planner.search.explain_no_fit): the reason lines, then
-    "what would fit:" and one "  - " line per suggestion (a caller may append more such lines).
+    The search's answer (launcher.planner.advice.NoFit); ``short_of`` is the resource the smallest candidate
+    overruns: device, host_ram or nvme. The message is the reasons, then "what would fit:" and one "  - " line
+    per suggestion.
     """
 
     exit_code = EXIT_BAD_INPUT
 
-    @property
-    def reasons(self) -> list[str]:
-        lines = str(self).splitlines()
-        head = lines[: lines.index("what would fit:")] if "what would fit:" in lines else lines
-        return [ln.strip() for ln in head if ln.strip() and not ln.startswith("  - ")]
+    def __init__(self, reasons: list[str], suggestions: list[str], *, short_of: str = "device"):
+        self.reasons = list(reasons)
+        self.suggestions = list(suggestions)
+        self.short_of = short_of
+        super().__init__("\n".join([*self.reasons, "what would fit:", *(f"  - {s}" for s in self.suggestions)]))
 
-    @property
-    def suggestions(self) -> list[str]:
-        return [ln[4:] for ln in str(self).splitlines() if ln.startswith("  - ")]
+    def with_suggestions(self, more: list[str]) -> NoPlanError:
+        """The same answer with ``more`` suggestions after the search's own."""
+        return NoPlanError(self.reasons, self.suggestions + more, short_of=self.short_of)

@@ -31,6 +31,7 @@ from typing import Literal
 
 from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
+from launcher.engines import engine_spec
 from launcher.planner.plan import Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
 from launcher.units import format_bytes
@@ -124,51 +125,24 @@ def unpinned(req: PlanRequest) -> PlanRequest:
     return dataclasses.replace(req, pins=StrategyConfig(safety_margin=req.pins.safety_margin), force=False)
 
 
-_OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
-
-
 def _with_micro_batch(s: Strategy, mb: int, per_rank: int) -> Strategy:
     return dataclasses.replace(s, micro_batch_size=mb, grad_accum_steps=per_rank // mb)
 
 
 def rung_options(rung: str, s: Strategy, req: PlanRequest) -> list[Strategy]:
-    """This rung's changes to ``s``, least disruptive first; [] when the rung does not apply or is used up."""
-    ds = s.engine == "deepspeed"
-    stage = s.zero_stage or 0
+    """This rung's changes to ``s``, least disruptive first; [] when the rung does not apply or is used up.
+
+    Micro-batch and checkpointing are every engine's; the others are the engine's own (EngineSpec.rung_options).
+    """
     if rung == "micro_batch":
         per_rank = req.global_batch_size // req.world_size
         smaller = sorted((mb for mb in micro_batches(req) if mb < s.micro_batch_size), reverse=True)
         return [_with_micro_batch(s, mb, per_rank) for mb in smaller]
     if rung == "activation_checkpointing":
         return [] if s.activation_checkpointing else [dataclasses.replace(s, activation_checkpointing=True)]
-    if rung == "sharding":
-        if ds:
-            return [dataclasses.replace(s, zero_stage=z) for z in range(stage + 1, 4)]
-        return [] if s.fsdp_reshard_after_forward else [dataclasses.replace(s, fsdp_reshard_after_forward=True)]
-    if rung == "optimizer_offload":
-        if s.offload_optimizer != "none":
-            return []
-        if ds:  # ZeRO-Offload needs partitioned gradients (stage 2 or 3)
-            return [dataclasses.replace(s, offload_optimizer="cpu", zero_stage=max(stage, 2))]
-        # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together.
-        return [dataclasses.replace(s, offload_optimizer="cpu", offload_params="cpu")]
-    if rung == "param_offload":
-        if not ds or s.offload_params != "none":
-            return []
-        opt = s.offload_optimizer if s.offload_optimizer != "none" else "cpu"  # DeepSpeed offloads both or opt only
-        return [dataclasses.replace(s, offload_params="cpu", offload_optimizer=opt, zero_stage=3)]
-    if rung == "nvme":
-        if not ds or req.nvme_free_bytes is None:
-            return []
-        out = []
-        for opt, par in (("nvme", "none"), ("cpu", "nvme"), ("nvme", "nvme")):
-            # Only further out: nothing comes back from NVMe or host, and something new goes to NVMe.
-            moves = (_OFFLOAD_DEPTH[opt] - _OFFLOAD_DEPTH[s.offload_optimizer],
-                     _OFFLOAD_DEPTH[par] - _OFFLOAD_DEPTH[s.offload_params])
-            if min(moves) >= 0 and max(moves) > 0:
-                out.append(dataclasses.replace(s, offload_optimizer=opt, offload_params=par, zero_stage=3))
-        return out
-    raise ValueError(f"unknown rung {rung!r}")
+    if rung not in RUNGS:
+        raise ValueError(f"unknown rung {rung!r}")
+    return engine_spec(s.engine).rung_options(rung, s, nvme=req.nvme_free_bytes is not None)
 
 
 def host_problem(req: PlanRequest, est: Estimate) -> str | None:

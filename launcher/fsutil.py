@@ -1,6 +1,6 @@
 """File writes that never leave a half-written file behind, and the run dir's permissions.
 
-The policy (docs/reliability-verdicts.md): a run dir and every directory the launcher makes in it are 0700, and
+The policy (docs/reliability/verdicts.md): a run dir and every directory the launcher makes in it are 0700, and
 every file the launcher or its ranks write there is 0600 from the moment it exists. Other users can then neither
 list nor open anything in a run dir, whatever mode a third-party writer (an engine's checkpoint, Slurm's logs, a
 training script) gives its own files.

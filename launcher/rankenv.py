@@ -1,10 +1,15 @@
 """The contract between the launcher and its ranks: environment variable names and the control file's name.
 
-Defined here, in a module that imports nothing, so the CLI, the session, the backends and the sbatch emitter can
+Defined here, in a module that imports nothing of the launcher's (hashlib only), so the CLI, the session, the backends and the sbatch emitter can
 name them without importing launcher.runtime (which pulls torch)."""
+
+import hashlib
 
 PLAN_ENV = "LAUNCHER_PLAN"
 """Path of the run's plan.json."""
+PLAN_DIGEST_ENV = "LAUNCHER_PLAN_SHA256"
+"""sha256 of the plan.json the launcher wrote for this attempt; a rank that reads another plan.json refuses to
+start (something replaced the file after the launch: another `launch plan --out`, an edit)."""
 RUN_DIR_ENV = "LAUNCHER_RUN_DIR"
 """The run directory: ranks/, steps/, checkpoint/ and control/ live under it."""
 DS_CONFIG_ENV = "LAUNCHER_DS_CONFIG"
@@ -29,3 +34,8 @@ GRAD_ACCUM_ENV = "LAUNCHER_GRAD_ACCUM_STEPS"
 """--script runs: the plan's gradient accumulation steps (ACCELERATE_GRADIENT_ACCUMULATION_STEPS carries the same)."""
 GRAD_CKPT_ENV = "LAUNCHER_GRADIENT_CHECKPOINTING"
 """--script runs: '1' when the plan counts on activation checkpointing, else '0'."""
+
+
+def plan_digest(data: bytes | str) -> str:
+    """The hex sha256 of a plan.json's bytes, as the launcher puts it in PLAN_DIGEST_ENV."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

@@ -10,6 +10,12 @@
     RUN/heartbeat/rank-K     optional: a script touches it to tell the hang watchdog it is alive
     RUN/attempts/<k>/        with --auto-fallback: attempt k's plan, job, ranks/, steps/, logs/ and report,
                              moved aside before the next attempt; RUN itself always holds the latest attempt
+    RUN/.launcher-run        the marker: launch made this dir (written when it creates or takes over a run dir,
+                             and by `launch plan --out`); --overwrite replaces only a dir that holds it
+    RUN/.lock                flock'd by the launch that writes here (and by `plan --out` while it swaps files)
+
+--overwrite deletes only what the launcher writes (RUN_ENTRIES and its temporaries): files a person put into a
+run dir stay, and a non-empty dir without the marker is refused (launcher.errors.ConfigError).
 
 What the launcher writes here passes through ``redact``: the values of secret-looking environment
 variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs are
@@ -24,6 +30,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +52,21 @@ ATTEMPT_ITEMS = ("job.yaml", "plan.json", "ds_config.json", "fsdp.yaml", "report
                  "steps", "logs", "checkpoint", "heartbeat")
 """What one attempt of the fallback ladder leaves in RUN; moved to RUN/attempts/<k>/ before the next."""
 
+MARKER = ".launcher-run"
+"""The file that says launch made this dir: --overwrite and `plan --out` replace nothing in a dir without it."""
+ENGINE_FILES = ("ds_config.json", "ds_config.hf.json", "fsdp.yaml")
+"""The engines' configs: a plan for one engine removes the other's, so a dir never holds both."""
+EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGINE_FILES)
+"""What `launch plan --out` writes."""
+RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "memory.png", "slurm.json", "sweep.json",
+               "requeues.jsonl", "ranks", "steps", "logs", "checkpoint", "control", "heartbeat", "attempts",
+               "submitit", "memory-snapshot", "rdzv", "variants")
+"""Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with the
+temporaries below)."""
+OWN_PATTERNS = (re.compile(r"slurm-\d+\.out"), re.compile(r"\.write-test-\d+"),
+                re.compile(r"\.(" + "|".join(re.escape(n) for n in RUN_ENTRIES) + r")\..+"))
+"""sbatch's output file, the writability probe, and the temporaries of atomic_write and of the sbatch script's
+write_file (.plan.json.XXXX), left by a killed launch."""
 FINAL_STATUSES = ("completed", "checkpointed", "failed", "oom")
 """A rank file with one of these is the rank's last word for its attempt."""
 
@@ -161,6 +183,58 @@ def default_run_dir(job_name: str, root: Path = Path("runs")) -> Path:
     return root / f"{slug(job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def contents(path: Path) -> list[str]:
+    """The names in ``path`` besides the lock file, sorted; [] when it is missing or empty (OSError when it
+    cannot be listed)."""
+    try:
+        return sorted(p.name for p in path.iterdir() if p.name != ".lock")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def few(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def is_own(p: Path) -> bool:
+    """Whether ``p``, an entry at the top of a run dir carrying the marker, is one the launcher writes."""
+    return p.name in RUN_ENTRIES or any(pat.fullmatch(p.name) for pat in OWN_PATTERNS)
+
+
+def foreign_dir(path: Path, *, flag: str) -> ConfigError | None:
+    """The error for a non-empty dir launch did not make (no MARKER), else None. Nothing in it is touched:
+    a directory of notes, data or a home directory is never a run dir, with --overwrite or without."""
+    try:
+        names = contents(path)
+    except OSError as e:  # a dir this user may not list: what it holds cannot be known, so it is not taken
+        return ConfigError(f"{flag}: {str(path)!r} cannot be read ({e.strerror}); choose a directory you can "
+                           "write")
+    if not names or (path / MARKER).is_file():
+        return None
+    return ConfigError(
+        f"{flag}: {str(path)!r} is not empty and was not made by launch (it holds {few(names)}); launch writes "
+        f"only into a new or empty directory or one it made ({MARKER} in it), and --overwrite replaces only "
+        f"those; choose another {flag}")
+
+
+def refuse_protected(path: Path) -> None:
+    """--overwrite never clears the working directory, a directory above it, the home directory or /."""
+    target = path.resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise ConfigError(f"--run-dir: {str(path)!r} is the current directory or holds it ({cwd}); --overwrite "
+                          "would delete files you are working in; choose another --run-dir")
+    if target in (Path.home().resolve(), Path("/")):
+        raise ConfigError(f"--run-dir: {str(path)!r} is {target}; --overwrite never clears it; choose another "
+                          "--run-dir")
+
+
+def mark(path: Path, by: str = "launch run") -> None:
+    """Write the marker: this dir is launch's own (what --overwrite and `plan --out` check)."""
+    if not (path / MARKER).is_file():
+        atomic_write(path / MARKER, json.dumps({"made_by": by, "created": time.time()}) + "\n")
+
+
 @dataclass(slots=True)
 class RunDir:
     path: Path
@@ -193,14 +267,23 @@ class RunDir:
     def create(cls, path: Path, *, overwrite: bool = False, resume: bool = False,
                job_state: Callable[[str], str | None] | None = None) -> RunDir:
         """Make (or reopen with resume) a run dir and hold its lock for this process's life. ``job_state`` asks
-        the scheduler whether a job that wrote here still runs (launcher.backends.slurm_state.live_state)."""
+        the scheduler whether a job that wrote here still runs (launcher.backends.slurm_state.live_state).
+
+        A non-empty dir is taken only when launch made it (MARKER): with --overwrite its own files are replaced,
+        with --resume it continues. Anything else is refused before a file is touched.
+        """
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ConfigError(f"--run-dir: {str(path)!r} exists and is not a directory; choose another path")
-        existing = path.is_dir() and any(p.name != ".lock" for p in path.iterdir())
+        foreign = foreign_dir(path, flag="--run-dir")
+        if foreign and not resume:
+            raise foreign
+        existing = any(n != MARKER for n in contents(path))
         if existing and not (overwrite or resume):
             raise ConfigError(f"--run-dir: {str(path)!r} already holds a run; pass --overwrite to replace it, "
                               "--resume to continue it, or choose another --run-dir")
+        if existing and overwrite and not resume:
+            refuse_protected(path)
         try:
             private_dir(path)  # 0700 before anything is written in it (launcher.fsutil: the permissions policy)
             probe = path / f".write-test-{os.getpid()}"
@@ -218,7 +301,11 @@ class RunDir:
                 run.unlock()
                 raise
         if existing and overwrite and not resume:
-            run.clear()
+            kept = run.clear()
+            if kept:
+                print(f"launch: --overwrite kept what launch did not write in {str(run.path)!r}: "
+                      f"{few(kept)}", file=sys.stderr)
+        mark(run.path)
         for d in (run.ranks, run.steps, run.logs, run.control):
             private_dir(d, parents=False)
         # A checkpoint request left by a launch that died before the ranks saw it would stop this run at once.
@@ -232,14 +319,22 @@ class RunDir:
             raise ConfigError(f"RUN_DIR: {str(path)!r} holds no plan.json; give a directory made by `launch`")
         return cls(path.resolve())
 
-    def lock(self) -> None:
+    def lock(self, *, wait_s: float = 0.0, flag: str = "--run-dir") -> None:
+        """Take the run dir's lock, waiting up to ``wait_s`` for another holder (`plan --out` swaps in
+        milliseconds; a launch holds it for its whole run); ConfigError when it stays held."""
         fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(f"--run-dir: {str(self.path)!r} is in use by another launch (lock held); "
-                              "wait for it or choose another --run-dir") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                os.close(fd)
+                raise ConfigError(f"{flag}: {str(self.path)!r} is in use by another launch (lock held); "
+                                  f"wait for it or choose another {flag}") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
@@ -249,7 +344,8 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def refuse_if_live(self, *, overwrite: bool, job_state: Callable[[str], str | None] | None = None) -> None:
+    def refuse_if_live(self, *, overwrite: bool, job_state: Callable[[str], str | None] | None = None,
+                       flag: str = "--run-dir", what: str | None = None) -> None:
         """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
 
         After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
@@ -258,8 +354,8 @@ class RunDir:
         st = self.state()
         if st.get("state") not in LIVE_STATES:
             return
-        what = "--overwrite would delete the files it is writing" if overwrite else \
-            "a second launch would write into the same files"
+        what = what or ("--overwrite would delete the files it is writing" if overwrite else
+                        "a second launch would write into the same files")
         job_id = st.get("slurm_job_id")
         if job_id:
             try:
@@ -268,33 +364,39 @@ class RunDir:
                 live = job_state(str(job_id))
             except ConfigError as e:
                 raise ConfigError(
-                    f"--run-dir: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
+                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
                     f"whether it still runs cannot be checked ({e}); {what}. Stop it with `launch cancel "
-                    f"{self.path}` where Slurm answers, or choose another --run-dir") from None
+                    f"{self.path}` where Slurm answers, or choose another {flag}") from None
             if live:
                 raise ConfigError(
-                    f"--run-dir: {str(self.path)!r} belongs to slurm job {job_id}, which is still {live}; {what}. "
-                    f"Stop it first with `launch cancel {self.path}`, or choose another --run-dir")
+                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id}, which is still {live}; {what}. "
+                    f"Stop it first with `launch cancel {self.path}`, or choose another {flag}")
             return
         pid = st.get("pid")
         if isinstance(pid, int) and launch_alive(pid):
             raise ConfigError(
-                f"--run-dir: {str(self.path)!r} is in use by launch process {pid}, which is still running; {what}. "
-                f"Stop it first (kill -INT {pid}), or choose another --run-dir")
+                f"{flag}: {str(self.path)!r} is in use by launch process {pid}, which is still running; {what}. "
+                f"Stop it first (kill -INT {pid}), or choose another {flag}")
 
-    def clear(self) -> None:
+    def clear(self) -> list[str]:
+        """Delete what the launcher wrote here (never following a link out of the dir); the names it kept."""
         import shutil
 
-        # Interim guard (a full marker rule is coming): never clear a filesystem root, HOME, or a directory that
-        # holds no plan.json, so --overwrite cannot empty a directory the launcher did not make.
+        # Defence in depth (create() has refused these already): never clear a filesystem root, HOME, or a dir
+        # without the marker, whoever calls this.
         here = self.path.resolve()
-        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / "plan.json").is_file():
-            raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no plan.json); "
+        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / MARKER).is_file():
+            raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no {MARKER}); "
                               "--overwrite never clears it; choose another --run-dir")
-        for p in self.path.iterdir():
-            if p.name == ".lock":
+        kept = []
+        for p in sorted(self.path.iterdir()):
+            if p.name in (".lock", MARKER):
+                continue
+            if not is_own(p):
+                kept.append(p.name)
                 continue
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        return kept
 
     def write_json(self, name: str, data) -> Path:
         data = json.loads(json.dumps(data, default=str))  # plain data first, so every string can be redacted

@@ -156,3 +156,48 @@ def test_the_cli_and_the_shared_names_import_no_heavy_library():
             "if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# Where an engine's name may be compared: its plan-side spec and its rank-side Engine (issue 18 §1).
+ENGINE_HOMES = ("launcher/engines/", "launcher/worker/engines/")
+
+
+def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
+    """Every `x == "deepspeed"`, `x != "fsdp"`, `x in ("deepspeed", ...)` outside ENGINE_HOMES, as path:line."""
+    from launcher.engines import ENGINES
+
+    names = set(ENGINES)
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(e) for e in node.elts)
+        return False
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel.startswith(ENGINE_HOMES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)):
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_engine_names_are_compared_only_inside_the_engines():
+    """Nothing outside an engine's own modules branches on its name: everything else asks launcher.engines."""
+    assert engine_name_comparisons() == []
+
+
+@pytest.mark.parametrize("line", ['x = plan.strategy.engine == "fsdp"', 'y = "deepspeed" != s.engine',
+                                  'z = s.engine in ("deepspeed",)'])
+def test_an_engine_name_comparison_is_caught(tmp_path, line):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "session" / "prepare.py"
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    assert f"launcher/session/prepare.py:{len(target.read_text().splitlines())}" in engine_name_comparisons(root)

@@ -130,7 +130,7 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
             "candidates": {key(c.strategy): {"strategy": c.strategy, "label": c.strategy.label(),
                                              "predicted_peak_bytes": c.estimate.peak_bytes,
                                              "predicted_step_time_s": c.estimate.step_time_s,
-                                             "fits": c.problem is None, "problem": c.problem} for c in scored},
+                                             "fits": c.problem is None, "problem": c.problem.describe() if c.problem else None} for c in scored},
         }
     return out
 

@@ -9,7 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-FIELD = {"deepspeed": "deepspeed_step_overhead_s", "fsdp": "fsdp_step_overhead_s"}
+from launcher.engines import ENGINES
+
+FIELD = {name: spec.overhead_field for name, spec in ENGINES.items()}
 """The HardwareProfile field each engine's overhead is written to."""
 MIN_INTERVALS = 2
 """Step-to-step intervals a run needs after its first step (which carries one-off start-up costs)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.config.jobfile import load_job, parse_overrides
@@ -53,13 +54,35 @@ def seconds(text: str) -> float:
     return v
 
 
+def dir_path(text: str) -> Path:
+    """A directory argument; '' is refused: Path('') is the working directory, which nobody means by it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty, which would mean the current directory; give a "
+                                         "directory path, e.g. runs/my-run")
+    return Path(text)
+
+
+class RanksPerNode(argparse.Action):
+    """--gpus and --nproc-per-node set one value: given twice with two values, argparse would keep the last
+    without a word, so the second is refused, naming both."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_ranks_per_node_flag", None)
+        if given is not None and given[1] != values:
+            parser.error(f"argument {option_string}: {given[0]} {given[1]} and {option_string} {values}: both set "
+                         "the ranks per node and they disagree; give one of them")
+        namespace._ranks_per_node_flag = (option_string, values)
+        setattr(namespace, self.dest, values)
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="the job file (YAML); KEY=VALUE after it sets any job key, e.g. train.lr=1e-4 "
                                "strategy.zero_stage=3 (values read as YAML, checked as the file is)")
-    p.add_argument("--gpus", type=_positive_int,
+    p.add_argument("--gpus", type=_positive_int, action=RanksPerNode,
                    help="GPUs (or CPU ranks) per node (torchrun's --nproc-per-node works too); overrides gpus: in the job")
     # torchrun's name for it; a separate flag so an error names the one the user typed.
-    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="gpus", type=_positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="gpus", type=_positive_int, action=RanksPerNode,
+                   help=argparse.SUPPRESS)
     p.add_argument("--budget", type=_size, help=f"memory budget per GPU; {BYTES_HELP}")
     # --nnodes is torchrun's name for it; multi-node c10d users reach for it first.
     p.add_argument("--nodes", "--nnodes", dest="nodes", type=_positive_int, help="nodes (default 1)")

@@ -119,7 +119,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in VERBS and argv[0] not in ("-h", "--help", "-V", "--version"):
+    if not argv:
+        print("launch: error: no job file given; use launch [run|plan] JOB.yaml --gpus N --budget SIZE "
+              "(launch --help for more)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if argv[0] not in VERBS and argv[0] not in ("-h", "--help", "-V", "--version"):
         problem = unknown_verb(argv[0])
         if problem:
             print(f"launch: error: {problem}", file=sys.stderr)

@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from launcher.cli.common import add_job_args, job_from_args
+from launcher.cli.common import add_job_args, dir_path, job_from_args
 from launcher.cli.render import render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
 from launcher.planner.plan import Plan
-from launcher.session.prepare import write_plan_outputs
+from launcher.session.prepare import plan_files
 
 EPILOG = """examples:
   launch plan --gpus 4 --budget 16GB job.yaml
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help='print one JSON object: the plan, {"status": "no_fit", "reasons", "suggestions"} (exit 2), '
                         'or {"status": "bad_input", "errors"} (exit 2, the errors also on stderr)')
-    p.add_argument("--out", type=Path,
+    p.add_argument("--out", type=dir_path,
                    help="write the exports into this directory: job.yaml (resolved), plan.json, accelerate.yaml, and "
                         "ds_config.json (checked by DeepSpeed's parser) with ds_config.hf.json, or fsdp.yaml")
     p.add_argument("--sbatch", action="store_true", help="also write an sbatch script (with --out) or print it")
@@ -46,33 +46,32 @@ def no_fit_json(e: NoPlanError) -> dict:
     return {"status": "no_fit", "reasons": e.reasons, "suggestions": e.suggestions}
 
 
-def write_exports(out: Path, plan: Plan, job: Job) -> list[Path]:
+def export_files(out: Path, plan: Plan, job: Job, *, script: str | None = None) -> dict[str, str]:
     """`plan --out`: the run dir's files plus what other tools take as they are: the resolved job.yaml, the
-    DeepSpeed config checked by DeepSpeed's own parser, its HF Trainer variant, and an accelerate config."""
+    DeepSpeed config checked by DeepSpeed's own parser, its HF Trainer variant, an accelerate config, and the
+    sbatch ``script`` when given. All built and checked here, before anything is written (ConfigError: exit 2)."""
     import yaml
 
     from launcher.config.jobfile import job_to_data
-    from launcher.emit import ds_config
-    from launcher.emit.exports import accelerate_yaml_text, hf_ds_config
-    from launcher.fsutil import atomic_write
+    from launcher.engines import engine_spec
 
-    hf_path = None
-    if plan.strategy.engine == "deepspeed":
-        from launcher.dscheck import check_ds_config
+    spec = engine_spec(plan.strategy.engine)
+    extra = spec.export_files(plan, job)  # checked (DeepSpeed's parser) before the rest is built
+    files = plan_files(plan, job)
+    files["job.yaml"] = yaml.safe_dump(job_to_data(job), sort_keys=False)
+    files.update(extra)
+    files["accelerate.yaml"] = spec.accelerate_yaml(plan, job, config_dir=out)
+    if script is not None:
+        files["job.sbatch"] = script
+    return files
 
-        check_ds_config(ds_config(plan, job), plan.world_size)  # before anything is written
-        hf_path = (out / "ds_config.hf.json").resolve()
-    written = write_plan_outputs(out, plan, job)
-    written.append(atomic_write(out / "job.yaml", yaml.safe_dump(job_to_data(job), sort_keys=False)))
-    if hf_path is not None:
-        written.append(atomic_write(hf_path, json.dumps(hf_ds_config(plan, job), indent=2) + "\n"))
-    # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
-    # accumulation with its own defaults (no mixed precision, 1), not the plan's.
-    ds_file = str((out / "ds_config.json").resolve()) if hf_path is not None else None
-    accelerate_path = out / "accelerate.yaml"
-    written.append(atomic_write(accelerate_path, accelerate_yaml_text(
-        plan, job, config_file=str(accelerate_path.resolve()), ds_config_file=ds_file)))
-    return written
+
+def write_exports(out: Path, plan: Plan, job: Job, *, script: str | None = None) -> list[Path]:
+    """The export set written into ``out`` as one (launcher.session.outdir), or nothing."""
+    from launcher.session.outdir import check_out_dir, write_out_dir
+
+    check_out_dir(out)  # a path that cannot be the dir is named before the plan's files are built
+    return write_out_dir(out, export_files(out, plan, job, script=script))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
             run_dir = args.out if args.out else Path("runs") / slug(job.name)  # slugged, as launch run's default
             script = sbatch_text(plan, job, run_dir=run_dir, run_dir_flag="--out" if args.out else "run dir")
+        written = write_exports(args.out, plan, job, script=script) if args.out else []
     except NoPlanError as e:
         if not args.json:
             raise
@@ -107,14 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     # With --json, stdout is the JSON object alone: what was written is said on stderr.
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    if args.out:
-        for path in write_exports(args.out, plan, job):
-            say(f"wrote {path}")
-        if script is not None:
-            from launcher.fsutil import atomic_write
-
-            say(f"wrote {atomic_write(args.out / 'job.sbatch', script)}")
-    elif script is not None:
+    for path in written:
+        say(f"wrote {path}")
+    if script is not None and not args.out:
         print(script)
         return 0
     slurm = job.launcher == "slurm" or args.sbatch

@@ -10,6 +10,7 @@ from launcher.emit.slurm_params import (
     TIME_FACTOR,
     SlurmResources,
 )
+from launcher.engines import engine_spec
 from launcher.planner.plan import Plan
 from launcher.units import GiB, MiB, format_bytes
 
@@ -35,13 +36,8 @@ BASIS_WORDS = {
 
 def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
     s, e = plan.strategy, plan.estimate
-    if s.engine == "deepspeed":
-        engine = f"DeepSpeed ZeRO-{s.zero_stage}"
-    else:
-        engine = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
-                             else "SHARD_GRAD_OP (keep params after forward)")
-        if s.fsdp_sharding == "hybrid":
-            engine += f", HYBRID_SHARD (shard within each node, replicate across the {plan.nodes} nodes)"
+    spec = engine_spec(s.engine)
+    engine = spec.title(s, plan.nodes)
     b = plan.buckets
     lines = [
         f"plan for {job_name}: {plan.world_size} GPU(s) = {plan.nodes} node(s) x {plan.gpus_per_node}, "
@@ -52,7 +48,7 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
         f"  strategy    {engine}, activation checkpointing {'on' if s.activation_checkpointing else 'off'}",
         f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
     ]
-    if s.engine == "deepspeed":
+    if spec.uses_buckets:
         lines.append(f"  buckets     reduce {_count(b.reduce_bucket_size)}, allgather {_count(b.allgather_bucket_size)}"
                      + (f", prefetch {_count(b.stage3_prefetch_bucket_size)}, max live "
                         f"{_count(b.stage3_max_live_parameters)}" if s.zero_stage == 3 else "") + " elements")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from launcher.cli.common import add_job_args, job_from_args, non_negative_int, seconds
+from launcher.cli.common import add_job_args, dir_path, job_from_args, non_negative_int, seconds
 from launcher.errors import EXIT_BAD_INPUT
 from launcher.session.options import RunOptions
 
@@ -28,8 +27,9 @@ def add_parser(sub) -> None:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_job_args(p)
-    p.add_argument("--run-dir", type=Path, help="where the run writes (default runs/<name>-<timestamp>)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run dir")
+    p.add_argument("--run-dir", type=dir_path, help="where the run writes (default runs/<name>-<timestamp>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a run dir launch made (only its own files; any other non-empty dir is refused)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run dir from its last checkpoint")
     p.add_argument("--enforce", action="store_true",
                    help="cap each rank at the budget (CUDA: per-process memory fraction; CPU: the probe raises OOM)")

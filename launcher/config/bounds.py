@@ -5,7 +5,7 @@ sequence, 10^5 layers, a 50 MB name); unchecked, each becomes real work (a meta-
 8 GB input tensor for the fake-tensor probe, a 157 MB sbatch script) before any rule refuses it. Every bound here
 is a few times the largest real model or job (405B-class configs, 1M-token contexts where the model's position
 table allows, 256k vocabularies, 512-expert MoEs), so no real job meets one, and each is small enough that a
-refused input costs well under 10 s and 1 GB (docs/reliability-bounds.md has the measurements).
+refused input costs well under 10 s and 1 GB (docs/reliability/bounds.md has the measurements).
 
 The checks run in this order: the job file's size before YAML reads it (config.load.load_yaml), each override's
 length before YAML reads it (config.jobfile.parse_overrides), every string's length and every list's or mapping's

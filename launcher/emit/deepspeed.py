@@ -16,8 +16,8 @@ import json
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
-from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_elems
 from launcher.planner.plan import Plan
+from launcher.planner.terms import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_elems
 
 
 @functools.cache
@@ -117,7 +117,7 @@ def _tier(*offloads: str) -> str:
 
 def _strategy_problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.engine != "deepspeed":
+    if s.zero_stage is None:  # another engine's strategy (launcher.engines picks the emitter by the plan's engine)
         return [f"strategy.engine: {s.engine!r} is not deepspeed; emit an FSDP config with fsdp_config(plan, job)"]
     if s.zero_stage not in (0, 1, 2, 3):
         return [f"strategy.zero_stage: {s.zero_stage!r} is not 0, 1, 2 or 3; set strategy.zero_stage"]

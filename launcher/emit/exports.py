@@ -1,6 +1,6 @@
 """Configs for other tools to run the plan with: an HF Trainer DeepSpeed file and an `accelerate launch` file.
 
-Pure: ``hf_ds_config`` and ``accelerate_config`` read and write nothing.
+Pure: ``hf_ds_config``, ``deepspeed_accelerate_config`` and ``accelerate_yaml_text`` read and write nothing.
 
 ``hf_ds_config`` is our concrete ds_config with "auto" wherever HF Trainer fills a value from its
 TrainingArguments (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process), so
@@ -17,7 +17,7 @@ import yaml
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.fsdp import accelerate_base, fsdp_config
+from launcher.emit.fsdp import accelerate_base
 from launcher.planner.plan import Plan
 
 HF_AUTO_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -51,8 +51,9 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
     return cfg
 
 
-def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None) -> dict:
-    """An `accelerate launch --config_file` config: FSDP2 from the plan, or DeepSpeed reading ``ds_config_file``.
+def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) -> dict:
+    """An `accelerate launch --config_file` config for a DeepSpeed plan, reading ``ds_config_file``. (An FSDP2
+    plan's is the ``accelerate`` section of launcher.emit.fsdp.fsdp_config; the engine's spec picks.)
 
     ``ds_config_file`` is the concrete ds_config.json (not the HF variant): accelerate fills an "auto" precision
     from its own mixed_precision, which its launcher sets to "no" when the config file has none, and an "auto"
@@ -61,10 +62,6 @@ def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None
     (DeepSpeedPlugin._deepspeed_config_checks), so mixed_precision is null and deepspeed_config holds only the
     file and how to start the model.
     """
-    if plan.strategy.engine == "fsdp":
-        return fsdp_config(plan, job)["accelerate"]
-    if ds_config_file is None:
-        raise ValueError("accelerate_config: a DeepSpeed plan needs ds_config_file, the path of its DeepSpeed config")
     deepspeed = {
         "deepspeed_config_file": ds_config_file,
         # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init), as the plan's memory figure assumes.
@@ -75,47 +72,51 @@ def accelerate_config(plan: Plan, job: Job, *, ds_config_file: str | None = None
     return {**accelerate_base(plan, "DEEPSPEED", None), "deepspeed_config": deepspeed}
 
 
-def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py") -> str:
+def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py", *, env: str = "") -> str:
     """The command that runs the plan through accelerate with ``config_file``: what the file cannot say goes
-    on the line (FSDP: the accumulation, which accelerate reads only from its environment; several nodes: this
-    node's rank and the head node)."""
-    parts = []
-    if plan.strategy.engine == "fsdp":
-        parts.append(f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}")
+    on the line (``env``: what the engine reads only from its environment, e.g. FSDP's accumulation; several
+    nodes: this node's rank and the head node)."""
+    parts = [env] if env else []
     parts += ["accelerate", "launch", "--config_file", shlex.quote(config_file)]
     if plan.nodes > 1:
         parts += ["--machine_rank", "$NODE_RANK", "--main_process_ip", "$HEAD_NODE"]
     return " ".join([*parts, script])
 
 
-def accelerate_yaml_text(plan: Plan, job: Job, *, config_file: str, ds_config_file: str | None = None) -> str:
-    """``accelerate.yaml``: accelerate_config under a header with the launch line and what the script must do."""
+def deepspeed_notes(ds_config_file: str) -> list[str]:
+    """What a script run with a DeepSpeed accelerate.yaml must do."""
+    return [
+        f"Precision, micro-batch, accumulation, optimizer and schedule are in {ds_config_file}:",
+        "  pass accelerate.utils.DummyOptim (and DummyScheduler, if you pass one) to accelerator.prepare.",
+        "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
+        "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
+    ]
+
+
+FSDP_NOTES = [
+    "GPUs only: accelerate applies FSDP2 (fully_shard) on GPUs; on CPU ranks it ignores the FSDP settings",
+    "  (with ACCELERATE_USE_CPU=1 it runs unsharded DDP over gloo), so the plan's memory does not hold there.",
+]
+"""What a script run with an FSDP2 accelerate.yaml must know."""
+
+
+def accelerate_yaml_text(plan: Plan, *, title: str, config: dict, config_file: str, env: str = "",
+                         notes: list[str]) -> str:
+    """``accelerate.yaml``: the engine's accelerate ``config`` under a header with the launch line and what the
+    script must do (``notes``, the engine's)."""
     s = plan.strategy
-    engine = f"DeepSpeed ZeRO-{s.zero_stage}" if s.engine == "deepspeed" else "FSDP2"
     lines = [
-        f"{engine}, {_count(plan.nodes, 'node')} x {_count(plan.gpus_per_node, 'rank')}, {plan.precision}, micro-batch "
+        f"{title}, {_count(plan.nodes, 'node')} x {_count(plan.gpus_per_node, 'rank')}, {plan.precision}, micro-batch "
         f"{s.micro_batch_size}, accumulation {s.grad_accum_steps}. Launch (on every node):",
-        f"  {accelerate_launch_line(plan, config_file)}",
+        f"  {accelerate_launch_line(plan, config_file, env=env)}",
     ]
     if plan.nodes > 1:
         lines += ["  NODE_RANK: 0 on the head node, 1..N-1 on the others; HEAD_NODE: the head node's address.",
                   "  Without --machine_rank accelerate stops; without --main_process_ip it retries the marker name."]
     lines.append(f"train.py's DataLoader: batch_size={s.micro_batch_size} per process (accelerate has no key for it).")
-    if s.engine == "deepspeed":
-        lines += [
-            f"Precision, micro-batch, accumulation, optimizer and schedule are in {ds_config_file}:",
-            "  pass accelerate.utils.DummyOptim (and DummyScheduler, if you pass one) to accelerator.prepare.",
-            "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
-            "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
-        ]
-    else:
-        lines += [
-            "GPUs only: accelerate applies FSDP2 (fully_shard) on GPUs; on CPU ranks it ignores the FSDP settings",
-            "  (with ACCELERATE_USE_CPU=1 it runs unsharded DDP over gloo), so the plan's memory does not hold there.",
-        ]
+    lines += notes
     header = "".join(f"# {line}\n" for line in lines)
-    body = yaml.safe_dump(accelerate_config(plan, job, ds_config_file=ds_config_file), sort_keys=False)
-    return header + body
+    return header + yaml.safe_dump(config, sort_keys=False)
 
 
 def _count(n: int, noun: str) -> str:
@@ -132,34 +133,33 @@ _FSDP_ENV_NAME = {"fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO
 (accelerate.utils.launch.prepare_multi_gpu_env)."""
 
 
-def accelerate_env(plan: Plan, job: Job, *, ds_config_file: str | None = None) -> dict[str, str]:
-    """What ``accelerate launch --config_file accelerate.yaml`` would put in a rank's environment for this plan,
-    under accelerate's own names (accelerate.utils.launch.prepare_deepspeed_cmd_env / prepare_multi_gpu_env), so
-    that a plain ``Accelerator()`` or HF ``Trainer`` started by ``launch --script`` reads the plan by itself.
+def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
+    """What ``accelerate launch --config_file accelerate.yaml`` would put in a rank's environment for ``config``
+    (an engine's accelerate_config for this plan), under accelerate's own names
+    (accelerate.utils.launch.prepare_deepspeed_cmd_env / prepare_multi_gpu_env), so that a plain
+    ``Accelerator()`` or HF ``Trainer`` started by ``launch --script`` reads the plan by itself.
 
     DeepSpeed: ACCELERATE_USE_DEEPSPEED, the concrete ds_config.json (precision, micro-batch, accumulation, stage,
-    offload are in it) and the zero.Init flag. FSDP2: ACCELERATE_USE_FSDP, FSDP_VERSION=2 and every fsdp_config
-    key as FSDP_<KEY>. Both: ACCELERATE_MIXED_PRECISION and ACCELERATE_GRADIENT_ACCUMULATION_STEPS (HF
-    TrainingArguments reads the precision from it; accelerate ignores both beside a DeepSpeed file, which holds
-    them). Hybrid sharding's mesh (parallelism_config) is not carried: it needs several nodes, which --script
-    runs on Slurm only through the same variables.
+    offload are in it) and the zero.Init flag. FSDP2: ACCELERATE_USE_FSDP and every fsdp_config key as FSDP_<KEY>
+    (FSDP_VERSION=2 among them). Both: ACCELERATE_MIXED_PRECISION and ACCELERATE_GRADIENT_ACCUMULATION_STEPS (HF
+    TrainingArguments reads the precision from it; beside a DeepSpeed file accelerate takes both from the file,
+    which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
     """
-    cfg = accelerate_config(plan, job, ds_config_file=ds_config_file)
     env = {
         "ACCELERATE_MIXED_PRECISION": _ACCELERATE_PRECISION[plan.precision],
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.strategy.grad_accum_steps),
     }
-    if plan.strategy.engine == "deepspeed":
-        ds = cfg["deepspeed_config"]
+    if config["distributed_type"] == "DEEPSPEED":
+        ds = config["deepspeed_config"]
         env.update({
             "ACCELERATE_USE_DEEPSPEED": "true",
             "ACCELERATE_DEEPSPEED_CONFIG_FILE": ds["deepspeed_config_file"],
             "ACCELERATE_DEEPSPEED_ZERO3_INIT": _env_flag(ds["zero3_init_flag"]),
         })
-        return env
-    env["ACCELERATE_USE_FSDP"] = "true"
-    for key, value in cfg["fsdp_config"].items():
-        env[_FSDP_ENV_NAME.get(key, key.upper())] = _env_flag(value)
+    elif config["distributed_type"] == "FSDP":
+        env["ACCELERATE_USE_FSDP"] = "true"
+        for key, value in config["fsdp_config"].items():
+            env[_FSDP_ENV_NAME.get(key, key.upper())] = _env_flag(value)
     return env
 
 

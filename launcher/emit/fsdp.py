@@ -156,7 +156,7 @@ def accelerate_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None
 
 def _problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.engine != "fsdp":
+    if s.fsdp_reshard_after_forward is None:  # another engine's strategy (launcher.engines picks the emitter)
         return [f"strategy.engine: {s.engine!r} is not fsdp; emit a DeepSpeed config with ds_config(plan, job)"]
     problems = []
     if s.fsdp_hybrid and plan.nodes < 2:

@@ -28,7 +28,7 @@ from launcher.config.job import Job
 from launcher.config.slurm_rules import check_shell_path
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
-from launcher.rankenv import DS_CONFIG_ENV, PLAN_ENV, RUN_DIR_ENV
+from launcher.rankenv import PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, plan_digest
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
 
@@ -57,6 +57,7 @@ head_addr=${{head_addr:-$head_host}}
 port=$((20000 + SLURM_JOB_ID % 20000))
 
 export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export {digest_env}={digest}  # the ranks refuse a plan.json other than the one this script writes
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shared by the node's ranks
 {ds_export}
 # USR2 comes here only (B:); the ranks poll the control file at every optimizer step.
@@ -98,10 +99,9 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
 
     files = {"job.yaml": yaml.safe_dump(job_to_data(job), sort_keys=False),
              "plan.json": json.dumps(plan.to_json(), indent=2)}
-    if plan.strategy.engine == "deepspeed":
-        from launcher.emit import ds_config
+    from launcher.engines import engine_spec
 
-        files["ds_config.json"] = json.dumps(ds_config(plan, job), indent=2)
+    files.update(engine_spec(plan.strategy.engine).rank_files(plan, job))
     return files
 
 
@@ -127,10 +127,14 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run
     # Slurm expands %j, %u, ... in the file name; a % of the path itself is written %%.
     flags["output"] = f"{str(run_dir).replace('%', '%%')}/slurm-%j.out"
     out += [_flag(k, v) for k, v in flags.items()]
-    files = "\n".join(heredoc(name, text) for name, text in run_files(plan, job).items())
+    files_by_name = run_files(plan, job)
+    files = "\n".join(heredoc(name, text) for name, text in files_by_name.items())
     setup = "\n# setup (slurm.setup)\n" + "\n".join(job.slurm.setup) + "\n" if job.slurm.setup else ""
-    ds_export = f'export {DS_CONFIG_ENV}="$RUN_DIR/ds_config.json"\n' if plan.strategy.engine == "deepspeed" else ""
+    from launcher.engines import engine_spec
+
+    ds_export = "".join(f'export {var}="$RUN_DIR/{name}"\n' for var, name in engine_spec(plan.strategy.engine).config_env)
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
                            nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export, threads=res.threads_per_rank,
-                           run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV))
+                           run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV, digest_env=PLAN_DIGEST_ENV,
+                           digest=plan_digest(files_by_name["plan.json"].rstrip() + "\n")))
     return "\n".join(out).replace("\n\n\n", "\n\n")

@@ -18,6 +18,7 @@ from typing import Literal
 
 from launcher.config.job import Job, SlurmConfig
 from launcher.config.slurm_rules import KEY, TIMEOUT_MAX_MIN, check_job_name, check_slurm_values
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import slug
@@ -121,7 +122,7 @@ MEM_FACTOR = 1.25
 """Margin on the plan's host RAM per node (offloaded optimizer states and parameters, the weight load)."""
 RANK_PROCESS_BYTES = {"cuda_reserved_plus_context": 4 * GB, "cpu_tensor_bytes": 1 * GB}
 """Host memory of one rank's process beyond the plan's tensors, bytes, by the plan's basis (GPU or CPU ranks):
-Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability-slurm.md);
+Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability/slurm.md);
 on GPU ranks also CUDA's libraries and pinned staging buffers (assumed, not measured here)."""
 HOST_OPTIMIZER_CPUS_PER_RANK = 4
 """CPUs per rank when the optimizer steps on the host (DeepSpeedCPUAdam, FSDP2 CPU offload): an OpenMP loop over
@@ -176,7 +177,7 @@ def host_optimizer(plan: Plan) -> bool:
     s = plan.strategy
     if plan.estimate.basis == "cpu_tensor_bytes":
         return False
-    return s.offload_optimizer != "none" or (s.engine == "fsdp" and s.offload_params == "cpu")
+    return engine_spec(s.engine).optimizer_on_host(s)
 
 
 def slurm_resources(job: Job, plan: Plan) -> SlurmResources:

@@ -97,3 +97,31 @@ def trainable_counts(model) -> tuple[int, int]:
         trainable += p.numel()
         adapters += p.numel() if "lora_" in name else 0
     return trainable, adapters
+
+
+LORA_RANK = 8
+
+
+def lora_suggestion(m, r: int = LORA_RANK) -> tuple[list[str], int]:
+    """The attention query and value projections of this model family, by their module names, and the adapter
+    parameters LoRA of rank ``r`` adds on them [Hu et al., arXiv:2106.09685 §4.2: W_q and W_v; r·(d_in + d_out)
+    per adapted matrix]. ``m`` is the model's launcher.model.introspect.ModelStats (not imported: introspect
+    imports this module).
+    """
+    h = m.hidden_size
+    kv = m.num_kv_heads * m.head_dim
+    if m.model_type == "gpt2":
+        # GPT-2 fuses Q, K and V into one Conv1D (h -> 3h); peft adapts the whole of it.
+        return ["c_attn"], r * (h + 3 * h) * m.num_blocks
+    if m.model_type in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "megatron-bert"):
+        return ["query", "value"], 2 * r * (h + h) * m.num_blocks
+    if m.model_type == "distilbert":
+        return ["q_lin", "v_lin"], 2 * r * (h + h) * m.num_blocks
+    if m.model_type in ("gpt_neox", "falcon", "bloom", "persimmon"):
+        # One fused query_key_value projection, h -> 3h (falcon's GQA variants narrower; 3h bounds it).
+        return ["query_key_value"], r * (h + 3 * h) * m.num_blocks
+    if m.model_type in ("phi3", "phimoe"):
+        # Phi-3 fuses Q, K and V into qkv_proj: h -> h + 2 * the key/value heads' width.
+        return ["qkv_proj"], r * (h + h + 2 * kv) * m.num_blocks
+    # llama and its kin (mistral, qwen2, ...): q_proj h -> h, v_proj h -> the key/value heads' width (GQA).
+    return ["q_proj", "v_proj"], r * ((h + h) + (h + kv)) * m.num_blocks

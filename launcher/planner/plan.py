@@ -54,10 +54,12 @@ class Strategy:
 
     @property
     def fsdp_hybrid(self) -> bool:
-        return self.engine == "fsdp" and self.fsdp_sharding == "hybrid"
+        # Only FSDP2 strategies carry a shard group (None for every other engine).
+        return self.fsdp_sharding == "hybrid"
 
     def label(self) -> str:
-        if self.engine == "deepspeed":
+        # By the fields each engine fills (a ZeRO stage, or FSDP2's resharding), not by the engine's name.
+        if self.zero_stage is not None:
             s = f"ZeRO-{self.zero_stage}"
         else:
             s = "FSDP2 " + ("hybrid " if self.fsdp_hybrid else "") + (

@@ -10,10 +10,12 @@ from launcher.errors import EXIT_OOM, ConfigError  # noqa: F401  (EXIT_OOM: re-e
 from launcher.rankenv import (  # noqa: F401  (the names ranks read, defined once in a module that imports nothing)
     DS_CONFIG_ENV,
     ENFORCE_ENV,
+    PLAN_DIGEST_ENV,
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
     TRACK_ENV,
+    plan_digest,
 )
 
 
@@ -27,10 +29,25 @@ def load_plan(path: str | os.PathLike | None = None):
             f"${PLAN_ENV} is not set; start this script through the launcher, or export {PLAN_ENV}=RUN_DIR/plan.json"
         )
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{PLAN_ENV}={path}: no such file; point it at the run dir's plan.json") from None
-    return Plan.from_json(data)
+    check_plan_digest(raw, path)
+    return Plan.from_json(json.loads(raw))
+
+
+def check_plan_digest(raw: bytes, path: str | os.PathLike) -> str:
+    """The plan's sha256; ConfigError when $LAUNCHER_PLAN_SHA256 names another one. The launcher sets it to the
+    plan.json it wrote for this attempt: a rank that read a file replaced since (another `launch plan --out`
+    into the run dir, an edit) would train a plan the launcher neither checked nor reports."""
+    got = plan_digest(raw)
+    want = os.environ.get(PLAN_DIGEST_ENV, "").strip().lower()
+    if want and got != want:
+        raise ConfigError(
+            f"{path}: this plan.json is not the one the launcher wrote for this run (sha256 {got[:12]}..., "
+            f"${PLAN_DIGEST_ENV} says {want[:12]}...): it was replaced after the launch; nothing was trained. "
+            "Relaunch (launch ... --run-dir DIR --overwrite) and do not write into a run dir while it runs")
+    return got
 
 
 def run_dir() -> Path | None:

@@ -91,21 +91,21 @@ def check_nvme(job: Job, plan: Plan) -> list[str]:
     return []
 
 
-def cluster_hints(job: Job, message: str) -> str:
-    """The job fields behind a host-RAM or NVMe refusal, for a no-plan message that names only the resource."""
-    hints = ""
-    if "host RAM:" in message:
+def cluster_hints(job: Job, short_of: str) -> list[str]:
+    """The job fields behind a host-RAM or NVMe refusal (``short_of``: the resource the smallest candidate
+    overruns, NoPlanError.short_of), for a no-plan answer that names only the resource."""
+    if short_of == "host_ram":
         have = job.cluster.host_ram_per_node_bytes
-        hints += (f"\n  - cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
-                  if have else "\n  - cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
-                  "run where there is more, or offload less")
-    if "NVMe:" in message:
+        return [f"cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
+                if have else "cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
+                "run where there is more, or offload less"]
+    if short_of == "nvme":
         free = job.cluster.nvme_free_bytes
-        hints += (f"\n  - cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
-                  "cluster.nvme_path or point it at a larger drive" if free else
-                  f"\n  - cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
-                  "needs; free space there or point it at a larger drive")
-    return hints
+        return [f"cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
+                "cluster.nvme_path or point it at a larger drive" if free else
+                f"cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
+                "needs; free space there or point it at a larger drive"]
+    return []
 
 
 def check_fallback(job: Job, opts: RunOptions) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import yaml
@@ -9,9 +10,11 @@ import yaml
 from launcher.backends.base import Outcome
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.planner.plan import Plan
+from launcher.rankenv import plan_digest
 from launcher.ranklog import wait_settled
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, redact
+from launcher.session.prepare import plan_text
 
 
 def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
@@ -24,8 +27,10 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     # The ranks are gone; their logs' redactors may still write the last bytes (2 s at most in all).
     wait_settled(*(run.rank_log(rank) for rank in range(plan.world_size)))
     run.redact_logs()  # before any tail of them is printed or kept (they were redacted as written: a backstop)
+    outcome = other_plan(run, plan, outcome)
     report = build_report(run, plan.to_json(), expected_ranks=plan.world_size, interrupted=outcome.interrupted,
                           failed=not outcome.ok)
+    report["plan_sha256"] = plan_digest(plan_text(plan))
     report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
                          "failures": [{"rank": f.rank, "exitcode": f.exitcode, "host": f.host} for f in outcome.failures]}
     run.write_json("report.json", report)
@@ -89,3 +94,15 @@ def describe_failure(run: RunDir, outcome: Outcome, report: dict | None = None) 
         if log.is_file():
             tail = log.read_text(errors="replace").splitlines()[-15:]
             print("\n".join(f"  | {ln}" for ln in tail), file=sys.stderr)
+
+
+def other_plan(run: RunDir, plan: Plan, outcome: Outcome) -> Outcome:
+    """A failure when a rank records having trained another plan.json than the one planned here (ranks started
+    without the launcher's digest to check, e.g. by hand): the report's prediction would not describe them."""
+    want = plan_digest(plan_text(plan))
+    other = sorted(r for r, d in run.rank_reports().items() if d.get("plan_sha256") not in (None, want))
+    if not other:
+        return outcome
+    return dataclasses.replace(outcome, ok=False, message=(
+        f"rank(s) {other} trained a plan.json other than the one the launcher planned (sha256 {want[:12]}...): "
+        "it was replaced after the launch; this report's prediction does not describe them"))

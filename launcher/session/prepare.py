@@ -12,19 +12,21 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
-    DS_CONFIG_ENV,
     ENFORCE_ENV,
     GRAD_ACCUM_ENV,
     GRAD_CKPT_ENV,
     MICRO_BATCH_ENV,
+    PLAN_DIGEST_ENV,
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
+    plan_digest,
 )
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.options import RunOptions
@@ -56,11 +58,13 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
+        # The ranks refuse a plan.json other than the one written for this attempt (launcher.runtime.env).
+        PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    if plan.strategy.engine == "deepspeed":
-        env[DS_CONFIG_ENV] = str(run.path / "ds_config.json")
+    for var, name in engine_spec(plan.strategy.engine).config_env:
+        env[var] = str(run.path / name)
     if enforce:
         env[ENFORCE_ENV] = str(plan.budget_bytes)
     if snapshot:
@@ -79,26 +83,36 @@ def script_env(run: RunDir, plan: Plan, job: Job) -> dict[str, str]:
     Trainer reads through accelerate too) and the three the libraries have no name for."""
     from launcher.emit.exports import accelerate_env
 
-    ds_file = str(run.path / "ds_config.json") if plan.strategy.engine == "deepspeed" else None
     s = plan.strategy
     return {
-        **accelerate_env(plan, job, ds_config_file=ds_file),
+        **accelerate_env(plan, engine_spec(s.engine).accelerate_config(plan, job, config_dir=run.path)),
         MICRO_BATCH_ENV: str(s.micro_batch_size),
         GRAD_ACCUM_ENV: str(s.grad_accum_steps),
         GRAD_CKPT_ENV: "1" if s.activation_checkpointing else "0",
     }
 
 
+def plan_text(plan: Plan) -> str:
+    """plan.json's text, byte for byte: its sha256 is what the ranks check (PLAN_DIGEST_ENV)."""
+    return json.dumps(plan.to_json(), indent=2) + "\n"
+
+
+def plan_files(plan: Plan, job: Job) -> dict[str, str]:
+    """plan.json plus the engine's config, by file name."""
+    return {"plan.json": plan_text(plan), **engine_spec(plan.strategy.engine).config_files(plan, job)}
+
+
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
-    """plan.json plus the engine's config; each file written atomically."""
-    from launcher.emit import ds_config, fsdp_yaml_text
+    """plan.json plus the engine's config, each written atomically; the other engine's config, left by an
+    earlier plan in this dir, is removed so the dir never holds both."""
+    from launcher.rundir import ENGINE_FILES
 
     out.mkdir(parents=True, exist_ok=True)
-    written = [atomic_write(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")]
-    if plan.strategy.engine == "deepspeed":
-        written.append(atomic_write(out / "ds_config.json", json.dumps(ds_config(plan, job), indent=2) + "\n"))
-    else:
-        written.append(atomic_write(out / "fsdp.yaml", fsdp_yaml_text(plan, job)))
+    files = plan_files(plan, job)
+    written = [atomic_write(out / name, text) for name, text in files.items()]
+    for name in ENGINE_FILES:
+        if name not in files:
+            (out / name).unlink(missing_ok=True)
     return written
 
 

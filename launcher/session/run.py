@@ -62,7 +62,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
     try:
         plan = plan_job(job, force=opts.force)
     except NoPlanError as e:
-        raise NoPlanError(str(e) + cluster_hints(job, str(e))) from None
+        raise e.with_suggestions(cluster_hints(job, e.short_of)) from None
     if opts.resume:
         job, plan = resume_plan(opts, job, plan)
     check_runnable(job, plan, opts)

@@ -28,8 +28,9 @@ from launcher.runtime.probe import error_tail, memory_probe  # noqa: E402
 USAGE = "usage: python -m launcher.worker RUN_DIR   (started by torchrun on every rank)"
 
 
-def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None]:
-    """The job, plan and (DeepSpeed plans) ds_config in ``run_dir``; relative data paths resolve against it."""
+def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
+    """The job, plan, (DeepSpeed plans) ds_config in ``run_dir`` and the plan's sha256; relative data paths
+    resolve against it. A plan.json other than the one the launcher wrote for this attempt is refused."""
     missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).exists()]
     if missing:
         raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; pass a run dir the launcher wrote")
@@ -37,68 +38,26 @@ def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None]:
     job.base_dir = str(run_dir)
     if not Path(job.data.path).is_absolute():
         job.data.path = str((run_dir / job.data.path).resolve())
-    plan = Plan.from_json(json.loads((run_dir / "plan.json").read_text()))
+    raw = (run_dir / "plan.json").read_bytes()
+    digest = env.check_plan_digest(raw, run_dir / "plan.json")
+    plan = Plan.from_json(json.loads(raw))
     ds_path = run_dir / "ds_config.json"
     ds_config = json.loads(ds_path.read_text()) if ds_path.exists() else None
-    return job, plan, ds_config
-
-
-def check_ds_config(ds: dict, plan: Plan) -> None:
-    """The ds_config must carry out the plan; every disagreement in one error."""
-    s = plan.strategy
-    want = {
-        "train_micro_batch_size_per_gpu": s.micro_batch_size,
-        "gradient_accumulation_steps": s.grad_accum_steps,
-        "zero_optimization.stage": s.zero_stage,
-    }
-    problems = []
-    for key, value in want.items():
-        node = ds
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and value is not None and int(node) != int(value):
-            problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
-    if problems:
-        raise ConfigError(problems)
+    return job, plan, ds_config, digest
 
 
 def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
-    s = plan.strategy
-    if s.engine == "deepspeed":
-        if ds_config is None:
-            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
-        check_ds_config(ds_config, plan)
-        from launcher.worker.engines.deepspeed import DeepSpeedEngine
+    """The rank-side Engine the plan's engine names (launcher.worker.engines.engine_class)."""
+    from launcher.worker.engines import engine_class
 
-        return DeepSpeedEngine(ds_config, device=device, activation_checkpointing=s.activation_checkpointing)
-    from launcher.worker.engines.fsdp import FsdpEngine
-
-    return FsdpEngine(
-        reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None else True),
-        offload_params=s.offload_params,
-        offload_optimizer=s.offload_optimizer,
-        activation_checkpointing=s.activation_checkpointing,
-        precision=plan.precision,
-        grad_accum_steps=s.grad_accum_steps,
-        device=device,
-        sharding=s.fsdp_sharding or "full",
-    )
+    return engine_class(plan.strategy.engine).from_plan(plan, ds_config, device)
 
 
-def init_distributed(engine_name: str, device: torch.device) -> None:
+def init_distributed(engine, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if engine_name == "deepspeed":
-        import deepspeed
-        import deepspeed.ops
-
-        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
-        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend=backend)
-    elif not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+    engine.init_process_group(backend)
 
 
 def is_oom(exc: BaseException | None) -> bool:
@@ -126,14 +85,15 @@ def main(argv: list[str]) -> int:
     probe = memory_probe(device=device, run_dir=run_dir)
     status, code, error = "failed", 1, None
     try:
-        job, plan, ds_config = load_run_dir(run_dir)
+        job, plan, ds_config, digest = load_run_dir(run_dir)
+        probe.record(plan_sha256=digest)  # what this rank trains, for the report to compare with the launcher's
         if plan.precision == "fp16" and device.type != "cuda":
             raise ConfigError(
                 "train.precision: 'fp16' needs CUDA (loss scaling and fp16 kernels); these ranks run on CPU; "
                 "use bf16 or fp32"
             )
         engine = make_engine(plan, ds_config, device)
-        init_distributed(engine.name, device)
+        init_distributed(engine, device)
         trainer = Trainer(job=job, plan=plan, engine=engine, run_dir=run_dir, device=device, probe=probe)
         trainer.prepare_data()
         with probe:

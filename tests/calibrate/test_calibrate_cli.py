@@ -44,9 +44,9 @@ def make_run(root, i, arch):
                         "micro_batch_size": mb, "activation_checkpointing": ac},
            "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": "4GB"}
     d = root / f"r{i}"
-    d.mkdir()
-    (d / "job.yaml").write_text(yaml.safe_dump(job))
-    assert main(["plan", str(d / "job.yaml"), "--out", str(d)]) == 0
+    src = root / f"r{i}.yaml"  # beside the dir: `plan --out` writes only into a new dir or one launch made
+    src.write_text(yaml.safe_dump(job))
+    assert main(["plan", str(src), "--out", str(d)]) == 0
     return d
 
 

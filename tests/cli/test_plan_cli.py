@@ -67,7 +67,7 @@ def test_plan_out_writes_the_exports(capsys, write_job, tmp_path, engine, pins, 
     out_dir = tmp_path / "out"
     code, out, err = run_cli(capsys, "plan", "--out", out_dir, write_job(**{"strategy": pins}), "train.lr=3e-4")
     assert code == 0, err
-    assert {p.name for p in out_dir.iterdir()} == written
+    assert {p.name for p in out_dir.iterdir()} == written | {".launcher-run", ".lock"}  # the marker, the lock
     assert json.loads((out_dir / "plan.json").read_text())["engine"] == engine
     # job.yaml is the resolved job: overrides applied, paths absolute, loadable as it is from anywhere.
     job = load_job(out_dir / "job.yaml")

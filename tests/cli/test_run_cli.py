@@ -175,7 +175,7 @@ def test_existing_run_dir_is_never_overwritten(tmp_path):
     run.mkdir()
     (run / "precious.txt").write_text("results")
     res = launch(job, "--run-dir", run, "--quiet")
-    assert res.returncode == 2 and "already holds a run; pass --overwrite" in res.stderr
+    assert res.returncode == 2 and "is not empty and was not made by launch (it holds precious.txt)" in res.stderr
     assert (run / "precious.txt").read_text() == "results"
 
 

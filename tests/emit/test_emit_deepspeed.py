@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from launcher.emit import ds_config
 from launcher.emit.deepspeed import template_name, templates
+from launcher.engines.deepspeed import deepspeed_states
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES
-from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, MemoryInputs, analytic_constants, deepspeed_states
+from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, MemoryInputs, analytic_constants
 from tests.planner.conftest import llama_stats
 
 # The golden cases: strategy overrides on make_plan's ZeRO-2 / world 8 / mb 2x4 default.

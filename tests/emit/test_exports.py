@@ -9,8 +9,9 @@ import yaml
 from emit_helpers import check_golden, json_text, make_job, make_plan, run_ds_check
 from test_ds_templates import hf_fill
 
-from launcher.emit.exports import accelerate_config, hf_ds_config
+from launcher.emit.exports import deepspeed_accelerate_config, hf_ds_config
 from launcher.emit.fsdp import fsdp_config
+from launcher.engines import engine_spec
 
 DS_FILE = "/runs/plan/ds_config.json"
 
@@ -37,16 +38,16 @@ def test_hf_trainer_fills_every_auto_and_deepspeed_accepts_it(stage, offload):
 
 
 def test_accelerate_deepspeed_golden():
-    text = yaml.safe_dump(accelerate_config(make_plan(zero_stage=3), make_job(), ds_config_file=DS_FILE),
+    text = yaml.safe_dump(deepspeed_accelerate_config(make_plan(zero_stage=3), make_job(), ds_config_file=DS_FILE),
                           sort_keys=False)
     check_golden("accelerate_deepspeed_zero3.yaml", text)
 
 
 def test_accelerate_fsdp_is_fsdp_yamls_section():
     plan, job = make_plan(engine="fsdp"), make_job()
-    assert accelerate_config(plan, job) == fsdp_config(plan, job)["accelerate"]
+    assert engine_spec(plan.strategy.engine).accelerate_config(plan, job) == fsdp_config(plan, job)["accelerate"]
     with pytest.raises(ValueError, match="needs ds_config_file"):
-        accelerate_config(make_plan(), job)
+        engine_spec(make_plan().strategy.engine).accelerate_config(make_plan(), job)
 
 
 def _accelerate_launch_env(path, monkeypatch) -> tuple:
@@ -127,7 +128,7 @@ def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
 
     plan, job = make_plan(engine="fsdp", world_size=4, **pins), make_job()
     path = tmp_path / "accelerate.yaml"
-    path.write_text(yaml.safe_dump(accelerate_config(plan, job), sort_keys=False))
+    path.write_text(yaml.safe_dump(engine_spec("fsdp").accelerate_config(plan, job), sort_keys=False))
     loaded, args = _accelerate_launch_env(path, monkeypatch)
     assert loaded.distributed_type.value == "FSDP" and args.use_fsdp and args.num_processes == 4
     plugin = FullyShardedDataParallelPlugin()
@@ -161,15 +162,17 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
 
     from launcher.emit.deepspeed import ds_config
     from launcher.emit.exports import accelerate_env
+    from launcher.engines import engine_spec
 
     pins = {"zero_stage": 3} if engine == "deepspeed" else {"engine": "fsdp", "activation_checkpointing": True}
     plan, job = make_plan(world_size=4, **pins), make_job()
     ds_file = tmp_path / "ds_config.json"
     if engine == "deepspeed":
         ds_file.write_text(json.dumps(ds_config(plan, job)))
-    ours = accelerate_env(plan, job, ds_config_file=str(ds_file) if engine == "deepspeed" else None)
+    config = engine_spec(plan.strategy.engine).accelerate_config(plan, job, config_dir=tmp_path)
+    ours = accelerate_env(plan, config)
     path = tmp_path / "accelerate.yaml"
-    path.write_text(yaml.safe_dump(accelerate_config(plan, job, ds_config_file=str(ds_file)), sort_keys=False))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     _accelerate_launch_env(path, monkeypatch)
     theirs = dict(os.environ)
     own_values = {"ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"} if engine == "deepspeed" \

@@ -15,6 +15,7 @@ from emit_helpers import check_golden, make_job, make_plan
 
 from launcher.emit.sbatch import sbatch_text
 from launcher.errors import ConfigError
+from launcher.rankenv import plan_digest
 
 # Like submitit's weird_tmp_path: every character that breaks naive shell quoting.
 WEIRD = "my runs/it's \"quoted\" $HOME `id` ;&|"
@@ -108,6 +109,7 @@ elif sys.argv[1:3] == ["show", "node"]:
         "srun": f"""#!/usr/bin/env python3
 import json, os, sys
 open({str(log)!r}, "a").write(json.dumps(["srun"] + sys.argv[1:]) + "\\n")
+open({str(log)!r}, "a").write(json.dumps(["env", os.environ.get("LAUNCHER_PLAN_SHA256")]) + "\\n")
 run_dir = sys.argv[-1]
 os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
 json.dump({{"rank": 0, "status": {rank_status!r}}}, open(os.path.join(run_dir, "ranks", "rank-0.json"), "w"),
@@ -140,6 +142,8 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     assert (["scontrol", "requeue", "20042"] in calls) is requeued
     assert yaml.safe_load((run_dir / "job.yaml").read_text())["name"] == "weird $name"
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
+    # The ranks get the digest of the plan.json this script wrote, and check it (launcher.runtime.load_plan).
+    assert ["env", plan_digest((run_dir / "plan.json").read_bytes())] in calls
     assert (run_dir / "setup.txt").read_text() == "setup ran\n"
     assert not (run_dir / "control" / "checkpoint").exists()
 

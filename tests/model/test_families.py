@@ -88,7 +88,7 @@ def test_causal_lm_on_an_encoder_is_refused(tmp_path, family):
 def test_the_no_fit_lora_suggestion_names_this_familys_modules(tmp_path, family):
     """What the advice offers (launcher.planner.search.lora_suggestion) is a LoRA peft accepts on this model, and
     its adapter count is what peft adds."""
-    from launcher.planner.search import LORA_RANK, lora_suggestion
+    from launcher.model.lora import LORA_RANK, lora_suggestion
 
     task = "causal_lm" if family in DECODERS else "seq_cls"
     targets, adapters = lora_suggestion(introspect(make_job(tmp_path / "a", family, task), num_labels=2))

@@ -7,8 +7,9 @@ import re
 import pytest
 
 from launcher.errors import NoPlanError
+from launcher.model.lora import LORA_RANK, lora_suggestion
 from launcher.planner.hardware import PROFILES
-from launcher.planner.search import LORA_RANK, lora_suggestion, make_plan
+from launcher.planner.search import make_plan
 from launcher.units import format_bytes, parse_bytes
 from tests.planner.conftest import llama_stats
 

@@ -6,14 +6,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import NoPlanError
-from launcher.planner.search import (
+from launcher.planner.buckets import (
     BUCKET_BUDGET_SHARE,
     DS_DEFAULT_BUCKET,
     DS_DEFAULT_PREFETCH,
     MIN_BUCKET,
-    make_plan,
     size_buckets,
 )
+from launcher.planner.search import make_plan
 from tests.planner.conftest import llama_stats
 
 FP32 = 4  # the bucket share is taken at fp32, DeepSpeed's largest gradient element

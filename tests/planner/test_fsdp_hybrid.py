@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 
 from launcher.config.job import StrategyConfig
+from launcher.engines.fsdp import fsdp_states
 from launcher.errors import ConfigError
 from launcher.planner.cost import communication
 from launcher.planner.hardware import PROFILES
-from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory, fsdp_states
+from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Plan, Strategy
 from launcher.planner.search import candidates, make_plan, size_buckets
 

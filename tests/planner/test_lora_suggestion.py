@@ -8,7 +8,8 @@ from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.errors import NoPlanError
 from launcher.model.introspect import introspect
-from launcher.planner.search import LORA_RANK, lora_suggestion, make_plan
+from launcher.model.lora import LORA_RANK, lora_suggestion
+from launcher.planner.search import make_plan
 
 FAMILIES = {  # family -> (inline architecture, task, the suggestion)
     "gpt2": ({"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024},

@@ -132,7 +132,7 @@ def test_eager_attention_keeps_korthikanti_5as_scores_and_sdpa_none():
 
 
 def _fp32_states(stage, accum=1, n=2):
-    from launcher.planner.memory import deepspeed_states
+    from launcher.engines.deepspeed import deepspeed_states
 
     m = llama_stats(num_params=10_000_000, blocks=2, h=256, inter=1024, vocab=1000)
     inp = MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=1, precision="fp32",
@@ -162,7 +162,7 @@ def test_fp32_zero12_step_holds_three_fp32_partitions(stage):
 def _zero3_moments(*, live, bucket, lora, opt="none"):
     from dataclasses import replace
 
-    from launcher.planner.memory import deepspeed_states
+    from launcher.engines.deepspeed import deepspeed_states
 
     m = llama_stats()
     if lora:
@@ -201,7 +201,7 @@ def test_zero3_backward_end_holds_the_reduce_scatter_copy_of_the_last_flush():
 def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_input_at_once():
     # _fsdp_collectives.py foreach_reduce: copy-in to the fp32 reduce-scatter input happens before the unsharded
     # gradients are cleared, so at fp32 8 bytes per element of the root unit live together (not 4 + 4/n).
-    from launcher.planner.memory import fsdp_states
+    from launcher.engines.fsdp import fsdp_states
 
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=1, precision="fp32",

@@ -10,7 +10,8 @@ from launcher.config.load import from_dict
 from launcher.model.introspect import introspect
 from launcher.planner.cost import step_time_terms
 from launcher.planner.hardware import PROFILES
-from launcher.planner.search import PlanRequest, _inputs, make_plan
+from launcher.planner.scoring import memory_inputs
+from launcher.planner.search import PlanRequest, make_plan
 from tests.model.families import save_model_dir
 
 H, INTER, LAYERS, E, K = 64, 128, 2, 4, 2
@@ -59,8 +60,8 @@ def test_compute_scales_with_active_parameters_memory_with_all(tmp_path):
     dense = dataclasses.replace(moe, num_experts=0, experts_per_token=0, expert_params=0)  # every expert active
     plan_moe, plan_dense = make_plan(request(moe)), make_plan(request(dense))
     s = plan_moe.strategy
-    c_moe = step_time_terms(_inputs(request(moe)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
-    c_dense = step_time_terms(_inputs(request(dense)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
+    c_moe = step_time_terms(memory_inputs(request(moe)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
+    c_dense = step_time_terms(memory_inputs(request(dense)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
     overhead = s.grad_accum_steps * moe.num_blocks * PROFILES["a100-80gb"].block_overhead_s * (
         1.5 if s.activation_checkpointing else 1.0)
     assert (c_moe - overhead) / (c_dense - overhead) == pytest.approx(moe.active_params / moe.num_params, rel=1e-9)

@@ -58,8 +58,25 @@ def test_nvme_only_offered_with_a_path(request_for):
 def test_host_ram_limits_offload(request_for):
     req = request_for(budget_bytes=12 * 10**9, host_ram_per_node_bytes=64 * 10**9,
                       pins=StrategyConfig(offload_optimizer="cpu"))
-    with pytest.raises(NoPlanError, match="host RAM"):
+    with pytest.raises(NoPlanError, match="host RAM") as e:
         make_plan(req)
+    # The answer is typed: the resource the smallest candidate overruns, and the reasons and suggestions as
+    # given, not read back out of the message.
+    assert e.value.short_of == "host_ram"
+    assert str(e.value).splitlines()[0] == e.value.reasons[0] and len(e.value.reasons) == 1
+    assert [f"  - {s}" for s in e.value.suggestions] == str(e.value).splitlines()[2:]
+
+
+def test_rejected_reasons_are_the_typed_problem_described(request_for):
+    """A candidate's Problem keeps the numbers (resource, need, have); plan.json's reason is its sentence."""
+    from launcher.planner.scoring import evaluate
+
+    req = request_for(budget_bytes=12 * 10**9, host_ram_per_node_bytes=64 * 10**9)
+    scored = evaluate(req)
+    over = [c for c in scored if c.problem is not None and c.problem.resource == "device"]
+    assert over and all(c.problem.need_bytes == c.estimate.peak_bytes and c.problem.have_bytes == req.usable_bytes
+                        for c in over)
+    assert over[0].problem.describe().startswith("over budget by ")
 
 
 def test_batch_not_divisible_by_gpus_is_bad_input(request_for):

@@ -47,6 +47,16 @@ class Engine(Protocol):
     hf_checkpointing: bool
     """Switch on transformers' gradient checkpointing at build (engines that wrap blocks themselves say False)."""
 
+    @classmethod
+    def from_plan(cls, plan, ds_config: dict | None, device: torch.device) -> Engine:
+        """The engine for ``plan`` (launcher.worker.engines.engine_class finds the class by the plan's engine)."""
+        ...
+
+    @staticmethod
+    def init_process_group(backend: str) -> None:
+        """Form the process group the way this engine needs it."""
+        ...
+
     def before_build(self) -> None:
         """Called in a formed process group, before the model is built: settles ``rank0_load``."""
         ...

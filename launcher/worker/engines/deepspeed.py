@@ -18,6 +18,7 @@ import torch
 
 from launcher.config.job import TrainConfig
 from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
 from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
 # Attribute names of DeepSpeed's ZeRO / bf16 optimizers, by what the tensors hold.
@@ -48,6 +49,25 @@ def _attrs(obj, names) -> list[torch.Tensor]:
     return [t for n in names for t in _tensors(getattr(obj, n, None))]
 
 
+def check_ds_config(ds: dict, plan: Plan) -> None:
+    """The ds_config must carry out the plan; every disagreement in one error."""
+    s = plan.strategy
+    want = {
+        "train_micro_batch_size_per_gpu": s.micro_batch_size,
+        "gradient_accumulation_steps": s.grad_accum_steps,
+        "zero_optimization.stage": s.zero_stage,
+    }
+    problems = []
+    for key, value in want.items():
+        node = ds
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and value is not None and int(node) != int(value):
+            problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_clipping(ds_config: dict, train: TrainConfig) -> None:
     """DeepSpeed clips to ds_config.json's gradient_clipping: it must be the job's train.max_grad_norm, which every
     other engine clips to."""
@@ -59,6 +79,23 @@ def check_clipping(ds_config: dict, train: TrainConfig) -> None:
 
 class DeepSpeedEngine:
     name = "deepspeed"
+
+    @classmethod
+    def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> DeepSpeedEngine:
+        if ds_config is None:
+            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
+        check_ds_config(ds_config, plan)
+        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing)
+
+    @staticmethod
+    def init_process_group(backend: str) -> None:
+        import deepspeed
+        import deepspeed.ops
+
+        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
+        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False):
         self.ds_config = ds_config

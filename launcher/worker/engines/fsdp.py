@@ -21,6 +21,7 @@ from torch import nn
 
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
 from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
 
@@ -71,6 +72,26 @@ class FsdpEngine:
     name = "fsdp"
     hf_checkpointing = False
     """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
+
+    @classmethod
+    def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
+        s = plan.strategy
+        return cls(
+            reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
+                                       else True),
+            offload_params=s.offload_params,
+            offload_optimizer=s.offload_optimizer,
+            activation_checkpointing=s.activation_checkpointing,
+            precision=plan.precision,
+            grad_accum_steps=s.grad_accum_steps,
+            device=device,
+            sharding=s.fsdp_sharding or "full",
+        )
+
+    @staticmethod
+    def init_process_group(backend: str) -> None:
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
 
     def __init__(
         self,

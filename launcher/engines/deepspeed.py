@@ -1,0 +1,347 @@
+"""DeepSpeed ZeRO 0-3: its memory terms, cost terms, candidates, fallback rungs and config files.
+
+Memory sources: [ZeRO] Rajbhandari et al., arXiv:1910.02054, Table 1; [DS] DeepSpeed's
+estimate_zero2/3_model_states_mem_needs (stage_1_and_2.py, stage3.py). The states are built in steps, each a
+pure function of the one before: the partitioned model states, then the stage's communication buffers, then
+what optimizer offload and parameter offload move off the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config.job import Job
+from launcher.emit.deepspeed import ds_config
+from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
+from launcher.engines.spec import Candidate, EngineSpec
+from launcher.planner.plan import Buckets, Plan, Strategy
+from launcher.planner.terms import (
+    BYTES,
+    MASTER_BYTES,
+    NVME_PARAM_BUFFER_COUNT,
+    OPTIMIZER_STATE_BYTES,
+    MemoryInputs,
+    States,
+    Traffic,
+    nvme_param_buffer_elems,
+    optimizer_offload_s,
+    over_links,
+    untied_head_bytes,
+)
+from launcher.rankenv import DS_CONFIG_ENV
+
+NAME = "deepspeed"
+STAGES = (0, 1, 2, 3)
+HF_EXPORT = "ds_config.hf.json"
+_OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Partition:
+    """How ZeRO divides the model states over N ranks at one stage, and the gradient sizes that follow."""
+
+    stage: int
+    w: int
+    """Bytes per working-dtype element."""
+    psi: int
+    """All parameters, Ψ."""
+    psi_t: int
+    """Trainable parameters, Ψ_t."""
+    shard_opt: int
+    shard_grad: int
+    shard_param: int
+    mixed: bool
+    """A 16-bit working dtype (fp32 masters kept apart)."""
+    accumulating: bool
+
+    @property
+    def grads16(self) -> float:
+        return self.w * self.psi_t / self.shard_grad
+
+    @property
+    def grads32(self) -> float:
+        return 4 * self.psi_t / self.shard_opt  # the "4_grads_32bit" of [DS]
+
+
+def partition(inp: MemoryInputs, s: Strategy) -> Partition:
+    stage, n = s.zero_stage or 0, inp.world_size
+    return Partition(stage=stage, w=BYTES[inp.precision], psi=inp.model.num_params, psi_t=inp.model.trainable_params,
+                     shard_opt=n if stage >= 1 else 1, shard_grad=n if stage >= 2 else 1,
+                     shard_param=n if stage >= 3 else 1, mixed=inp.precision != "fp32",
+                     accumulating=s.grad_accum_steps > 1)
+
+
+def step_extra_bytes(p: Partition, grads: float) -> float:
+    """What the optimizer step adds: this step's gradients, their fp32 partition and an fp32 conversion of it."""
+    if not p.mixed and p.stage in (1, 2):
+        # fp32: the working gradients are already fp32 and the partition is taken from them without a 16-bit
+        # copy; three fp32 partition-sized tensors live through the step (measured, ZeRO-1 and ZeRO-2).
+        return 3 * p.grads32
+    extra = (p.grads16 - grads) + 2 * p.grads32
+    if p.stage == 2:
+        # get_flat_partition copies the 16-bit partition into averaged_gradients next to grads_in_partition
+        # (stage_1_and_2.py; measured: +wΨ/N at the step).
+        extra += p.grads16
+    elif p.stage == 3:
+        # A third fp32 partition-sized tensor lives through the step (measured: +4Ψ/N over 2·grads32).
+        extra += p.grads32
+    return extra
+
+
+def model_states(inp: MemoryInputs, p: Partition) -> States:
+    """[ZeRO Table 1]: parameters, gradients and optimizer state, each on its own partition."""
+    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
+    params = p.w * p.psi / p.shard_param
+    # The fp32 master partition exists at fp32 too: ZeRO-1/2 and ZeRO-3 build it as a .clone().float() of the
+    # flat partition (single_partition_of_fp32_groups, fp32_partitioned_groups_flat), a copy whatever the dtype
+    # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
+    optimizer = (MASTER_BYTES + k) * p.psi_t / p.shard_opt
+    # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
+    grads = p.grads16 if p.stage == 3 or p.accumulating else 0.0
+    return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra_bytes(p, grads),
+                  model_states=params + p.grads16 + p.grads32 + optimizer)
+
+
+def stage3_buffers(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
+    """ZeRO-3's reduce bucket, the gathered weights beside the activations, and the end-of-backward flush."""
+    m = inp.model
+    # The reduce bucket is allocated whole, however few parameters train (measured).
+    buffers = p.w * buckets.reduce_bucket_size
+    # Gathered weights live beside the activations from the forward on. The coordinator
+    # (partitioned_param_coordinator.py) stops prefetching once __n_available_params reaches
+    # max_available_parameters_in_numel (fetch_sub_module) and release_sub_module keeps every parameter used
+    # again within max_reuse_distance (__params_to_release); the emitter sets both to stage3_max_live_parameters.
+    # So up to min(cap, Ψ) parameters stay gathered, frozen ones (LoRA) included: with the cap at or above Ψ
+    # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
+    gathered = p.w * min(buckets.stage3_max_live_parameters, p.psi)
+    # End of backward: the largest layer gathered with its autograd gradient (frozen layers have none), and
+    # the last flush of the reduce bucket. stage3.py __avg_scatter_grads -> reduce_scatter_coalesced
+    # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new
+    # flat buffer of the bucket's elements: a second copy of min(bucket, Ψ_t) gradients next to the bucket.
+    trainable_share = m.trainable_params / m.num_params
+    flush = p.w * min(buckets.reduce_bucket_size, p.psi_t)
+    return dataclasses.replace(
+        st, buffers=buffers, model_states=st.model_states + 2 * p.w * m.largest_layer_params,
+        backward_extra=gathered,
+        backward_end_extra=buffers + p.w * m.largest_layer_params * (1 + trainable_share) + flush)
+
+
+def stage12_bucket(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
+    """ZeRO-1/2's gradient reduce bucket: allocated whole at the first gradient hook, once the loss's temporaries
+    are freed but with the blocks' activations still saved (measured): its own moment."""
+    m = inp.model
+    bucket = p.w * buckets.reduce_bucket_size * (2 if inp.overlap_comm else 1)
+    end = bucket
+    if m.task == "causal_lm":
+        # The first hook fires on the output head: its gradient is copied into the bucket the hook has just
+        # allocated, so both exist for a moment (contiguous_gradients; measured on tiny GPT-2).
+        end += p.w * m.vocab_size * m.hidden_size * m.trainable_params / m.num_params
+    st = dataclasses.replace(st, backward_end_extra=end, reduce_with_blocks=True)
+    if p.accumulating and p.mixed:
+        # The bucket outlives a micro-step: the next one's backward starts with it (measured, bf16). At fp32 it
+        # does not (measured on the fit split's fp32 ZeRO-2 accumulation cell: -0.2 % without it, +15 % with).
+        st = dataclasses.replace(st, backward_extra=bucket, backward_extra_category="buffers")
+    return st
+
+
+def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
+    """ZeRO-Offload copies reduced buckets straight to host fp32 gradients: no optimizer state and no gradient
+    partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload]."""
+    largest = inp.model.largest_layer_params
+    moved = st.optimizer + 4 * p.psi_t / p.shard_opt
+    # ZeRO-3 keeps its 16-bit gradient partition on the device (measured; [DS] leaves it out).
+    grads = p.grads16 if p.stage == 3 else 0.0
+    st = dataclasses.replace(st, optimizer=0.0, grads=grads, step_extra=0.0,
+                             model_states=st.params + grads + (2 * p.w * largest if p.stage == 3 else 0.0))
+    if p.stage in (1, 2):
+        # stage_1_and_2.py's ZeRO-Offload staging: a 16-bit copy of the partition for the upload, a host and
+        # a device buffer the size of the largest parameter (largest layer here), and with accumulation a
+        # 16-bit host gradient per partition parameter (accumulated_grads_in_cpu). Measured: exact.
+        moved += (p.w * p.psi_t / p.shard_opt + p.w * largest
+                  + (p.w * p.psi_t / p.shard_opt if p.accumulating else 0))
+        st = dataclasses.replace(st, buffers=st.buffers + p.w * largest,
+                                 # the device buffer is not freed by then
+                                 backward_end_extra=st.backward_end_extra + p.w * largest)
+    if s.offload_optimizer == "cpu":
+        return dataclasses.replace(st, host=st.host + moved)
+    # NVMe, with pinned swap buffers (buffer_count 4).
+    return dataclasses.replace(st, nvme=st.nvme + moved,
+                               host=st.host + min(moved, 4 * buckets.reduce_bucket_size * 4))
+
+
+def offload_params(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
+    """ZeRO-3 parameter offload: the partition leaves the device for host RAM or NVMe."""
+    moved = st.params
+    st = dataclasses.replace(st, model_states=st.model_states - st.params, params=0.0)
+    if s.offload_params == "cpu":
+        return dataclasses.replace(st, host=st.host + moved)
+    # Pinned parameter swap buffers, allocated whole at initialize (partitioned_param_swapper.py).
+    buffer_elems = nvme_param_buffer_elems(buckets.stage3_prefetch_bucket_size, inp.model.largest_layer_params,
+                                           inp.world_size)
+    return dataclasses.replace(st, nvme=st.nvme + moved, host=st.host + NVME_PARAM_BUFFER_COUNT * buffer_elems * p.w)
+
+
+def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+    """[ZeRO Table 1] with DeepSpeed's buffers [DS estimators], split by when each exists."""
+    p = partition(inp, s)
+    st = model_states(inp, p)
+    if p.stage == 3:
+        st = stage3_buffers(inp, p, buckets, st)
+    elif p.stage in (1, 2):
+        st = stage12_bucket(inp, p, buckets, st)
+    if s.offload_optimizer != "none":
+        st = offload_optimizer(inp, p, s, buckets, st)
+    if s.offload_params != "none":
+        st = offload_params(inp, p, s, buckets, st)
+    return st
+
+
+class DeepSpeedSpec(EngineSpec):
+    name = NAME
+    rank_engine = "DeepSpeedEngine"
+    overhead_field = "deepspeed_step_overhead_s"
+    uses_buckets = True
+    config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
+
+    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        out = []
+        for zero in STAGES:
+            out += [Candidate(engine=NAME, zero_stage=zero, offload_optimizer=opt, offload_params=par)
+                    for opt, par in self._offloads(zero, nvme)]
+        return out
+
+    @staticmethod
+    def _offloads(zero: int, nvme: bool) -> list[tuple[str, str]]:
+        if zero <= 1:
+            return [("none", "none")]  # ZeRO-Offload of the optimizer needs gradient partitioning (stage 2+)
+        opts = [("none", "none"), ("cpu", "none")]
+        if zero == 3:
+            opts += [("cpu", "cpu")]
+            if nvme:
+                opts += [("nvme", "none"), ("nvme", "nvme"), ("cpu", "nvme")]
+        return opts
+
+    def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        return deepspeed_states(inp, s, buckets)
+
+    def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
+        """ZeRO-3: transformers reads the checkpoint into rank 0's host memory and copies it in one gathered
+        parameter at a time (integrations/deepspeed.py _load_state_dict_into_zero3_model, map_location "cpu" on
+        rank 0 only): checkpoint + the wΨ/N partition + the largest layer gathered (wL). ZeRO-0/1/2: rank 0
+        builds in fp32 (4Ψ), casts to the working dtype on the host, and deepspeed.initialize flattens the
+        trainable parameters into a copy (wΨ_t) beside the model (wΨ)."""
+        m, w, n = inp.model, BYTES[inp.precision], inp.world_size
+        host = 1.0 if inp.hardware.device_is_host else 0.0
+        if (s.zero_stage or 0) >= 3:
+            # Offloaded parameters are partitioned into host memory: on a GPU not on the device at this moment.
+            on_device = 0.0 if s.offload_params != "none" and not host else 1.0
+            return host * m.checkpoint_bytes + on_device * w * m.num_params / n + w * m.largest_layer_params
+        build = 4 * m.num_params + untied_head_bytes(m)
+        return max(host * build, w * m.num_params + w * m.trainable_params)
+
+    def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        m = inp.model
+        if (s.zero_stage or 0) >= 3:
+            # zero.Init: each rank copies in one parameter at a time [DS: "4nL·f with zero.Init"], after
+            # transformers reads the checkpoint whole into rank 0's host memory (init_bytes).
+            return 4 * m.largest_layer_params * inp.gpus_per_node + m.checkpoint_bytes
+        return 4 * m.num_params
+
+    def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        return inp.world_size
+
+    def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
+        """ZeRO-0 all-reduces the gradients once (2Ψ: reduce-scatter + all-gather) and ZeRO-1 all-gathers the
+        updated parameters once more; ZeRO-2 reduce-scatters every micro-step and gathers once; ZeRO-3 gathers
+        parameters in forward and backward and reduce-scatters gradients every micro-step (3Ψ) [ZeRO §7]."""
+        m, w, accum = inp.model, BYTES[inp.precision], s.grad_accum_steps
+        grad_payload = w * m.trainable_params
+        param_payload = w * m.num_params
+        stage = s.zero_stage or 0
+        buckets = max(1, -(-grad_payload // max(1, w * bucket_elems)))
+        if stage <= 1:
+            volume = 2 * grad_payload + (param_payload if stage == 1 else 0)  # all-reduce once; ZeRO-1 regathers
+            calls = buckets
+        elif stage == 2:
+            volume = accum * grad_payload + param_payload  # reduce-scatter every micro-step, all-gather once
+            calls = accum * buckets + 1
+        else:
+            volume = accum * (2 * param_payload + grad_payload)  # gather fwd + bwd, reduce-scatter
+            calls = accum * 3 * m.num_blocks
+        return over_links(inp, volume, calls)
+
+    def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        m, hw, n, w = inp.model, inp.hardware, inp.world_size, BYTES[inp.precision]
+        accum = s.grad_accum_steps
+        offload = 0.0
+        if s.offload_optimizer != "none":
+            offload += optimizer_offload_s(inp, m.trainable_params / n, s.offload_optimizer == "nvme")
+        if s.offload_params != "none":
+            offload += accum * 2 * w * m.num_params / n / hw.host_link_bw
+            if s.offload_params == "nvme":
+                offload += accum * 2 * w * m.num_params / n * inp.gpus_per_node / hw.nvme_bw
+        return offload
+
+    def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        stage = s.zero_stage or 0
+        if rung == "sharding":
+            return [dataclasses.replace(s, zero_stage=z) for z in range(stage + 1, 4)]
+        if rung == "optimizer_offload":
+            if s.offload_optimizer != "none":
+                return []
+            # ZeRO-Offload needs partitioned gradients (stage 2 or 3)
+            return [dataclasses.replace(s, offload_optimizer="cpu", zero_stage=max(stage, 2))]
+        if rung == "param_offload":
+            if s.offload_params != "none":
+                return []
+            opt = s.offload_optimizer if s.offload_optimizer != "none" else "cpu"  # both, or the optimizer only
+            return [dataclasses.replace(s, offload_params="cpu", offload_optimizer=opt, zero_stage=3)]
+        if rung == "nvme":
+            if not nvme:
+                return []
+            out = []
+            for opt, par in (("nvme", "none"), ("cpu", "nvme"), ("nvme", "nvme")):
+                # Only further out: nothing comes back from NVMe or host, and something new goes to NVMe.
+                moves = (_OFFLOAD_DEPTH[opt] - _OFFLOAD_DEPTH[s.offload_optimizer],
+                         _OFFLOAD_DEPTH[par] - _OFFLOAD_DEPTH[s.offload_params])
+                if min(moves) >= 0 and max(moves) > 0:
+                    out.append(dataclasses.replace(s, offload_optimizer=opt, offload_params=par, zero_stage=3))
+            return out
+        raise ValueError(f"unknown rung {rung!r}")
+
+    def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        return {"ds_config.json": json.dumps(ds_config(plan, job), indent=2) + "\n"}
+
+    def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        return self.config_files(plan, job)
+
+    def export_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """The DeepSpeed config checked by DeepSpeed's own parser, and its HF Trainer variant."""
+        from launcher.dscheck import check_ds_config
+
+        check_ds_config(ds_config(plan, job), plan.world_size)
+        return {HF_EXPORT: json.dumps(hf_ds_config(plan, job), indent=2) + "\n"}
+
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
+        # accumulation with its own defaults (no mixed precision, 1), not the plan's.
+        if config_dir is None:
+            raise ValueError("accelerate_config: a DeepSpeed plan needs ds_config_file, the path of its DeepSpeed "
+                             "config: give config_dir, the directory holding ds_config.json")
+        return deepspeed_accelerate_config(plan, job, ds_config_file=self._ds_file(config_dir))
+
+    @staticmethod
+    def _ds_file(config_dir: Path) -> str:
+        return str((Path(config_dir) / "ds_config.json").resolve())
+
+    def accelerate_title(self, s: Strategy) -> str:
+        return f"DeepSpeed ZeRO-{s.zero_stage}"
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        return deepspeed_notes(self._ds_file(config_dir))
+
+    def title(self, s: Strategy, nodes: int) -> str:
+        return f"DeepSpeed ZeRO-{s.zero_stage}"

@@ -1,0 +1,198 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard): its memory terms, cost terms, candidates, fallback rungs and
+config file.
+
+[PyTorch FSDP, arXiv:2304.11277 §3.2.2]: hybrid sharding shards within a group (here a node) and replicates
+across groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from launcher.config.job import Job
+from launcher.emit.exports import FSDP_NOTES
+from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
+from launcher.engines.spec import Candidate, EngineSpec
+from launcher.planner.plan import Buckets, Plan, Strategy
+from launcher.planner.terms import (
+    BYTES,
+    OPTIMIZER_STATE_BYTES,
+    MemoryInputs,
+    States,
+    Traffic,
+    optimizer_offload_s,
+    over_links,
+    ring,
+    untied_head_bytes,
+)
+
+NAME = "fsdp"
+
+
+def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
+    """Ranks one FSDP2 parameter is sharded over: all of them, or with hybrid sharding one node's."""
+    return inp.gpus_per_node if s.fsdp_hybrid else inp.world_size
+
+
+def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
+    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use.
+
+    Every term divides by the shard group, n = fsdp_shard_ranks: hybrid sharding holds the states of full
+    sharding at world = gpus_per_node. Its cross-node all-reduce runs in place on the reduce-scatter's output
+    (FSDP2 foreach_reduce), so it adds no buffer.
+    """
+    m, n = inp.model, fsdp_shard_ranks(inp, s)
+    w = BYTES[inp.precision]
+    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
+    # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
+    st = States(step_frees_buffers=True)
+    st.params = 4 * m.num_params / n
+    st.optimizer = k * m.trainable_params / n
+    sharded_grads = 4 * m.trainable_params / n
+    if s.grad_accum_steps > 1:
+        st.grads = sharded_grads
+    else:
+        st.step_extra = sharded_grads
+    # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
+    # worker never reshards after forward (launcher.worker.engines.fsdp), and one block's worth: the last
+    # block's all-gather buffer, kept as FSDP2's all_gather_state until the next all-gather (_fsdp_param_group.py
+    # wait_for_unshard), or the block prefetched for backward (measured: GPT-2 'Unsharded Param' = root,
+    # 'All Gather' = one block). SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out
+    # buffers long freed (measured: wΨ).
+    if s.fsdp_reshard_after_forward:
+        st.buffers = w * (m.non_block_params + m.block_params)
+    else:
+        st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
+    # They are parameters, gathered: the ranks measure them as such (FSDPMemTracker's 'Unsharded Param').
+    st.buffers_category = "params"
+    # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
+    # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
+    root_trainable = m.non_block_params * m.trainable_params / m.num_params
+    unit = max(root_trainable, m.block_params * m.trainable_params / m.num_params)
+    # At fp32 the copy-in is the larger instant: _fsdp_collectives.py foreach_reduce allocates the reduce-scatter
+    # input (reduce_dtype, 4 bytes) and copies the unsharded gradients into it before clearing them
+    # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
+    # more than the input plus the sharded output (4 + 4/n) that follow.
+    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
+    # The root's parameters stay unsharded through its own gradient reduce: it reshards after it (measured on
+    # MiniLM, whose root is half the model: 'Unsharded Param' 48.27 MB beside the reduce's buffers).
+    st.backward_end_extra = (w * m.non_block_params + 4 * (m.trainable_params - root_trainable) / n + reduce_temp
+                             - st.grads)
+    if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
+        # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
+        # step (measured: a CPU rank's peak is the same with and without the policy).
+        st.host = st.params + st.grads + st.optimizer
+        st.host_step_extra = st.step_extra
+        st.params = st.grads = st.optimizer = st.step_extra = 0.0
+    return st
+
+
+class FsdpSpec(EngineSpec):
+    name = NAME
+    rank_engine = "FsdpEngine"
+    overhead_field = "fsdp_step_overhead_s"
+
+    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
+        groups = ("full", "hybrid") if nodes > 1 else ("full",)
+        # CPUOffloadPolicy moves params, grads and optimizer together: both offloaded, or neither.
+        return [Candidate(engine=NAME, fsdp_reshard_after_forward=reshard, fsdp_sharding=group,
+                          offload_optimizer=off, offload_params=off)
+                for group in groups for reshard in (True, False) for off in ("none", "cpu")]
+
+    def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        return fsdp_states(inp, s)
+
+    def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (on CPU ranks, where
+        host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy holds them."""
+        m = inp.model
+        shards = 4 * m.num_params / fsdp_shard_ranks(inp, s)
+        if inp.hardware.device_is_host:
+            return 4 * m.num_params + max(untied_head_bytes(m), shards)
+        on_device = 0.0 if s.offload_params != "none" else 1.0
+        return on_device * shards
+
+    def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        # Rank 0 builds in fp32 on its host; the others build on meta and receive their shards
+        # (set_model_state_dict(broadcast_from_rank0)).
+        return 4 * inp.model.num_params
+
+    def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        return fsdp_shard_ranks(inp, s)
+
+    def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
+        """ZeRO-3's traffic with one gather fewer without resharding; hybrid sharding gathers and reduce-scatters
+        within a node and all-reduces its 1/n shard of the gradients across nodes."""
+        m, w, accum = inp.model, BYTES[inp.precision], s.grad_accum_steps
+        grad_payload = w * m.trainable_params
+        param_payload = w * m.num_params
+        gathers = 2 if s.fsdp_reshard_after_forward else 1
+        units = m.num_blocks + 1  # one FSDP unit per block, then the root
+        volume = accum * (gathers * param_payload + grad_payload)
+        calls = accum * (gathers + 1) * units
+        if s.fsdp_hybrid and inp.nodes > 1:
+            g = inp.gpus_per_node
+            # Gather and reduce-scatter inside the node; the node's shard of each gradient (1/g of it) is then
+            # all-reduced with the same shard on every other node: 2·(nodes-1)/nodes of it per rank.
+            cross = accum * 2 * ring(inp.nodes) * grad_payload / g
+            return Traffic(intra_node_bytes=volume * ring(g), inter_node_bytes=cross, calls=calls + accum * units)
+        return over_links(inp, volume, calls)
+
+    def optimizer_on_host(self, s: Strategy) -> bool:
+        # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
+        return s.offload_optimizer != "none" or s.offload_params == "cpu"
+
+    def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        m, hw = inp.model, inp.hardware
+        offload = 0.0
+        if self.optimizer_on_host(s):
+            # The optimizer runs over this rank's shard: 1/N of the model, or 1/gpus_per_node under hybrid.
+            offload += optimizer_offload_s(inp, m.trainable_params / fsdp_shard_ranks(inp, s),
+                                           s.offload_optimizer == "nvme")
+        if s.offload_params == "cpu":
+            # CPUOffloadPolicy keeps every fp32 shard on the host and copies it to the device before each
+            # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)
+            # weights included, since the device holds no copy between uses [PyTorch FSDP2 offload_policy].
+            gathers = 2 if s.fsdp_reshard_after_forward else 1
+            offload += s.grad_accum_steps * gathers * 4 * m.num_params / fsdp_shard_ranks(inp, s) / hw.host_link_bw
+        return offload
+
+    def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        if rung == "sharding":
+            return [] if s.fsdp_reshard_after_forward else [dataclasses.replace(s, fsdp_reshard_after_forward=True)]
+        if rung == "optimizer_offload":
+            if s.offload_optimizer != "none":
+                return []
+            # CPUOffloadPolicy moves parameters, gradients and optimizer state together.
+            return [dataclasses.replace(s, offload_optimizer="cpu", offload_params="cpu")]
+        if rung in ("param_offload", "nvme"):
+            return []  # parameters move with the optimizer (above); FSDP2 has no NVMe offload
+        raise ValueError(f"unknown rung {rung!r}")
+
+    def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        return {"fsdp.yaml": fsdp_yaml_text(plan, job)}
+
+    def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        return {}  # the ranks read plan.json; fsdp.yaml documents the same settings
+
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        return fsdp_config(plan, job)["accelerate"]
+
+    def accelerate_title(self, s: Strategy) -> str:
+        return "FSDP2"
+
+    def accelerate_env(self, plan: Plan) -> str:
+        # accelerate reads FSDP's accumulation only from its environment.
+        return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        return list(FSDP_NOTES)
+
+    def title(self, s: Strategy, nodes: int) -> str:
+        words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
+                            else "SHARD_GRAD_OP (keep params after forward)")
+        if s.fsdp_sharding == "hybrid":
+            words += f", HYBRID_SHARD (shard within each node, replicate across the {nodes} nodes)"
+        return words

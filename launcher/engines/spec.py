@@ -1,0 +1,151 @@
+"""What an engine tells the planner: the EngineSpec interface, and the typed Candidate it offers the search.
+
+The plan side of an engine is pure (numbers and text in, numbers and text out) and sits in the core layer;
+its rank side (launcher.worker.engines) imports torch and is found by the same name there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config.job import Job, Offload, StrategyConfig
+from launcher.emit.exports import accelerate_yaml_text
+from launcher.planner.hardware import HardwareProfile
+from launcher.planner.plan import Buckets, Plan, Strategy
+from launcher.planner.terms import MemoryInputs, States, Traffic
+
+PINNABLE = ("engine", "zero_stage", "fsdp_reshard_after_forward", "fsdp_sharding", "offload_optimizer",
+            "offload_params")
+"""Candidate fields a job's strategy: section may pin, by the same names."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Candidate:
+    """One engine layout the search may try: how it shards and what it offloads, before the micro-batch and
+    activation checkpointing are chosen."""
+
+    engine: str
+    """The engine's registry name (launcher.engines.ENGINES)."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage 0-3; None for other engines."""
+    fsdp_reshard_after_forward: bool | None = None
+    """FSDP2 FULL_SHARD (True) / SHARD_GRAD_OP (False); None for other engines."""
+    fsdp_sharding: str | None = None
+    """FSDP2 shard group, full or hybrid; None for other engines."""
+    offload_optimizer: Offload = "none"
+    """Where the optimizer state lives: none (device), cpu or nvme."""
+    offload_params: Offload = "none"
+    """Where the parameters live between uses: none (device), cpu or nvme."""
+
+    def admitted_by(self, pins: StrategyConfig) -> bool:
+        """Every field the job pinned has this candidate's value."""
+        return all(getattr(pins, f) is None or getattr(pins, f) == getattr(self, f) for f in PINNABLE)
+
+    def strategy(self, *, micro_batch_size: int, grad_accum_steps: int, activation_checkpointing: bool) -> Strategy:
+        return Strategy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                        micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                        activation_checkpointing=activation_checkpointing)
+
+
+class EngineSpec:
+    """One engine's plan side. Subclasses fill every method; nothing outside launcher.engines names an engine.
+
+    The fallback rungs an engine answers (``rung_options``) are the engine-specific ones of launcher.fallback.RUNGS:
+    sharding, optimizer_offload, param_offload and nvme.
+    """
+
+    name: str
+    """Registry name, as a job's strategy.engine and plan.json's engine say it."""
+    rank_engine: str
+    """The rank side's Engine class name in launcher.worker.engines (found there by ``name``)."""
+    overhead_field: str
+    """The HardwareProfile field holding this engine's fixed seconds per step (launch calibrate fits it)."""
+    uses_buckets: bool = False
+    """The engine reads the planner's communication buckets (sized to the budget, retried at their smallest)."""
+    config_env: tuple[tuple[str, str], ...] = ()
+    """(environment variable, file in the run dir) pairs the ranks read their config through."""
+
+    # -- search --------------------------------------------------------------------------------------------------
+    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        """Every layout this engine offers on ``nodes`` machines, with NVMe offload when ``nvme``; in search order."""
+        raise NotImplementedError
+
+    # -- memory --------------------------------------------------------------------------------------------------
+    def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        """Model states per rank, split by when each exists (launcher.planner.memory assembles the moments)."""
+        raise NotImplementedError
+
+    def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Rank 0's bytes while the weights load and the engine wraps them, before any forward."""
+        raise NotImplementedError
+
+    def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Host bytes per node while the weights load."""
+        raise NotImplementedError
+
+    # -- cost ----------------------------------------------------------------------------------------------------
+    def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        """Ranks the optimizer's parameters are divided over."""
+        raise NotImplementedError
+
+    def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
+        """Per-rank collective traffic of one optimizer step, on more than one rank."""
+        raise NotImplementedError
+
+    def optimizer_on_host(self, s: Strategy) -> bool:
+        """The optimizer steps on the host CPUs (its state offloaded)."""
+        return s.offload_optimizer != "none"
+
+    def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
+        raise NotImplementedError
+
+    def step_overhead_s(self, hw: HardwareProfile) -> float:
+        return float(getattr(hw, self.overhead_field))
+
+    # -- fallback ------------------------------------------------------------------------------------------------
+    def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        """This engine's changes to ``s`` for one of its rungs, least disruptive first; [] when used up."""
+        raise NotImplementedError
+
+    # -- emit ----------------------------------------------------------------------------------------------------
+    def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """File name -> text of the engine's configs in the run dir (launcher.emit)."""
+        raise NotImplementedError
+
+    def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """The part of config_files the ranks read (a Slurm script carries these)."""
+        raise NotImplementedError
+
+    def export_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """`plan --out`'s extra files for other tools, each checked before anything is written."""
+        return {}
+
+    def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        """An `accelerate launch --config_file` config; ``config_dir`` holds the engine's config files."""
+        raise NotImplementedError
+
+    def accelerate_title(self, s: Strategy) -> str:
+        raise NotImplementedError
+
+    def accelerate_env(self, plan: Plan) -> str:
+        """What the launch line sets in the environment because accelerate reads it only from there."""
+        return ""
+
+    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        """What a script run with this engine's accelerate.yaml must do."""
+        raise NotImplementedError
+
+    def accelerate_yaml(self, plan: Plan, job: Job, *, config_dir: Path) -> str:
+        """`plan --out`'s accelerate.yaml in ``config_dir``: the config under a header with the launch line."""
+        return accelerate_yaml_text(plan, title=self.accelerate_title(plan.strategy),
+                                    config=self.accelerate_config(plan, job, config_dir=config_dir),
+                                    config_file=str((config_dir / "accelerate.yaml").resolve()),
+                                    env=self.accelerate_env(plan), notes=self.accelerate_notes(plan, config_dir))
+
+    # -- words ---------------------------------------------------------------------------------------------------
+    def title(self, s: Strategy, nodes: int) -> str:
+        """The strategy in the engine's own words, for `launch plan`."""
+        raise NotImplementedError

@@ -1,0 +1,56 @@
+"""The search space: every engine's layouts (launcher.engines) times micro-batch and activation checkpointing,
+less what the job pinned."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from launcher.config.job import StrategyConfig
+from launcher.engines import ENGINES, Candidate
+from launcher.errors import ConfigError
+from launcher.planner.plan import Strategy
+from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
+
+
+def layouts(req: PlanRequest) -> list[Candidate]:
+    """Each registered engine's layouts the job's pins admit, in registry order."""
+    nvme = req.nvme_free_bytes is not None
+    return [c for spec in ENGINES.values() for c in spec.candidates(nodes=req.nodes, nvme=nvme)
+            if c.admitted_by(req.pins)]
+
+
+def candidates(req: PlanRequest) -> list[Strategy]:
+    p = req.pins
+    problem = batch_problem(req.global_batch_size, req.world_size) or context_problem(req.model, req.seq_len)
+    if problem:
+        raise ConfigError(problem)
+    if p.fsdp_sharding == "hybrid" and req.nodes == 1:
+        raise ConfigError(
+            "strategy.fsdp_sharding: 'hybrid' shards within a node and replicates across nodes, but this job runs "
+            "on 1 node; use fsdp_sharding: full, or --nodes 2 or more"
+        )
+    mbs = micro_batches(req)
+    if p.micro_batch_size is not None:
+        if p.micro_batch_size not in mbs:
+            raise ConfigError(
+                f"strategy.micro_batch_size: {p.micro_batch_size} does not divide the per-rank batch "
+                f"{req.global_batch_size // req.world_size}; use one of {mbs}"
+            )
+        mbs = [p.micro_batch_size]
+    acs = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
+    out = [c.strategy(micro_batch_size=mb, grad_accum_steps=req.global_batch_size // (mb * req.world_size),
+                      activation_checkpointing=ac)
+           for c in layouts(req) for ac, mb in itertools.product(acs, mbs)]
+    if not out:
+        raise ConfigError(
+            f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "
+            "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
+            "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path); unpin one of them"
+        )
+    return out
+
+
+def pinned(p: StrategyConfig) -> list[str]:
+    """The strategy fields the job fixed, by name."""
+    return [f.name for f in dataclasses.fields(p) if f.name != "safety_margin" and getattr(p, f.name) is not None]

@@ -1,0 +1,81 @@
+"""Ranks train only the plan the launcher wrote for the attempt: $LAUNCHER_PLAN_SHA256 against plan.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from launcher.backends.base import Outcome
+from launcher.cli.main import main
+from launcher.errors import ConfigError
+from launcher.planner.plan import Plan
+from launcher.rankenv import PLAN_DIGEST_ENV
+from launcher.rundir import RunDir
+from launcher.runtime import load_plan
+
+
+@pytest.fixture
+def planned(write_job, tmp_path, capsys):
+    """A dir holding a plan --out set (job.yaml, plan.json, fsdp.yaml), as a run dir holds it."""
+    d = tmp_path / "run"
+    assert main(["plan", str(write_job(strategy={"engine": "fsdp"})), "--out", str(d)]) == 0
+    capsys.readouterr()
+    return d
+
+
+def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_path):
+    from launcher.config.jobfile import load_job
+    from launcher.session.prepare import plan_text, rank_env, write_plan_outputs
+
+    plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
+    job = load_job(planned / "job.yaml")
+    run = RunDir.create(tmp_path / "fresh")
+    write_plan_outputs(run.path, plan, job)
+    env = rank_env(run, plan, job, enforce=False)
+    assert env[PLAN_DIGEST_ENV] == hashlib.sha256((run.path / "plan.json").read_bytes()).hexdigest()
+    assert (run.path / "plan.json").read_text() == plan_text(plan)
+    run.unlock()
+
+
+def test_load_plan_refuses_a_plan_json_replaced_after_the_launch(planned, monkeypatch):
+    path = planned / "plan.json"
+    monkeypatch.setenv(PLAN_DIGEST_ENV, hashlib.sha256(path.read_bytes()).hexdigest())
+    assert load_plan(path).strategy.engine == "fsdp"
+    data = json.loads(path.read_text())
+    data["micro_batch_size"] = data["micro_batch_size"] * 2  # what another `plan --out` would have written
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_plan(path)
+    assert f"{path}: this plan.json is not the one the launcher wrote for this run" in str(e.value)
+    assert "nothing was trained" in str(e.value)
+    monkeypatch.delenv(PLAN_DIGEST_ENV)  # started by hand, outside the launcher: nothing to compare with
+    assert load_plan(path).strategy.micro_batch_size == data["micro_batch_size"]
+
+
+def test_the_worker_refuses_it_before_building_anything(planned, monkeypatch):
+    from launcher.worker.main import load_run_dir
+
+    digest = hashlib.sha256((planned / "plan.json").read_bytes()).hexdigest()
+    monkeypatch.setenv(PLAN_DIGEST_ENV, digest)
+    assert load_run_dir(planned)[3] == digest
+    monkeypatch.setenv(PLAN_DIGEST_ENV, "0" * 64)
+    with pytest.raises(ConfigError, match="is not the one the launcher wrote for this run"):
+        load_run_dir(planned)
+
+
+def test_a_report_of_ranks_that_trained_another_plan_is_a_failure(planned, tmp_path):
+    """Ranks started without the digest (by hand) that record another plan: the run is not judged against a
+    prediction that does not describe it."""
+    from launcher.session.finish import other_plan
+
+    plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
+    run = RunDir.create(tmp_path / "fresh")
+    (run.ranks / "rank-0.json").write_text(json.dumps({"rank": 0, "plan_sha256": "f" * 64}))
+    out = other_plan(run, plan, Outcome(ok=True))
+    assert not out.ok and "rank(s) [0] trained a plan.json other than the one the launcher planned" in out.message
+    (run.ranks / "rank-0.json").write_text(json.dumps({"rank": 0, "plan_sha256": hashlib.sha256(
+        (planned / "plan.json").read_bytes()).hexdigest()}))
+    assert other_plan(run, plan, Outcome(ok=True)).ok
+    run.unlock()
