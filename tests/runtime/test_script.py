@@ -74,3 +74,42 @@ def test_the_accelerate_example_takes_the_plan_from_accelerates_environment(tmp_
     for rank in (0, 1):
         r = json.loads((tmp_path / "run" / "ranks" / f"rank-{rank}.json").read_text())
         assert r["status"] == "completed" and r["steps_done"] == 3 and r["measured_peak_bytes"] > 1_000_000, r
+
+
+def _run_in_process(tmp_path, monkeypatch, body: str) -> tuple[int, dict]:
+    """launcher.runtime.script.run_script on one rank in this process (no torchrun): its exit code and rank file."""
+    import sys
+
+    from launcher.runtime.script import run_script
+
+    script = tmp_path / "s.py"
+    script.write_text(body)
+    run = tmp_path / "run"
+    monkeypatch.setenv("LAUNCHER_RUN_DIR", str(run))
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LAUNCHER_ENFORCE_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code = run_script(str(script), ["7"])
+    return code, json.loads((run / "ranks" / "rank-0.json").read_text())
+
+
+def test_a_failing_script_still_leaves_its_rank_report(tmp_path, monkeypatch):
+    code, r = _run_in_process(tmp_path, monkeypatch, "import sys, torch\nx = torch.ones(int(sys.argv[1]) * 1000)\n"
+                                                     "raise RuntimeError('boom in the script')\n")
+    assert code == 1 and r["status"] == "failed" and "boom in the script" in r["error"]
+    assert r["measured_peak_bytes"] >= 28_000 and r["phases"]["script"] == r["measured_peak_bytes"]
+
+
+def test_sys_exit_codes_are_kept(tmp_path, monkeypatch):
+    code, r = _run_in_process(tmp_path, monkeypatch, "import sys\nsys.exit(0)\n")
+    assert (code, r["status"]) == (0, "completed")
+    code, r = _run_in_process(tmp_path, monkeypatch, "import sys\nsys.exit(4)\n")
+    assert (code, r["status"]) == (4, "failed") and "exited with 4" in r["error"]
+
+
+def test_a_script_with_its_own_probe_keeps_its_own_report(tmp_path, monkeypatch):
+    body = ("import torch\nfrom launcher.runtime import memory_probe\nprobe = memory_probe()\nwith probe:\n"
+            "    with probe.phase('forward'):\n        x = torch.ones(1000)\nprobe.record(mine=True)\nprobe.write()\n")
+    code, r = _run_in_process(tmp_path, monkeypatch, body)
+    assert code == 0 and r["mine"] is True and "script" not in r and set(r["phases"]) >= {"forward"}
