@@ -113,3 +113,26 @@ def test_a_script_with_its_own_probe_keeps_its_own_report(tmp_path, monkeypatch)
             "    with probe.phase('forward'):\n        x = torch.ones(1000)\nprobe.record(mine=True)\nprobe.write()\n")
     code, r = _run_in_process(tmp_path, monkeypatch, body)
     assert code == 0 and r["mine"] is True and "script" not in r and set(r["phases"]) >= {"forward"}
+
+
+def test_the_trl_sft_example_runs_unchanged_with_a_verdict(tmp_path):
+    """examples/trl_sft: a plain SFTTrainer script (no launcher import) takes the DeepSpeed ZeRO-2 plan and the
+    batch shape from the environment on 2 CPU ranks; the wrapper measures it and the run is judged."""
+    from tests.conftest import REPO, TINY_GPT2
+
+    script = REPO / "examples" / "trl_sft" / "train.py"
+    assert "launcher" not in script.read_text().split('"""')[2]
+    model = {**TINY_GPT2, "vocab_size": 30522, "max_position_embeddings": 64}  # the script's GPT-2, MiniLM's vocab
+    job = job_file(tmp_path, "sft", model=model, strategy={"engine": "deepspeed", "zero_stage": 2},
+                   train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 2})
+    res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, "--", "--max-steps", 2,
+                 "--lr", 3e-3, "--output-dir", tmp_path / "out")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "every rank within budget" in res.stdout
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    for rank in (0, 1):
+        log = (tmp_path / "run" / "logs" / f"rank-{rank}.log").read_text()
+        assert (f"rank {rank} of 2, deepspeed=True, micro-batch {plan['micro_batch_size']}, "
+                f"accumulation {plan['grad_accum_steps']}") in log, log[-3000:]
+        r = json.loads((tmp_path / "run" / "ranks" / f"rank-{rank}.json").read_text())
+        assert r["status"] == "completed" and r["steps_done"] == 2 and r["measured_peak_bytes"] > 10_000_000, r
