@@ -194,6 +194,44 @@ def arithmetic(rng: random.Random) -> list[dict]:
     return rows
 
 
+SYSTEM_PROMPTS = ["You are a helpful assistant.", "Answer in one short sentence.", "You are a patient teacher."]
+TOPIC_QUESTIONS = ["Tell me something about {t}.", "What do you know about {t}?", "Say one thing about {t}."]
+TOPIC_NAMES = {"cluster": "cluster computing", "cooking": "cooking", "garden": "gardening", "travel": "travel",
+               "astronomy": "the night sky"}
+
+
+def sentence(rng: random.Random, topic: str) -> str:
+    subjects, claims, tails = TOPICS[topic]
+    return f"{rng.choice(subjects)} {rng.choice(claims)}, {rng.choice(tails)}"
+
+
+def chat(rng: random.Random, n: int) -> list[dict]:
+    """TRL-style conversations (`messages`): a topic question or a sum in words, sometimes a system prompt and a
+    second turn, so the loss masks more than one assistant reply."""
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if i % 3 == 0 else []
+        for _ in range(1 + (i % 4 == 0)):
+            if rng.random() < 0.5:
+                topic = rng.choice(list(TOPICS))
+                q, a = rng.choice(TOPIC_QUESTIONS).format(t=TOPIC_NAMES[topic]), sentence(rng, topic)
+            else:
+                x, y = rng.randint(1, 10), rng.randint(0, 10)
+                q, a = f"What is {x} plus {y}?", f"{NUMBER_WORDS[x + y].capitalize()}."
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        rows.append({"messages": messages})
+    return rows
+
+
+def prompt_completion(rng: random.Random, n: int) -> list[dict]:
+    """TRL-style prompt-completion pairs: the start of a sentence and its rest (the loss is on the rest)."""
+    rows = []
+    for _ in range(n):
+        subjects, claims, tails = TOPICS[rng.choice(list(TOPICS))]
+        rows.append({"prompt": rng.choice(subjects), "completion": f" {rng.choice(claims)}, {rng.choice(tails)}"})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
@@ -203,6 +241,9 @@ def main() -> None:
     write_jsonl(HERE / "causal.jsonl", causal(rng, 400))
     write_jsonl(HERE / "sentiment.jsonl", sentiment(rng, 360))
     write_jsonl(HERE / "pairs.jsonl", pairs(rng))
+    chat_rng = random.Random(SEED + 1)  # its own stream: the files above stay byte for byte what they were
+    write_jsonl(HERE / "chat.jsonl", chat(chat_rng, 240))
+    write_jsonl(HERE / "prompt_completion.jsonl", prompt_completion(chat_rng, 240))
 
 
 if __name__ == "__main__":

@@ -53,12 +53,20 @@ class InlineArch:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    """The training data: one local file, tokenized to a fixed length."""
+    """The training data: one local file, a save_to_disk directory or a cached hub dataset, tokenized to a fixed
+    length (docs/data.md)."""
 
     path: str
-    """A local JSONL or CSV file, relative to the job file's directory or absolute."""
+    """A local .jsonl/.json/.csv/.parquet/.arrow file or save_to_disk directory (relative to the job file's
+    directory, or absolute), or a hub dataset id already in the local Hugging Face cache."""
+    format: Literal["auto", "text", "messages", "prompt_completion"] = "auto"
+    """causal_lm rows: text (data.text_field), messages (a chat, loss on assistant turns), prompt_completion (loss
+    on the completion); auto takes the first row's fields (messages, then prompt + completion, then text)."""
     text_field: str = "text"
     """The field holding each example's text."""
+    packing: bool = False
+    """causal_lm: several examples per max_seq_len sequence, position ids restarted per example; attention stays
+    within an example with flash_attention_2 only (docs/data.md)."""
     label_field: str = "label"
     """seq_cls: the field holding the class label."""
     pair_field: str = "positive"

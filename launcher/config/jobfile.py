@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import bounds
+from launcher.config.datasource import FILE_SUFFIXES, looks_like_hub_id
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
 
-DATA_SUFFIXES = (".jsonl", ".json", ".csv")
+DATA_SUFFIXES = FILE_SUFFIXES
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -117,7 +118,9 @@ def resolve_paths(job: Job) -> None:
     """
     base = job.base_dir
     try:
-        job.data.path = _absolute(job.data.path, base) if job.data.path.strip() else job.data.path
+        raw = job.data.path
+        if raw.strip() and not (looks_like_hub_id(raw) and not Path(_absolute(raw, base)).exists()):
+            job.data.path = _absolute(raw, base)  # a hub dataset id that is no local path stays as written
         if job.cluster.nvme_path:
             job.cluster.nvme_path = _absolute(job.cluster.nvme_path, base)
         if isinstance(job.model, str) and job.model.strip():
@@ -174,8 +177,11 @@ def check_arch(arch: InlineArch, max_seq_len: int) -> list[str]:
 def check_data_path(job: Job) -> list[str]:
     try:
         dp = data_path(job)
+        if dp.is_dir() or (looks_like_hub_id(job.data.path) and not dp.exists()):
+            return []  # a save_to_disk dir or a cached hub dataset: the rows are checked before launch (session)
         if dp.suffix.lower() not in DATA_SUFFIXES:
-            return [f"data.path: {job.data.path!r} must end in .jsonl, .json or .csv; convert the data to JSONL"]
+            return [f"data.path: {job.data.path!r} must end in .jsonl, .json, .csv, .parquet or .arrow, or name a "
+                    "save_to_disk directory or a hub dataset id; convert the data to JSONL"]
         if not dp.is_file():
             return [f"data.path: {str(dp)!r} does not exist; check the path "
                     "(relative paths start at the job file's directory)"]

@@ -18,7 +18,15 @@ def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor]) -> to
     """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
     mask = batch["attention_mask"]
     if task == "causal_lm":
-        labels = batch["input_ids"].masked_fill(mask == 0, -100)
+        # Chat and prompt-completion batches carry their own labels (-100 on prompts and padding): the loss is on
+        # the trained tokens only. Plain text trains on every real token.
+        labels = batch.get("labels")
+        if labels is None:
+            labels = batch["input_ids"].masked_fill(mask == 0, -100)
+        if "position_ids" in batch:
+            # Packed examples: no mask, restarted positions; flash_attention_2 then attends within each example
+            # (launcher.worker.packing says what sdpa and eager do).
+            return forward(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels).loss
         return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
     if task == "seq_cls":
         return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss

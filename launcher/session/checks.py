@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from launcher.config.job import Job
@@ -159,3 +160,22 @@ def check_launch(job: Job, opts: RunOptions) -> None:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
     check_resume(opts)
     check_fallback(job, opts)
+    if not opts.script:  # a user's script reads its own data
+        check_data(job)
+
+
+def check_data(job: Job) -> None:
+    """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
+    row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""
+    import datasets
+
+    from launcher.worker.data import read_records
+    from launcher.worker.formats import check_rows
+
+    datasets.disable_progress_bars()  # the launcher's stderr holds the plan and errors only
+    check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
+    if job.data.packing and job.train.attn_implementation != "flash_attention_2":
+        print(f"launch: warning: data.packing with attention {job.train.attn_implementation or 'sdpa (default)'}: "
+              "a token also attends to the earlier examples packed into its sequence (positions restart and labels "
+              "never cross); set train.attn_implementation: flash_attention_2 to keep examples apart",
+              file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Local JSONL/CSV records, a fixed train/eval split, and each rank's deterministic stream of micro-batches.
+"""The job's records (launcher.worker.sources), a fixed train/eval split, and each rank's deterministic stream of micro-batches.
 
 Every sequence is padded to the plan's seq_len: fixed shapes make activation
 memory the same at every step, so the measured peak is the one the planner predicted.
@@ -6,44 +6,19 @@ memory the same at every step, so the measured peak is the one the planner predi
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from launcher.errors import ConfigError
+from launcher.worker.sources import read_records
+
+__all__ = ["Stream", "column", "eval_batches", "read_records", "shard_order", "split", "total_steps"]
 
 SPLIT_SEED = 1234
 """The eval split does not depend on train.seed, so runs with different seeds evaluate on the same rows."""
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl (one JSON object a line) or .csv/.tsv (header row) file."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"data.path: {str(p)!r} does not exist; point it at a local .jsonl or .csv file")
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        rows = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"data.path: {p}:{n}: not JSON ({e.msg}); write one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"data.path: {p}:{n}: a JSON {type(row).__name__}, not an object; write {{...}}")
-            rows.append(row)
-        return rows
-    if suffix in (".csv", ".tsv"):
-        with open(p, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
-    raise ConfigError(f"data.path: {str(p)!r} has extension {suffix!r}; use .jsonl or .csv")
 
 
 def column(rows: list[dict], name: str, path: str, key: str) -> list:

@@ -25,6 +25,7 @@ from launcher.worker.data import Stream, eval_batches, read_records, split, tota
 from launcher.worker.loading import is_loader
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
 from launcher.worker.recipes import make_recipe
+from launcher.worker.tokcache import tokenized
 
 
 def seed_all(seed: int) -> None:
@@ -147,8 +148,12 @@ class Trainer:
         self.recipe.fit_labels(rows)
         train_rows, eval_rows = split(rows, job.data.eval_fraction)
         self.seq_len = plan.seq_len
+        self.tokenizer = tokenizer_for(job)
+        # Rank 0 tokenizes once per dataset into the launcher's cache; the other ranks wait for it, then load.
+        self.train_data, self.eval_data = tokenized(self.recipe, self.tokenizer, rows, train_rows, eval_rows,
+                                                    self.seq_len)
         self.stream = Stream(
-            num_examples=len(train_rows),
+            num_examples=len(self.train_data["input_ids"]),  # sequences: fewer than rows when packed
             micro_batch_size=plan.strategy.micro_batch_size,
             grad_accum_steps=plan.strategy.grad_accum_steps,
             world_size=self.world_size,
@@ -158,10 +163,8 @@ class Trainer:
         self.total_steps = total_steps(
             max_steps=job.train.max_steps, epochs=job.train.epochs, steps_per_epoch=self.stream.steps_per_epoch
         )
-        self.tokenizer = tokenizer_for(job)
-        self.train_data = self.recipe.encode(train_rows, self.tokenizer, self.seq_len)
-        self.eval_data = self.recipe.encode(eval_rows, self.tokenizer, self.seq_len) if eval_rows else {}
-        self.n_train, self.n_eval = len(train_rows), len(eval_rows)
+        self.n_train = len(self.train_data["input_ids"])
+        self.n_eval = len(self.eval_data["input_ids"]) if self.eval_data else 0
 
     def build(self) -> None:
         job, plan = self.job, self.plan

@@ -14,7 +14,10 @@ import torch
 from launcher.config.job import DataConfig
 from launcher.errors import ConfigError
 from launcher.model.loss import Forward, task_loss
+from launcher.worker.chat import encode_rows
 from launcher.worker.data import column
+from launcher.worker.formats import check_rows, row_format
+from launcher.worker.packing import example_ids, pack
 from launcher.worker.tokenizer import encode_texts
 
 
@@ -31,9 +34,15 @@ class Recipe:
 
     sequences_per_example: int = 1
     """Sequences one example runs through the model: 2 for sentence_embedding (text and positive)."""
+    format: str = "text"
+    """causal_lm: text, messages or prompt_completion (launcher.worker.formats), settled by fit_labels."""
 
     def fit_labels(self, rows: list[dict]) -> None:
-        """seq_cls: map labels to ids over all rows (train and eval) and settle num_labels."""
+        """Check every row (all of them, train and eval) and settle the row format; seq_cls: map labels to ids
+        and settle num_labels."""
+        check_rows(rows, self.task, self.data, self.data.path)
+        if self.task == "causal_lm":
+            self.format = row_format(rows[0], self.data)
         if self.task != "seq_cls":
             return
         raw = column(rows, self.data.label_field, self.data.path, "data.label_field")
@@ -55,7 +64,16 @@ class Recipe:
         self.num_labels = self.data.num_labels or found
 
     def encode(self, rows: list[dict], tokenizer, seq_len: int) -> dict[str, torch.Tensor]:
-        """Tensors for ``rows``, one leading row per example, every sequence exactly ``seq_len`` tokens."""
+        """Tensors for ``rows``, one leading row per example, every sequence exactly ``seq_len`` tokens.
+
+        Conversations and prompt-completion pairs also get ``labels`` (-100 outside the trained tokens); packed
+        causal_lm data gets fewer rows than examples, with ``labels`` and ``position_ids`` (launcher.worker.packing)."""
+        if self.task == "causal_lm" and self.data.packing:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            return pack([example_ids(tokenizer, r, self.format, self.data.text_field, seq_len) for r in rows],
+                        seq_len, pad)
+        if self.task == "causal_lm" and self.format != "text":
+            return encode_rows(tokenizer, rows, [self.format] * len(rows), seq_len)
         texts = [str(t) for t in column(rows, self.data.text_field, self.data.path, "data.text_field")]
         enc = encode_texts(tokenizer, texts, seq_len)
         if self.task == "seq_cls":

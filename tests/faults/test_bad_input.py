@@ -114,7 +114,7 @@ CASES = [
     Case("empty-dataset", lambda s: [s.job(**{"data.path": str(s.file("empty.jsonl", "\n\n"))})],
          ["data.path: ", "empty.jsonl' holds no examples", "add at least one record"]),
     Case("data-not-jsonl", lambda s: [s.job(**{"data.path": str(s.file("data.txt"))})],
-         ["data.path: ", "data.txt' must end in .jsonl, .json or .csv", "convert the data to JSONL"]),
+         ["data.path: ", "data.txt' must end in .jsonl, .json, .csv, .parquet or .arrow", "convert the data to JSONL"]),
     Case("model-dir-without-config", lambda s: [s.job(model=str(s.root))],
          ["model: ", "is a directory without config.json", "point model at a transformers model dir"]),
     Case("model-empty-name", lambda s: [s.job(model="  ")],

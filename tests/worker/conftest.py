@@ -48,3 +48,9 @@ def single_rank(monkeypatch):
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _own_launcher_cache(tmp_path, monkeypatch):
+    """The ranks' tokenized-data cache (launcher.worker.tokcache) goes to the test's own dir, not ~/.cache."""
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "launcher-cache"))

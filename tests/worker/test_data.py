@@ -20,9 +20,9 @@ def test_read_errors_name_the_line_and_fix(tmp_path):
     bad.write_text('{"text": "a"}\n{oops\n')
     with pytest.raises(ConfigError, match=r"d.jsonl:2"):
         read_records(bad)
-    other = tmp_path / "x.parquet"
+    other = tmp_path / "x.xlsx"
     other.write_text("")
-    with pytest.raises(ConfigError, match="use .jsonl or .csv"):
+    with pytest.raises(ConfigError, match=r"use .jsonl, .json, .csv, .parquet or .arrow"):
         read_records(other)
     with pytest.raises(ConfigError, match="does not exist"):
         read_records(tmp_path / "missing.jsonl")
@@ -84,3 +84,50 @@ def test_example_datasets_are_small_and_well_formed(examples_data):
         assert p.stat().st_size < 100_000
         rows = [json.loads(line) for line in p.read_text().splitlines()]
         assert len(rows) >= 150 and all(fields <= set(r) for r in rows)
+
+
+ROWS = [{"text": "a", "label": 1}, {"text": "b", "label": 0}, {"text": "c", "label": 1}]
+
+
+def test_read_through_datasets_parquet_arrow_json_and_save_to_disk(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    ds = Dataset.from_list(ROWS)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    assert read_records(tmp_path / "d.parquet") == ROWS
+    ds.save_to_disk(str(tmp_path / "saved"))
+    assert read_records(tmp_path / "saved") == ROWS
+    arrow = next((tmp_path / "saved").glob("data-*.arrow"))
+    assert read_records(arrow) == ROWS
+    DatasetDict({"test": Dataset.from_list(ROWS[:1]), "train": ds}).save_to_disk(str(tmp_path / "dict"))
+    assert read_records(tmp_path / "dict") == ROWS  # the train split of a DatasetDict
+    (tmp_path / "doc.json").write_text(json.dumps(ROWS))
+    assert read_records(tmp_path / "doc.json") == ROWS  # a JSON document (a list), not JSON Lines
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert read_records(tmp_path / "lines.json") == ROWS  # .json holding JSON Lines, as datasets reads it
+
+
+def test_read_refuses_a_dir_that_is_no_saved_dataset_and_an_uncached_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ConfigError, match="without state.json or dataset_dict.json"):
+        read_records(tmp_path / "plain")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="huggingface-cli download --repo-type dataset someone/not-cached"):
+        read_records("someone/not-cached")
+
+
+def test_read_a_hub_dataset_from_the_local_cache_offline(tmp_path, monkeypatch):
+    """The layout `huggingface-cli download --repo-type dataset someone/tiny` leaves in HF_HOME/hub."""
+    repo = tmp_path / "hf" / "hub" / "datasets--someone--tiny"
+    (repo / "snapshots" / "abc123" / "data").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123" / "data" / "train.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert read_records("someone/tiny") == [{"text": "a"}, {"text": "b"}]

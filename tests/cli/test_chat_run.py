@@ -1,0 +1,32 @@
+"""The chat fine-tune example on 2 CPU ranks through the real `launch` CLI: TRL-style `messages` rows, the
+tiny-chat BPE tokenizer with its ChatML template, loss on the assistant tokens only, a verdict and a lower eval
+loss at the end than at the start."""
+
+import json
+import os
+
+import yaml
+
+from tests.cli.test_run_cli import check_report, launch, step_losses
+from tests.conftest import REPO
+
+
+def test_chat_sft_example_runs_on_two_ranks(tmp_path):
+    job = yaml.safe_load((REPO / "examples" / "chat-sft.yaml").read_text())
+    job["model"] = str(REPO / "examples" / "tiny-chat")
+    job["data"]["path"] = str(REPO / "examples" / "data" / "chat.jsonl")
+    job["train"]["max_steps"] = 12
+    path = tmp_path / "chat-sft.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    run_dir = tmp_path / "run"
+    cache = tmp_path / "cache"
+    res = launch("run", path, "--run-dir", run_dir, env=dict(os.environ, LAUNCHER_CACHE=str(cache)))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    check_report(run_dir, world_size=2)
+    rank0 = json.loads((run_dir / "ranks" / "rank-0.json").read_text())
+    assert rank0["eval_loss"] < rank0["eval_loss_initial"]
+    assert len(step_losses(run_dir)) == 12
+    # Rank 0 tokenized once (its progress bar is in its log) and cached the tensors rank 1 then loaded.
+    assert len(list((cache / "tokenized").glob("*.pt"))) == 1
+    assert "tokenizing train" in (run_dir / "logs" / "rank-0.log").read_text()
+    assert "tokenizing train" not in (run_dir / "logs" / "rank-1.log").read_text()
