@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 from pathlib import Path
 
@@ -31,9 +30,13 @@ def main(argv: list[str]) -> None:
         script, args = argv[2], argv[3:]
         if args[:1] == ["--"]:
             args = args[1:]
-        sys.argv = [script, *args]
-        sys.path.insert(0, str(Path(script).resolve().parent))
-        runpy.run_path(script, run_name="__main__")
+        from launcher.runtime.script import run_script
+
+        code = run_script(script, args)
+        if code:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         return
     from launcher.worker.main import main as worker_main
 

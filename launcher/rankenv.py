@@ -27,6 +27,13 @@ RDZV_ID_ENV = "LAUNCHER_RDZV_ID"
 """torchrun's rendezvous id; one per Slurm job attempt so a requeued job never joins its old rendezvous."""
 CONTROL_FILE = "checkpoint"
 """RUN_DIR/control/<this>: its presence asks every rank to checkpoint and stop at the next step."""
+MICRO_BATCH_ENV = "LAUNCHER_MICRO_BATCH_SIZE"
+"""--script runs: the plan's micro-batch per rank (a DataLoader's batch_size, TrainingArguments'
+per_device_train_batch_size). accelerate and HF Trainer have no variable of their own for it."""
+GRAD_ACCUM_ENV = "LAUNCHER_GRAD_ACCUM_STEPS"
+"""--script runs: the plan's gradient accumulation steps (ACCELERATE_GRADIENT_ACCUMULATION_STEPS carries the same)."""
+GRAD_CKPT_ENV = "LAUNCHER_GRADIENT_CHECKPOINTING"
+"""--script runs: '1' when the plan counts on activation checkpointing, else '0'."""
 
 
 def plan_digest(data: bytes | str) -> str:

@@ -121,3 +121,47 @@ def accelerate_yaml_text(plan: Plan, *, title: str, config: dict, config_file: s
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _env_flag(value: object) -> str:
+    # accelerate's launcher writes booleans as str(value).lower() and reads them with str_to_bool.
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_FSDP_ENV_NAME = {"fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP"}
+"""accelerate's environment names for the fsdp_config keys that are not the key upper-cased
+(accelerate.utils.launch.prepare_multi_gpu_env)."""
+
+
+def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
+    """What ``accelerate launch --config_file accelerate.yaml`` would put in a rank's environment for ``config``
+    (an engine's accelerate_config for this plan), under accelerate's own names
+    (accelerate.utils.launch.prepare_deepspeed_cmd_env / prepare_multi_gpu_env), so that a plain
+    ``Accelerator()`` or HF ``Trainer`` started by ``launch --script`` reads the plan by itself.
+
+    DeepSpeed: ACCELERATE_USE_DEEPSPEED, the concrete ds_config.json (precision, micro-batch, accumulation, stage,
+    offload are in it) and the zero.Init flag. FSDP2: ACCELERATE_USE_FSDP and every fsdp_config key as FSDP_<KEY>
+    (FSDP_VERSION=2 among them). Both: ACCELERATE_MIXED_PRECISION and ACCELERATE_GRADIENT_ACCUMULATION_STEPS (HF
+    TrainingArguments reads the precision from it; beside a DeepSpeed file accelerate takes both from the file,
+    which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
+    """
+    env = {
+        "ACCELERATE_MIXED_PRECISION": _ACCELERATE_PRECISION[plan.precision],
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.strategy.grad_accum_steps),
+    }
+    if config["distributed_type"] == "DEEPSPEED":
+        ds = config["deepspeed_config"]
+        env.update({
+            "ACCELERATE_USE_DEEPSPEED": "true",
+            "ACCELERATE_DEEPSPEED_CONFIG_FILE": ds["deepspeed_config_file"],
+            "ACCELERATE_DEEPSPEED_ZERO3_INIT": _env_flag(ds["zero3_init_flag"]),
+        })
+    elif config["distributed_type"] == "FSDP":
+        env["ACCELERATE_USE_FSDP"] = "true"
+        for key, value in config["fsdp_config"].items():
+            env[_FSDP_ENV_NAME.get(key, key.upper())] = _env_flag(value)
+    return env
+
+
+_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+"""The plan's precision in accelerate's words (as accelerate.yaml's mixed_precision for FSDP)."""

@@ -36,6 +36,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+OUTER: MemoryProbe | None = None
+"""The probe launch --script runs a foreign script in (launcher.runtime.script); a probe the script starts
+itself takes over from it (the script knows its phases and steps)."""
+
 SNAPSHOT_MAX_ENTRIES = 200_000
 """Allocation events kept by --memory-snapshot (PyTorch's memory_viz reads them)."""
 
@@ -103,6 +107,10 @@ class MemoryProbe:
         self.stop()
 
     def start(self) -> None:
+        global OUTER
+        if OUTER is not None and OUTER is not self:
+            OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
+            OUTER = self
         if self.is_cuda:
             self.sample_outside_allocator()
         if self.is_cuda and self.enforce_bytes:

@@ -19,6 +19,9 @@ from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
     ENFORCE_ENV,
+    GRAD_ACCUM_ENV,
+    GRAD_CKPT_ENV,
+    MICRO_BATCH_ENV,
     PLAN_DIGEST_ENV,
     PLAN_ENV,
     RUN_DIR_ENV,
@@ -75,6 +78,20 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     return env
 
 
+def script_env(run: RunDir, plan: Plan, job: Job) -> dict[str, str]:
+    """What a --script rank reads the plan from, with no launcher import: accelerate's own variables (which HF
+    Trainer reads through accelerate too) and the three the libraries have no name for."""
+    from launcher.emit.exports import accelerate_env
+
+    s = plan.strategy
+    return {
+        **accelerate_env(plan, engine_spec(s.engine).accelerate_config(plan, job, config_dir=run.path)),
+        MICRO_BATCH_ENV: str(s.micro_batch_size),
+        GRAD_ACCUM_ENV: str(s.grad_accum_steps),
+        GRAD_CKPT_ENV: "1" if s.activation_checkpointing else "0",
+    }
+
+
 def plan_text(plan: Plan) -> str:
     """plan.json's text, byte for byte: its sha256 is what the ranks check (PLAN_DIGEST_ENV)."""
     return json.dumps(plan.to_json(), indent=2) + "\n"
@@ -124,7 +141,8 @@ def launch_spec(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir) -> Laun
     return LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=opts.node_rank,
                       rdzv_endpoint=opts.rdzv_endpoint, script=str(Path(opts.script).resolve()) if opts.script else None,
                       script_args=list(opts.script_args),
-                      env=rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
+                      env={**rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
+                           **(script_env(run_dir, plan, job) if opts.script else {})},
                       hang_timeout_s=opts.hang_timeout_s, checkpoint_on_interrupt_s=interrupt_grace_s(opts, job))
 
 

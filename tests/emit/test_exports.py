@@ -151,3 +151,47 @@ def test_deepspeed_parser_is_given_the_world_size():
     import deepspeed.comm
 
     assert not deepspeed.comm.is_initialized()  # checked without a process group
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch, engine):
+    """launch --script hands a rank accelerate_env: every variable is one `accelerate launch` itself sets from the
+    same plan's accelerate.yaml, with the same value, except the two accelerate leaves to the DeepSpeed file
+    (precision, accumulation), which carry the plan's values; accelerate's plugins read the plan back from them."""
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    from launcher.emit.deepspeed import ds_config
+    from launcher.emit.exports import accelerate_env
+    from launcher.engines import engine_spec
+
+    pins = {"zero_stage": 3} if engine == "deepspeed" else {"engine": "fsdp", "activation_checkpointing": True}
+    plan, job = make_plan(world_size=4, **pins), make_job()
+    ds_file = tmp_path / "ds_config.json"
+    if engine == "deepspeed":
+        ds_file.write_text(json.dumps(ds_config(plan, job)))
+    config = engine_spec(plan.strategy.engine).accelerate_config(plan, job, config_dir=tmp_path)
+    ours = accelerate_env(plan, config)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    _accelerate_launch_env(path, monkeypatch)
+    theirs = dict(os.environ)
+    own_values = {"ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"} if engine == "deepspeed" \
+        else {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS"}  # FSDP: accelerate's line sets it by hand (not in the file)
+    assert {k: theirs.get(k) for k in ours if k not in own_values} == {k: v for k, v in ours.items()
+                                                                     if k not in own_values}
+    assert (ours["ACCELERATE_MIXED_PRECISION"], ours["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"]) == ("bf16", "4")
+    for key in list(os.environ):
+        if key.startswith(("ACCELERATE_", "FSDP_")):
+            monkeypatch.delenv(key)
+    for key, value in ours.items():
+        monkeypatch.setenv(key, value)
+    if engine == "deepspeed":
+        plugin = DeepSpeedPlugin()
+        plugin.set_mixed_precision(os.environ["ACCELERATE_MIXED_PRECISION"])
+        cfg = plugin.hf_ds_config.config
+        assert plugin.zero_stage == 3 and plugin.zero3_init_flag is True and cfg["bf16"]["enabled"] is True
+        assert (cfg["train_micro_batch_size_per_gpu"], plugin.gradient_accumulation_steps) == (2, 4)
+    else:
+        plugin = FullyShardedDataParallelPlugin()
+        assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+        assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"] and plugin.activation_checkpointing is True
