@@ -9,9 +9,9 @@ import time
 
 import yaml
 
-from launcher.cli.main import main
 from launcher.rundir import MARKER, RunDir
 from launcher.session import outdir
+from tests.cli.test_plan_cli import run_cli
 from tests.conftest import REPO
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
@@ -19,13 +19,6 @@ DS = {"engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 4}
 FSDP = {"engine": "fsdp", "micro_batch_size": 2}
 
 
-def run_cli(capsys, *argv):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def consistent(d) -> tuple[str, int]:
