@@ -236,6 +236,19 @@ def mark(path: Path, by: str = "launch run") -> None:
         atomic_write(path / MARKER, json.dumps({"made_by": by, "created": time.time()}) + "\n")
 
 
+LATEST = "latest"
+"""The file in RUN/checkpoint/ naming the newest complete checkpoint (written by the ranks after every rank saved)."""
+
+
+def latest_checkpoint_tag(checkpoint_dir: Path) -> str | None:
+    """The tag ``checkpoint/latest`` names (``step-00000007``), or None when there is no complete checkpoint; the one
+    reader of that file for the launcher, the backends and the ranks."""
+    try:
+        return (Path(checkpoint_dir) / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
 @dataclass(slots=True)
 class RunDir:
     path: Path
@@ -256,6 +269,11 @@ class RunDir:
     @property
     def checkpoint(self) -> Path:
         return self.path / "checkpoint"
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint's tag, or None (see latest_checkpoint_tag)."""
+        return latest_checkpoint_tag(self.checkpoint)
 
     @property
     def control(self) -> Path:

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.errors import ConfigError
 from launcher.rundir import MARKER, RunDir, refuse_protected
+from tests.conftest import REPO
 
 
 def test_a_new_run_dir_carries_the_marker(tmp_path):
@@ -102,3 +103,19 @@ def test_root_and_home_are_never_overwritten(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--overwrite never clears it"):
         refuse_protected(tmp_path)
     refuse_protected(tmp_path / "run")  # below them is fine
+
+
+def test_one_reader_of_checkpoint_latest(tmp_path):
+    """checkpoint/latest is read in one place (rundir.latest_checkpoint_tag) by the launcher, backends and ranks."""
+    from launcher.rundir import latest_checkpoint_tag
+
+    ck = tmp_path / "checkpoint"
+    assert latest_checkpoint_tag(ck) is None  # no dir
+    ck.mkdir()
+    (ck / "latest").write_text("\n")
+    assert latest_checkpoint_tag(ck) is None  # an empty marker names nothing to resume from
+    (ck / "latest").write_text("step-00000007\n")
+    assert latest_checkpoint_tag(ck) == "step-00000007"
+    sources = [p for p in (REPO / "launcher").rglob("*.py") if p.name != "rundir.py"]
+    readers = [str(p.relative_to(REPO)) for p in sources if '/ "latest"' in p.read_text()]
+    assert readers == [], readers

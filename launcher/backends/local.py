@@ -326,14 +326,6 @@ class InterruptCheckpoint:
         self._timer.start()
 
 
-def _checkpointed_step(run: RunDir) -> str | None:
-    latest = run.checkpoint / "latest"
-    try:
-        return latest.read_text().strip() or None
-    except OSError:
-        return None
-
-
 class LocalBackend(Backend):
     name = "local"
 
@@ -397,7 +389,7 @@ class LocalBackend(Backend):
         world_size = spec.gpus_per_node * spec.nodes
         if interrupt is not None and interrupt.requested is not None \
                 and "checkpointed" in run.rank_statuses(world_size).values():
-            tag = _checkpointed_step(run)
+            tag = run.latest_checkpoint
             return Outcome(ok=True, interrupted=True,
                            message=f"interrupted by {interrupt.requested.name}; the ranks saved checkpoint {tag}")
         return Outcome(ok=True)

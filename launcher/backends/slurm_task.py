@@ -195,7 +195,7 @@ class SlurmTask:
             "time": time.time(), "job_id": os.environ.get("SLURM_JOB_ID"),
             "attempt": int(os.environ.get("SLURM_RESTART_COUNT") or 0), "decision": decision,
             "requeue": self.requeues + (decision == "requeue"), "max_requeues": self.max_requeues,
-            "checkpoint": latest_checkpoint(run), "ranks": statuses, "ranks_exited": exited,
+            "checkpoint": run.latest_checkpoint, "ranks": statuses, "ranks_exited": exited,
             "waited_s": round(time.time() - t0, 2), "budget_s": round(budget_s, 1),
         })
         if decision != "requeue":
@@ -306,11 +306,6 @@ def wait_for_ranks(run: RunDir, world_size: int, since: float, budget_s: float, 
                 return True
         time.sleep(0.2)
     return not any(alive(p) for p in rank_processes().values())
-
-
-def latest_checkpoint(run: RunDir) -> str | None:
-    p = run.checkpoint / "latest"
-    return p.read_text().strip() if p.is_file() else None
 
 
 def record_requeue(run: RunDir, row: dict) -> None:

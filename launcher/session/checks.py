@@ -10,6 +10,7 @@ from pathlib import Path
 from launcher.config.job import Job
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
+from launcher.rundir import latest_checkpoint_tag
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes
 
@@ -133,7 +134,7 @@ def check_resume(opts: RunOptions) -> None:
         raise ConfigError("--resume: needs --run-dir, the run dir to continue (a new run dir has no checkpoint); "
                           "pass --run-dir RUN, or run without --resume")
     path = opts.run_dir
-    if (path / "checkpoint" / "latest").is_file():
+    if latest_checkpoint_tag(path / "checkpoint"):
         return
     if path.is_dir() and any(p.name != ".lock" for p in path.iterdir()):
         state = _state_of(path)

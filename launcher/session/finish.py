@@ -66,7 +66,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
 def next_step_after_interrupt(run: RunDir) -> str:
     """What to do with an interrupted run dir: --resume only where `launch --resume` will accept it (a checkpoint
     to continue from, and no --auto-fallback, which --resume refuses)."""
-    if (run.checkpoint / "latest").is_file():  # what prepare_run_dir and check_resume look for
+    if run.latest_checkpoint:  # what prepare_run_dir and check_resume look for
         ladder = " --auto-fallback 0" if _job_auto_fallback(run) else ""
         return f"continue it with the same job file and --run-dir {run.path} --resume{ladder}"
     return (f"no checkpoint was saved, so --resume cannot continue it: start again with --run-dir {run.path} "

@@ -28,7 +28,7 @@ from launcher.rankenv import (
     SNAPSHOT_ENV,
     plan_digest,
 )
-from launcher.rundir import RunDir, default_run_dir
+from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.session.options import RunOptions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
 
 def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
     path = opts.run_dir or default_run_dir(job.name)
-    if opts.resume and not (Path(path) / "checkpoint" / "latest").is_file():  # before anything is created
+    if opts.resume and not latest_checkpoint_tag(Path(path) / "checkpoint"):  # before anything is created
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
     run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
     run.write_yaml("job.yaml", job_to_data(job))

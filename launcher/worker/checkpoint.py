@@ -23,9 +23,8 @@ import torch.distributed as dist
 
 from launcher.errors import ConfigError
 from launcher.fsutil import atomic_write
+from launcher.rundir import LATEST, latest_checkpoint_tag
 from launcher.runtime.files import atomic_write_json
-
-LATEST = "latest"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,10 +65,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def latest_tag(root: Path) -> str | None:
-    marker = root / LATEST
-    if not marker.exists():
-        return None
-    tag = marker.read_text().strip()
+    """The newest checkpoint the ranks can load: the one ``latest`` names, if its trainer state is there."""
+    tag = latest_checkpoint_tag(root)
     if not tag or not (root / tag / "trainer_state.json").exists():
         return None
     return tag
