@@ -4,6 +4,7 @@ Defined here, in a module that imports nothing of the launcher's (hashlib only),
 name them without importing launcher.runtime (which pulls torch)."""
 
 import hashlib
+from pathlib import Path
 
 PLAN_ENV = "LAUNCHER_PLAN"
 """Path of the run's plan.json."""
@@ -39,3 +40,9 @@ GRAD_CKPT_ENV = "LAUNCHER_GRADIENT_CHECKPOINTING"
 def plan_digest(data: bytes | str) -> str:
     """The hex sha256 of a plan.json's bytes, as the launcher puts it in PLAN_DIGEST_ENV."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def default_extensions_dir() -> Path:
+    """Where compiled DeepSpeed ops are cached unless TORCH_EXTENSIONS_DIR says otherwise:
+    <repo>/.cache/torch_extensions (repo = parent of launcher/), shared by the launcher's ranks and the tests."""
+    return Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"

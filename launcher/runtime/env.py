@@ -15,6 +15,7 @@ from launcher.rankenv import (  # noqa: F401  (the names ranks read, defined onc
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
     TRACK_ENV,
+    default_extensions_dir,
     plan_digest,
 )
 
@@ -71,11 +72,6 @@ def enforce_bytes() -> int | None:
 def rank_info() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) from torchrun's variables; (0, 0, 1) outside torchrun."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def default_extensions_dir() -> Path:
-    """Where compiled DeepSpeed ops are cached: <repo>/.cache/torch_extensions (repo = parent of launcher/)."""
-    return Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 
 
 def set_extensions_dir() -> str:

@@ -26,12 +26,11 @@ from launcher.rankenv import (
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
+    default_extensions_dir,
     plan_digest,
 )
 from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.session.options import RunOptions
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
@@ -74,7 +73,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
-    env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
     return env
 
 
