@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from launcher.cache import cache_dir
+from launcher.calibrate.profiles import hardware_path
 from launcher.config.job import Job
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
@@ -68,7 +68,7 @@ def hardware_profile(job: Job) -> HardwareProfile:
     if name not in PROFILES:
         raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
     profile = PROFILES[name]
-    calib = cache_dir() / "profiles" / f"{name}.json"
+    calib = hardware_path(name)
     if os.environ.get("LAUNCHER_PROFILE_FILE"):
         calib = Path(os.environ["LAUNCHER_PROFILE_FILE"])
     if calib.is_file():

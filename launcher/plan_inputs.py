@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 from launcher.cache import cache_dir, write_cache
+from launcher.calibrate.profiles import activations_path
 from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
 from launcher.errors import ConfigError
@@ -91,7 +92,7 @@ def model_stats(job: Job) -> ModelStats:
 def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) -> ActivationConstants:
     """Refit by `launch calibrate --from` for this family and profile, else measured on fake tensors (cached),
     else the paper's (launcher.planner.memory.analytic_constants)."""
-    path = cache_dir() / "profiles" / f"activations-{stats.model_type}-{profile.name}.json"
+    path = activations_path(stats.model_type, profile.name)
     if path.is_file():
         data = json.loads(path.read_text())
         return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
