@@ -95,7 +95,10 @@ def _cfg(config, *names, default=None):
     return default
 
 
-def _find_blocks(model):
+def find_blocks(model, *, fix: str = "the planner needs one (a ModuleList of layers)"):
+    """The transformer's stack of blocks as (name, ModuleList): the ModuleList of one repeated class holding the most
+    parameters. The one finder for the planner's introspection and FSDP2's per-block sharding; ``fix`` ends the
+    message when there is none."""
     import torch.nn as nn
 
     best = None
@@ -105,7 +108,7 @@ def _find_blocks(model):
             if best is None or n > best[2]:
                 best = (name, mod, n)
     if best is None:
-        raise ConfigError("model: no repeated transformer blocks found; the planner needs a ModuleList of layers")
+        raise ConfigError(f"model: no stack of repeated blocks (nn.ModuleList) found in {type(model).__name__}; {fix}")
     return best[0], best[1]
 
 
@@ -181,7 +184,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     params = {id(p): p for p in model.parameters()}  # shared (tied) weights counted once
     num_params = sum(p.numel() for p in params.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    _, blocks = _find_blocks(model)
+    _, blocks = find_blocks(model)
     per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
     frozen = 0
     if job.task == "sentence_embedding" and getattr(model, "pooler", None) is not None:

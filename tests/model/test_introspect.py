@@ -106,3 +106,21 @@ def test_minilm_checkpoint_is_its_fp32_weights():
     m = introspect(job("all-MiniLM-L6-v2", "sentence_embedding"))
     # 22,713,216 parameters (+ the 512 int64 position ids) at 4 bytes: the 90.87 MB rank 0 holds under ZeRO-3.
     assert 4 * m.num_params <= m.checkpoint_bytes <= 4 * m.num_params + 8 * 512 + 1000
+
+
+def test_one_block_finder_for_the_planner_and_fsdp2():
+    import torch.nn as nn
+
+    from launcher.errors import ConfigError
+    from launcher.model import introspect
+    from launcher.worker.engines import fsdp
+
+    assert fsdp.find_blocks is introspect.find_blocks
+    net = nn.Module()
+    net.small = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+    net.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+    net.mixed = nn.ModuleList([nn.Linear(64, 64), nn.ReLU()])  # not one repeated class
+    name, blocks = introspect.find_blocks(net)
+    assert name == "layers" and blocks is net.layers  # the repeated stack holding the most parameters
+    with pytest.raises(ConfigError, match="found in Linear; use engine: deepspeed"):
+        introspect.find_blocks(nn.Linear(2, 2), fix="use engine: deepspeed")

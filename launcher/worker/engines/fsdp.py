@@ -21,24 +21,9 @@ from torch import nn
 
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
+from launcher.model.introspect import find_blocks
 from launcher.planner.plan import Plan
 from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
-
-
-def find_blocks(model: nn.Module) -> nn.ModuleList:
-    """The transformer's stack of blocks: the ModuleList of one repeated class holding the most parameters."""
-    best, best_n = None, -1
-    for mod in model.modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(c) for c in mod}) == 1:
-            n = sum(p.numel() for p in mod.parameters())
-            if n > best_n:
-                best, best_n = mod, n
-    if best is None:
-        raise ConfigError(
-            f"model: no stack of repeated blocks (nn.ModuleList) found in {type(model).__name__}; "
-            "FSDP needs one to shard per block; use engine: deepspeed for this model"
-        )
-    return best
 
 
 def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) -> torch.Tensor:
@@ -140,7 +125,7 @@ class FsdpEngine:
         from launcher.worker.loading import fill_sharded, rank0_state
 
         state, buffers = rank0_state(model) if self.rank0_load else ({}, {})
-        blocks = find_blocks(model)
+        _, blocks = find_blocks(model, fix="FSDP needs one to shard per block; use engine: deepspeed for this model")
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
