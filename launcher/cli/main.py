@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import re
 import sys
 from pathlib import Path
@@ -32,10 +33,12 @@ class LaunchParser(argparse.ArgumentParser):
     (``{"status": "bad_input", "errors": [...]}``), as it answers every other outcome; the usage line and the
     error still go to stderr with exit 2."""
 
-    json_errors = False
+    def __init__(self, *args, json_errors: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.json_errors = json_errors  # answer usage errors with the bad_input JSON object too
 
     def error(self, message: str):
-        if LaunchParser.json_errors:
+        if self.json_errors:
             import json
 
             print(json.dumps({"status": "bad_input", "errors": [f"{self.prog}: {message}"]}, indent=2))
@@ -45,11 +48,12 @@ class LaunchParser(argparse.ArgumentParser):
 def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     from launcher.cli import calibrate, export, manage, plan, run
 
-    LaunchParser.json_errors = json_errors
-    parser = LaunchParser(prog="launch", description=DESCRIPTION,
+    parser = LaunchParser(prog="launch", description=DESCRIPTION, json_errors=json_errors,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", "-V", action="version", version=f"launch {version()}")
-    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
+    # Each verb's parser is a LaunchParser with the same json_errors (an instance setting, not a class flag).
+    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}",
+                                parser_class=functools.partial(LaunchParser, json_errors=json_errors))
     for mod in (run, plan, calibrate, manage, export):
         mod.add_parser(sub)
     return parser

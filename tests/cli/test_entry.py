@@ -55,3 +55,19 @@ def test_a_closed_pipe_is_no_traceback(write_job, argv):
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
     assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_json_errors_belong_to_the_parser_not_its_class(capsys):
+    """Building a plain parser must not change how an earlier `plan --json` parser answers (no class-wide flag)."""
+    import json
+
+    import pytest
+
+    from launcher.cli.main import build_parser
+
+    as_json = build_parser(json_errors=True)
+    build_parser()  # a second, plain parser
+    with pytest.raises(SystemExit) as e:
+        as_json.parse_args(["plan", "--budget"])
+    assert e.value.code == 2
+    assert json.loads(capsys.readouterr().out)["status"] == "bad_input"
