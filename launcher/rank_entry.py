@@ -32,20 +32,21 @@ def main(argv: list[str]) -> None:
             args = args[1:]
         from launcher.runtime.script import run_script
 
-        code = run_script(script, args)
-        if code:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return
+        exit_rank(run_script(script, args))
     from launcher.worker.main import main as worker_main
 
-    code = worker_main([str(run_dir)])
+    exit_rank(worker_main([str(run_dir)]))
+
+
+def exit_rank(code: int) -> None:
+    """End a rank process with ``code``. After a failure a peer may be gone, and interpreter teardown
+    (process-group destructors, DeepSpeed's atexit hooks) can block on it until torchrun kills us; the rank report
+    is already written, so a failed rank leaves through os._exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     if code:
-        # A failed rank must not block in interpreter teardown on a peer that is gone (see launcher.worker).
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(code)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -7,23 +7,28 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import yaml
+
+from launcher.config.job import Job
+from launcher.config.load import from_dict
+from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError
+from launcher.planner.plan import Plan
 from launcher.runtime import env
+from launcher.runtime.probe import error_tail, memory_probe
 
-# Before anything can import deepspeed: compiled ops (shm_comm, cpu_adam) are cached once per machine.
-env.set_extensions_dir()
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet."""
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import yaml  # noqa: E402
 
-from launcher.config.job import Job  # noqa: E402
-from launcher.config.load import from_dict  # noqa: E402
-from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError  # noqa: E402
-from launcher.planner.plan import Plan  # noqa: E402
-from launcher.runtime.probe import error_tail, memory_probe  # noqa: E402
+def rank_process_env() -> None:
+    """The one seam where a rank process sets its own environment, first thing in main() (importing this module
+    changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported) and
+    RANK_PROCESS_ENV (before huggingface_hub reads them at its import)."""
+    env.set_extensions_dir()
+    for name, value in RANK_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
 
 USAGE = "usage: python -m launcher.worker RUN_DIR   (started by torchrun on every rank)"
 
@@ -75,6 +80,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
+    rank_process_env()
     from launcher.worker.loop import Trainer
 
     run_dir = Path(argv[0]).resolve()

@@ -59,3 +59,20 @@ def test_over_the_enforced_cap_exits_75_with_a_breakdown(make_run_dir, examples_
     assert r["status"] == "oom" and r["enforce_bytes"] == 1_500_000
     assert r["oom"]["crossed_at_bytes"] > 1_500_000 and r["oom"]["phase"] in ("eval", "forward", "backward", "optimizer_step")
     assert sum(r["oom"]["current_by_category"].values()) == r["oom"]["current_bytes"]
+
+
+def test_importing_the_worker_sets_no_environment_and_main_sets_it_first():
+    """Environment is set at one seam (rank_process_env, first thing in main), never at import."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'TOKENIZERS_PARALLELISM', 'TORCH_EXTENSIONS_DIR'):\n"
+            "    os.environ.pop(k, None)\n"
+            "import launcher.worker.main as m\n"
+            "assert 'HF_HUB_OFFLINE' not in os.environ and 'TORCH_EXTENSIONS_DIR' not in os.environ\n"
+            "assert 'huggingface_hub' not in sys.modules and 'deepspeed' not in sys.modules\n"
+            "m.rank_process_env()\n"
+            "assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['TORCH_EXTENSIONS_DIR']\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
