@@ -14,6 +14,7 @@ from launcher.errors import ConfigError
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
 from launcher.report import CATEGORY_GROUPS
+from launcher.rundir import RunDir
 
 ACTIVATION_PHASES = ("forward", "backward")
 """Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""
@@ -35,9 +36,9 @@ def measured_activation_bytes(rank: dict) -> float:
 
 
 def rank_records(run_dir: Path) -> list[dict]:
-    files = sorted((run_dir / "ranks").glob("rank-*.json"))
-    if files:
-        return [json.loads(p.read_text()) for p in files]
+    reports = RunDir(run_dir).rank_reports()
+    if reports:
+        return [reports[r] for r in sorted(reports)]
     report = run_dir / "report.json"
     if report.is_file():
         return json.loads(report.read_text()).get("ranks", [])
