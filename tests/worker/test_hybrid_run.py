@@ -61,7 +61,9 @@ def test_hybrid_fsdp2_shards_within_a_node_and_trains(tmp_path):
     # FSDP2 keeps fp32 shards: 4Ψ/2 bytes per rank when sharded within a node, 4Ψ/4 over the whole world.
     psi = plan["num_params"]
     hybrid_shard, full_shard = 4 * psi / PER_NODE, 4 * psi / WORLD
-    assert plan["breakdown"]["params"] == int(hybrid_shard)
+    # The plan's params at the peak are the hybrid shard plus the gathered copies of the units being computed (one
+    # category vocabulary with the ranks since issue 20's point 11); the shard alone is checked on the ranks below.
+    assert plan["breakdown"]["params"] > int(hybrid_shard)
     for k in range(WORLD):
         rank = json.loads((run / "ranks" / f"rank-{k}.json").read_text())
         sharded = rank["peak_by_category_raw"]["Sharded Param"]
