@@ -27,6 +27,10 @@ from launcher.planner.search import PlanRequest, batch_problem, context_problem,
 from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
+INTROSPECT_VERSION = 4
+"""Version of what the cached introspection (ModelStats) holds; raise it when ModelStats or how it is measured
+changes, so that caches written by an older launcher are not read as current."""
+
 
 def _model_fingerprint(job: Job) -> str:
     """Hash of what decides the architecture, computed without importing torch or transformers."""
@@ -53,7 +57,8 @@ def _model_fingerprint(job: Job) -> str:
             versions.append(importlib.metadata.version(package))
         except importlib.metadata.PackageNotFoundError:
             versions.append("?")
-    key = json.dumps([src, job.task, job.data.num_labels, lora, versions, 4], sort_keys=True, default=str)
+    key = json.dumps([src, job.task, job.data.num_labels, lora, versions, INTROSPECT_VERSION], sort_keys=True,
+                     default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
