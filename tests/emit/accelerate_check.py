@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -126,7 +127,13 @@ def main(export: Path, out: Path) -> None:
     facts["losses_finite"] = all(math.isfinite(x) for x in losses)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank-{accelerator.process_index}.json").write_text(json.dumps(facts, indent=2))
-    accelerator.end_training()
+    accelerator.wait_for_everyone()  # both ranks' facts are written before either leaves
+    # Leave without interpreter teardown: a gloo process group's destructor can block on a peer that already left
+    # (seen here: rank 0 waited on a futex for 10 minutes after both facts were written). The launcher's own ranks
+    # leave the same way (launcher.rank_entry.exit_rank).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
