@@ -8,12 +8,12 @@ from pathlib import Path
 
 from launcher.calibrate.fit import Sample, coefficients
 from launcher.calibrate.profiles import numeric_fields
+from launcher.categories import CATEGORY_GROUPS
 from launcher.config.job import Job
 from launcher.config.load import from_dict, load_yaml
 from launcher.errors import ConfigError
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
-from launcher.report import CATEGORY_GROUPS
 from launcher.rundir import RunDir
 
 ACTIVATION_PHASES = ("forward", "backward")

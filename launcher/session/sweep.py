@@ -94,9 +94,9 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
     missing = [UnplannedVariant(index=v.index, name=v.name, overrides=v.overrides, reason=r) for v, r in unplanned]
     record = slurm_record(job, planned[0][2], kind="array", folder=folder, job_ids=[j.job_id for j in sjobs],
                           variants=rows, unplanned=missing)
-    root.write_json("sweep.json", {"variants": record.to_json()["variants"],
-                                   "unplanned": record.to_json()["unplanned"]})
-    root.write_json(SLURM_JSON, record.to_json())
+    data = record.to_json()
+    root.write_json("sweep.json", {"variants": data["variants"], "unplanned": data["unplanned"]})
+    root.write_json(SLURM_JSON, data)
     root.set_state("submitted", slurm_job_id=sjobs[0].job_id.split("_")[0])
     print(f"submitted slurm array {sjobs[0].job_id.split('_')[0]}: {len(sjobs)} variant(s)"
           f"{f', {len(unplanned)} not planned' if unplanned else ''}, at most {job.slurm.array_parallelism} at once; "
