@@ -32,7 +32,7 @@ from typing import Literal
 from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
 from launcher.engines import engine_spec
-from launcher.planner.plan import Estimate, Strategy
+from launcher.planner.plan import LEVER_FIELDS, Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
 from launcher.units import format_bytes
 
@@ -244,7 +244,7 @@ def pins_for(s: Strategy, safety_margin: float) -> StrategyConfig:
     return StrategyConfig(engine=s.engine, zero_stage=s.zero_stage, fsdp_reshard_after_forward=s.fsdp_reshard_after_forward,
                           fsdp_sharding=s.fsdp_sharding, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                           micro_batch_size=s.micro_batch_size, activation_checkpointing=s.activation_checkpointing,
-                          safety_margin=safety_margin)
+                          safety_margin=safety_margin, **{name: getattr(s, name) for name in LEVER_FIELDS})
 
 
 __all__ = ["RUNGS", "Correction", "Fallback", "Measurement", "correction_for", "next_strategy",

@@ -77,12 +77,16 @@ class Cell:
     accum: int = 1
     """Gradient accumulation steps."""
     lora: bool = False
+    levers: tuple[tuple[str, object], ...] = ()
+    """(strategy field, value) of the levers beyond sharding (launcher.planner.levers), pinned; the math-changing
+    ones are allowed in train.allow_levers."""
 
     @property
     def name(self) -> str:
         ac = "ac" if self.checkpointing else "noac"
         task = {"causal_lm": "clm", "seq_cls": "cls", "sentence_embedding": "emb"}[self.task]
-        extra = "".join([f"-ga{self.accum}" if self.accum > 1 else "", "-lora" if self.lora else ""])
+        extra = "".join([f"-ga{self.accum}" if self.accum > 1 else "", "-lora" if self.lora else "",
+                         *(f"-{LEVER_WORDS[k](v)}" for k, v in self.levers)])
         return (f"{self.sharding}-{self.model}-{task}-{self.precision}-{ac}-mb{self.micro_batch}-s{self.seq_len}"
                 f"-r{self.ranks}{extra}")
 
@@ -94,7 +98,7 @@ class Cell:
 
     def job(self) -> dict:
         strategy = {**SHARDINGS[self.sharding], "micro_batch_size": self.micro_batch,
-                    "activation_checkpointing": self.checkpointing}
+                    "activation_checkpointing": self.checkpointing, **dict(self.levers)}
         model = MODELS[self.model]
         model = dict(model) if isinstance(model, dict) else model
         if self.task == "sentence_embedding":
@@ -108,12 +112,24 @@ class Cell:
                  "lr": 1.0e-4, "max_steps": STEPS}
         if self.lora:
             train["lora"] = {"r": 8, "alpha": 16, "target_modules": LORA_TARGETS[self.model]}
+        allow = [str(v) if k == "low_memory_optimizer" else k for k, v in self.levers
+                 if k in ("low_memory_optimizer", "pure_bf16", "qlora") and v not in (False, "none")]
+        if allow:
+            train["allow_levers"] = allow
         return {"name": self.name, "model": model, "task": self.task, "data": data, "train": train,
                 "strategy": strategy, "cluster": {"hardware": "cpu"}}
 
 
-def _c(sharding, model, task, precision, ac, mb, seq, ranks=2, accum=1, lora=False) -> Cell:
-    return Cell(sharding, model, ac, mb, seq, task, precision, ranks, accum, lora)
+LEVER_WORDS = {
+    "loss_chunks": lambda v: f"ce{v}", "checkpoint_every": lambda v: f"k{v}", "activation_offload": lambda v: "aoff",
+    "optimizer_in_backward": lambda v: "oib", "low_memory_optimizer": lambda v: str(v),
+    "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora",
+}
+"""How each lever shows in a cell's name."""
+
+
+def _c(sharding, model, task, precision, ac, mb, seq, ranks=2, accum=1, lora=False, **levers) -> Cell:
+    return Cell(sharding, model, ac, mb, seq, task, precision, ranks, accum, lora, tuple(levers.items()))
 
 
 MATRIX: tuple[Cell, ...] = (
@@ -193,20 +209,58 @@ VALIDATION: tuple[Cell, ...] = (
 """The validation split: run once, with the planner as it stands, to judge it where nothing was tuned."""
 
 
+LEVER_DEV: tuple[Cell, ...] = (
+    # The levers of issue 21 (launcher.planner.levers), one or two cells each, on the matrix's models: what each
+    # lever's memory term was built against (seen, like the fit side).
+    _c("z2", "gpt2s", "causal_lm", "fp32", False, 2, 256, loss_chunks=8),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 1, 512, loss_chunks=8),
+    _c("fsdp", "llama", "causal_lm", "fp32", True, 1, 512, checkpoint_every=2),
+    _c("z2", "gpt2s", "causal_lm", "fp32", True, 2, 512, checkpoint_every=2),
+    _c("fsdp", "gpt2s", "causal_lm", "fp32", True, 2, 512, activation_offload=True),
+    _c("z3", "gpt2s", "causal_lm", "fp32", False, 2, 256, activation_offload=True),
+    _c("fsdp", "gpt2s", "causal_lm", "fp32", False, 2, 256, optimizer_in_backward=True),
+    _c("fsdp", "gpt2s", "causal_lm", "fp32", False, 2, 256, low_memory_optimizer="adamw8bit"),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 1, 256, low_memory_optimizer="adamw4bit"),
+    _c("fsdp", "minilm", "seq_cls", "fp32", False, 4, 128, low_memory_optimizer="adafactor"),
+    _c("z2", "gpt2s", "causal_lm", "fp32", False, 2, 256, low_memory_optimizer="adamw8bit"),
+    _c("fsdp", "llama", "causal_lm", "bf16", False, 1, 256, pure_bf16=True),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 2, 256, lora=True, qlora=True),
+)
+"""Lever cells the implementation was developed and checked against (seen)."""
+
+LEVER_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-25 18:55 UTC) before any lever was implemented: out of sample for every lever
+    # term, never run before the terms were final. Models, lengths and engines the development cells did not use.
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", False, 1, 768, loss_chunks=8),
+    _c("z3", "llama6", "causal_lm", "fp32", True, 2, 512, checkpoint_every=2),
+    _c("fsdp", "llama6", "causal_lm", "fp32", True, 1, 1024, activation_offload=True),
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", False, 2, 384, ranks=4, optimizer_in_backward=True),
+    _c("z2", "gpt2m", "causal_lm", "fp32", False, 1, 512, low_memory_optimizer="adamw8bit"),
+    _c("fsdp", "minilm", "sentence_embedding", "fp32", False, 4, 96, low_memory_optimizer="adafactor"),
+    _c("fsdp", "gpt2m", "causal_lm", "bf16", False, 1, 256, pure_bf16=True),
+    _c("fsdp", "llama6", "causal_lm", "fp32", False, 2, 384, lora=True, qlora=True),
+    _c("fsdp", "llama6", "causal_lm", "fp32", False, 2, 384, low_memory_optimizer="adamw4bit", loss_chunks=8),
+    _c("fsdp", "gpt2-124m", "causal_lm", "fp32", True, 1, 512, lora=True, loss_chunks=8, checkpoint_every=2),
+)
+"""The levers' validation split: run once, at the end, to judge the lever terms where nothing was tuned."""
+
+
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
     return list(MATRIX)
 
 
 def every_cell() -> list[Cell]:
-    """The matrix and both validation splits."""
-    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION]
+    """The matrix, both validation splits and the levers' cells."""
+    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
-    """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen) or "validation"."""
+    """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
+    "lever-dev" or "lever-validation"."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
-            **{c.name: "validation" for c in VALIDATION}}
+            **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
+            **{c.name: "lever-validation" for c in LEVER_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

@@ -21,6 +21,10 @@ FsdpSharding = Literal["full", "hybrid"]
 """FSDP2 sharding group: full shards over every rank; hybrid shards within a node and replicates across nodes
 (HSDP, FSDP1's HYBRID_SHARD)."""
 Family = Literal["gpt2", "llama", "bert"]
+LowMemoryOptimizer = Literal["none", "adamw8bit", "adamw4bit", "adafactor"]
+"""An optimizer that keeps less state than fp32 Adam (launcher.planner.levers): none keeps the job's optimizer."""
+MathLever = Literal["adamw8bit", "adamw4bit", "adafactor", "pure_bf16", "qlora"]
+"""A memory lever that changes the training math, used only when train.allow_levers lists it (docs/levers.md)."""
 
 
 def _yaml(key: str, **kw):
@@ -137,6 +141,12 @@ class TrainConfig:
     saves the a·s² score matrices per block, sdpa and flash_attention_2 do not: the plan's activation term follows."""
     checkpoint_every_steps: int = 0
     """Steps between checkpoints; 0 saves once at the end."""
+    allow_levers: list[MathLever] = field(default_factory=list)
+    """Memory levers that change the training math which the planner may use to fit the budget: adamw8bit and
+    adamw4bit (block-quantized Adam states), adafactor (factored second moment), pure_bf16 (bf16 weights, grads
+    and states, no fp32 master) and qlora (the LoRA base in 4-bit NF4). [] (the default) allows none; the exact
+    levers (chunked loss, selective checkpointing, activation offload, optimizer step in backward) need no
+    permission (docs/levers.md)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -158,7 +168,23 @@ class StrategyConfig:
     micro_batch_size: int | None = None
     """Sequences per rank per forward pass."""
     activation_checkpointing: bool | None = None
-    """Recompute each block's activations in backward."""
+    """Recompute blocks' activations in backward (every checkpoint_every-th block)."""
+    checkpoint_every: int | None = None
+    """With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."""
+    loss_chunks: int | None = None
+    """Chunked cross-entropy: the head and the loss run over this many chunks of tokens, each recomputed in
+    backward, so one chunk's fp32 logits exist at a time; 0 computes the whole logits at once (no unit)."""
+    activation_offload: bool | None = None
+    """Saved activations move to host memory in forward and back in backward."""
+    optimizer_in_backward: bool | None = None
+    """Each parameter steps in its gradient hook (no full gradient buffer; no global-norm clipping)."""
+    low_memory_optimizer: LowMemoryOptimizer | None = None
+    """adamw8bit, adamw4bit or adafactor in place of the job's optimizer (train.allow_levers must list it); none
+    keeps the job's."""
+    pure_bf16: bool | None = None
+    """bf16 weights, gradients and optimizer states with no fp32 master (train.allow_levers must list it)."""
+    qlora: bool | None = None
+    """The frozen LoRA base in 4-bit NF4 (train.allow_levers must list it)."""
     safety_margin: float = 0.05
     """Share of the budget kept free for what the model does not see, 0 to 0.5."""
 

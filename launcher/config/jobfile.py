@@ -248,6 +248,7 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
             p.append("train.lora.target_modules: [] must name at least one module; e.g. [q_proj, v_proj]")
         if not 0.0 <= lo.dropout < 1.0:
             p.append(f"train.lora.dropout: {lo.dropout!r} must be in [0, 1); use e.g. 0.05")
+    p += lever_problems(job)
     if job.budget_bytes is not None:
         p += check_budget(job.budget_bytes)
     p += bounds.job_problems(job)
@@ -265,6 +266,39 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     if for_run:
         p += check_data_path(job)
     return p
+
+
+LEVER_COUNT_MAX = 4096
+"""Most loss chunks or blocks between checkpoints a job may ask for (no model has more blocks; a chunk per token
+of a 4k sequence is already far past any saving)."""
+MATH_LEVER_FIELDS = {"low_memory_optimizer": None, "pure_bf16": "pure_bf16", "qlora": "qlora"}
+"""strategy: fields of the levers that change the training math -> the train.allow_levers word that permits them
+(None: the field's value is the word, e.g. adamw8bit)."""
+
+
+def lever_problems(job: Job) -> list[str]:
+    """The lever pins and permissions must agree (launcher.planner.levers chooses among what they leave)."""
+    pins, allow, out = job.strategy, job.train.allow_levers, []
+    if len(set(allow)) != len(allow):
+        out.append(f"train.allow_levers: {allow!r} names a lever twice; list each once")
+    for name, word in MATH_LEVER_FIELDS.items():
+        v = getattr(pins, name)
+        if v in (None, False, "none"):
+            continue
+        word = word or str(v)
+        if word not in allow:
+            out.append(f"strategy.{name}: {v!r} changes the training math, which this job does not allow; add "
+                       f"{word} to train.allow_levers, or leave strategy.{name} out")
+    if pins.qlora and job.train.lora is None:
+        out.append("strategy.qlora: true quantizes the frozen base of a LoRA run, but this job has no train.lora; "
+                   "add train.lora, or leave strategy.qlora out")
+    if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
+        out.append(f"strategy.checkpoint_every: {pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} (1 "
+                   "checkpoints every block); use e.g. 2, or leave it out")
+    if pins.loss_chunks is not None and not 0 <= pins.loss_chunks <= LEVER_COUNT_MAX:
+        out.append(f"strategy.loss_chunks: {pins.loss_chunks!r} must be 0 (whole logits) to {LEVER_COUNT_MAX}; use "
+                   "e.g. 8, or leave it out")
+    return out
 
 
 def check_budget(budget_bytes: int, where: str = "budget") -> list[str]:

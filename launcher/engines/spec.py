@@ -43,10 +43,12 @@ class Candidate:
         """Every field the job pinned has this candidate's value."""
         return all(getattr(pins, f) is None or getattr(pins, f) == getattr(self, f) for f in PINNABLE)
 
-    def strategy(self, *, micro_batch_size: int, grad_accum_steps: int, activation_checkpointing: bool) -> Strategy:
+    def strategy(self, *, micro_batch_size: int, grad_accum_steps: int, activation_checkpointing: bool,
+                 **levers) -> Strategy:
+        """This layout with a micro-batch, checkpointing and the levers (launcher.planner.levers.LeverSetting)."""
         return Strategy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
                         micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                        activation_checkpointing=activation_checkpointing)
+                        activation_checkpointing=activation_checkpointing, **levers)
 
 
 class EngineSpec:
@@ -66,6 +68,9 @@ class EngineSpec:
     """The engine reads the planner's communication buckets (sized to the budget, retried at their smallest)."""
     config_env: tuple[tuple[str, str], ...] = ()
     """(environment variable, file in the run dir) pairs the ranks read their config through."""
+    levers: frozenset[str] = frozenset()
+    """The lever fields (launcher.planner.plan.LEVER_FIELDS) this engine's rank side implements; the search
+    leaves the others off for it (launcher.planner.levers)."""
 
     # -- search --------------------------------------------------------------------------------------------------
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:

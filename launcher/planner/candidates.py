@@ -7,8 +7,9 @@ import dataclasses
 import itertools
 
 from launcher.config.job import StrategyConfig
-from launcher.engines import ENGINES, Candidate
+from launcher.engines import ENGINES, Candidate, engine_spec
 from launcher.errors import ConfigError
+from launcher.planner.levers import options
 from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
@@ -38,17 +39,25 @@ def candidates(req: PlanRequest) -> list[Strategy]:
                 f"{req.global_batch_size // req.world_size}; use one of {mbs}"
             )
         mbs = [p.micro_batch_size]
-    acs = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
-    out = [c.strategy(micro_batch_size=mb, grad_accum_steps=req.global_batch_size // (mb * req.world_size),
-                      activation_checkpointing=ac)
-           for c in layouts(req) for ac, mb in itertools.product(acs, mbs)]
+    out = []
+    for c, mb in itertools.product(layouts(req), mbs):
+        accum = req.global_batch_size // (mb * req.world_size)
+        for lv in options(req, engine_spec(c.engine).levers, accum):
+            out.append(c.strategy(micro_batch_size=mb, grad_accum_steps=accum, **lv.fields()))
     if not out:
         raise ConfigError(
             f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "
             "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
-            "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path); unpin one of them"
+            "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
+            f"only the levers it implements ({lever_support()}) and the optimizer step in backward needs "
+            "grad_accum_steps 1; unpin one of them"
         )
     return out
+
+
+def lever_support() -> str:
+    """Which engine implements which lever, for the message of pins that admit nothing."""
+    return "; ".join(f"{name}: {', '.join(sorted(spec.levers)) or 'none'}" for name, spec in ENGINES.items())
 
 
 def pinned(p: StrategyConfig) -> list[str]:

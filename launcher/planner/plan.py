@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.config.job import Engine, FsdpSharding, Offload, Precision
+from launcher.config.job import Engine, FsdpSharding, LowMemoryOptimizer, Offload, Precision
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,10 +47,26 @@ class Strategy:
     grad_accum_steps: int
     """Micro-batches per optimizer step."""
     activation_checkpointing: bool
-    """Full recompute of every block in backward."""
+    """Recompute of blocks in backward: every checkpoint_every-th block."""
     fsdp_sharding: FsdpSharding | None = None
     """FSDP2 shard group: full (all ranks) or hybrid (the ranks of one node, replicated across nodes); None for
     DeepSpeed, and read as full where an older plan.json lacks it."""
+    # The levers beyond sharding (launcher.planner.levers; docs/levers.md). Defaults are "off", so a plan.json
+    # written before them reads back as the plan it was.
+    checkpoint_every: int = 1
+    """With activation_checkpointing: every k-th block is checkpointed (1: all of them), blocks."""
+    loss_chunks: int = 0
+    """Chunked cross-entropy over this many chunks of tokens, each recomputed in backward; 0: whole logits."""
+    activation_offload: bool = False
+    """Saved activations are moved to host memory in forward and back in backward."""
+    optimizer_in_backward: bool = False
+    """Each parameter steps in its gradient hook: no full gradient buffer, no global-norm clipping."""
+    low_memory_optimizer: LowMemoryOptimizer = "none"
+    """adamw8bit, adamw4bit or adafactor in place of the job's optimizer; none keeps the job's."""
+    pure_bf16: bool = False
+    """bf16 weights, gradients and optimizer states, no fp32 master copy."""
+    qlora: bool = False
+    """The frozen LoRA base quantized to 4-bit NF4."""
 
     @property
     def fsdp_hybrid(self) -> bool:
@@ -70,8 +86,30 @@ class Strategy:
             s += f" +params->{self.offload_params}"
         s += f", mb={self.micro_batch_size}x{self.grad_accum_steps}"
         if self.activation_checkpointing:
-            s += ", AC"
-        return s
+            s += ", AC" if self.checkpoint_every == 1 else f", AC every {self.checkpoint_every}"
+        return s + "".join(f", {word}" for word in self.lever_words())
+
+    def lever_words(self) -> list[str]:
+        """The levers in use beyond sharding, offload, micro-batch and checkpointing, a short word each."""
+        out = []
+        if self.loss_chunks:
+            out.append(f"chunked loss/{self.loss_chunks}")
+        if self.activation_offload:
+            out.append("act->cpu")
+        if self.optimizer_in_backward:
+            out.append("opt-in-bwd")
+        if self.low_memory_optimizer != "none":
+            out.append(self.low_memory_optimizer)
+        if self.pure_bf16:
+            out.append("pure bf16")
+        if self.qlora:
+            out.append("QLoRA NF4")
+        return out
+
+
+LEVER_FIELDS = ("checkpoint_every", "loss_chunks", "activation_offload", "optimizer_in_backward",
+                "low_memory_optimizer", "pure_bf16", "qlora")
+"""Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,6 +212,7 @@ class Plan:
             "micro_batch_size": s.micro_batch_size,
             "grad_accum_steps": s.grad_accum_steps,
             "activation_checkpointing": s.activation_checkpointing,
+            **{name: getattr(s, name) for name in LEVER_FIELDS},
             "num_params": self.num_params,
             "trainable_params": self.trainable_params,
             "budget_bytes": self.budget_bytes,

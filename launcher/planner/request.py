@@ -44,6 +44,8 @@ class PlanRequest:
     """Return a fully pinned plan even when it is over budget."""
     precision_reason: str = ""
     """Why this precision (launcher.precision.choose_precision); the plan repeats it among its reasons."""
+    allow_levers: tuple[str, ...] = ()
+    """The math-changing levers the job allows (train.allow_levers); the exact ones need no permission."""
 
     @property
     def world_size(self) -> int:

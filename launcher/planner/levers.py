@@ -1,0 +1,98 @@
+"""The memory levers beyond sharding, offload and micro-batch: which settings the search may try for one layout.
+
+Two kinds (docs/levers.md):
+  exact   the same math as without them, so the planner chooses them freely: chunked cross-entropy
+          (loss_chunks), selective activation checkpointing (checkpoint_every), activation offload and the
+          optimizer step in backward;
+  math    they change what is computed, so only a job whose train.allow_levers lists them gets them:
+          low-memory optimizers (adamw8bit, adamw4bit, adafactor), pure bf16 and QLoRA (NF4 base).
+
+An engine offers a lever only when its rank side implements it (EngineSpec.levers); a lever the job pinned is
+kept. Pure: plain data in, lists of settings out; the memory and cost terms of each lever live with the
+engine specs and launcher.planner.memory / cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from launcher.planner.plan import LEVER_FIELDS
+from launcher.planner.request import PlanRequest
+
+MATH_LEVERS = {"low_memory_optimizer": ("adamw8bit", "adamw4bit", "adafactor"), "pure_bf16": ("pure_bf16",),
+               "qlora": ("qlora",)}
+"""Strategy field -> the train.allow_levers names that permit its non-default values."""
+
+LOSS_CHUNKS = 8
+"""Chunks of the chunked cross-entropy: torchtune's CEWithChunkedOutputLoss uses 8 (its num_output_chunks)."""
+
+CHECKPOINT_EVERY = (1, 2, 4)
+"""The k of "checkpoint every k-th block" the search tries (torchtitan's selective_ac_option takes any k)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LeverSetting:
+    """One combination of the levers for a candidate: the Strategy fields of LEVER_FIELDS."""
+
+    activation_checkpointing: bool = False
+    checkpoint_every: int = 1
+    loss_chunks: int = 0
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    low_memory_optimizer: str = "none"
+    pure_bf16: bool = False
+    qlora: bool = False
+
+    def fields(self) -> dict[str, object]:
+        return {"activation_checkpointing": self.activation_checkpointing,
+                **{name: getattr(self, name) for name in LEVER_FIELDS}}
+
+
+def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
+    """Whether the job's train.allow_levers permits ``value`` of a math lever's field (off is always allowed)."""
+    if field_name not in MATH_LEVERS or value in (False, "none"):
+        return True
+    name = "pure_bf16" if field_name == "pure_bf16" else "qlora" if field_name == "qlora" else str(value)
+    return name in req.allow_levers
+
+
+def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
+    """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
+
+    ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
+    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (it steps as each gradient is made).
+    """
+    p, m = req.pins, req.model
+    ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
+    every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
+    axes: dict[str, list] = {
+        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
+        "activation_offload": [False, True],
+        "optimizer_in_backward": [False, True] if grad_accum_steps == 1 else [False],
+        "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
+                                           if req.optimizer in ("adamw", "adam"))],
+        "pure_bf16": [False, True] if req.precision == "bf16" else [False],
+        "qlora": [False, True] if m.lora_params else [False],
+    }
+    for name in axes:
+        pin = getattr(p, name)
+        if pin is not None and name not in supported and pin != axes[name][0]:
+            return []  # pinned on, and this engine does not implement it
+        if pin is not None:
+            axes[name] = [pin]
+        elif name not in supported:
+            axes[name] = [axes[name][0]]
+        axes[name] = [v for v in axes[name] if pin is not None or allowed(req, name, v)]
+    out = []
+    if p.checkpoint_every not in (None, 1) and "checkpoint_every" not in supported:
+        return []
+    for on in ac:
+        ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
+        for k, *rest in itertools.product(ks, *axes.values()):
+            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k,
+                                    **dict(zip(axes, rest, strict=True))))
+    return out
+
+
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "options"]

@@ -1,0 +1,77 @@
+"""The lever search space (launcher.planner.levers): permissions, pins and engine support decide what is tried."""
+
+import dataclasses
+
+import pytest
+
+from launcher.config.job import StrategyConfig
+from launcher.config.jobfile import job_from_data
+from launcher.engines import ENGINES
+from launcher.errors import ConfigError
+from launcher.planner.levers import MATH_LEVERS, options
+from launcher.planner.plan import LEVER_FIELDS, Plan
+from launcher.planner.search import candidates, make_plan
+
+ALL = frozenset(LEVER_FIELDS)
+
+
+def test_every_lever_is_a_pinnable_strategy_field():
+    assert set(LEVER_FIELDS) <= {f.name for f in dataclasses.fields(StrategyConfig)}
+
+
+def test_math_levers_are_tried_only_when_the_job_allows_them(request_for):
+    plain = options(request_for(), ALL, 1)
+    assert {o.low_memory_optimizer for o in plain} == {"none"}
+    assert not any(o.pure_bf16 or o.qlora for o in plain)
+    allowed = options(request_for(allow_levers=("adamw8bit", "pure_bf16")), ALL, 1)
+    assert {o.low_memory_optimizer for o in allowed} == {"none", "adamw8bit"}
+    assert {o.pure_bf16 for o in allowed} == {False, True}
+    # Exact levers need no permission.
+    assert {o.loss_chunks for o in plain} == {0, 8} and {o.activation_offload for o in plain} == {False, True}
+
+
+def test_an_engine_gets_only_the_levers_it_implements(request_for):
+    none = options(request_for(allow_levers=tuple(w for ws in MATH_LEVERS.values() for w in ws)), frozenset(), 1)
+    assert {(o.checkpoint_every, o.loss_chunks, o.activation_offload, o.optimizer_in_backward,
+             o.low_memory_optimizer, o.pure_bf16, o.qlora) for o in none} == {(1, 0, False, False, "none", False, False)}
+    assert {o.activation_checkpointing for o in none} == {False, True}
+
+
+def test_optimizer_in_backward_needs_no_accumulation(request_for):
+    assert {o.optimizer_in_backward for o in options(request_for(), ALL, 2)} == {False}
+    assert {o.optimizer_in_backward for o in options(request_for(), ALL, 1)} == {False, True}
+
+
+def test_a_pinned_lever_is_kept_and_admits_nothing_where_no_engine_implements_it(request_for):
+    unsupported = [f for f in LEVER_FIELDS if f != "checkpoint_every" and not any(f in s.levers for s in ENGINES.values())]
+    for name in unsupported:
+        value = {"loss_chunks": 8, "low_memory_optimizer": "adamw8bit"}.get(name, True)
+        req = request_for(pins=StrategyConfig(**{name: value}), allow_levers=("adamw8bit", "pure_bf16", "qlora"))
+        with pytest.raises(ConfigError, match="only the levers it implements"):
+            candidates(req)
+
+
+def test_a_plan_json_without_lever_fields_reads_back_with_them_off(request_for):
+    d = make_plan(request_for()).to_json()
+    for name in LEVER_FIELDS:
+        assert name in d
+        del d[name]
+    s = Plan.from_json(d).strategy
+    assert (s.checkpoint_every, s.loss_chunks, s.low_memory_optimizer) == (1, 0, "none")
+
+
+@pytest.mark.parametrize(("strategy", "train", "message"), [
+    ({"low_memory_optimizer": "adamw8bit"}, {}, "add adamw8bit to train.allow_levers"),
+    ({"pure_bf16": True}, {}, "add pure_bf16 to train.allow_levers"),
+    ({"qlora": True}, {"allow_levers": ["qlora"]}, "has no train.lora"),
+    ({"checkpoint_every": 0}, {}, "must be 1 to 4096"),
+    ({"loss_chunks": 10**6}, {}, "must be 0 (whole logits) to 4096"),
+    ({}, {"allow_levers": ["qlora", "qlora"]}, "names a lever twice"),
+    ({}, {"allow_levers": ["fp8"]}, "allow_levers"),
+])
+def test_lever_pins_and_permissions_must_agree(strategy, train, message, tmp_path):
+    data = {"name": "x", "model": "gpt2-124m", "task": "causal_lm", "data": {"path": "d.jsonl"},
+            "train": {"global_batch_size": 4, **train}, "strategy": strategy}
+    with pytest.raises(ConfigError) as e:
+        job_from_data(data, tmp_path, for_run=False)
+    assert message in str(e.value)
