@@ -191,3 +191,13 @@ def test_a_profile_with_slow_bf16_is_said_in_the_plan(request_for, precision, sa
                                  seq_len=128, precision=precision))
     notes = [r for r in plan.reasons if "bf16 matmuls run 13.0x slower than fp32" in r]
     assert bool(notes) is said
+
+
+def test_chunked_loss_recomputes_the_head_forward():
+    # launcher.model.chunked_loss reruns each piece's lm_head matmul in backward: 2·h·V FLOPs per token more.
+    inp = no_overhead(inputs())
+    hw, m = inp.hardware, inp.model
+    plain = step_time_terms(inp, strategy(), 10**6)["compute"]
+    chunked = step_time_terms(inp, dataclasses.replace(strategy(), loss_chunks=8), 10**6)["compute"]
+    assert chunked - plain == pytest.approx(2 * m.hidden_size * m.vocab_size * TOKENS_PER_STEP
+                                            / (hw.flops_bf16 * hw.mfu))
