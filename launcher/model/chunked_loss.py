@@ -95,22 +95,30 @@ def output_head(model: nn.Module) -> nn.Module | None:
     return get() if get is not None else None
 
 
-def enable_chunked_loss(model: nn.Module, chunks: int) -> nn.Module:
-    """Make ``model``'s head compute the loss in ``chunks`` pieces (in place); ConfigError where it cannot."""
+def chunk_problem(model: nn.Module) -> str:
+    """Why this (LoRA-wrapped) model's head cannot compute a chunked loss; "" when it can. The planner reads it
+    from ModelStats.chunk_problem and then never offers the lever."""
     head = output_head(model)
     if head is None or type(head) not in (nn.Linear, ChunkedLossHead):
         kind = "no output embedding" if head is None else f"a {type(head).__name__} head (LoRA on lm_head?)"
-        raise ConfigError(_fix(f"strategy.loss_chunks: {chunks} needs an nn.Linear lm_head, and this model has "
-                               f"{kind}"))
+        return f"needs an nn.Linear lm_head, and this model has {kind}"
     config = getattr(model, "config", None)
     for name in _LOGIT_TRANSFORMS:
         value = getattr(config, name, None)
         if value not in (None, 1, 1.0):
-            raise ConfigError(_fix(f"strategy.loss_chunks: {chunks} cannot chunk a model whose logits are "
-                                   f"transformed after the head ({name} = {value})"))
+            return f"cannot chunk a model whose logits are transformed after the head ({name} = {value})"
+    return ""
+
+
+def enable_chunked_loss(model: nn.Module, chunks: int) -> nn.Module:
+    """Make ``model``'s head compute the loss in ``chunks`` pieces (in place); ConfigError where it cannot."""
+    problem = chunk_problem(model)
+    if problem:
+        raise ConfigError(_fix(f"strategy.loss_chunks: {chunks} {problem}"))
+    head = output_head(model)
     head.__class__ = ChunkedLossHead
     head.loss_chunks = chunks
     return model
 
 
-__all__ = ["ChunkedLossHead", "chunked_causal_lm_loss", "enable_chunked_loss", "loss_labels", "output_head"]
+__all__ = ["ChunkedLossHead", "chunk_problem", "chunked_causal_lm_loss", "enable_chunked_loss", "loss_labels", "output_head"]

@@ -67,6 +67,8 @@ class ModelStats:
     checkpoint_bytes: int = 0
     """Bytes of tensors in the model dir's weight files, which rank 0 reads whole into host memory while loading
     (0: no weight files, the model starts from a random init)."""
+    chunk_problem: str = ""
+    """causal_lm: why the head cannot compute a chunked loss (launcher.model.chunked_loss); "" when it can."""
 
     @property
     def active_params(self) -> int:
@@ -192,12 +194,19 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         frozen = sum(p.numel() for p in model.pooler.parameters())
     trainable = num_params - frozen
     lora_params = 0
+    wrapped = model
     if job.train.lora is not None:
         from launcher.model.lora import apply_lora, trainable_counts
 
         # The worker's own wrap, on meta: what peft trains (adapters, and the head it keeps for seq_cls) is
         # counted, not re-derived. It raises the ConfigError for targets that match nothing.
-        trainable, lora_params = trainable_counts(apply_lora(model, job.train.lora, job.task))
+        wrapped = apply_lora(model, job.train.lora, job.task)
+        trainable, lora_params = trainable_counts(wrapped)
+    chunking = ""
+    if job.task == "causal_lm":
+        from launcher.model.chunked_loss import chunk_problem
+
+        chunking = chunk_problem(wrapped)
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -237,6 +246,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         max_positions=max_positions,
         position_key=position_key,
         rope_scaling=rope_scaling,
+        chunk_problem=chunking,
         checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
                                           else resolve_model_dir(job.model, job.base_dir)),
     )
