@@ -133,6 +133,20 @@ def eval_batches(n: int, *, micro_batch_size: int, world_size: int, rank: int) -
     return [full[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(n_batches)]
 
 
+def eval_counted(n: int, *, micro_batch_size: int, world_size: int, rank: int) -> list[list[bool]]:
+    """For each of eval_batches' batches, which entries are an example's one counted occurrence: the padding that
+    evens the shards (a wrap of the first examples) and the wrap that fills the last batch repeat examples, and a
+    metric counted over them (accuracy) would count those twice. Unshuffled, shard position j of ``rank`` is
+    global position j * world_size + rank, real when below ``n``."""
+    if n == 0:
+        return []
+    shard = len(shard_order(n, epoch=0, seed=0, world_size=world_size, rank=rank, shuffle=False))
+    flags = [j * world_size + rank < n for j in range(shard)]
+    n_batches = math.ceil(shard / micro_batch_size)
+    flags += [False] * (n_batches * micro_batch_size - shard)
+    return [flags[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(n_batches)]
+
+
 def total_steps(*, max_steps: int | None, epochs: float | None, steps_per_epoch: int) -> int:
     if max_steps is not None:
         if max_steps < 1:
