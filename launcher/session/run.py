@@ -100,7 +100,8 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 
-    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose))
+    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose),
+                    budget_bytes=plan.budget_bytes)
     backend.on_start = started(job, plan, run_dir, opts, view)
     try:
         outcome = backend.run(run_dir, launch_spec(opts, job, plan, run_dir))
