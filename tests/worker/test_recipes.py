@@ -164,3 +164,20 @@ def test_seq_cls_eval_step_counts_right_answers_among_the_counted(tmp_path):
     assert int(recipe.eval_step(oracle, batch, counted)[1]) == 3
     causal = make_recipe("causal_lm", job.data)
     assert causal.eval_step(lambda **kw: type("O", (), {"loss": torch.tensor(1.0)})(), batch, counted)[1] is None
+
+
+def test_seq_cls_model_names_its_labels_as_the_data_does(tmp_path):
+    """The export's config.json says "pos", not "LABEL_2": a user's predictions read as the data's labels."""
+    rows = [{"text": "great", "label": "pos"}, {"text": "awful", "label": "neg"}, {"text": "ok", "label": "neutral"}]
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", rows)
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(rows)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False)
+    assert model.config.id2label == {0: "neg", 1: "neutral", 2: "pos"} and model.config.label2id["pos"] == 2
+    gaps = [{"text": "a", "label": 0}, {"text": "b", "label": 3}]  # ids 1 and 2 never occur: still 4 classes
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", gaps)
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(gaps)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False)
+    assert model.config.num_labels == 4 and model.config.id2label == {0: "0", 1: "LABEL_1", 2: "LABEL_2", 3: "3"}
+    assert model.classifier.out_features == 4
