@@ -55,8 +55,6 @@ NOT_USED = [
      "FSDP state going from 1/8 to 1/128 of 8.03 B parameters, as the model says"),
     ("torchtitan Tables 4-6 (70B / 405B with TP, PP, CP)", "tensor, pipeline and context parallelism are outside the "
      "launcher's strategies"),
-    ("Hugging Face single-GPU guide: Adafactor (12295 MB) and 8-bit Adam (13085 MB) runs", "optimizers the launcher "
-     "does not offer"),
     ("LitGPT table: full fine-tunes (gemma-2b, phi-2, tiny-llama, stablelm-3b), QLoRA rows, phi/gemma/falcon/stablelm "
      "LoRA rows", "bf16-true full fine-tuning keeps no fp32 master or fp32 optimizer state (the launcher's bf16 does); "
      "4-bit quantization is not modelled; those architectures are not among the launcher's families"),
@@ -107,6 +105,13 @@ def job_for(entry: dict, data_path: Path) -> dict:
         train["lora"] = c["lora"]
     strategy = {"engine": c["engine"], "offload_optimizer": "none", "offload_params": "none",
                 "micro_batch_size": c["micro_batch_size"], "activation_checkpointing": c["activation_checkpointing"]}
+    # Levers beyond sharding (launcher.planner.levers), pinned; a math-changing one is also allowed.
+    levers = c.get("levers") or {}
+    strategy.update(levers)
+    allow = [str(v) if k == "low_memory_optimizer" else k for k, v in levers.items()
+             if k in ("low_memory_optimizer", "pure_bf16", "qlora") and v not in (False, "none")]
+    if allow:
+        train["allow_levers"] = allow
     if c["engine"] == "deepspeed":
         strategy["zero_stage"] = c["zero_stage"]
     else:
