@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from launcher.planner.lever_choice import decide
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan, Rejected
 from launcher.planner.request import PlanRequest
@@ -58,7 +59,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(activation_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
-        precision_reason=req.precision_reason,
+        precision_reason=req.precision_reason, levers=decide(req, best),
     )
 
 
