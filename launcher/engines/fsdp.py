@@ -17,11 +17,12 @@ from launcher.engines.spec import Candidate, EngineSpec
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
-    OPTIMIZER_STATE_BYTES,
     MemoryInputs,
     States,
     Traffic,
+    kept_param_bytes,
     optimizer_offload_s,
+    optimizer_state_bytes,
     over_links,
     ring,
     untied_head_bytes,
@@ -36,7 +37,8 @@ def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
 
 
 def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
-    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use.
+    """FSDP2 keeps sharded params, grads and optimizer state in fp32 (bf16 under pure bf16: the worker casts the
+    parameters before sharding and reduces in bf16); unsharded copies only while in use.
 
     Every term divides by the shard group, n = fsdp_shard_ranks: hybrid sharding holds the states of full
     sharding at world = gpus_per_node. Its cross-node all-reduce runs in place on the reduce-scatter's output
@@ -44,12 +46,13 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     """
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     w = BYTES[inp.precision]
-    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
+    pb = kept_param_bytes(s.pure_bf16)  # the shards, their gradients (reduce_dtype) and the optimizer's dtype
+    k = optimizer_state_bytes(inp.optimizer, s.pure_bf16)
     # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
     st = States(step_frees_buffers=True)
-    st.params = 4 * m.num_params / n
+    st.params = pb * m.num_params / n
     st.optimizer = k * m.trainable_params / n
-    sharded_grads = 4 * m.trainable_params / n
+    sharded_grads = pb * m.trainable_params / n
     if s.grad_accum_steps > 1:
         st.grads = sharded_grads
     else:
@@ -74,10 +77,15 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # input (reduce_dtype, 4 bytes) and copies the unsharded gradients into it before clearing them
     # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
     # more than the input plus the sharded output (4 + 4/n) that follow.
-    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
+    # Pure bf16 reduces in the gradients' own dtype (reduce_dtype = param_dtype = bf16): no cast, the fp32 case
+    # with 2 bytes for 4.
+    if inp.precision == "fp32" or s.pure_bf16:
+        reduce_temp = max(w + pb, pb + pb / n) * unit
+    else:
+        reduce_temp = (2 * w + 4 + 4 / n) * unit
     # The root's parameters stay unsharded through its own gradient reduce: it reshards after it (measured on
     # MiniLM, whose root is half the model: 'Unsharded Param' 48.27 MB beside the reduce's buffers).
-    st.backward_end_extra = (w * m.non_block_params + 4 * (m.trainable_params - root_trainable) / n + reduce_temp
+    st.backward_end_extra = (w * m.non_block_params + pb * (m.trainable_params - root_trainable) / n + reduce_temp
                              - st.grads)
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
@@ -92,6 +100,7 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
+    levers = frozenset({"pure_bf16"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
@@ -105,10 +114,11 @@ class FsdpSpec(EngineSpec):
         return fsdp_states(inp, s)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
-        """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (on CPU ranks, where
-        host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy holds them."""
+        """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (2Ψ/N under pure bf16)
+        (on CPU ranks, where host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy
+        holds them."""
         m = inp.model
-        shards = 4 * m.num_params / fsdp_shard_ranks(inp, s)
+        shards = kept_param_bytes(s.pure_bf16) * m.num_params / fsdp_shard_ranks(inp, s)
         if inp.hardware.device_is_host:
             return 4 * m.num_params + max(untied_head_bytes(m), shards)
         on_device = 0.0 if s.offload_params != "none" else 1.0
@@ -156,7 +166,8 @@ class FsdpSpec(EngineSpec):
             # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)
             # weights included, since the device holds no copy between uses [PyTorch FSDP2 offload_policy].
             gathers = 2 if s.fsdp_reshard_after_forward else 1
-            offload += s.grad_accum_steps * gathers * 4 * m.num_params / fsdp_shard_ranks(inp, s) / hw.host_link_bw
+            offload += (s.grad_accum_steps * gathers * kept_param_bytes(s.pure_bf16) * m.num_params
+                        / fsdp_shard_ranks(inp, s) / hw.host_link_bw)
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
@@ -188,7 +199,12 @@ class FsdpSpec(EngineSpec):
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
-        return list(FSDP_NOTES)
+        notes = list(FSDP_NOTES)
+        if plan.strategy.pure_bf16:
+            # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
+            notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
+            notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
+        return notes
 
     def title(self, s: Strategy, nodes: int) -> str:
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward

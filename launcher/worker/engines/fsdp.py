@@ -71,6 +71,7 @@ class FsdpEngine:
             grad_accum_steps=s.grad_accum_steps,
             device=device,
             sharding=s.fsdp_sharding or "full",
+            pure_bf16=s.pure_bf16,
         )
 
     @staticmethod
@@ -89,6 +90,7 @@ class FsdpEngine:
         grad_accum_steps: int,
         device: torch.device,
         sharding: FsdpSharding = "full",
+        pure_bf16: bool = False,
     ):
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
@@ -98,6 +100,10 @@ class FsdpEngine:
                 f"(offload_params={offload_params!r}, offload_optimizer={offload_optimizer!r}); set both to "
                 "'cpu' or both to 'none', or use engine: deepspeed to offload the optimizer alone"
             )
+        if pure_bf16 and precision != "bf16":
+            raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
+                              "train.precision: bf16 or pure_bf16: false")
+        self.pure_bf16 = pure_bf16
         self.reshard_after_forward = reshard_after_forward
         self.offload = offload_params == "cpu"
         self.activation_checkpointing = activation_checkpointing
@@ -135,7 +141,18 @@ class FsdpEngine:
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
         self.shard_group = mesh.get_group(mesh.ndim - 1)  # the ranks that hold one shard each of every gradient
         dtype = WORK_DTYPES.get(self.precision)
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        if self.pure_bf16:
+            # Pure bf16 (LitGPT's "bf16-true"): the sharded parameters themselves are bf16, so gradients are
+            # reduced in bf16 and AdamW's states, allocated like the parameter (zeros_like), are bf16 too: no fp32
+            # master anywhere. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
+            # tied weights stay tied; on the meta model rank 0's fp32 state dict is then copied into bf16 shards.
+            for p in model.parameters():
+                p.data = p.data.to(torch.bfloat16)
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        elif dtype:
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
         for block in blocks:
