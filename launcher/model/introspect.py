@@ -64,6 +64,9 @@ class ModelStats:
     """The config key that sets max_positions: max_position_embeddings, n_positions, ..."""
     rope_scaling: str | None = None
     """The config's RoPE scaling when it is not the default one, as written in config.json (None without)."""
+    block_linear_shapes: list[list[int]] = field(default_factory=list)
+    """(out, in) features of each frozen nn.Linear weight of the largest block (under LoRA: the adapted layers'
+    base weights and the untouched linears): what QLoRA may store in NF4 (launcher.model.qlora)."""
     checkpoint_bytes: int = 0
     """Bytes of tensors in the model dir's weight files, which rank 0 reads whole into host memory while loading
     (0: no weight files, the model starts from a random init)."""
@@ -198,6 +201,11 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         # The worker's own wrap, on meta: what peft trains (adapters, and the head it keeps for seq_cls) is
         # counted, not re-derived. It raises the ConfigError for targets that match nothing.
         trainable, lora_params = trainable_counts(apply_lora(model, job.train.lora, job.task))
+    import torch.nn as nn
+
+    largest_block = blocks[per_block.index(max(per_block))]
+    linear_shapes = [list(m.weight.shape) for m in largest_block.modules()
+                     if isinstance(m, nn.Linear) and not m.weight.requires_grad] if job.train.lora is not None else []
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -237,6 +245,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         max_positions=max_positions,
         position_key=position_key,
         rope_scaling=rope_scaling,
+        block_linear_shapes=linear_shapes,
         checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
                                           else resolve_model_dir(job.model, job.base_dir)),
     )

@@ -8,6 +8,8 @@ comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
+dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
+            bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 Each engine's spec (launcher.engines) gives its communication, offload and engine terms; compute is common.
 """
@@ -36,6 +38,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     flops_per_token = (fwd_bwd + (2.0 if s.activation_checkpointing else 0.0)) * m.active_params
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
+    # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
+    compute += spec.dequant_s(inp, s)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens.
     overhead = s.grad_accum_steps * m.num_blocks * hw.block_overhead_s * (1.5 if s.activation_checkpointing else 1.0)
 

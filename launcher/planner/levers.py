@@ -73,7 +73,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
                                            if req.optimizer in ("adamw", "adam"))],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
-        "qlora": [False, True] if m.lora_params else [False],
+        # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
+        "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
     }
     for name in axes:
         pin = getattr(p, name)

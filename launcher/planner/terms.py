@@ -124,6 +124,10 @@ class States:
     """NVMe bytes per rank: swapped-out optimizer state and parameters."""
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
+    dequant_transient: float = 0.0
+    """Bytes of the one frozen weight dequantized at a time in forward and backward (QLoRA's NF4 base): it meets the
+    saved activations in the blocks' backward, after the loss's temporaries are freed, so the backward moment
+    counts the larger of the two."""
     step_frees_buffers: bool = False
     """The engine frees its buffers before the optimizer step (FSDP2 reshards its unsharded working copies
     before stepping on the shards, measured)."""

@@ -159,17 +159,18 @@ def test_hybrid_fsdp_offload_runs_adam_over_the_node_shard():
 
 @pytest.mark.parametrize("reshard,gathers", [(True, 2), (False, 1)])
 def test_fsdp_param_offload_moves_frozen_lora_weights_every_forward_and_backward(reshard, gathers):
-    # LoRA: almost nothing trains, but CPUOffloadPolicy still copies every fp32 weight shard to the device before
-    # each all-gather (forward, and backward again when resharded), every micro-step.
+    # LoRA: almost nothing trains, but CPUOffloadPolicy still copies every weight shard to the device before each
+    # all-gather (forward, and backward again when resharded), every micro-step: the adapters' fp32 shards and the
+    # frozen base's, which the worker holds in the working dtype (bf16 here).
     lora = llama_stats(trainable=4_000_000)
     inp = inputs(model=lora)
     hw = inp.hardware
     with_par = step_time_terms(inp, strategy("fsdp", reshard=reshard, opt="cpu", par="cpu", accum=4), 10**6)
     trainable_shard = lora.trainable_params / 8
     optimizer_only = 2 * 2 * trainable_shard / hw.host_link_bw + trainable_shard * 8 / hw.cpu_adam_params_per_s
-    weights = 4 * gathers * 4 * P / 8 / hw.host_link_bw
+    weights = 4 * gathers * (4 * lora.trainable_params + 2 * (P - lora.trainable_params)) / 8 / hw.host_link_bw
     assert with_par["offload"] == pytest.approx(optimizer_only + weights)
-    assert weights > 100 * optimizer_only  # the frozen weights, not the adapters, are what moving costs
+    assert weights > 50 * optimizer_only  # the frozen weights, not the adapters, are what moving costs
 
 
 def test_bf16_compute_uses_the_calibrated_bf16_rate_on_a_cpu_without_native_bf16():

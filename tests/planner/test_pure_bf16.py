@@ -56,3 +56,13 @@ def test_offered_only_where_allowed_on_bf16_and_implemented(request_for):
     assert {o.pure_bf16 for o in options(request_for(), supported, 1)} == {False}
     fp32 = dataclasses.replace(allowed, precision="fp32")
     assert {o.pure_bf16 for o in options(fp32, supported, 1)} == {False}
+
+
+def test_lora_base_is_held_in_the_working_dtype_not_fp32(llama7b):
+    """The worker casts frozen parameters to the working dtype before sharding (mixed precision casts them there at
+    every all-gather anyway): 2 bytes for the base, 4 for the adapters."""
+    lora = dataclasses.replace(llama7b, trainable_params=4_000_000, lora_params=4_000_000)
+    st = fsdp_states(inputs(lora), fsdp(False))
+    assert st.params == pytest.approx((4 * 4_000_000 + 2 * (lora.num_params - 4_000_000)) / 8)
+    fp32 = dataclasses.replace(inputs(lora), precision="fp32")
+    assert fsdp_states(fp32, fsdp(False)).params == pytest.approx(4 * lora.num_params / 8)

@@ -72,6 +72,7 @@ class FsdpEngine:
             device=device,
             sharding=s.fsdp_sharding or "full",
             pure_bf16=s.pure_bf16,
+            qlora=s.qlora,
         )
 
     @staticmethod
@@ -91,6 +92,7 @@ class FsdpEngine:
         device: torch.device,
         sharding: FsdpSharding = "full",
         pure_bf16: bool = False,
+        qlora: bool = False,
     ):
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
@@ -104,6 +106,7 @@ class FsdpEngine:
             raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
                               "train.precision: bf16 or pure_bf16: false")
         self.pure_bf16 = pure_bf16
+        self.qlora = qlora
         self.reshard_after_forward = reshard_after_forward
         self.offload = offload_params == "cpu"
         self.activation_checkpointing = activation_checkpointing
@@ -132,6 +135,14 @@ class FsdpEngine:
 
         state, buffers = rank0_state(model) if self.rank0_load else ({}, {})
         _, blocks = find_blocks(model, fix="FSDP needs one to shard per block; use engine: deepspeed for this model")
+        nf4_targets: list[dict] = [{} for _ in blocks]
+        nf4_full = {}
+        if self.qlora:  # found by their state-dict names, before checkpoint_wrapper renames the blocks' modules
+            from launcher.worker.qlora import nf4_targets as find_nf4
+
+            nf4_targets = find_nf4(model, blocks, self.mesh_shape()[0][-1])
+            # Rank 0's full weights for them leave the scatter below; launcher.worker.qlora sends them itself.
+            nf4_full = {k: state.pop(k) for t in nf4_targets for k in t if k in state}
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
@@ -150,12 +161,26 @@ class FsdpEngine:
                 p.data = p.data.to(torch.bfloat16)
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
         elif dtype:
+            # Frozen parameters (LoRA's base) are kept in the working dtype: mixed precision would cast their fp32
+            # shards to it at every all-gather anyway, so the math is the same, and they need no fp32 master (no
+            # gradient, no optimizer step). FSDP2 requires one dtype only among trainable parameters
+            # (_fsdp_param_group.py _init_mp_dtypes).
+            for p in model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(dtype)
             mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         else:
             mp = MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
-        for block in blocks:
+        home = torch.device("cpu") if self.offload else self.device
+        for block, targets in zip(blocks, nf4_targets, strict=True):
+            if targets:  # QLoRA: this block's frozen linears to NF4 just before it is sharded
+                from launcher.worker.qlora import quantize
+
+                quantize(targets, nf4_full, from_rank0=self.rank0_load, device=home,
+                         dtype=torch.bfloat16 if self.pure_bf16 else (dtype or torch.float32),
+                         comm_device=self.device if dist.get_backend() == "nccl" else torch.device("cpu"))
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
         # The root (embeddings, final norm, head) is never resharded after forward: its pre-backward hook would
         # gather it again at once, holding the all-gather buffer and the unsharded copy together while every
@@ -164,7 +189,8 @@ class FsdpEngine:
         fully_shard(model, reshard_after_forward=False, **kw)
         if self.rank0_load:
             # Shards allocated where the policy keeps them (host with CPU offload), then filled from rank 0.
-            fill_sharded(model, state, buffers, torch.device("cpu") if self.offload else self.device)
+            # The NF4 weights are real already: only what is still on meta is allocated and scattered.
+            fill_sharded(model, state, buffers, home, keep_real=any(nf4_targets))
             del state, buffers
         self.model = model
         self.max_grad_norm = clip_setting(train.max_grad_norm)
