@@ -292,6 +292,10 @@ def lever_problems(job: Job) -> list[str]:
     if pins.qlora and job.train.lora is None:
         out.append("strategy.qlora: true quantizes the frozen base of a LoRA run, but this job has no train.lora; "
                    "add train.lora, or leave strategy.qlora out")
+    if pins.pure_bf16 and job.train.precision != "bf16":
+        out.append(f"strategy.pure_bf16: true keeps weights, gradients and optimizer states in bf16, but "
+                   f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "
+                   "strategy.pure_bf16 out")
     if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
         out.append(f"strategy.checkpoint_every: {pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} (1 "
                    "checkpoints every block); use e.g. 2, or leave it out")
