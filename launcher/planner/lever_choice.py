@@ -37,7 +37,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
         "optimizer_in_backward": s.grad_accum_steps == 1,
         "low_memory_optimizer": req.optimizer in ("adamw", "adam"),
         "pure_bf16": req.precision == "bf16",
-        "qlora": bool(m.lora_params),
+        "qlora": bool(m.lora_params and m.block_linear_shapes),  # some frozen block linear NF4 could take
     }.get(lever, True)
 
 
