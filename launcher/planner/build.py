@@ -8,7 +8,7 @@ from typing import Literal
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan, Rejected
 from launcher.planner.request import PlanRequest
-from launcher.planner.scoring import Scored, activation_constants
+from launcher.planner.scoring import Scored, activation_constants, score
 from launcher.units import format_bytes
 
 
@@ -42,6 +42,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    if best.strategy.optimizer_in_backward:
+        reasons.append(in_backward_reason(req, best))
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -62,6 +64,22 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     )
 
 
+def in_backward_reason(req: PlanRequest, best: Scored) -> str:
+    """Why the optimizer steps in backward, what it saves, and that it turns the job's clipping off."""
+    plain = score(req, dataclasses.replace(best.strategy, optimizer_in_backward=False)).estimate
+    b = best.estimate
+    saved = (f"peak {format_bytes(b.peak_bytes)} against {format_bytes(plain.peak_bytes)} with the step after "
+             f"backward" if plain.peak_bytes != b.peak_bytes else
+             f"the same peak ({format_bytes(b.peak_bytes)}: it falls at the backward start, where no gradient "
+             f"exists yet), the step itself {format_bytes(b.moment_bytes.get('step', 0))} against "
+             f"{format_bytes(plain.moment_bytes.get('step', 0))}")
+    clip = (f"gradient clipping is OFF: train.max_grad_norm {req.max_grad_norm:g} is not applied, since each "
+            "parameter steps before the global norm of all gradients exists; pin strategy.optimizer_in_backward: "
+            "false to keep it" if req.max_grad_norm > 0 else "no clipping is lost (train.max_grad_norm is off)")
+    return (f"optimizer step in backward: each parameter steps in its gradient hook, so no gradient waits for a "
+            f"step ({saved}); {clip}")
+
+
 def activation_reasons(c: ActivationConstants) -> list[str]:
     """What the activation term assumed: the attention kernel, and a probe that failed (never silently)."""
     scores = "a·s² score matrices saved per block" if c.attention == "eager" else "fused, no a·s² scores saved"
@@ -77,7 +95,11 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     t0 = best.estimate.step_time_s
     faster = sorted((c for c in scored if c.problem and c.estimate.step_time_s < t0),
                     key=lambda c: c.estimate.step_time_s)
-    runners = sorted((c for c in scored if c.problem is None and c is not best),
+    # A fitting strategy with the step in backward whose plain twin fits too only adds a little time: not listed.
+    plain_fits = {c.strategy.label() for c in scored if c.problem is None and not c.strategy.optimizer_in_backward}
+    runners = sorted((c for c in scored if c.problem is None and c is not best
+                      and not (c.strategy.optimizer_in_backward
+                               and dataclasses.replace(c.strategy, optimizer_in_backward=False).label() in plain_fits)),
                      key=lambda c: c.estimate.step_time_s)
     out, seen = [], set()
     for c in faster[: limit // 2] + runners:
