@@ -58,6 +58,36 @@ def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
     assert z[-1]["loss"] < z[0]["loss"]  # and it trains
 
 
+IN_BACKWARD_AGREE = 1e-6
+"""The step in backward runs the same per-tensor AdamW on the same reduce-scattered shards: fp32 curves agree to
+rounding (in practice bit for bit)."""
+
+
+def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
+    # Clipping off (it needs every gradient before any step) and no accumulation: otherwise the same math.
+    train = {"global_batch_size": 4, "precision": "fp32", "lr": 3e-3, "max_steps": 4, "seed": 7,
+             "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": 0}
+    pins = {"engine": "fsdp", "fsdp_reshard_after_forward": True, "micro_batch_size": 2,
+            "activation_checkpointing": False, "offload_optimizer": "none", "offload_params": "none"}
+    curves = {}
+    for name, in_backward in (("step", False), ("in-backward", True)):
+        job = job_file(tmp_path, name, strategy={**pins, "optimizer_in_backward": in_backward}, train=train)
+        res = launch(job, "--run-dir", tmp_path / name, "--quiet")
+        assert res.returncode == 0, res.stdout + res.stderr
+        plan = json.loads((tmp_path / name / "plan.json").read_text())
+        assert (plan["optimizer_in_backward"], plan["grad_accum_steps"]) == (in_backward, 1)
+        # It saved its checkpoint at the end: the per-parameter optimizers' state through DCP on 2 ranks.
+        assert (tmp_path / name / "checkpoint" / "latest").read_text().strip() == "step-00000004"
+        curves[name] = step_rows(tmp_path / name)
+    a, b = curves["step"], curves["in-backward"]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert y["lr"] == pytest.approx(x["lr"], rel=1e-12), ("warm-up schedules differ", a, b)
+        assert y["loss"] == pytest.approx(x["loss"], rel=IN_BACKWARD_AGREE), (a, b)
+        assert y.get("grad_norm") is None  # no global norm is measured
+    assert a[-1]["loss"] < a[0]["loss"] and len({r["lr"] for r in a}) > 1  # it trains, through the warm-up
+
+
 def test_the_worker_optimizer_is_the_one_the_ds_config_names():
     # Both engines run torch's AdamW; FSDP2 builds it here, DeepSpeed from ds_config.json's params.
     assert list(ADAM_BETAS) == list(emit_ds.ADAM_BETAS) and ADAM_EPS == emit_ds.ADAM_EPS
