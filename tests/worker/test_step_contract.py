@@ -88,6 +88,17 @@ def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
     assert a[-1]["loss"] < a[0]["loss"] and len({r["lr"] for r in a}) > 1  # it trains, through the warm-up
 
 
+@pytest.mark.parametrize("precision, accum, message", [("fp32", 2, "needs grad_accum_steps 1"),
+                                                       ("fp16", 1, "fp16 needs loss scaling")])
+def test_fsdp2_refuses_the_step_in_backward_where_it_cannot_step_each_gradient(precision, accum, message):
+    from launcher.worker.engines.fsdp import FsdpEngine
+
+    with pytest.raises(ConfigError, match=message):
+        FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                   activation_checkpointing=False, precision=precision, grad_accum_steps=accum,
+                   device=torch.device("cpu"), optimizer_in_backward=True)
+
+
 def test_the_worker_optimizer_is_the_one_the_ds_config_names():
     # Both engines run torch's AdamW; FSDP2 builds it here, DeepSpeed from ds_config.json's params.
     assert list(ADAM_BETAS) == list(emit_ds.ADAM_BETAS) and ADAM_EPS == emit_ds.ADAM_EPS
