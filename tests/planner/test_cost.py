@@ -226,4 +226,7 @@ def test_the_step_in_backward_is_chosen_only_to_fit_and_the_plan_says_clipping_i
     tight = make_plan(request_for(**kw, budget_bytes=budget))
     assert tight.strategy.optimizer_in_backward
     said = [r for r in tight.reasons if r.startswith("optimizer step in backward")]
-    assert said and "gradient clipping is OFF: train.max_grad_norm 1 is not applied" in said[0]
+    assert said and "gradient clipping is OFF -- train.max_grad_norm 1 is not applied" in said[0]
+    decision = next(d for d in tight.levers if d.lever == "optimizer_in_backward")
+    assert decision.used and decision.why == "needed_to_fit"
+    assert not any(r.startswith("optimizer step in backward") for r in roomy.reasons)
