@@ -69,7 +69,7 @@ def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
              "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": 0}
     pins = {"engine": "fsdp", "fsdp_reshard_after_forward": True, "micro_batch_size": 2,
             "activation_checkpointing": False, "offload_optimizer": "none", "offload_params": "none"}
-    curves = {}
+    curves, step_phase = {}, {}
     for name, in_backward in (("step", False), ("in-backward", True)):
         job = job_file(tmp_path, name, strategy={**pins, "optimizer_in_backward": in_backward}, train=train)
         res = launch(job, "--run-dir", tmp_path / name, "--quiet")
@@ -79,6 +79,11 @@ def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
         # It saved its checkpoint at the end: the per-parameter optimizers' state through DCP on 2 ranks.
         assert (tmp_path / name / "checkpoint" / "latest").read_text().strip() == "step-00000004"
         curves[name] = step_rows(tmp_path / name)
+        rank = json.loads((tmp_path / name / "ranks" / "rank-0.json").read_text())
+        step_phase[name] = rank["phases"]["optimizer_step"]
+    # The steps really ran in backward: no gradient is left for the step phase to hold (the plain step holds this
+    # rank's fp32 shard of every gradient there, 4 bytes x trainable / 2 ranks, and more).
+    assert step_phase["step"] - step_phase["in-backward"] >= 4 * plan["trainable_params"] / 2
     a, b = curves["step"], curves["in-backward"]
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a, b, strict=True):
