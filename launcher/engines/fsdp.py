@@ -17,11 +17,12 @@ from launcher.engines.spec import Candidate, EngineSpec
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
-    OPTIMIZER_STATE_BYTES,
     MemoryInputs,
     States,
     Traffic,
     optimizer_offload_s,
+    optimizer_state_bytes,
+    optimizer_step_temp_bytes,
     over_links,
     ring,
     untied_head_bytes,
@@ -44,16 +45,18 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     """
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     w = BYTES[inp.precision]
-    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
     # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
     st = States(step_frees_buffers=True)
     st.params = 4 * m.num_params / n
-    st.optimizer = k * m.trainable_params / n
+    st.optimizer = optimizer_state_bytes(inp, s, n)
     sharded_grads = 4 * m.trainable_params / n
     if s.grad_accum_steps > 1:
         st.grads = sharded_grads
     else:
         st.step_extra = sharded_grads
+    # A low-memory optimizer's working copies of the one tensor it steps (launcher.planner.terms).
+    st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
+                                               or s.offload_params == "cpu")
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
     # worker never reshards after forward (launcher.worker.engines.fsdp), and one block's worth: the last
     # block's all-gather buffer, kept as FSDP2's all_gather_state until the next all-gather (_fsdp_param_group.py
@@ -92,6 +95,9 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
+    # The optimizer steps FSDP2's DTensor shards: torchao's low-bit AdamW and ShardedAdafactor both run there
+    # (launcher.worker.engines.optimizers).
+    levers = frozenset({"low_memory_optimizer"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.

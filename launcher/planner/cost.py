@@ -8,6 +8,8 @@ comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
+optimizer = what a low-memory optimizer's step adds over AdamW's (launcher.planner.terms.optimizer_step_s); present
+            only in plans that use one.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 Each engine's spec (launcher.engines) gives its communication, offload and engine terms; compute is common.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from launcher.engines import engine_spec
 from launcher.planner.plan import Strategy
-from launcher.planner.terms import MemoryInputs, Traffic
+from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s
 
 
 def communication(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -46,8 +48,12 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
     offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s)
     exposed_comm = comm * (1.0 - hw.comm_overlap)
-    return {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
-            "engine": spec.step_overhead_s(hw)}
+    terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
+             "engine": spec.step_overhead_s(hw)}
+    if s.low_memory_optimizer != "none":
+        terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),
+                                              on_host=hw.device_is_host or spec.optimizer_on_host(s))
+    return terms
 
 
 def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:

@@ -57,6 +57,11 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
     return name in req.allow_levers
 
 
+def changes_math(fields) -> bool:
+    """Whether a Strategy (or LeverSetting) uses a lever that changes the training math (MATH_LEVERS)."""
+    return any(getattr(fields, name) not in (False, "none") for name in MATH_LEVERS)
+
+
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
@@ -70,8 +75,9 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
         "activation_offload": [False, True],
         "optimizer_in_backward": [False, True] if grad_accum_steps == 1 else [False],
+        # In place of Adam only, and not under LoRA: its adapters' state is already small.
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
-                                           if req.optimizer in ("adamw", "adam"))],
+                                           if req.optimizer in ("adamw", "adam") and not m.lora_params)],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
         "qlora": [False, True] if m.lora_params else [False],
     }
@@ -95,4 +101,4 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "options"]
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math", "options"]

@@ -57,11 +57,13 @@ class FsdpEngine:
     name = "fsdp"
     hf_checkpointing = False
     """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
+    low_memory_optimizer = "none"
+    """The plan's Strategy.low_memory_optimizer (set by from_plan): build_optimizer's choice."""
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
         s = plan.strategy
-        return cls(
+        engine = cls(
             reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
                                        else True),
             offload_params=s.offload_params,
@@ -72,6 +74,8 @@ class FsdpEngine:
             device=device,
             sharding=s.fsdp_sharding or "full",
         )
+        engine.low_memory_optimizer = s.low_memory_optimizer
+        return engine
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -151,7 +155,8 @@ class FsdpEngine:
             del state, buffers
         self.model = model
         self.max_grad_norm = clip_setting(train.max_grad_norm)
-        self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad))
+        self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad),
+                                         self.low_memory_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
         if self.precision == "fp16":
             # fp16 runs only on CUDA (the worker refuses it on CPU); grads need loss scaling.
