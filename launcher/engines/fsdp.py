@@ -29,6 +29,9 @@ from launcher.planner.terms import (
 )
 
 NAME = "fsdp"
+LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
+                      "adafactor": "torch.optim.Adafactor"}
+"""What a script of its own builds for Strategy.low_memory_optimizer (the worker: launcher.worker.engines.optimizers)."""
 
 
 def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
@@ -194,7 +197,13 @@ class FsdpSpec(EngineSpec):
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
-        return list(FSDP_NOTES)
+        notes = list(FSDP_NOTES)
+        opt = plan.strategy.low_memory_optimizer
+        if opt != "none":
+            # accelerate carries no optimizer: the script builds the one the plan's memory assumes.
+            notes.append(f"The plan assumes the {opt} optimizer: build {LOW_MEMORY_CLASSES[opt]} over the prepared "
+                         "model's parameters (docs/memory-model.md, Low-memory optimizers).")
+        return notes
 
     def title(self, s: Strategy, nodes: int) -> str:
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward

@@ -138,4 +138,38 @@ def test_the_planner_uses_an_allowed_low_memory_optimizer_only_to_fit(request_fo
 def _fsdp_strategies(req):
     from launcher.planner.candidates import candidates
 
-    return [s for s in candidates(req)]
+    return candidates(req)
+
+
+def test_pinned_on_deepspeed_it_admits_nothing(request_for):
+    from launcher.config.job import StrategyConfig
+    from launcher.errors import ConfigError
+    from launcher.planner.candidates import candidates
+
+    req = request_for(pins=StrategyConfig(engine="deepspeed", low_memory_optimizer="adamw8bit"),
+                      allow_levers=("adamw8bit",))
+    with pytest.raises(ConfigError, match="deepspeed: none"):
+        candidates(req)
+
+
+def test_not_tried_under_lora_or_in_place_of_sgd(request_for):
+    from launcher.planner.levers import options
+
+    allow = ("adamw8bit", "adamw4bit", "adafactor")
+    assert {o.low_memory_optimizer for o in options(request_for(allow_levers=allow), frozenset(
+        {"low_memory_optimizer"}), 1)} == {"none", *allow}
+    lora = llama_stats(trainable=4_000_000)
+    for req in (request_for(model=lora, allow_levers=allow), request_for(optimizer="sgd", allow_levers=allow)):
+        assert {o.low_memory_optimizer for o in options(req, frozenset({"low_memory_optimizer"}), 1)} == {"none"}
+
+
+def test_the_accelerate_export_tells_the_script_which_optimizer_the_plan_assumes(request_for):
+    from pathlib import Path
+
+    req = _cpu_request(request_for, budget_bytes=10**10, allow_levers=("adamw4bit",))
+    plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp",
+                                                                       low_memory_optimizer="adamw4bit")))
+    notes = ENGINES["fsdp"].accelerate_notes(plan, Path("."))
+    assert any("torchao.optim.AdamW4bit" in n for n in notes)
+    plain = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp")))
+    assert not any("optimizer" in n for n in ENGINES["fsdp"].accelerate_notes(plain, Path(".")))
