@@ -28,6 +28,8 @@ LOW_BIT_STEP_COPIES = 6
 """fp32 tensors the size of the parameter that torchao's single_param_adam holds at once when it runs eagerly
 (CPU ranks, launcher.worker.engines.optimizers): p_f32, exp_avg_f32, exp_avg_sq_f32 and the denominator's
 temporaries. Measured 6.0 for 8-bit, 4-bit and fp32-state tensors alike (MemTracker, torch 2.13, torchao 0.18)."""
+ADAM_STEP_COPIES = 2
+"""fp32 tensors the size of the parameter torch's single-tensor AdamW step holds at once (its denominator)."""
 LOW_BIT_CPU_STEP_RATIO = 7.0
 """Eager low-bit AdamW's step over torch's single-tensor AdamW on CPU, measured 6.4 (4-bit) and 7.4 (8-bit) on
 2.4M parameters."""
@@ -85,12 +87,16 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
 
     Low-bit AdamW stepping on the host (CPU ranks, or state offloaded: ``on_host``) runs eagerly: LOW_BIT_STEP_COPIES fp32 copies (on CUDA torchao compiles the
     step into fused kernels, which hold none; not measured here). Adafactor: its variance estimate, the size of
-    the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's own
-    optimizers: 0, as the model always counted them (torch's single-tensor AdamW holds ~2 such copies, measured,
-    inside what the step moment was checked against).
+    the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's Adam/AdamW
+    (torch's single-tensor step, foreach=False): two, the square root and the quotient of its denominator
+    (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
+    2.0 on FSDP2's fp32 cells); SGD none. Engines that step their own flat partitions (DeepSpeed) count their step
+    apart.
     """
     opt = s.low_memory_optimizer
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
+    if opt == "none":
+        return ADAM_STEP_COPIES * largest if inp.optimizer in ("adam", "adamw") else 0.0
     if opt == "adafactor":
         return largest
     if opt in LOW_BIT_STATE and on_host:
