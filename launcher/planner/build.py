@@ -43,7 +43,6 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
-        reasons += low_memory_reasons(req, best, scored)
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -62,23 +61,6 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
         precision_reason=req.precision_reason, levers=decide(req, best),
     )
-
-
-def low_memory_reasons(req: PlanRequest, best: Scored, scored: list[Scored]) -> list[str]:
-    """Why a low-memory optimizer the job allowed was used or not: needed to fit, or faster, or neither."""
-    allowed = [w for w in req.allow_levers if w in ("adamw8bit", "adamw4bit", "adafactor")]
-    if not allowed or req.pins.low_memory_optimizer is not None:
-        return []
-    used = best.strategy.low_memory_optimizer
-    plain = [c for c in scored if c.problem is None and c.strategy.low_memory_optimizer == "none"]
-    if used == "none":
-        return [f"low-memory optimizer not used ({', '.join(allowed)} allowed): the job's {req.optimizer} fits and "
-                "is as fast"]
-    if not plain:
-        return [f"low-memory optimizer {used}: no strategy with the job's {req.optimizer} fits"]
-    t = min(c.estimate.step_time_s for c in plain)
-    return [f"low-memory optimizer {used}: faster than the fastest fitting plan with the job's {req.optimizer} "
-            f"({best.estimate.step_time_s:.3g} vs {t:.3g} s/step)"]
 
 
 def activation_reasons(c: ActivationConstants) -> list[str]:
