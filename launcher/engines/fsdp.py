@@ -30,7 +30,8 @@ from launcher.planner.terms import (
 
 NAME = "fsdp"
 LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
-                      "adafactor": "torch.optim.Adafactor"}
+                      # torch.optim.Adafactor itself refuses FSDP2's DTensor shards (torch 2.13)
+                      "adafactor": "launcher.worker.engines.optimizers.ShardedAdafactor"}
 """What a script of its own builds for Strategy.low_memory_optimizer (the worker: launcher.worker.engines.optimizers)."""
 
 
