@@ -62,11 +62,17 @@ def changes_math(fields) -> bool:
     return any(getattr(fields, name) not in (False, "none") for name in MATH_LEVERS)
 
 
+def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
+    """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
+    torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
+    return grad_accum_steps == 1 and req.precision != "fp16"
+
+
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
     ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
-    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (it steps as each gradient is made).
+    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible).
     """
     p, m = req.pins, req.model
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
@@ -74,12 +80,13 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     axes: dict[str, list] = {
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
         "activation_offload": [False, True],
-        "optimizer_in_backward": [False, True] if grad_accum_steps == 1 else [False],
+        "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
         # In place of Adam only, and not under LoRA: its adapters' state is already small.
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
                                            if req.optimizer in ("adamw", "adam") and not m.lora_params)],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
-        "qlora": [False, True] if m.lora_params else [False],
+        # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
+        "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
     }
     for name in axes:
         pin = getattr(p, name)
@@ -87,6 +94,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
             return []  # pinned on, and this engine does not implement it
         if pin is not None:
             axes[name] = [pin]
+            if name == "optimizer_in_backward" and pin and not in_backward_possible(req, grad_accum_steps):
+                return []  # pinned on where it cannot step in backward
         elif name not in supported:
             axes[name] = [axes[name][0]]
         axes[name] = [v for v in axes[name] if pin is not None or allowed(req, name, v)]
@@ -96,9 +105,12 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     for on in ac:
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
         for k, *rest in itertools.product(ks, *axes.values()):
-            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k,
-                                    **dict(zip(axes, rest, strict=True))))
+            lv = dict(zip(axes, rest, strict=True))
+            if lv["low_memory_optimizer"] != "none" and (lv["optimizer_in_backward"] or lv["pure_bf16"]):
+                continue  # not modelled together: its step copies would sit in backward, or its states in bf16
+            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, **lv))
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math", "options"]
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math",
+           "in_backward_possible", "options"]

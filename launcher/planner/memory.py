@@ -128,7 +128,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                                     s.activation_checkpointing)
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
-        "backward": persistent + blocks + head + st.backward_extra,
+        "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
@@ -149,7 +149,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
         breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
-        breakdown[st.backward_extra_category] += st.backward_extra
+        breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
     hw = inp.hardware
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.

@@ -34,6 +34,10 @@ LOW_BIT_CPU_STEP_RATIO = 7.0
 """Eager low-bit AdamW's step over torch's single-tensor AdamW on CPU, measured 6.4 (4-bit) and 7.4 (8-bit) on
 2.4M parameters."""
 MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 copy of parameters"]
+PURE_BF16_BYTES = 2
+"""Pure bf16 (Strategy.pure_bf16, LitGPT's "bf16-true"): the bytes per element of the kept parameters, their
+gradients and each optimizer state. torch's AdamW allocates exp_avg / exp_avg_sq with zeros_like(param)
+(torch/optim/adamw.py _init_group), so bf16 parameters get bf16 states: Adam's 8 state bytes become 4."""
 # DeepSpeed's offload_param buffer_count default; the emitter writes it explicitly.
 NVME_PARAM_BUFFER_COUNT = 5
 
@@ -55,7 +59,7 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
     """Optimizer state bytes of one rank that steps 1/shard_ranks of the trainable parameters (fp32 masters apart).
 
     The one function every engine counts optimizer state with. The job's optimizer: OPTIMIZER_STATE_BYTES per
-    parameter. Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers"):
+    parameter (half under pure bf16, whose states take the parameters' bf16). Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers"):
       adamw8bit/4bit  2 moments x (code bytes + 4 / block) per quantized element (LOW_BIT_STATE); the vocabulary
                       tables are checked against torchao's rule on the rank whose shard is worse (FSDP2 splits
                       rows, torch.chunk); the other matrices have widths that are multiples of 64 and quantize;
@@ -67,7 +71,9 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
     """
     m, n, opt = inp.model, shard_ranks, s.low_memory_optimizer
     if opt == "none":
-        return OPTIMIZER_STATE_BYTES[inp.optimizer] * m.trainable_params / n
+        # Pure bf16: the states take the parameters' dtype, half of fp32's.
+        k = OPTIMIZER_STATE_BYTES[inp.optimizer] * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
+        return k * m.trainable_params / n
     tables, h = _embedding_tables(m), max(1, m.hidden_size)
     rest = max(0, m.trainable_params - tables * m.vocab_size * h)
     if opt == "adafactor":
@@ -96,7 +102,9 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     opt = s.low_memory_optimizer
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
     if opt == "none":
-        return ADAM_STEP_COPIES * largest if inp.optimizer in ("adam", "adamw") else 0.0
+        # Pure bf16: its states and so its copies are bf16.
+        copy = largest * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
+        return ADAM_STEP_COPIES * copy if inp.optimizer in ("adam", "adamw") else 0.0
     if opt == "adafactor":
         return largest
     if opt in LOW_BIT_STATE and on_host:
@@ -217,6 +225,10 @@ class States:
     """NVMe bytes per rank: swapped-out optimizer state and parameters."""
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
+    dequant_transient: float = 0.0
+    """Bytes of the one frozen weight dequantized at a time in forward and backward (QLoRA's NF4 base): it meets the
+    saved activations in the blocks' backward, after the loss's temporaries are freed, so the backward moment
+    counts the larger of the two."""
     step_frees_buffers: bool = False
     """The engine frees its buffers before the optimizer step (FSDP2 reshards its unsharded working copies
     before stepping on the shards, measured)."""
@@ -258,6 +270,11 @@ def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -
     if nvme:
         seconds += 2 * 16 * trainable_shard * inp.gpus_per_node / hw.nvme_bw
     return seconds
+
+
+def kept_param_bytes(pure_bf16: bool) -> int:
+    """Bytes per element of the parameters an engine keeps and steps (FSDP2's shards): fp32, or bf16 when pure."""
+    return PURE_BF16_BYTES if pure_bf16 else MASTER_BYTES
 
 
 def untied_head_bytes(m: ModelStats) -> float:

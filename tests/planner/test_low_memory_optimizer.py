@@ -178,3 +178,12 @@ def test_the_accelerate_export_tells_the_script_which_optimizer_the_plan_assumes
     assert any("torchao.optim.AdamW4bit" in n for n in notes)
     plain = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp")))
     assert not any("optimizer" in n for n in ENGINES["fsdp"].accelerate_notes(plain, Path(".")))
+
+
+def test_never_combined_with_the_step_in_backward_or_pure_bf16(request_for):
+    from launcher.planner.levers import options
+
+    allow = ("adamw8bit", "pure_bf16")
+    for o in options(request_for(allow_levers=allow), frozenset({"low_memory_optimizer", "optimizer_in_backward",
+                                                                  "pure_bf16"}), 1):
+        assert o.low_memory_optimizer == "none" or not (o.optimizer_in_backward or o.pure_bf16)
