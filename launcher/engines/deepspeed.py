@@ -22,12 +22,12 @@ from launcher.planner.terms import (
     BYTES,
     MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
-    OPTIMIZER_STATE_BYTES,
     MemoryInputs,
     States,
     Traffic,
     nvme_param_buffer_elems,
     optimizer_offload_s,
+    optimizer_state_bytes,
     over_links,
     untied_head_bytes,
 )
@@ -91,14 +91,13 @@ def step_extra_bytes(p: Partition, grads: float) -> float:
     return extra
 
 
-def model_states(inp: MemoryInputs, p: Partition) -> States:
+def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
     """[ZeRO Table 1]: parameters, gradients and optimizer state, each on its own partition."""
-    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
     params = p.w * p.psi / p.shard_param
     # The fp32 master partition exists at fp32 too: ZeRO-1/2 and ZeRO-3 build it as a .clone().float() of the
     # flat partition (single_partition_of_fp32_groups, fp32_partitioned_groups_flat), a copy whatever the dtype
     # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
-    optimizer = (MASTER_BYTES + k) * p.psi_t / p.shard_opt
+    optimizer = MASTER_BYTES * p.psi_t / p.shard_opt + optimizer_state_bytes(inp, s, p.shard_opt)
     # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
     grads = p.grads16 if p.stage == 3 or p.accumulating else 0.0
     return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra_bytes(p, grads),
@@ -187,7 +186,7 @@ def offload_params(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
 def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
     """[ZeRO Table 1] with DeepSpeed's buffers [DS estimators], split by when each exists."""
     p = partition(inp, s)
-    st = model_states(inp, p)
+    st = model_states(inp, s, p)
     if p.stage == 3:
         st = stage3_buffers(inp, p, buckets, st)
     elif p.stage in (1, 2):

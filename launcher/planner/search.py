@@ -14,15 +14,19 @@ from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
 from launcher.planner.build import build_plan
 from launcher.planner.candidates import candidates, pinned
+from launcher.planner.levers import changes_math
 from launcher.planner.plan import LEVER_FIELDS, Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 from launcher.planner.scoring import Scored, evaluate, score
 
 
 def make_plan(req: PlanRequest) -> Plan:
-    """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe."""
+    """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe (on a tie, the one with
+    the job's own math, then the smaller peak)."""
     scored = evaluate(req)
-    fits = sorted((c for c in scored if c.problem is None), key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes))
+    # A lever that changes the math wins only by being faster, never on a tie (Adafactor steps as fast as AdamW).
+    fits = sorted((c for c in scored if c.problem is None),
+                  key=lambda c: (c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes))
     pins = pinned(req.pins)
     if not fits:
         # Levers the job left free (launcher.planner.levers) still vary under a fully pinned layout: forcing runs
