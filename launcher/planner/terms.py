@@ -196,6 +196,9 @@ class MemoryInputs:
     """Activation bytes per token (measured, calibrated or from the paper)."""
     overlap_comm: bool = False
     """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
+    device_room_bytes: int = 0
+    """Device bytes a rank may fill, the usable budget: what DeepSpeed's ZeRO-1/2 flatten sees as room (the rank
+    caps its available_memory check there); 0 reads the device's whole memory."""
 
 
 @dataclass(slots=True)
