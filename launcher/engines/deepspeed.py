@@ -203,6 +203,7 @@ class DeepSpeedSpec(EngineSpec):
     name = NAME
     rank_engine = "DeepSpeedEngine"
     overhead_field = "deepspeed_step_overhead_s"
+    levers = frozenset({"checkpoint_every", "activation_offload"})
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
 

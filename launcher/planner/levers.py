@@ -68,7 +68,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
     axes: dict[str, list] = {
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
-        "activation_offload": [False, True],
+        # On CPU ranks the saved tensors are already in host memory: offload moves nothing and saves nothing.
+        "activation_offload": [False] if req.hardware.device_is_host else [False, True],
         "optimizer_in_backward": [False, True] if grad_accum_steps == 1 else [False],
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
                                            if req.optimizer in ("adamw", "adam"))],

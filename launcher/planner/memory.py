@@ -88,15 +88,88 @@ class MemoryEstimate:
     measured phase is compared with (benchmarks/accuracy)."""
 
 
-def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                     checkpointing: bool) -> tuple[int, int]:
-    """(blocks, head) activation bytes of one micro-batch at the backward peak."""
+PINNED_ROUNDING = 2
+"""Host bytes per offloaded activation byte, at most: torch's CachingHostAllocator, which serves the pinned
+tensors of save_on_cpu(pin_memory=True), rounds each request up to a power of two (at most twice the size)."""
+
+
+def checkpointed(index: int, every: int) -> bool:
+    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
+
+    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
+    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
+    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
+    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
+    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
+    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
+    """
+    return index % every == 0
+
+
+def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, list[int]]:
+    """(saved, recompute) bytes of the blocks for one micro-batch.
+
+    saved: what forward leaves for backward. A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other
+    block all it saves. recompute: for each checkpointed block j, the blocks' bytes while j is recomputed: the
+    blocks before it still saved, its own input, and its whole forward again (non-reentrant
+    torch.utils.checkpoint replays the block when backward first unpacks one of its tensors).
+    """
     tokens = micro_batch * seq_len
-    block = c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len
+    block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
     if not checkpointing:
-        return int(tokens * num_blocks * block), int(tokens * c.head_bytes_per_token)
-    # Checkpoints of every block [Kort: 2sbh; ZInf: 2·bsz·seq·hd·nl/ci] plus one block recomputed in backward.
-    return int(tokens * (num_blocks * c.ckpt_bytes_per_token + block)), int(tokens * c.head_ckpt_bytes_per_token)
+        return int(num_blocks * block), []
+    ckpt = tokens * c.ckpt_bytes_per_token
+    saved, recompute = 0.0, []
+    for j in range(num_blocks):
+        if checkpointed(j, checkpoint_every):
+            saved += ckpt
+            recompute.append(int(saved + block))
+        else:
+            saved += block
+    return int(saved), recompute
+
+
+def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                     checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
+    """(blocks, head) activation bytes of one micro-batch at the backward peak, the larger of two moments.
+
+    backward start: every block's saved tensors and the loss's backward (head_bytes_per_token: logits, their
+    fp32 copy, log-softmax and its gradient). recompute of a checkpointed block: the blocks' bytes then
+    (block_activations) and what outside the blocks is still held (head_ckpt_bytes_per_token). The probe
+    (launcher.model.activations) fits head_ckpt so that full recompute of one and two blocks comes out exact,
+    and it is at least head_bytes_per_token less a block, so with every block checkpointed the recompute moment
+    is the peak; with every k-th, the backward start usually is, since the other blocks keep all they saved.
+    """
+    tokens = micro_batch * seq_len
+    saved, recompute = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    moments = [(saved, int(tokens * c.head_bytes_per_token))]
+    moments += [(r, int(tokens * c.head_ckpt_bytes_per_token)) for r in recompute]
+    return max(moments, key=sum)
+
+
+def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                               checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int, int]:
+    """(blocks on the device, head on the device, host) activation bytes with activation offload on CUDA.
+
+    launcher.worker.offload packs every saved tensor but the parameters into pinned host memory as forward and
+    the loss save it, as torch.autograd.graph.save_on_cpu(pin_memory=True) does (``pack_to_cpu``:
+    torch.empty(pin_memory=True), copy_), and unpacks it to the device when backward uses it
+    (``unpack_from_cpu``: tensor.to(device)). With checkpointing only the block inputs are packed: non-reentrant
+    checkpoint saves them through the outer hooks, and what runs inside a block through its own, innermost ones.
+    The host holds all the blocks save, and the loss's saved tensors, counted as its whole head term (an upper
+    bound: that term holds its backward temporaries too). The device holds the larger of the backward start
+    (the loss's backward, its saved tensors back) and one block's backward (its tensors back, or its input back
+    and the block recomputed) beside what the head still holds then.
+    """
+    tokens = micro_batch * seq_len
+    block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
+    saved, _ = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    head = tokens * c.head_bytes_per_token
+    live = block + (tokens * c.ckpt_bytes_per_token if checkpointing else 0.0)
+    start = tokens * c.head_bytes_per_token
+    blocks, head_now = max((0.0, start), (live, tokens * c.head_ckpt_bytes_per_token), key=sum)
+    return int(blocks), int(head_now), int(saved + head)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
@@ -125,7 +198,14 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = engine_spec(s.engine)
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing)
+                                    s.activation_checkpointing, s.checkpoint_every)
+    pinned = 0
+    if s.activation_offload and not inp.hardware.device_is_host:
+        # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
+        # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
+        blocks, head, saved = offloaded_activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size,
+                                                         inp.seq_len, s.activation_checkpointing, s.checkpoint_every)
+        pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
         "backward": persistent + blocks + head + st.backward_extra,
@@ -172,7 +252,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     load = spec.load_bytes_per_node(inp, s)
-    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
+    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
     # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
     host = max(host + export_host_bytes(m, inp.precision), load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
@@ -186,5 +266,6 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
-           "activation_bytes", "analytic_constants", "estimate_memory", "init_bytes", "model_state_bytes",
+           "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
+           "offloaded_activation_bytes", "estimate_memory", "init_bytes", "model_state_bytes",
            "nvme_param_buffer_elems"]

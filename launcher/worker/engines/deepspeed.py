@@ -85,7 +85,8 @@ class DeepSpeedEngine:
         if ds_config is None:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
-        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing)
+        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
+                   checkpoint_every=plan.strategy.checkpoint_every)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -97,12 +98,15 @@ class DeepSpeedEngine:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=backend)
 
-    def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False):
+    def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
+                 checkpoint_every: int = 1):
         self.ds_config = ds_config
         self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
         self.device = device or torch.device("cpu")
         self.hf_checkpointing = activation_checkpointing
         """DeepSpeed has no block wrapper of its own: activation checkpointing is transformers'."""
+        self.checkpoint_every = checkpoint_every
+        """transformers' every_n_layers: its layer_index % k == 0 rule is the one FSDP copies and the plan counts."""
         self.work_dtype = next((WORK_DTYPES[p] for p in ("bf16", "fp16") if self.ds_config.get(p, {}).get("enabled")),
                                None)
         self._hf_ds_config = None
