@@ -18,7 +18,6 @@ from launcher.planner.plan import LEVER_FIELDS, Plan, Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 from launcher.planner.scoring import Scored, evaluate, score
 
-
 _LEVER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Strategy) if f.name in LEVER_FIELDS}
 
 
