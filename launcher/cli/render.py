@@ -11,7 +11,8 @@ from launcher.emit.slurm_params import (
     SlurmResources,
 )
 from launcher.engines import engine_spec
-from launcher.planner.plan import Plan
+from launcher.planner.duration import TotalTime
+from launcher.planner.plan import LeverDecision, Plan, Rejected
 from launcher.units import GiB, MiB, format_bytes
 
 
@@ -34,7 +35,13 @@ BASIS_WORDS = {
 }
 
 
-def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
+def render_total_time(t: TotalTime) -> list[str]:
+    """The predicted training time line, and the warning when it is past train.warn_total_time_h."""
+    warning = t.warning()
+    return [f"  total time  {t.describe()}"] + ([f"  WARNING: {warning}"] if warning else [])
+
+
+def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | None = None) -> str:
     s, e = plan.strategy, plan.estimate
     spec = engine_spec(s.engine)
     engine = spec.title(s, plan.nodes)
@@ -66,16 +73,70 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
                  + (f", NVMe per node {format_bytes(e.nvme_bytes_per_node)}" if e.nvme_bytes_per_node else ""))
     terms = ", ".join(f"{k} {v:.3g} s" for k, v in e.step_time_terms.items())
     lines.append(f"  step time   {e.step_time_s:.3g} s predicted ({terms})")
+    if total is not None:
+        lines += render_total_time(total)
     lines.append("")
     lines.append("why this plan:")
     lines += [f"  - {r}" for r in plan.reasons]
     act = plan.constants.get("activations", {})
     if isinstance(act, dict) and act.get("source"):
         lines.append(f"  - activation constants: {act['source']}")
+    if plan.levers:
+        lines.append("levers (exact: same math; permit: needs train.allow_levers):")
+        lines += [f"  - {lever_line(d)}" for d in plan.levers]
     if plan.rejected:
         lines.append("alternatives not chosen:")
-        lines += [f"  - {r.label}: {r.reason}" for r in plan.rejected]
+        lines += [f"  - {r.label}: {rejected_reason(r, plan)}" for r in plan.rejected]
     return "\n".join(lines)
+
+
+def rejected_reason(r: Rejected, plan: Plan) -> str:
+    """Why an alternative was not chosen, in words, from its numbers."""
+    t0 = plan.estimate.step_time_s
+    speed = f"{r.step_time_s:.3g} s/step" + (f" ({r.step_time_s / t0 - 1:+.0%})" if t0 else "")
+    if r.why == "slower":
+        return f"fits but slower: {speed}"
+    if r.why == "device":
+        need = r.need_bytes or r.peak_bytes
+        have = r.have_bytes or plan.usable_bytes
+        largest = f", largest: {r.largest}" if r.largest else ""
+        return (f"over budget by {format_bytes(need - have)} (peak {format_bytes(need)} of "
+                f"{format_bytes(have)} usable{largest}); would step at {speed}")
+    what = "host RAM per node" if r.why == "host_ram" else "free NVMe per node"
+    if not r.need_bytes:
+        return f"{what} short; would step at {speed}"
+    return f"{what}: needs {format_bytes(r.need_bytes)}, has {format_bytes(r.have_bytes)}; would step at {speed}"
+
+
+LEVER_NAMES = {
+    "loss_chunks": "chunked cross-entropy", "checkpoint_every": "selective checkpointing (every k-th block)",
+    "activation_offload": "activation offload", "optimizer_in_backward": "optimizer step in backward",
+    "low_memory_optimizer": "low-memory optimizer", "pure_bf16": "pure bf16", "qlora": "QLoRA (NF4 base)",
+}
+WHY_WORDS = {
+    "needed_to_fit": "used: without it the plan does not fit",
+    "faster": "used: it fits without it, but steps slower",
+    "pinned": "as pinned by the job",
+    "fits_without": "not used: the plan fits without it",
+    "would_not_fit": "not used: it would not fit",
+    "would_fit": "not used (forced plan): it would fit",
+    "no_fit_either": "not used (forced plan): it would not fit either",
+    "not_allowed": "not allowed: changes the training math; add it to train.allow_levers to let the planner use it",
+    "engine_lacks": "not offered by this engine",
+    "not_applicable": "not applicable to this job",
+}
+
+
+def lever_line(d: LeverDecision) -> str:
+    """One lever's decision in words, with what the other setting would predict."""
+    kind = "exact" if d.exact else "permit"
+    out = f"{LEVER_NAMES.get(d.lever, d.lever)} [{kind}]: {WHY_WORDS.get(d.why, d.why)}"
+    if d.other_value is not None and d.why != "not_allowed":
+        dp, dt = d.peak_delta_bytes, d.step_time_delta_s
+        sign = "+" if dp >= 0 else "-"
+        out += (f" ({d.lever}={d.other_value!r}: peak {sign}{format_bytes(abs(dp))}, step "
+                f"{'+' if dt >= 0 else '-'}{abs(dt):.3g} s)")
+    return out
 
 
 def render_slurm_resources(r: SlurmResources) -> str:

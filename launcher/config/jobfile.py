@@ -212,6 +212,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     _positive(p, "train.max_steps", job.train.max_steps, "use e.g. max_steps: 100")
     _positive(p, "train.epochs", job.train.epochs, "use e.g. epochs: 1")
     _positive(p, "train.log_every_steps", job.train.log_every_steps, "use e.g. log_every_steps: 10")
+    _positive(p, "train.warn_total_time_h", job.train.warn_total_time_h,
+              "use e.g. warn_total_time_h: 24, or null to never warn")
     _positive(p, "gpus", job.gpus, "use e.g. --gpus 4")
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from launcher.planner.lever_choice import decide
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan, Rejected
 from launcher.planner.request import PlanRequest
@@ -58,7 +59,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(activation_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
-        precision_reason=req.precision_reason,
+        precision_reason=req.precision_reason, levers=decide(req, best),
     )
 
 
@@ -72,26 +73,37 @@ def activation_reasons(c: ActivationConstants) -> list[str]:
     return out
 
 
+NEAR_OVERRUN = 2.0
+"""A faster candidate that does not fit is listed when it needs at most this many times what there is (the
+budget, host RAM, NVMe): close enough that a larger budget, a smaller batch or a node more would bring it in.
+Beyond it an alternative is no alternative (ZeRO-0 of a 70B model: 'over budget by 21.25 TB'); only the one
+nearest to fitting is listed then, so the plan still says why nothing faster runs."""
+
+
+def overrun(c: Scored) -> float:
+    """How far a candidate is from fitting: need / have of the resource it overruns (1.0 is at the limit)."""
+    return c.problem.need_bytes / max(c.problem.have_bytes, 1)
+
+
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
-    """The alternatives a user would ask about: faster ones that do not fit, then the runners-up."""
+    """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
+    fitting ones closest in step time to the plan. Each strategy label once; typed, worded by launch plan."""
     t0 = best.estimate.step_time_s
-    faster = sorted((c for c in scored if c.problem and c.estimate.step_time_s < t0),
-                    key=lambda c: c.estimate.step_time_s)
+    faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
+                    key=lambda c: (overrun(c), c.estimate.step_time_s))
+    near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
     runners = sorted((c for c in scored if c.problem is None and c is not best),
                      key=lambda c: c.estimate.step_time_s)
-    out, seen = [], set()
-    for c in faster[: limit // 2] + runners:
+    out, seen = [], {best.strategy.label()}
+    for c in near[: limit // 2] + runners:
         label = c.strategy.label()
         if label in seen:
             continue
         seen.add(label)
-        if c.problem:
-            reason = c.problem.describe()
-        else:
-            slower = (c.estimate.step_time_s / t0 - 1) if t0 else 0.0
-            reason = f"fits but slower: {c.estimate.step_time_s:.3g} s/step (+{slower:.0%})"
-        out.append(Rejected(label=label, reason=reason, peak_bytes=c.estimate.peak_bytes,
-                            step_time_s=c.estimate.step_time_s))
+        p = c.problem
+        out.append(Rejected(label=label, why=p.resource if p else "slower", peak_bytes=c.estimate.peak_bytes,
+                            step_time_s=c.estimate.step_time_s, need_bytes=p.need_bytes if p else 0,
+                            have_bytes=p.have_bytes if p else 0, largest=p.largest if p else ""))
         if len(out) >= limit:
             break
     return out

@@ -139,16 +139,68 @@ class Estimate:
 
 @dataclass(kw_only=True, slots=True)
 class Rejected:
-    """An alternative the planner did not choose, and why."""
+    """An alternative the planner did not choose, and why, as numbers (launch plan words them: launcher.cli.render)."""
 
     label: str
     """The strategy, as Strategy.label() writes it (no unit)."""
-    reason: str
-    """Why not: over budget by how many bytes, host RAM or NVMe short, or slower by how much."""
+    why: Literal["device", "host_ram", "nvme", "slower"]
+    """device / host_ram / nvme: the resource it overruns; slower: it fits but steps slower than the plan."""
     peak_bytes: int
     """Its predicted peak per rank, bytes."""
     step_time_s: float
     """Its predicted seconds per optimizer step."""
+    need_bytes: int = 0
+    """What it needs of the resource it overruns, bytes (device: the peak per rank; host RAM, NVMe: per node)."""
+    have_bytes: int = 0
+    """What there is of that resource, bytes (device: the usable budget)."""
+    largest: str = ""
+    """device: the largest category of its predicted peak."""
+
+    @classmethod
+    def from_json(cls, d: dict) -> Rejected:
+        """A plan.json entry; one written before the typed fields carries only a reason sentence."""
+        if "why" in d:
+            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        reason = str(d.get("reason", ""))
+        why = ("slower" if reason.startswith("fits") else "host_ram" if reason.startswith("host RAM")
+               else "nvme" if reason.startswith("NVMe") else "device")
+        return cls(label=d["label"], why=why, peak_bytes=d["peak_bytes"], step_time_s=d["step_time_s"])
+
+
+Why = Literal["needed_to_fit", "faster", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
+              "not_allowed", "engine_lacks", "not_applicable"]
+"""Used: needed_to_fit (without it the plan is over a limit) or faster (it fits without, but steps slower).
+Not used: fits_without (the plan fits, and would with it too: the deltas say what it would cost or save),
+would_not_fit (switched on, the plan would go over: selective checkpointing keeps more than full), would_fit /
+no_fit_either (a forced plan over its budget), not_allowed (a math lever train.allow_levers does not list),
+engine_lacks (the chosen engine does not implement it), not_applicable (not for this job: task, precision, LoRA,
+accumulation, checkpointing off). pinned: the job fixed it."""
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LeverDecision:
+    """One lever of the chosen plan: used or not, and why, with what switching it would change."""
+
+    lever: str
+    """The strategy field (launcher.planner.plan.LEVER_FIELDS)."""
+    exact: bool
+    """True: the training math is the same with it; False: it needs train.allow_levers."""
+    used: bool
+    """The chosen plan uses it."""
+    why: Why
+    """The reason, as a code (see Why)."""
+    other_value: object = None
+    """The value compared with (the lever switched the other way); None when none was scored."""
+    peak_delta_bytes: int = 0
+    """Predicted peak with the other value minus the plan's, bytes (positive: the lever saves that much)."""
+    step_time_delta_s: float = 0.0
+    """Predicted step time with the other value minus the plan's, seconds."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> LeverDecision:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,7 +238,7 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     """Why this plan, in sentences."""
     rejected: list[Rejected] = field(default_factory=list)
-    """Top alternatives not chosen, with the reason."""
+    """The nearest alternatives not chosen (launcher.planner.build.top_rejected), with why."""
     pinned: list[str] = field(default_factory=list)
     """Strategy fields the job pinned."""
     constants: dict[str, object] = field(default_factory=dict)
@@ -199,6 +251,8 @@ class Plan:
     """Transformer block class, the FSDP wrap and checkpointing unit."""
     precision_reason: str = ""
     """Why this precision: set by the job, or what train.precision: auto found on the devices (no unit)."""
+    levers: list[LeverDecision] = field(default_factory=list)
+    """Each lever beyond sharding: used or not, and why (launcher.planner.lever_choice)."""
 
     def to_json(self) -> dict:
         s = self.strategy
@@ -244,6 +298,7 @@ class Plan:
             "constants": dict(self.constants),
             "largest_layer_params": self.largest_layer_params,
             "block_class": self.block_class,
+            "levers": [d.to_json() for d in self.levers],
         }
 
     @classmethod
@@ -264,8 +319,9 @@ class Plan:
             usable_bytes=d["usable_bytes"], world_size=d["world_size"], nodes=d["nodes"],
             gpus_per_node=d["gpus_per_node"], global_batch_size=d["global_batch_size"], seq_len=d["seq_len"],
             precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
-            rejected=[Rejected(**r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
+            rejected=[Rejected.from_json(r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
+            levers=[LeverDecision.from_json(x) for x in d.get("levers", [])],
         )

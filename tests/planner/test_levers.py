@@ -98,3 +98,21 @@ def test_a_pinned_checkpoint_every_plans_and_labels_the_plan(request_for):
     plan = make_plan(request_for(pins=StrategyConfig(engine="fsdp", activation_checkpointing=True,
                                                      checkpoint_every=2)))
     assert plan.strategy.checkpoint_every == 2 and "AC every 2" in plan.strategy.label()
+
+
+def test_the_plan_says_for_every_lever_whether_it_was_used_and_why(request_for, monkeypatch):
+    from launcher.engines.fsdp import FsdpSpec
+
+    plan = make_plan(request_for())
+    assert {d.lever for d in plan.levers} == set(LEVER_FIELDS)
+    why = {d.lever: d.why for d in plan.levers}
+    assert why["qlora"] == "not_applicable"  # no LoRA
+    assert why["pure_bf16"] == "not_allowed"  # bf16 job, not in train.allow_levers
+    # An engine that implements a lever gets it scored both ways: the deltas are the models' own.
+    monkeypatch.setattr(FsdpSpec, "levers", frozenset({"loss_chunks"}))
+    plan = make_plan(request_for(pins=StrategyConfig(engine="fsdp")))
+    d = next(d for d in plan.levers if d.lever == "loss_chunks")
+    assert d.why in ("needed_to_fit", "faster", "fits_without", "would_not_fit")
+    assert d.other_value == (0 if d.used else 8)
+    back = Plan.from_json(plan.to_json())
+    assert back.levers == plan.levers

@@ -1,0 +1,83 @@
+"""Why each lever was used or not: the chosen strategy scored once more with each lever switched the other way.
+
+Typed values only (LeverDecision); launcher.cli.render turns them into sentences. Pure: scoring is the planner's
+own (launcher.planner.scoring), so the deltas are the memory and cost models' and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from launcher.engines import engine_spec
+from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed
+from launcher.planner.plan import LeverDecision, Strategy, Why
+from launcher.planner.request import PlanRequest
+from launcher.planner.scoring import Scored, score
+
+EXACT = ("loss_chunks", "checkpoint_every", "activation_offload", "optimizer_in_backward")
+"""The levers that keep the training math; the others (MATH_LEVERS) need the job's permission."""
+
+
+def _on_value(lever: str, s: Strategy, req: PlanRequest) -> object:
+    """The value a lever takes when switched on from the chosen plan (the search's first non-default one)."""
+    if lever == "loss_chunks":
+        return LOSS_CHUNKS
+    if lever == "checkpoint_every":
+        return 2 if s.checkpoint_every == 1 else 1
+    if lever == "low_memory_optimizer":
+        return next((o for o in MATH_LEVERS[lever] if o in req.allow_levers), MATH_LEVERS[lever][0])
+    return True
+
+
+def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
+    m = req.model
+    return {
+        "loss_chunks": m.task == "causal_lm",
+        "checkpoint_every": s.activation_checkpointing and m.num_blocks > 1,
+        "optimizer_in_backward": s.grad_accum_steps == 1,
+        "low_memory_optimizer": req.optimizer in ("adamw", "adam"),
+        "pure_bf16": req.precision == "bf16",
+        "qlora": bool(m.lora_params),
+    }.get(lever, True)
+
+
+def _off_value(lever: str) -> object:
+    return {"loss_chunks": 0, "checkpoint_every": 1, "low_memory_optimizer": "none"}.get(lever, False)
+
+
+def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
+    """For each lever: used or not in ``best``, why, and what the other setting would predict."""
+    s, spec = best.strategy, engine_spec(best.strategy.engine)
+    out = []
+    for lever in (*EXACT, *MATH_LEVERS):
+        used = getattr(s, lever) != _off_value(lever)
+        exact = lever in EXACT
+        if getattr(req.pins, lever) is not None:
+            out.append(LeverDecision(lever=lever, exact=exact, used=used, why="pinned"))
+            continue
+        if not used and not _applicable(lever, s, req):
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_applicable"))
+            continue
+        other = _off_value(lever) if used else _on_value(lever, s, req)
+        if not used and not exact and not allowed(req, lever, other):
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
+            continue
+        if not used and lever not in spec.levers:
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
+            continue
+        alt = score(req, dataclasses.replace(s, **{lever: other}))
+        if used:
+            why: Why = "needed_to_fit" if alt.problem is not None else "faster"
+        elif best.problem is None:
+            # Switching it on would fit too (the fastest plan did not need it), or it would not (selective
+            # checkpointing keeps more than full checkpointing).
+            why = "fits_without" if alt.problem is None else "would_not_fit"
+        else:
+            why = "would_fit" if alt.problem is None else "no_fit_either"
+        out.append(LeverDecision(lever=lever, exact=exact, used=used, why=why, other_value=other,
+                                 peak_delta_bytes=int(alt.estimate.peak_bytes - best.estimate.peak_bytes),
+                                 step_time_delta_s=alt.estimate.step_time_s - best.estimate.step_time_s))
+    return out
+
+
+__all__ = ["EXACT", "LeverDecision", "Why", "decide"]
