@@ -108,8 +108,9 @@ def gpu_request(tmp_path, strategy: dict, **cluster):
 
 
 def test_offload_host_ram_cannot_hold_is_skipped_for_nvme(tmp_path):
+    # Full recompute pinned: with every k-th block the checkpointing rung would have full recompute left to try.
     base = {"engine": "deepspeed", "zero_stage": 3, "micro_batch_size": 1, "activation_checkpointing": True,
-            "offload_optimizer": "none", "offload_params": "none"}
+            "checkpoint_every": 1, "offload_optimizer": "none", "offload_params": "none"}
     req = gpu_request(tmp_path, base, nvme_path=str(tmp_path), nvme_free="1TB")
     s = make_plan(req).strategy
     est = score(req, s).estimate
@@ -246,3 +247,14 @@ def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_ex
     assert report["auto_fallback"]["ended_within_budget"] is False
     assert json.loads((run.path / "state.json").read_text())["state"] == "over_budget"
     assert f"(exit {EXIT_OVER_BUDGET})" in err or attempts == 1
+
+
+def test_checkpointing_rung_goes_from_every_kth_block_to_every_block(data_file, tmp_path):
+    from launcher.fallback import describe_change, rung_options
+
+    req = request(data_file, tmp_path, {**PINNED_MB8, "activation_checkpointing": True})
+    s = dataclasses.replace(make_plan(req).strategy, checkpoint_every=2)
+    (full,) = rung_options("activation_checkpointing", s, req)
+    assert (full.activation_checkpointing, full.checkpoint_every) == (True, 1)
+    assert "every 2 -> every 1 block" in describe_change(s, full)
+    assert rung_options("activation_checkpointing", full, req) == []
