@@ -107,45 +107,40 @@ def checkpointed(index: int, every: int) -> bool:
 
 
 def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, list[int]]:
-    """(saved, recompute) bytes of the blocks for one micro-batch.
+                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
+    """(saved, live) bytes of the blocks for one micro-batch: what forward leaves for backward, and one block's
+    whole forward (A + B·s per token), live again while a checkpointed block is recomputed.
 
-    saved: what forward leaves for backward. A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other
-    block all it saves. recompute: for each checkpointed block j, the blocks' bytes while j is recomputed: the
-    blocks before it still saved, its own input, and its whole forward again (non-reentrant
-    torch.utils.checkpoint replays the block when backward first unpacks one of its tensors).
+    A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other block all it saves.
     """
     tokens = micro_batch * seq_len
     block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
     if not checkpointing:
-        return int(num_blocks * block), []
+        return int(num_blocks * block), int(block)
     ckpt = tokens * c.ckpt_bytes_per_token
-    saved, recompute = 0.0, []
-    for j in range(num_blocks):
-        if checkpointed(j, checkpoint_every):
-            saved += ckpt
-            recompute.append(int(saved + block))
-        else:
-            saved += block
-    return int(saved), recompute
+    kept = sum(checkpointed(j, checkpoint_every) for j in range(num_blocks))
+    return int(kept * ckpt + (num_blocks - kept) * block), int(block)
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
-    """(blocks, head) activation bytes of one micro-batch at the backward peak, the larger of two moments.
+    """(blocks, head) activation bytes of one micro-batch at the backward peak.
 
-    backward start: every block's saved tensors and the loss's backward (head_bytes_per_token: logits, their
-    fp32 copy, log-softmax and its gradient). recompute of a checkpointed block: the blocks' bytes then
-    (block_activations) and what outside the blocks is still held (head_ckpt_bytes_per_token). The probe
-    (launcher.model.activations) fits head_ckpt so that full recompute of one and two blocks comes out exact,
-    and it is at least head_bytes_per_token less a block, so with every block checkpointed the recompute moment
-    is the peak; with every k-th, the backward start usually is, since the other blocks keep all they saved.
+    Two moments compete. backward start: every block's saved tensors S and the loss's backward (H,
+    head_bytes_per_token: logits, their fp32 copy, log-softmax and its gradient). Recompute of checkpointed block
+    j (non-reentrant torch.utils.checkpoint replays it when backward first unpacks one of its tensors): the blocks
+    up to j saved, block j live again, and what outside the blocks is still held (H', head_ckpt_bytes_per_token).
+    The probe (launcher.model.activations) measures H' ≤ H ≤ (A + B·s) + H' (its full-recompute run holds the
+    head's moment too, and H' is at most the head), so which moment is the peak follows from the layout alone:
+    the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
+    else the backward start, since a block that keeps everything then follows every checkpointed one. Chosen
+    by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so).
     """
     tokens = micro_batch * seq_len
-    saved, recompute = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
-    moments = [(saved, int(tokens * c.head_bytes_per_token))]
-    moments += [(r, int(tokens * c.head_ckpt_bytes_per_token)) for r in recompute]
-    return max(moments, key=sum)
+    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    if checkpointing and checkpointed(num_blocks - 1, checkpoint_every):
+        return saved + live, int(tokens * c.head_ckpt_bytes_per_token)
+    return saved, int(tokens * c.head_bytes_per_token)
 
 
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
@@ -157,19 +152,15 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
     torch.empty(pin_memory=True), copy_), and unpacks it to the device when backward uses it
     (``unpack_from_cpu``: tensor.to(device)). With checkpointing only the block inputs are packed: non-reentrant
     checkpoint saves them through the outer hooks, and what runs inside a block through its own, innermost ones.
-    The host holds all the blocks save, and the loss's saved tensors, counted as its whole head term (an upper
-    bound: that term holds its backward temporaries too). The device holds the larger of the backward start
-    (the loss's backward, its saved tensors back) and one block's backward (its tensors back, or its input back
-    and the block recomputed) beside what the head still holds then.
+    The host holds all the blocks save, and the loss's saved tensors, counted as its whole head term H (an upper
+    bound: H holds its backward temporaries too). The device holds one block's backward: its tensors back, or its
+    input back and the block recomputed, beside what the head still holds then (H'); by the probe's
+    H ≤ (A + B·s) + H' that is at least the loss's backward at the start (H, its tensors back).
     """
     tokens = micro_batch * seq_len
-    block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
-    saved, _ = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
-    head = tokens * c.head_bytes_per_token
-    live = block + (tokens * c.ckpt_bytes_per_token if checkpointing else 0.0)
-    start = tokens * c.head_bytes_per_token
-    blocks, head_now = max((0.0, start), (live, tokens * c.head_ckpt_bytes_per_token), key=sum)
-    return int(blocks), int(head_now), int(saved + head)
+    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    device = live + (tokens * c.ckpt_bytes_per_token if checkpointing else 0.0)
+    return int(device), int(tokens * c.head_ckpt_bytes_per_token), int(saved + tokens * c.head_bytes_per_token)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:

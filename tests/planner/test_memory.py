@@ -309,10 +309,10 @@ def test_activation_offload_on_cuda_moves_the_saved_tensors_to_pinned_host_ram()
         _, off = _lever_estimate(ac=ac, offload=False, mb=16)
         c, m, tokens = inp.activations, inp.model, 16 * 2048
         saved, _ = block_activations(c, m.num_blocks, 16, 2048, ac)
-        # The device keeps the larger of the loss's backward (its tensors back) and one block's backward (its
-        # tensors, or its input and the recomputed block, beside what the head still holds).
+        # The device keeps one block's backward: its tensors, or its input and the recomputed block, beside what
+        # the head still holds then.
         block = tokens * c.block_bytes_per_token + (tokens * c.ckpt_bytes_per_token if ac else 0)
-        device = max(tokens * c.head_bytes_per_token, block + tokens * c.head_ckpt_bytes_per_token)
+        device = block + tokens * c.head_ckpt_bytes_per_token
         assert on.peak_moment == off.peak_moment == "backward"
         assert on.breakdown["activations"] + on.breakdown["logits"] == pytest.approx(device, abs=2)
         assert device < off.breakdown["activations"] + off.breakdown["logits"]
@@ -321,7 +321,7 @@ def test_activation_offload_on_cuda_moves_the_saved_tensors_to_pinned_host_ram()
         assert on.host_bytes_per_node - off.host_bytes_per_node == pytest.approx(8 * PINNED_ROUNDING * host, abs=16)
 
 
-def test_selective_peak_is_the_larger_of_the_backward_start_and_a_recompute():
+def test_selective_peak_is_the_last_recompute_or_the_backward_start_by_the_layout():
     # gpt2s of the accuracy cells (h 128, 4 blocks, vocab 4096), fp32, seq 512, as the fake-tensor probe measured.
     c = ActivationConstants(block_bytes_per_token=15376.0, block_bytes_per_token_per_seq=48.0,
                             ckpt_bytes_per_token=512.0, head_bytes_per_token=50708.0,
