@@ -27,7 +27,7 @@ from launcher.planner.search import PlanRequest, batch_problem, context_problem,
 from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
-INTROSPECT_VERSION = 4
+INTROSPECT_VERSION = 5
 """Version of what the cached introspection (ModelStats) holds; raise it when ModelStats or how it is measured
 changes, so that caches written by an older launcher are not read as current."""
 
@@ -200,6 +200,7 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
         host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
         nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(job, stats, profile), force=force,
         precision_reason=precision_reason, allow_levers=tuple(job.train.allow_levers),
+        max_grad_norm=float(job.train.max_grad_norm or 0.0),
     )
 
 

@@ -131,6 +131,8 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int, interrupted: b
         "predicted_peak_bytes": predicted_on_basis(plan, basis) if basis != "mixed" else int(plan["predicted_peak_bytes"]),
         "predicted_breakdown": plan.get("breakdown", {}),
         "plan": plan.get("label"),
+        # The plan's own words for what the optimizer step in backward turned off (clipping), if it was used.
+        "math_notes": [r for r in plan.get("reasons", []) if r.startswith("optimizer step in backward")],
         "world_size": expected_ranks,
         "missing_ranks": missing,
         "ranks": rows,
@@ -166,6 +168,7 @@ def render_report(report: dict) -> str:
         acc = report.get("eval_accuracy")
         lines.append(f"eval: loss {report['eval_loss']:.4f}"
                      + (f", accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""))
+    lines += report.get("math_notes") or []
     lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
     return "\n".join(lines)
 

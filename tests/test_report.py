@@ -132,3 +132,14 @@ def test_report_carries_the_runs_eval_loss_and_accuracy(tmp_path):
     assert (rep["eval_loss"], rep["eval_accuracy"]) == (0.4321, 0.875)
     assert [r["eval_accuracy"] for r in rep["ranks"]] == [0.875, 0.875]
     assert "eval: loss 0.4321, accuracy 87.5%" in render_report(rep)
+
+
+def test_report_repeats_that_the_step_in_backward_turned_clipping_off(tmp_path):
+    from launcher.report import build_report, render_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes", "measured_peak_bytes": 9}])
+    note = "optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm 1 is not applied"
+    plan = {"budget_bytes": 10, "predicted_peak_bytes": 8, "breakdown": {}, "reasons": ["fastest of 2", note]}
+    rep = build_report(run, plan, expected_ranks=1)
+    assert rep["math_notes"] == [note] and note in render_report(rep).splitlines()
+    assert build_report(run, {**plan, "reasons": ["fastest of 2"]}, expected_ranks=1)["math_notes"] == []

@@ -43,6 +43,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    if best.strategy.optimizer_in_backward:
+        reasons.append(in_backward_reason(req))
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -61,6 +63,15 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
         precision_reason=req.precision_reason, levers=decide(req, best),
     )
+
+
+def in_backward_reason(req: PlanRequest) -> str:
+    """The one thing the lever changes in the math (its peak and time deltas are in the plan's lever lines)."""
+    if req.max_grad_norm > 0:
+        return (f"optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm {req.max_grad_norm:g} "
+                "is not applied, since each parameter steps before the global norm of all gradients exists; pin "
+                "strategy.optimizer_in_backward: false to keep it")
+    return "optimizer step in backward: no clipping is lost (train.max_grad_norm is off)"
 
 
 def activation_reasons(c: ActivationConstants) -> list[str]:
@@ -92,7 +103,11 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
                     key=lambda c: (overrun(c), c.estimate.step_time_s))
     near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
-    runners = sorted((c for c in scored if c.problem is None and c is not best),
+    # A fitting strategy with the step in backward whose plain twin fits too only adds a little time: not listed.
+    plain_fits = {c.strategy.label() for c in scored if c.problem is None and not c.strategy.optimizer_in_backward}
+    runners = sorted((c for c in scored if c.problem is None and c is not best
+                      and not (c.strategy.optimizer_in_backward
+                               and dataclasses.replace(c.strategy, optimizer_in_backward=False).label() in plain_fits)),
                      key=lambda c: c.estimate.step_time_s)
     out, seen = [], {best.strategy.label()}
     for c in near[: limit // 2] + runners:

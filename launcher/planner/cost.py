@@ -10,7 +10,11 @@ comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward;
             activation offload moves the saved activations out in forward and back in backward, not overlapped.
+dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
+            bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
+in bwd    = the optimizer step in backward does the step's work inside backward, the same arithmetic on the same
+            shards, plus one optimizer call per trainable tensor (IN_BACKWARD_CALL_S each).
 Each engine's spec (launcher.engines) gives its communication, offload and engine terms; compute is common.
 """
 
@@ -20,6 +24,14 @@ from launcher.engines import engine_spec
 from launcher.planner.memory import checkpointed, offloaded_activation_bytes
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic
+
+IN_BACKWARD_CALL_S = 1e-4
+"""Seconds one more optimizer.step() call costs with the optimizer step in backward (a per-parameter optimizer
+stepped from each gradient hook, launcher.worker.engines.fsdp): the same per-tensor AdamW (foreach=False) as one
+optimizer's step, plus each call's own Python overhead (Optimizer.step's hooks and profiling wrapper, zero_grad).
+Measured on a shared 2-core CPU host: 200 tensors stepped by 200 optimizers against one, +138 us per tensor; a
+loaded host, so an upper end. It is what makes the lever lose a tie: it is chosen when it fits what the plain step
+does not, or lets a faster layout fit, never for nothing (it drops global-norm clipping)."""
 
 
 def communication(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -42,9 +54,14 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     flops_per_token = fwd_bwd * m.active_params + recompute
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
+    # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
+    compute += spec.dequant_s(inp, s)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
     overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
+    if s.optimizer_in_backward:
+        # The same step arithmetic, moved into backward; only the per-tensor calls are new (at least one tensor).
+        overhead += max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
@@ -89,5 +106,5 @@ def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:
     return sum(step_time_terms(inp, s, bucket_elems).values())
 
 
-__all__ = ["Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks", "communication",
-           "step_time_s", "step_time_terms"]
+__all__ = ["IN_BACKWARD_CALL_S", "Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks",
+           "communication", "step_time_s", "step_time_terms"]

@@ -27,7 +27,7 @@ from launcher.engines import engine_spec
 from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
-from launcher.planner.plan import Buckets, Strategy
+from launcher.planner.plan import Buckets, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -91,19 +91,6 @@ class MemoryEstimate:
 PINNED_ROUNDING = 2
 """Host bytes per offloaded activation byte, at most: torch's CachingHostAllocator, which serves the pinned
 tensors of save_on_cpu(pin_memory=True), rounds each request up to a power of two (at most twice the size)."""
-
-
-def checkpointed(index: int, every: int) -> bool:
-    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
-
-    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
-    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
-    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
-    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
-    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
-    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
-    """
-    return index % every == 0
 
 
 def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
@@ -199,7 +186,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
-        "backward": persistent + blocks + head + st.backward_extra,
+        "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
@@ -220,7 +207,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
         breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
-        breakdown[st.backward_extra_category] += st.backward_extra
+        breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
     hw = inp.hardware
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.

@@ -98,6 +98,10 @@ def gather_replicated(model: nn.Module, dtype: torch.dtype, adapter_only: bool) 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     t = t.detach()
+    if hasattr(t, "get_original_weight"):
+        # QLoRA's NF4 base (torchao NF4Tensor): a merged or full export holds its dequantized weights, the base
+        # the adapter was trained against.
+        t = t.get_original_weight()
     return t.to("cpu", dtype, copy=True) if t.is_floating_point() else t.to("cpu", copy=True)
 
 
