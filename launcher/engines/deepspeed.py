@@ -203,9 +203,9 @@ class DeepSpeedSpec(EngineSpec):
     name = NAME
     rank_engine = "DeepSpeedEngine"
     overhead_field = "deepspeed_step_overhead_s"
-    levers = frozenset({"checkpoint_every", "activation_offload"})
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
+    levers = frozenset({"loss_chunks", "checkpoint_every", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         out = []

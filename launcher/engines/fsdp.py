@@ -129,7 +129,8 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
-    levers = frozenset({"pure_bf16", "qlora", "optimizer_in_backward", "checkpoint_every", "activation_offload"})
+    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "checkpoint_every",
+                        "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.

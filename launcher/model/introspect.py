@@ -73,6 +73,8 @@ class ModelStats:
     checkpoint_bytes: int = 0
     """Bytes of tensors in the model dir's weight files, which rank 0 reads whole into host memory while loading
     (0: no weight files, the model starts from a random init)."""
+    chunk_problem: str = ""
+    """causal_lm: why the head cannot compute a chunked loss (launcher.model.chunked_loss); "" when it can."""
 
     @property
     def active_params(self) -> int:
@@ -213,6 +215,11 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
     largest_block = blocks[per_block.index(max(per_block))]
     linear_shapes = [list(m.weight.shape) for m in largest_block.modules()
                      if isinstance(m, nn.Linear) and not m.weight.requires_grad] if job.train.lora is not None else []
+    chunking = ""
+    if job.task == "causal_lm":
+        from launcher.model.chunked_loss import chunk_problem
+
+        chunking = chunk_problem(trained)
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -254,6 +261,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         position_key=position_key,
         rope_scaling=rope_scaling,
         block_linear_shapes=linear_shapes,
+        chunk_problem=chunking,
         checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
                                           else resolve_model_dir(job.model, job.base_dir)),
     )

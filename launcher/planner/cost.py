@@ -4,6 +4,7 @@ compute   = 6·Ψ·tokens FLOPs, plus 2·Ψ_block·tokens per recomputed block [
             2022 §5] (every block with full recompute, every k-th with checkpoint_every = k)
             LoRA skips frozen weight gradients: 4·Ψ·tokens. Ψ is the active parameters:
             a mixture of experts runs each token through top-k of its E experts [Mixtral, arXiv:2401.04088 §2].
+            Chunked cross-entropy recomputes the head's forward in backward: +2·h·V per token.
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step];
             FSDP2 hybrid sharding gathers and reduce-scatters within a node and all-reduces its 1/n shard of
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
@@ -52,6 +53,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
     recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m)
     flops_per_token = fwd_bwd * m.active_params + recompute
+    if s.loss_chunks:
+        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
+        flops_per_token += 2.0 * m.hidden_size * m.vocab_size
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).

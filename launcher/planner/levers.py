@@ -73,7 +73,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
     every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
     axes: dict[str, list] = {
-        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
+        # Not where the head cannot compute it (ModelStats.chunk_problem: a LoRA-wrapped head, soft-capped logits).
+        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" and not m.chunk_problem else [0],
         # On CPU ranks the saved tensors are already in host memory: offload moves nothing and saves nothing.
         "activation_offload": [False] if req.hardware.device_is_host else [False, True],
         "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],

@@ -57,9 +57,13 @@ def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -
     # [Kort] 5as²b at fp16: the scores' softmax output and its dropout output (w bytes each) and the dropout
     # mask (1 byte) per head per token pair. Fused kernels (sdpa, flash) keep only an s-sized logsumexp.
     scores = m.num_heads * (2 * w + 1) if attention == "eager" else 0.0
+    causal = m.task == "causal_lm"
     return ActivationConstants(block_bytes_per_token=block, block_bytes_per_token_per_seq=scores,
                                ckpt_bytes_per_token=m.hidden_size * w, head_bytes_per_token=head,
                                head_ckpt_bytes_per_token=head, attention=attention,
+                               head_logit_bytes_per_token=m.vocab_size * (w + 12) if causal else 0.0,
+                               head_weight_grad_bytes=head_weight_grad_bytes(m.vocab_size, m.hidden_size, w,
+                                                                             causal and not m.lora_params),
                                source=f"Korthikanti et al. 2022 ({attention} attention)")
 
 
@@ -88,6 +92,34 @@ class MemoryEstimate:
     measured phase is compared with (benchmarks/accuracy)."""
 
 
+def head_weight_grad_bytes(vocab_size: int, hidden_size: int, dtype_bytes: float, trainable: bool) -> float:
+    """One gradient of the output embedding, V·h in the working dtype, if it trains (ActivationConstants)."""
+    return float(vocab_size * hidden_size * dtype_bytes) if trainable else 0.0
+
+
+def chunked_head_bytes(c: ActivationConstants, head_per_token: float, tokens: int, chunks: int) -> float:
+    """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss).
+
+    Non-reentrant checkpoint keeps each piece's inputs (views of the hidden states, in the non-logit part) and
+    rebuilds one piece's logits in backward, so of the vocabulary-sized tensors (L per token: fp32 log-softmax
+    output, its gradient, the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The pieces'
+    weight gradients all flow into the head weight's one AccumulateGrad node, whose input buffer sums them
+    while the blocks' activations are still saved: a piece's log-softmax backward runs beside that buffer
+    (G = V·h·w, from the second piece on), its matmul backward beside the buffer and its own weight gradient
+    (2G) with only the logits' gradient (L/3) left. The first sum is out of place (3G): the weight gradient of
+    F.linear arrives as the transpose of the matmul's result, a view, which the engine's input buffer never
+    adds into in place; the sum is a fresh tensor, and later pieces add into it in place. Unchunked the weight
+    gradient appears after the logits are freed, so it is not at this peak. Linear in the constants
+    (launcher.calibrate scales them)."""
+    logits = min(c.head_logit_bytes_per_token, head_per_token)
+    rest = tokens * (head_per_token - logits)
+    piece = tokens * logits / chunks
+    if chunks == 1:
+        return rest + piece
+    g = c.head_weight_grad_bytes
+    return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
+
+
 PINNED_ROUNDING = 2
 """Host bytes per offloaded activation byte, at most: torch's CachingHostAllocator, which serves the pinned
 tensors of save_on_cpu(pin_memory=True), rounds each request up to a power of two (at most twice the size)."""
@@ -110,7 +142,7 @@ def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int,
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                     checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
+                     checkpointing: bool, checkpoint_every: int = 1, loss_chunks: int = 0) -> tuple[int, int]:
     """(blocks, head) activation bytes of one micro-batch at the backward peak.
 
     Two moments compete. backward start: every block's saved tensors S and the loss's backward (H,
@@ -121,17 +153,20 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     head's moment too, and H' is at most the head), so which moment is the peak follows from the layout alone:
     the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
     else the backward start, since a block that keeps everything then follows every checkpointed one. Chosen
-    by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so).
+    by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so). With
+    ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes).
     """
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
-    if checkpointing and checkpointed(num_blocks - 1, checkpoint_every):
-        return saved + live, int(tokens * c.head_ckpt_bytes_per_token)
-    return saved, int(tokens * c.head_bytes_per_token)
+    recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
+    head = c.head_ckpt_bytes_per_token if recompute_last else c.head_bytes_per_token
+    head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
+    return saved + (live if recompute_last else 0), int(head_bytes)
 
 
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                               checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int, int]:
+                               checkpointing: bool, checkpoint_every: int = 1,
+                               loss_chunks: int = 0) -> tuple[int, int, int]:
     """(blocks on the device, head on the device, host) activation bytes with activation offload on CUDA.
 
     launcher.worker.offload packs every saved tensor but the parameters into pinned host memory as forward and
@@ -147,7 +182,9 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
     device = live + (tokens * c.ckpt_bytes_per_token if checkpointing else 0.0)
-    return int(device), int(tokens * c.head_ckpt_bytes_per_token), int(saved + tokens * c.head_bytes_per_token)
+    h = c.head_ckpt_bytes_per_token
+    head = chunked_head_bytes(c, h, tokens, loss_chunks) if loss_chunks else tokens * h
+    return int(device), int(head), int(saved + tokens * c.head_bytes_per_token)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
@@ -176,13 +213,14 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = engine_spec(s.engine)
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing, s.checkpoint_every)
+                                    s.activation_checkpointing, s.checkpoint_every, s.loss_chunks)
     pinned = 0
     if s.activation_offload and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
         # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
         blocks, head, saved = offloaded_activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size,
-                                                         inp.seq_len, s.activation_checkpointing, s.checkpoint_every)
+                                                         inp.seq_len, s.activation_checkpointing, s.checkpoint_every,
+                                                         s.loss_chunks)
         pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
@@ -245,5 +283,6 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
            "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
-           "offloaded_activation_bytes", "estimate_memory", "init_bytes", "model_state_bytes",
+           "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
+           "offloaded_activation_bytes",
            "nvme_param_buffer_elems"]

@@ -14,15 +14,9 @@ from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
 from launcher.planner.build import build_plan
 from launcher.planner.candidates import candidates, pinned
-from launcher.planner.plan import LEVER_FIELDS, Plan, Strategy
+from launcher.planner.plan import LEVER_FIELDS, Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 from launcher.planner.scoring import Scored, evaluate, score
-
-_LEVER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Strategy) if f.name in LEVER_FIELDS}
-
-
-def _without_levers(s: Strategy) -> Strategy:
-    return dataclasses.replace(s, **_LEVER_DEFAULTS)
 
 
 def make_plan(req: PlanRequest) -> Plan:
@@ -31,11 +25,13 @@ def make_plan(req: PlanRequest) -> Plan:
     fits = sorted((c for c in scored if c.problem is None), key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes))
     pins = pinned(req.pins)
     if not fits:
-        # Fully pinned: one layout, micro-batch and checkpointing; exact levers the job left open (activation
-        # offload, checkpoint_every) may still give several, and forcing takes the smallest of them.
-        fully_pinned = len({repr(_without_levers(c.strategy)) for c in scored}) == 1
-        if req.force and fully_pinned:
-            return build_plan(req, min(scored, key=lambda c: c.estimate.peak_bytes), [], pins, status="forced")
+        # Levers the job left free (launcher.planner.levers) still vary under a fully pinned layout: forcing runs
+        # the layout with the levers that make it smallest.
+        layouts = {tuple((k, v) for k, v in dataclasses.asdict(c.strategy).items() if k not in LEVER_FIELDS)
+                   for c in scored}
+        if req.force and len(layouts) == 1:
+            smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
+            return build_plan(req, smallest, [], pins, status="forced")
         no_fit = explain_no_fit(req, scored)
         raise NoPlanError(no_fit.reasons, no_fit.suggestion_lines(), short_of=no_fit.short_of)
     return build_plan(req, fits[0], scored, pins, status="fits")

@@ -54,6 +54,12 @@ class ActivationConstants:
     """Bytes per token outside the blocks at the peak (embeddings, logits, loss)."""
     head_ckpt_bytes_per_token: float
     """The same with checkpointing on (the model may recompute or keep different tensors)."""
+    head_logit_bytes_per_token: float = 0.0
+    """The part of the head terms that is the loss's vocabulary-sized tensors, bytes per token: what chunked
+    cross-entropy divides by its chunk count (launcher.planner.memory.chunked_head_bytes). 0: unknown, no saving."""
+    head_weight_grad_bytes: float = 0.0
+    """Bytes of one gradient of the output embedding (V·h in the working dtype; 0 when it is frozen, as under
+    LoRA), per micro-batch: with chunked cross-entropy two of them exist while the blocks' activations do."""
     probe_seq_len: int = 0
     """Sequence length the numbers were measured at (0: derived from the paper)."""
     source: str = "Korthikanti et al. 2022"

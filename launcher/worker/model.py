@@ -10,6 +10,7 @@ from torch import nn
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
 from launcher.model.build import build_model, model_config, resolve_model_dir
+from launcher.model.chunked_loss import enable_chunked_loss
 from launcher.model.lora import apply_lora
 from launcher.worker.recipes import Recipe
 from launcher.worker.tokenizer import load_tokenizer
@@ -31,6 +32,9 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, che
 
     ``hf_checkpointing`` with ``checkpoint_every`` k: transformers checkpoints every k-th block from the first
     (its every_n_layers, ``layer_index % k == 0``), the blocks launcher.planner.memory.checkpointed counts.
+
+    ``recipe.loss_chunks`` makes the head compute the chunked loss (launcher.model.chunked_loss); an export builds
+    with a recipe whose loss_chunks is 0, so the saved model is the plain Hugging Face one.
 
     ``on_meta`` builds the same model, wrappers included, on the meta device: a rank that receives its weights from
     rank 0 (launcher.worker.loading) allocates nothing here.
@@ -64,6 +68,9 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, che
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **every)
     if job.train.lora is not None:
         model = apply_lora(model, job.train.lora, recipe.task)
+    if recipe.loss_chunks:
+        # After LoRA: peft must see the plain nn.Linear head (and a LoRA-wrapped head is refused there).
+        enable_chunked_loss(model, recipe.loss_chunks)
     return model
 
 

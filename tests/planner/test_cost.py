@@ -225,6 +225,16 @@ def test_a_profile_with_slow_bf16_is_said_in_the_plan(request_for, precision, sa
     assert bool(notes) is said
 
 
+def test_chunked_loss_recomputes_the_head_forward():
+    # launcher.model.chunked_loss reruns each piece's lm_head matmul in backward: 2·h·V FLOPs per token more.
+    inp = no_overhead(inputs())
+    hw, m = inp.hardware, inp.model
+    plain = step_time_terms(inp, strategy(), 10**6)["compute"]
+    chunked = step_time_terms(inp, dataclasses.replace(strategy(), loss_chunks=8), 10**6)["compute"]
+    assert chunked - plain == pytest.approx(2 * m.hidden_size * m.vocab_size * TOKENS_PER_STEP
+                                            / (hw.flops_bf16 * hw.mfu))
+
+
 def test_the_step_in_backward_costs_one_optimizer_call_per_trained_tensor():
     from launcher.planner.cost import IN_BACKWARD_CALL_S
 
