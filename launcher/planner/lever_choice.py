@@ -10,7 +10,7 @@ import dataclasses
 
 from launcher.engines import engine_spec
 from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible
-from launcher.planner.plan import LeverDecision, Strategy, Why
+from launcher.planner.plan import LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
 
@@ -42,7 +42,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
 
 
 def _off_value(lever: str) -> object:
-    return {"loss_chunks": 0, "checkpoint_every": 1, "low_memory_optimizer": "none"}.get(lever, False)
+    return LEVERS_OFF[lever]
 
 
 def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
