@@ -139,7 +139,9 @@ def rung_options(rung: str, s: Strategy, req: PlanRequest) -> list[Strategy]:
         smaller = sorted((mb for mb in micro_batches(req) if mb < s.micro_batch_size), reverse=True)
         return [_with_micro_batch(s, mb, per_rank) for mb in smaller]
     if rung == "activation_checkpointing":
-        return [] if s.activation_checkpointing else [dataclasses.replace(s, activation_checkpointing=True)]
+        # Selective checkpointing (every k-th block) still has full recompute left to try.
+        full = s.activation_checkpointing and s.checkpoint_every == 1
+        return [] if full else [dataclasses.replace(s, activation_checkpointing=True, checkpoint_every=1)]
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}")
     return engine_spec(s.engine).rung_options(rung, s, nvme=req.nvme_free_bytes is not None)
@@ -164,6 +166,8 @@ def describe_change(old: Strategy, new: Strategy) -> str:
                      f"(accumulation {old.grad_accum_steps} -> {new.grad_accum_steps})")
     if new.activation_checkpointing != old.activation_checkpointing:
         parts.append("activation checkpointing on")
+    elif new.checkpoint_every != old.checkpoint_every:
+        parts.append(f"activation checkpointing every {old.checkpoint_every} -> every {new.checkpoint_every} block")
     if new.zero_stage != old.zero_stage:
         parts.append(f"ZeRO stage {old.zero_stage} -> {new.zero_stage}")
     if new.fsdp_reshard_after_forward != old.fsdp_reshard_after_forward:

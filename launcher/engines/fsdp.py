@@ -15,7 +15,7 @@ from launcher.emit.exports import FSDP_NOTES
 from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.qlora import NF4_TABLE, block_nf4, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
-from launcher.planner.plan import Buckets, Plan, Strategy
+from launcher.planner.plan import Buckets, Plan, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
     MemoryInputs,
@@ -140,7 +140,8 @@ class FsdpSpec(EngineSpec):
     overhead_field = "fsdp_step_overhead_s"
     # The optimizer steps FSDP2's DTensor shards: torchao's low-bit AdamW and ShardedAdafactor both run there
     # (launcher.worker.engines.optimizers).
-    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "low_memory_optimizer"})
+    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "low_memory_optimizer",
+                        "checkpoint_every", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
@@ -205,7 +206,10 @@ class FsdpSpec(EngineSpec):
         nf4, hw = qlora_blocks(inp, s), inp.hardware
         if not nf4 or not hw.memory_bw:
             return 0.0
-        passes = 3 if s.activation_checkpointing else 2
+        # The recompute dequantizes again only in the checkpointed blocks (every checkpoint_every-th).
+        n = inp.model.num_blocks
+        recomputed = sum(checkpointed(i, s.checkpoint_every) for i in range(n)) if s.activation_checkpointing else 0
+        passes = 2 + recomputed / max(n, 1)
         touched = 2 * sum(dequant_transient_bytes(e, BYTES[inp.precision]) for e in nf4) * inp.model.num_blocks
         return s.grad_accum_steps * passes * touched / hw.memory_bw
 

@@ -101,19 +101,26 @@ def without_levers(s: Strategy) -> str:
     return dataclasses.replace(s, **{name: LEVERS_OFF[name] for name in LEVER_FIELDS}).label()
 
 
+def layout(s: Strategy) -> str:
+    """What engine layout ``s`` is (its sharding and offload), apart from micro-batch, checkpointing and levers."""
+    return without_levers(dataclasses.replace(s, micro_batch_size=1, grad_accum_steps=1,
+                                              activation_checkpointing=False)).split(", mb=")[0]
+
+
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
     """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
-    fitting ones closest in step time to the plan. Each strategy label once; typed, worded by launch plan."""
+    fastest fitting plan of each other layout. Typed; worded by launch plan."""
     t0 = best.estimate.step_time_s
     faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
                     key=lambda c: (overrun(c), c.estimate.step_time_s))
     near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
     runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
-    # One alternative per layout, micro-batch and checkpointing: its variants that differ only in the levers are
-    # the plan's lever lines (launcher.planner.lever_choice), and would crowd out the other layouts here.
+    # The faster ones once each apart from their levers (the plan's lever lines say what the levers do); the
+    # fitting ones as the fastest of each layout, so other engines and shardings are not crowded out by one
+    # layout's micro-batches.
     out, seen = [], {without_levers(best.strategy)}
     for c in near[: limit // 2] + runners:
-        key = without_levers(c.strategy)
+        key = without_levers(c.strategy) if c.problem else "layout: " + layout(c.strategy)
         if key in seen:
             continue
         seen.add(key)

@@ -1,14 +1,16 @@
 """Seconds per optimizer step for one strategy: the cost model that ranks fitting plans.
 
-compute   = 6·Ψ·tokens FLOPs (8·Ψ·tokens with full recompute) [Kaplan et al. 2020; Korthikanti et al. 2022 §5]
-            LoRA skips frozen weight gradients: 4·Ψ·tokens (+2·Ψ with recompute). Ψ is the active parameters:
+compute   = 6·Ψ·tokens FLOPs, plus 2·Ψ_block·tokens per recomputed block [Kaplan et al. 2020; Korthikanti et al.
+            2022 §5] (every block with full recompute, every k-th with checkpoint_every = k)
+            LoRA skips frozen weight gradients: 4·Ψ·tokens. Ψ is the active parameters:
             a mixture of experts runs each token through top-k of its E experts [Mixtral, arXiv:2401.04088 §2].
             Chunked cross-entropy recomputes the head's forward in backward: +2·h·V per token.
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step];
             FSDP2 hybrid sharding gathers and reduce-scatters within a node and all-reduces its 1/n shard of
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
-            parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
+            parameter offload moves every weight (frozen ones too) host to device in each forward and backward;
+            activation offload moves the saved activations out in forward and back in backward, not overlapped.
 dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
             bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 optimizer = what a low-memory optimizer's step adds over AdamW's (launcher.planner.terms.optimizer_step_s); present
@@ -22,6 +24,7 @@ Each engine's spec (launcher.engines) gives its communication, offload and engin
 from __future__ import annotations
 
 from launcher.engines import engine_spec
+from launcher.planner.memory import checkpointed, offloaded_activation_bytes
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s
 
@@ -48,7 +51,10 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     tokens_per_rank = s.micro_batch_size * s.grad_accum_steps * inp.seq_len
     fwd_bwd = 6.0 if m.trainable_params == m.num_params else 4.0
     # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
-    flops_per_token = (fwd_bwd + (2.0 if s.activation_checkpointing else 0.0)) * m.active_params
+    # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
+    # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
+    recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m)
+    flops_per_token = fwd_bwd * m.active_params + recompute
     if s.loss_chunks:
         # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
         flops_per_token += 2.0 * m.hidden_size * m.vocab_size
@@ -56,8 +62,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
     compute += spec.dequant_s(inp, s)
-    # Small micro-batches pay the fixed per-block cost more often for the same tokens.
-    overhead = s.grad_accum_steps * m.num_blocks * hw.block_overhead_s * (1.5 if s.activation_checkpointing else 1.0)
+    # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
+    # its forward's half of it again.
+    overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
     if s.optimizer_in_backward:
         # The same step arithmetic, moved into backward; only the per-tensor calls are new (at least one tensor).
         overhead += max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S
@@ -67,7 +74,7 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
             + traffic.calls * hw.collective_latency_s)
     # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
-    offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s)
+    offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s)
     exposed_comm = comm * (1.0 - hw.comm_overlap)
     terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
              "engine": spec.step_overhead_s(hw)}
@@ -77,8 +84,37 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     return terms
 
 
+def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
+    """How many blocks recompute in backward: ceil(n / k) with every k-th checkpointed (memory.checkpointed)."""
+    if not s.activation_checkpointing:
+        return 0
+    return sum(checkpointed(i, s.checkpoint_every) for i in range(num_blocks))
+
+
+def active_block_params(m) -> float:
+    """Parameters one token runs through in one block: the active ones outside embeddings and head, per block."""
+    return max(m.active_params - m.non_block_params, 0) / max(m.num_blocks, 1)
+
+
+def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
+    """Seconds per step copying saved activations to the host in forward and back in backward (CUDA ranks).
+
+    torch.autograd.graph.save_on_cpu(pin_memory=True): pack_to_cpu copies each tensor into pinned memory with
+    copy_(non_blocking=True) and unpack_from_cpu copies it back with .to(device, non_blocking=True); both are
+    queued on the current (compute) stream, so the next kernel waits for them: no overlap with compute. The
+    bytes are what forward and the loss save (launcher.planner.memory.offloaded_activation_bytes), each way, per
+    micro-batch.
+    """
+    if not s.activation_offload or inp.hardware.device_is_host:
+        return 0.0
+    *_, saved = offloaded_activation_bytes(inp.activations, inp.model.num_blocks, s.micro_batch_size, inp.seq_len,
+                                          s.activation_checkpointing, s.checkpoint_every)
+    return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw
+
+
 def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:
     return sum(step_time_terms(inp, s, bucket_elems).values())
 
 
-__all__ = ["IN_BACKWARD_CALL_S", "Traffic", "communication", "step_time_s", "step_time_terms"]
+__all__ = ["IN_BACKWARD_CALL_S", "Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks",
+           "communication", "step_time_s", "step_time_terms"]

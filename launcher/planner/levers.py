@@ -80,7 +80,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     axes: dict[str, list] = {
         # Not where the head cannot compute it (ModelStats.chunk_problem: a LoRA-wrapped head, soft-capped logits).
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" and not m.chunk_problem else [0],
-        "activation_offload": [False, True],
+        # On CPU ranks the saved tensors are already in host memory: offload moves nothing and saves nothing.
+        "activation_offload": [False] if req.hardware.device_is_host else [False, True],
         "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
         # In place of Adam only, and not under LoRA: its adapters' state is already small.
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]

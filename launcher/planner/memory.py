@@ -27,7 +27,7 @@ from launcher.engines import engine_spec
 from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
-from launcher.planner.plan import Buckets, Strategy
+from launcher.planner.plan import Buckets, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -120,17 +120,71 @@ def chunked_head_bytes(c: ActivationConstants, head_per_token: float, tokens: in
     return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
 
 
-def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                     checkpointing: bool, loss_chunks: int = 0) -> tuple[int, int]:
-    """(blocks, head) activation bytes of one micro-batch at the backward peak."""
+PINNED_ROUNDING = 2
+"""Host bytes per offloaded activation byte, at most: torch's CachingHostAllocator, which serves the pinned
+tensors of save_on_cpu(pin_memory=True), rounds each request up to a power of two (at most twice the size)."""
+
+
+def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
+    """(saved, live) bytes of the blocks for one micro-batch: what forward leaves for backward, and one block's
+    whole forward (A + B·s per token), live again while a checkpointed block is recomputed.
+
+    A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other block all it saves.
+    """
     tokens = micro_batch * seq_len
-    block = c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len
-    head = c.head_ckpt_bytes_per_token if checkpointing else c.head_bytes_per_token
-    head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
+    block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
     if not checkpointing:
-        return int(tokens * num_blocks * block), int(head_bytes)
-    # Checkpoints of every block [Kort: 2sbh; ZInf: 2·bsz·seq·hd·nl/ci] plus one block recomputed in backward.
-    return int(tokens * (num_blocks * c.ckpt_bytes_per_token + block)), int(head_bytes)
+        return int(num_blocks * block), int(block)
+    ckpt = tokens * c.ckpt_bytes_per_token
+    kept = sum(checkpointed(j, checkpoint_every) for j in range(num_blocks))
+    return int(kept * ckpt + (num_blocks - kept) * block), int(block)
+
+
+def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                     checkpointing: bool, checkpoint_every: int = 1, loss_chunks: int = 0) -> tuple[int, int]:
+    """(blocks, head) activation bytes of one micro-batch at the backward peak.
+
+    Two moments compete. backward start: every block's saved tensors S and the loss's backward (H,
+    head_bytes_per_token: logits, their fp32 copy, log-softmax and its gradient). Recompute of checkpointed block
+    j (non-reentrant torch.utils.checkpoint replays it when backward first unpacks one of its tensors): the blocks
+    up to j saved, block j live again, and what outside the blocks is still held (H', head_ckpt_bytes_per_token).
+    The probe (launcher.model.activations) measures H' ≤ H ≤ (A + B·s) + H' (its full-recompute run holds the
+    head's moment too, and H' is at most the head), so which moment is the peak follows from the layout alone:
+    the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
+    else the backward start, since a block that keeps everything then follows every checkpointed one. Chosen
+    by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so). With
+    ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes).
+    """
+    tokens = micro_batch * seq_len
+    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
+    head = c.head_ckpt_bytes_per_token if recompute_last else c.head_bytes_per_token
+    head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
+    return saved + (live if recompute_last else 0), int(head_bytes)
+
+
+def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
+                               checkpointing: bool, checkpoint_every: int = 1,
+                               loss_chunks: int = 0) -> tuple[int, int, int]:
+    """(blocks on the device, head on the device, host) activation bytes with activation offload on CUDA.
+
+    launcher.worker.offload packs every saved tensor but the parameters into pinned host memory as forward and
+    the loss save it, as torch.autograd.graph.save_on_cpu(pin_memory=True) does (``pack_to_cpu``:
+    torch.empty(pin_memory=True), copy_), and unpacks it to the device when backward uses it
+    (``unpack_from_cpu``: tensor.to(device)). With checkpointing only the block inputs are packed: non-reentrant
+    checkpoint saves them through the outer hooks, and what runs inside a block through its own, innermost ones.
+    The host holds all the blocks save, and the loss's saved tensors, counted as its whole head term H (an upper
+    bound: H holds its backward temporaries too). The device holds one block's backward: its tensors back, or its
+    input back and the block recomputed, beside what the head still holds then (H'); by the probe's
+    H ≤ (A + B·s) + H' that is at least the loss's backward at the start (H, its tensors back).
+    """
+    tokens = micro_batch * seq_len
+    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    device = live + (tokens * c.ckpt_bytes_per_token if checkpointing else 0.0)
+    h = c.head_ckpt_bytes_per_token
+    head = chunked_head_bytes(c, h, tokens, loss_chunks) if loss_chunks else tokens * h
+    return int(device), int(head), int(saved + tokens * c.head_bytes_per_token)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
@@ -159,7 +213,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = engine_spec(s.engine)
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing, s.loss_chunks)
+                                    s.activation_checkpointing, s.checkpoint_every, s.loss_chunks)
+    pinned = 0
+    if s.activation_offload and not inp.hardware.device_is_host:
+        # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
+        # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
+        blocks, head, saved = offloaded_activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size,
+                                                         inp.seq_len, s.activation_checkpointing, s.checkpoint_every,
+                                                         s.loss_chunks)
+        pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
         "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
@@ -206,7 +268,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     load = spec.load_bytes_per_node(inp, s)
-    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra)
+    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
     # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
     host = max(host + export_host_bytes(m, inp.precision), load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
@@ -220,5 +282,7 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
-           "activation_bytes", "analytic_constants", "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
+           "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
+           "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
+           "offloaded_activation_bytes",
            "nvme_param_buffer_elems"]

@@ -110,6 +110,19 @@ class Strategy:
         return out
 
 
+def checkpointed(index: int, every: int) -> bool:
+    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
+
+    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
+    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
+    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
+    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
+    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
+    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
+    """
+    return index % every == 0
+
+
 LEVER_FIELDS = ("checkpoint_every", "loss_chunks", "activation_offload", "optimizer_in_backward",
                 "low_memory_optimizer", "pure_bf16", "qlora")
 """Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""

@@ -25,6 +25,7 @@ from launcher.worker.data import Stream, eval_batches, eval_counted, read_record
 from launcher.worker.export import export_at_end
 from launcher.worker.loading import is_loader
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
+from launcher.worker.offload import offload_activations
 from launcher.worker.recipes import make_recipe
 from launcher.worker.tokcache import tokenized
 
@@ -178,6 +179,7 @@ class Trainer:
         # meta and its setup fills them) and whether transformers checkpoints the blocks.
         self.engine.before_build()
         model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=self.engine.hf_checkpointing,
+                      checkpoint_every=self.engine.checkpoint_every,
                       on_meta=self.engine.rank0_load and not is_loader())
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)
@@ -304,7 +306,9 @@ class Trainer:
                     tokens += self.recipe.tokens(host)
                     batch = to_device(host, self.device)
                     del host
-                    loss = self.recipe.loss_tensor(self.engine.forward, batch)
+                    # Activation offload covers forward and the loss: what they save for backward (launcher.worker.offload).
+                    with offload_activations(self.plan.strategy.activation_offload):
+                        loss = self.recipe.loss_tensor(self.engine.forward, batch)
                     del batch
                     loss_sum += loss.detach().float()
                 with self.probe.phase("backward"):

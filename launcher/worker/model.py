@@ -26,11 +26,16 @@ def tokenizer_for(job: Job):
     return load_tokenizer(model_dir(job), model_config(job).vocab_size)
 
 
-def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_meta: bool = False) -> nn.Module:
+def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, checkpoint_every: int = 1,
+          on_meta: bool = False) -> nn.Module:
     """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it.
+
+    ``hf_checkpointing`` with ``checkpoint_every`` k: transformers checkpoints every k-th block from the first
+    (its every_n_layers, ``layer_index % k == 0``), the blocks launcher.planner.memory.checkpointed counts.
 
     ``recipe.loss_chunks`` makes the head compute the chunked loss (launcher.model.chunked_loss); an export builds
     with a recipe whose loss_chunks is 0, so the saved model is the plain Hugging Face one.
+
     ``on_meta`` builds the same model, wrappers included, on the meta device: a rank that receives its weights from
     rank 0 (launcher.worker.loading) allocates nothing here.
     """
@@ -59,7 +64,8 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_
         # Mean pooling never calls BERT's pooler; frozen, it gets no gradient or optimizer state.
         model.pooler.requires_grad_(False)
     if hf_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        every = {"every_n_layers": checkpoint_every} if checkpoint_every != 1 else {}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **every)
     if job.train.lora is not None:
         model = apply_lora(model, job.train.lora, recipe.task)
     if recipe.loss_chunks:

@@ -117,12 +117,14 @@ def test_run_coefficients_are_token_counts_worked_by_hand(tmp_path, cache):
     #   128 x 64 = 8_192 for its scores), the head's checkpointed term 128.
     from launcher.calibrate.runs import samples_from_run
 
+    # Runs without chunked cross-entropy: the chunked head's two constants (launcher.planner.memory) never enter.
+    UNCHUNKED = {"head_logit_bytes_per_token": 0, "head_weight_grad_bytes": 0}
     no_ckpt = stub_sample(make_run(tmp_path, 0, ARCHS[0]), samples_from_run)
     ckpt = stub_sample(make_run(tmp_path, 2, ARCHS[2]), samples_from_run)
     assert no_ckpt.base_bytes == ckpt.base_bytes == 0
     assert no_ckpt.coefficients == {"block_bytes_per_token": 256, "block_bytes_per_token_per_seq": 16_384,
                                     "ckpt_bytes_per_token": 0, "head_bytes_per_token": 128,
-                                    "head_ckpt_bytes_per_token": 0}
+                                    "head_ckpt_bytes_per_token": 0, **UNCHUNKED}
     assert ckpt.coefficients == {"block_bytes_per_token": 128, "block_bytes_per_token_per_seq": 8_192,
                                  "ckpt_bytes_per_token": 256, "head_bytes_per_token": 0,
-                                 "head_ckpt_bytes_per_token": 128}
+                                 "head_ckpt_bytes_per_token": 128, **UNCHUNKED}

@@ -92,13 +92,18 @@ def test_zero2_tiny_gpt2(tmp_path):
 
 
 def test_zero3_cpu_optimizer_offload(tmp_path):
-    job = job_file(tmp_path, "z3off", strategy={"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu"})
+    # With every 2nd block checkpointed (transformers' every_n_layers under zero.Init) and activation offload
+    # (its hooks around forward and the loss): ZeRO-3 trains, exports the same tensors, and the peak is predicted.
+    job = job_file(tmp_path, "z3off", strategy={"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
+                                                "activation_checkpointing": True, "checkpoint_every": 2,
+                                                "activation_offload": True})
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
     # On CPU ranks the "offloaded" optimizer lives in the same memory, and the plan says so.
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert plan["breakdown"]["optimizer"] == 0 and plan["breakdown"]["offloaded"] > 0
+    assert (plan["checkpoint_every"], plan["activation_offload"]) == (2, True)
     check_exported(tmp_path / "run", tmp_path / "offline")
 
 

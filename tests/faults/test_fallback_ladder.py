@@ -14,7 +14,9 @@ from launcher.planner.search import make_plan, score
 from tests.conftest import TINY_GPT2
 
 PINNED_MB8 = {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_optimizer": "none",
-              "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False}
+              "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False,
+              # the exact levers off too: this is the micro-batch rung's test (chunked loss would fit mb 4)
+              "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False}
 
 
 def request(data_file, tmp_path, strategy: dict, **cluster):
@@ -97,9 +99,9 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
         assert s.zero_stage == 3 and s.offload_optimizer == "cpu" and s.offload_params == "cpu", s.label()
 
 
-def gpu_request(tmp_path, strategy: dict, **cluster):
+def gpu_request(tmp_path, strategy: dict, model: str = "gpt2-124m", **cluster):
     """gpt2-124m planned for an A100 (no run): offload there frees device memory and costs host RAM."""
-    doc = {"name": "ladder", "model": "gpt2-124m", "task": "causal_lm",
+    doc = {"name": "ladder", "model": model, "task": "causal_lm",
            "data": {"path": str(tmp_path / "d.jsonl"), "max_seq_len": 128},
            "train": {"global_batch_size": 16, "max_steps": 2, "precision": "bf16"}, "gpus": 2, "budget": "4GB",
            "strategy": strategy, "cluster": {"hardware": "a100-40gb", **cluster}}
@@ -108,9 +110,12 @@ def gpu_request(tmp_path, strategy: dict, **cluster):
 
 
 def test_offload_host_ram_cannot_hold_is_skipped_for_nvme(tmp_path):
+    # Full recompute pinned: with every k-th block the checkpointing rung would have full recompute left to try.
     base = {"engine": "deepspeed", "zero_stage": 3, "micro_batch_size": 1, "activation_checkpointing": True,
-            "offload_optimizer": "none", "offload_params": "none"}
-    req = gpu_request(tmp_path, base, nvme_path=str(tmp_path), nvme_free="1TB")
+            "checkpoint_every": 1, "offload_optimizer": "none", "offload_params": "none"}
+    # NVMe offload holds DeepSpeed's 4 swap buffers of one sub-group in host RAM: less than CPU offload only where a
+    # rank's partition spans several sub-groups (gpt2-124m's is one), so a 1B model.
+    req = gpu_request(tmp_path, base, model="llama-1b", nvme_path=str(tmp_path), nvme_free="1TB")
     s = make_plan(req).strategy
     est = score(req, s).estimate
     host_cpu_offload = score(req, dataclasses.replace(s, offload_optimizer="cpu")).estimate.host_bytes_per_node
@@ -246,3 +251,14 @@ def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_ex
     assert report["auto_fallback"]["ended_within_budget"] is False
     assert json.loads((run.path / "state.json").read_text())["state"] == "over_budget"
     assert f"(exit {EXIT_OVER_BUDGET})" in err or attempts == 1
+
+
+def test_checkpointing_rung_goes_from_every_kth_block_to_every_block(data_file, tmp_path):
+    from launcher.fallback import describe_change, rung_options
+
+    req = request(data_file, tmp_path, {**PINNED_MB8, "activation_checkpointing": True})
+    s = dataclasses.replace(make_plan(req).strategy, checkpoint_every=2)
+    (full,) = rung_options("activation_checkpointing", s, req)
+    assert (full.activation_checkpointing, full.checkpoint_every) == (True, 1)
+    assert "every 2 -> every 1 block" in describe_change(s, full)
+    assert rung_options("activation_checkpointing", full, req) == []

@@ -34,13 +34,44 @@ def no_overhead(inp: MemoryInputs) -> MemoryInputs:
     return dataclasses.replace(inp, hardware=dataclasses.replace(inp.hardware, block_overhead_s=0.0))
 
 
-@pytest.mark.parametrize("ac,flops_per_param_token", [(False, 6), (True, 8)])
-def test_compute_is_6_psi_tokens_and_8_with_recompute(ac, flops_per_param_token):
-    # [Kaplan et al. 2020]: forward 2Ψ + backward 4Ψ per token; full recompute repeats the forward [Kort §5].
+@pytest.mark.parametrize("ac,every,recomputed", [(False, 1, 0), (True, 1, 32), (True, 2, 16), (True, 4, 8)])
+def test_compute_is_6_psi_tokens_plus_2_psi_block_per_recomputed_block(ac, every, recomputed):
+    # [Kaplan et al. 2020]: forward 2Ψ + backward 4Ψ per token; a recomputed block repeats its forward [Kort §5],
+    # and only the checkpointed blocks recompute (every k-th of the 32; embeddings and head never do).
     inp = no_overhead(inputs())
+    m, hw = inp.model, inp.hardware
+    s = dataclasses.replace(strategy(ac=ac), checkpoint_every=every)
+    got = step_time_terms(inp, s, 10**6)["compute"]
+    block = (P - m.non_block_params) / m.num_blocks
+    assert got == pytest.approx((6 * P + 2 * recomputed * block) * TOKENS_PER_STEP / (hw.flops_bf16 * hw.mfu))
+
+
+def test_block_overhead_is_paid_again_by_recomputed_blocks_only():
+    inp = inputs()
     hw = inp.hardware
-    got = step_time_terms(inp, strategy(ac=ac), 10**6)["compute"]
-    assert got == pytest.approx(flops_per_param_token * P * TOKENS_PER_STEP / (hw.flops_bf16 * hw.mfu))
+    flat = dataclasses.replace(hw, block_overhead_s=0.0)
+    for ac, every, blocks in ((False, 1, 32), (True, 1, 48), (True, 2, 40)):
+        s = dataclasses.replace(strategy(ac=ac), checkpoint_every=every)
+        overhead = (step_time_terms(inp, s, 10**6)["compute"]
+                    - step_time_terms(dataclasses.replace(inp, hardware=flat), s, 10**6)["compute"])
+        assert overhead == pytest.approx(4 * blocks * hw.block_overhead_s)
+
+
+def test_activation_offload_pays_pcie_both_ways_for_the_saved_tensors_on_cuda_only():
+    from launcher.planner.memory import block_activations
+
+    for ac in (False, True):
+        s = dataclasses.replace(strategy(ac=ac), activation_offload=True)
+        inp = inputs()
+        saved, _ = block_activations(inp.activations, inp.model.num_blocks, 2, 2048, ac)
+        saved += 2 * 2048 * inp.activations.head_bytes_per_token  # the loss's saved tensors go too
+        off = step_time_terms(inp, dataclasses.replace(s, activation_offload=False), 10**6)["offload"]
+        on = step_time_terms(inp, s, 10**6)["offload"]
+        # Out in forward, back in backward, every micro-batch (4), over the host link, not overlapped.
+        assert on - off == pytest.approx(2 * saved * 4 / inp.hardware.host_link_bw)
+    cpu = inputs(hw="cpu")
+    s = dataclasses.replace(strategy(), activation_offload=True)
+    assert step_time_terms(cpu, s, 10**6)["offload"] == 0.0
 
 
 def test_compute_uses_the_fp32_peak_for_fp32():

@@ -100,6 +100,29 @@ def test_lever_pins_and_permissions_must_agree(strategy, train, message, tmp_pat
     assert message in str(e.value)
 
 
+def test_fsdp_and_deepspeed_try_every_kth_checkpointing_and_activation_offload(request_for):
+    for name in ("fsdp", "deepspeed"):
+        opts = options(request_for(), ENGINES[name].levers, 1)
+        assert {o.checkpoint_every for o in opts if o.activation_checkpointing} == {1, 2, 4}
+        assert {o.checkpoint_every for o in opts if not o.activation_checkpointing} == {1}
+        assert {o.activation_offload for o in opts} == {False, True}
+
+
+def test_activation_offload_is_not_tried_on_cpu_ranks_where_it_moves_nothing(request_for):
+    from launcher.planner.hardware import PROFILES
+
+    cpu = request_for(hardware=PROFILES["cpu"])
+    assert {o.activation_offload for o in options(cpu, ALL, 1)} == {False}
+    pinned = request_for(hardware=PROFILES["cpu"], pins=StrategyConfig(activation_offload=True))
+    assert {o.activation_offload for o in options(pinned, ALL, 1)} == {True}
+
+
+def test_a_pinned_checkpoint_every_plans_and_labels_the_plan(request_for):
+    plan = make_plan(request_for(pins=StrategyConfig(engine="fsdp", activation_checkpointing=True,
+                                                     checkpoint_every=2)))
+    assert plan.strategy.checkpoint_every == 2 and "AC every 2" in plan.strategy.label()
+
+
 def test_chunked_loss_is_tried_on_both_engines_unless_the_head_cannot_compute_it(request_for, llama7b):
     assert all("loss_chunks" in spec.levers for spec in ENGINES.values())
     tried = {(s.engine, s.loss_chunks) for s in candidates(request_for())}

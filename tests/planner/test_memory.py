@@ -287,6 +287,89 @@ def test_a_larger_micro_batch_never_needs_less_memory():
     assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
 
 
+# -- selective activation checkpointing and activation offload (issue 21, levers 2 and 3) ------------------------
+
+def _lever_estimate(*, ac=True, every=1, offload=False, hw="a100-80gb", mb=1):
+    import dataclasses
+
+    from launcher.planner.memory import estimate_memory
+
+    m = llama_stats()
+    inp = MemoryInputs(model=m, world_size=8, gpus_per_node=8, nodes=1, seq_len=2048, precision="bf16",
+                       optimizer="adamw", hardware=PROFILES[hw], activations=analytic_constants(m, "bf16"))
+    s = Strategy(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=mb, grad_accum_steps=1, activation_checkpointing=ac)
+    s = dataclasses.replace(s, checkpoint_every=every, activation_offload=offload)
+    b = Buckets(reduce_bucket_size=10**7, allgather_bucket_size=10**7, stage3_prefetch_bucket_size=10**6,
+                stage3_max_live_parameters=10**7, stage3_param_persistence_threshold=0)
+    return inp, estimate_memory(inp, s, b)
+
+
+def test_every_kth_block_from_the_first_is_checkpointed_as_transformers_every_n_layers_does():
+    from launcher.planner.memory import checkpointed
+
+    assert [i for i in range(12) if checkpointed(i, 1)] == list(range(12))
+    assert [i for i in range(12) if checkpointed(i, 2)] == [0, 2, 4, 6, 8, 10]
+    assert [i for i in range(12) if checkpointed(i, 4)] == [0, 4, 8]
+
+
+def test_selective_checkpointing_keeps_inputs_of_checkpointed_blocks_and_everything_of_the_rest():
+    # Unit constants: a block saves 10 bytes per token, a checkpoint 1; 4 tokens.
+    c = ActivationConstants(block_bytes_per_token=10, block_bytes_per_token_per_seq=0, ckpt_bytes_per_token=1,
+                            head_bytes_per_token=0, head_ckpt_bytes_per_token=0)
+    # k = 2 over 4 blocks: blocks 0 and 2 keep 1 each, 1 and 3 keep 10; block 3 (the first to run backward) is
+    # not checkpointed, so the backward start is the peak: 22 per token.
+    assert activation_bytes(c, 4, 1, 4, True, 2)[0] == 4 * (1 + 10 + 1 + 10)
+    # k = 2 over 5 blocks: block 4 is checkpointed, recomputed on top of all saved: 1+10+1+10+1 + 10.
+    assert activation_bytes(c, 5, 1, 4, True, 2)[0] == 4 * (23 + 10)
+    # k = 1 is full recompute as before: n checkpoints plus one live block; no AC: every block's tensors.
+    assert activation_bytes(c, 4, 1, 4, True, 1)[0] == 4 * (4 * 1 + 10)
+    assert activation_bytes(c, 4, 1, 4, False, 2)[0] == 4 * 4 * 10
+    # Fewer checkpoints never need less memory than more.
+    k1, k2, k4 = (activation_bytes(c, 12, 1, 4, True, k)[0] for k in (1, 2, 4))
+    assert k1 < k2 < k4 < activation_bytes(c, 12, 1, 4, False)[0]
+
+
+def test_activation_offload_on_cuda_moves_the_saved_tensors_to_pinned_host_ram():
+    from launcher.planner.memory import PINNED_ROUNDING, block_activations
+
+    for ac in (False, True):
+        inp, on = _lever_estimate(ac=ac, offload=True, mb=16)
+        _, off = _lever_estimate(ac=ac, offload=False, mb=16)
+        c, m, tokens = inp.activations, inp.model, 16 * 2048
+        saved, _ = block_activations(c, m.num_blocks, 16, 2048, ac)
+        # The device keeps one block's backward: its tensors, or its input and the recomputed block, beside what
+        # the head still holds then.
+        block = tokens * c.block_bytes_per_token + (tokens * c.ckpt_bytes_per_token if ac else 0)
+        device = block + tokens * c.head_ckpt_bytes_per_token
+        assert on.peak_moment == off.peak_moment == "backward"
+        assert on.breakdown["activations"] + on.breakdown["logits"] == pytest.approx(device, abs=2)
+        assert device < off.breakdown["activations"] + off.breakdown["logits"]
+        # The host: what the blocks and the loss saved, in pinned blocks rounded up to a power of two.
+        host = saved + tokens * c.head_bytes_per_token
+        assert on.host_bytes_per_node - off.host_bytes_per_node == pytest.approx(8 * PINNED_ROUNDING * host, abs=16)
+
+
+def test_selective_peak_is_the_last_recompute_or_the_backward_start_by_the_layout():
+    # gpt2s of the accuracy cells (h 128, 4 blocks, vocab 4096), fp32, seq 512, as the fake-tensor probe measured.
+    c = ActivationConstants(block_bytes_per_token=15376.0, block_bytes_per_token_per_seq=48.0,
+                            ckpt_bytes_per_token=512.0, head_bytes_per_token=50708.0,
+                            head_ckpt_bytes_per_token=11268.0)
+    block, tokens = 15376 + 48 * 512, 2 * 512
+    # Every block checkpointed: the last block's recompute is the peak (today's n·ckpt + block + head_ckpt).
+    assert activation_bytes(c, 4, 2, 512, True, 1) == (tokens * (4 * 512 + block), tokens * 11268)
+    # Every 2nd: blocks 1 and 3 keep all they saved, and the loss's backward at the start is the peak.
+    assert activation_bytes(c, 4, 2, 512, True, 2) == (tokens * (2 * 512 + 2 * block), tokens * 50708)
+
+
+def test_activation_offload_on_cpu_ranks_moves_nothing():
+    # Host memory is the device there: the hooks keep each tensor where it is (save_on_cpu's tensor.cpu()).
+    _, on = _lever_estimate(offload=True, hw="cpu")
+    _, off = _lever_estimate(offload=False, hw="cpu")
+    assert on.peak_bytes == off.peak_bytes and on.breakdown == off.breakdown
+    assert on.host_bytes_per_node == off.host_bytes_per_node
+
+
 def test_chunked_loss_keeps_one_piece_of_the_logits_and_the_head_weight_gradient():
     from launcher.planner.memory import chunked_head_bytes
 

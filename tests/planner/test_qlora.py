@@ -118,3 +118,14 @@ def test_step_time_pays_dequantization_and_gathers_fewer_bytes(request_for):
     dequant = 3 * 2 * sum(dequant_transient_bytes(e, 2) for e in elems) * m.num_blocks / PROFILES["a100-80gb"].memory_bw
     assert on["compute"] - off["compute"] == pytest.approx(dequant)
     assert communication(inp, fsdp(True), 0).intra_node_bytes < 0.5 * communication(inp, fsdp(False), 0).intra_node_bytes
+
+
+def test_dequantization_is_repeated_only_in_the_recomputed_blocks():
+    from launcher.engines.fsdp import FsdpSpec
+
+    inp = inputs(lora_llama())
+    full, every2 = fsdp(True), dataclasses.replace(fsdp(True), checkpoint_every=2)
+    no_ac = dataclasses.replace(fsdp(True), activation_checkpointing=False)
+    d1, d2, d0 = (FsdpSpec().dequant_s(inp, s) for s in (full, every2, no_ac))
+    # 32 blocks: forward and backward in all, the recompute in 16 of them with every 2nd checkpointed.
+    assert d1 == pytest.approx(3 / 2 * d0) and d2 == pytest.approx(2.5 / 2 * d0)

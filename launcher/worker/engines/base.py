@@ -46,6 +46,8 @@ class Engine(Protocol):
     """Set by ``before_build``: rank 0 builds the real model, the others a meta one that ``setup`` fills."""
     hf_checkpointing: bool
     """Switch on transformers' gradient checkpointing at build (engines that wrap blocks themselves say False)."""
+    checkpoint_every: int
+    """With checkpointing: every k-th block is checkpointed, from the first (launcher.planner.memory.checkpointed)."""
 
     @classmethod
     def from_plan(cls, plan, ds_config: dict | None, device: torch.device) -> Engine:

@@ -114,7 +114,7 @@ class DeepSpeedEngine:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
-                   usable_bytes=plan.usable_bytes)
+                   usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -127,7 +127,7 @@ class DeepSpeedEngine:
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
-                 usable_bytes: int = 0):
+                 usable_bytes: int = 0, checkpoint_every: int = 1):
         self.ds_config = ds_config
         self.usable_bytes = usable_bytes
         """The plan's usable budget per rank, bytes: the room ZeRO-1/2's flatten may see on a GPU (0: the device's)."""
@@ -135,6 +135,8 @@ class DeepSpeedEngine:
         self.device = device or torch.device("cpu")
         self.hf_checkpointing = activation_checkpointing
         """DeepSpeed has no block wrapper of its own: activation checkpointing is transformers'."""
+        self.checkpoint_every = checkpoint_every
+        """transformers' every_n_layers: its layer_index % k == 0 rule is the one FSDP copies and the plan counts."""
         self.work_dtype = next((WORK_DTYPES[p] for p in ("bf16", "fp16") if self.ds_config.get(p, {}).get("enabled")),
                                None)
         self._hf_ds_config = None

@@ -1,6 +1,6 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard): one FSDP unit per transformer block, then the root.
 
-Activation checkpointing wraps each block (non-reentrant) before it is sharded.
+Activation checkpointing wraps each block (non-reentrant), or every checkpoint_every-th one, before it is sharded.
 Hybrid sharding (HSDP) passes a 2-D mesh (nodes x ranks per node) to fully_shard, which shards over the
 second dimension and all-reduces the shards' gradients over the first.
 At the accumulation boundary the gradients are clipped to train.max_grad_norm over their global norm
@@ -27,6 +27,7 @@ from torch import nn
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
 from launcher.model.introspect import find_blocks
+from launcher.planner.memory import checkpointed
 from launcher.planner.plan import Plan
 from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
@@ -74,6 +75,7 @@ class FsdpEngine:
             offload_params=s.offload_params,
             offload_optimizer=s.offload_optimizer,
             activation_checkpointing=s.activation_checkpointing,
+            checkpoint_every=s.checkpoint_every,
             precision=plan.precision,
             grad_accum_steps=s.grad_accum_steps,
             device=device,
@@ -97,6 +99,7 @@ class FsdpEngine:
         offload_params: str,
         offload_optimizer: str,
         activation_checkpointing: bool,
+        checkpoint_every: int = 1,
         precision: str,
         grad_accum_steps: int,
         device: torch.device,
@@ -132,6 +135,7 @@ class FsdpEngine:
         self.reshard_after_forward = reshard_after_forward
         self.offload = offload_params == "cpu"
         self.activation_checkpointing = activation_checkpointing
+        self.checkpoint_every = checkpoint_every
         self.precision = precision
         self.grad_accum_steps = grad_accum_steps
         self.device = device
@@ -173,7 +177,9 @@ class FsdpEngine:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
             for i, block in enumerate(blocks):
-                blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+                # Every k-th block from the first, the rule the memory model counts (planner.memory.checkpointed).
+                if checkpointed(i, self.checkpoint_every):
+                    blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         shape, dim_names = self.mesh_shape()
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
         self.shard_group = mesh.get_group(mesh.ndim - 1)  # the ranks that hold one shard each of every gradient

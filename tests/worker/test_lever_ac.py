@@ -1,0 +1,89 @@
+"""Selective activation checkpointing and activation offload on the rank side (issue 21, levers 2 and 3)."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.config.job import Job
+from launcher.config.load import from_dict
+from launcher.model.introspect import find_blocks
+from launcher.runtime import memory_probe
+from launcher.worker.engines.fsdp import FsdpEngine
+from launcher.worker.model import build
+from launcher.worker.offload import _pack, offload_activations
+from launcher.worker.recipes import make_recipe
+from tests.worker.run_dirs import tiny_gpt2_job
+
+
+def _job(examples_data, layers: int) -> Job:
+    data = tiny_gpt2_job(str(examples_data / "causal.jsonl"))
+    data["model"]["num_layers"] = layers
+    return from_dict(Job, data)
+
+
+def test_deepspeed_path_has_transformers_checkpoint_every_kth_block(examples_data):
+    job = _job(examples_data, 4)
+    recipe = make_recipe(job.task, job.data)
+    for every, want in ((1, [True] * 4), (2, [True, False, True, False]), (4, [True, False, False, False])):
+        model = build(job, recipe, seq_len=32, hf_checkpointing=True, checkpoint_every=every)
+        _, blocks = find_blocks(model, fix="")
+        assert [b.gradient_checkpointing for b in blocks] == want
+
+
+def _grads(engine: FsdpEngine, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    engine.backward(engine.forward(input_ids=ids, labels=ids).loss)
+    # checkpoint_wrapper adds a level to the names of the blocks it wraps.
+    return {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
+            for n, p in engine.model.named_parameters()}
+
+
+def test_fsdp_wraps_every_kth_block_and_the_gradients_are_exact(single_rank, examples_data):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    dist.init_process_group("gloo")
+    job = _job(examples_data, 4)
+    recipe = make_recipe(job.task, job.data)
+    ids = torch.randint(3, 1024, (2, 32))
+    grads = {}
+    for ac, every in ((False, 1), (True, 2)):
+        torch.manual_seed(0)
+        model = build(job, recipe, seq_len=32, hf_checkpointing=False)
+        model.config.attn_pdrop = model.config.resid_pdrop = model.config.embd_pdrop = 0.0
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+        engine = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                            activation_checkpointing=ac, checkpoint_every=every, precision="fp32",
+                            grad_accum_steps=1, device=torch.device("cpu"))
+        engine.setup(model, job.train, memory_probe(device="cpu", track_categories=False))
+        wrapped = [isinstance(b, CheckpointWrapper) for b in model.transformer.h]
+        assert wrapped == ([True, False, True, False] if ac else [False] * 4)
+        grads[ac] = _grads(engine, ids)
+    assert grads[False].keys() == grads[True].keys()
+    for name in grads[False]:
+        torch.testing.assert_close(grads[True][name], grads[False][name], msg=name)
+
+
+def test_offload_hooks_keep_host_tensors_and_parameters_where_they_are():
+    # CPU ranks: host memory is the device, nothing is copied (save_on_cpu's tensor.cpu() is the tensor itself).
+    t = torch.randn(3)
+    assert _pack(t) is t
+    # Parameters, and views of them (F.linear saves weight.t()), stay where they are on any device: the model
+    # holds them anyway (a meta tensor that is no parameter would be copied into pinned memory).
+    p = nn.Parameter(torch.empty(4, 4, device="meta"))
+    view = p.t()
+    assert _pack(p) is p and _pack(view) is view
+
+
+def test_training_under_the_offload_hooks_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2))
+    x = torch.randn(5, 8)
+    model(x).square().sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with offload_activations(True):
+        out = model(x).square().sum()
+    out.backward()
+    for g, w in zip((p.grad for p in model.parameters()), want, strict=True):
+        torch.testing.assert_close(g, w)
