@@ -2,7 +2,8 @@
 # The GPU check anyone can run (issue 18 §8). On a machine with CUDA:
 #   1. pytest tests/gpu;
 #   2. a real run per engine (DeepSpeed, FSDP2) on 1 GPU and, with 2+ GPUs, on 2, each with --enforce; the verdict
-#      is on the plan's basis, on CUDA reserved plus context (cuda_reserved_plus_context);
+#      is on the plan's basis, on CUDA reserved plus context (cuda_reserved_plus_context); then the memory levers
+#      (issue 21) pinned on 1 GPU: the exact ones per engine, and 8-bit AdamW, pure bf16 and QLoRA on FSDP2;
 #   3. benchmarks/results/gpu.md: every run's verdict and predicted vs measured bytes per moment
 #      (python -m benchmarks.gpu.report, which reuses benchmarks/accuracy's comparison).
 # On a machine without CUDA it says so and exits 0. Exit 1 if a test, a run or the basis check failed.
@@ -46,5 +47,28 @@ JOB
     runs_args+=(--run "$runs/$name" "$?")
   done
 done
+
+# The memory levers (docs/levers.md) on 1 GPU, each pinned so its CUDA side runs: the exact ones together per
+# engine, and each math-changing one allowed and pinned on FSDP2 (the engine that offers them).
+lever_job() {  # name engine model strategy-extra train-extra
+  cat > "$runs/$1.yaml" <<JOB
+name: $1
+model: $3
+task: causal_lm
+data: {path: $PWD/examples/data/causal.jsonl, max_seq_len: 512}
+train: {global_batch_size: 4, precision: bf16, lr: 1.0e-4, max_steps: 4$5}
+strategy: {engine: $2, micro_batch_size: 4$4}
+JOB
+  echo "gpu-check: $1: launch --gpus 1 --budget $budget --enforce"
+  .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet
+  runs_args+=(--run "$runs/$1" "$?")
+}
+exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, activation_offload: true"
+lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
+lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"
+lever_job levers-adamw8bit-fsdp fsdp gpt2-124m ", low_memory_optimizer: adamw8bit" ", allow_levers: [adamw8bit]"
+lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_levers: [pure_bf16]"
+lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
+  ", allow_levers: [qlora], lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"
 
 "$PY" -m benchmarks.gpu.report --out "$results" --tests-rc "$tests_rc" --machine "$machine" "${runs_args[@]}"
