@@ -14,16 +14,22 @@ from launcher.units import format_bytes
 
 
 def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: list[str], *,
-               status: Literal["fits", "forced"]) -> Plan:
-    """The Plan for ``best``, with the reasons: why it won among ``scored``, what it assumed, what was pinned."""
-    fit_count = sum(1 for c in scored if c.problem is None)
+               status: Literal["fits", "forced"], total: int | None = None) -> Plan:
+    """The Plan for ``best``, with the reasons: why it won among ``scored``, what it assumed, what was pinned.
+
+    ``scored``: every candidate predicted faster than ``best`` and the runners-up at least (the search scores
+    in order of step time); ``total``: the candidates in the search space (len(scored) when None).
+    """
+    total = len(scored) if total is None else total
     b = best.estimate
+    faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
     reasons = []
     if status == "forced":
         reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem.describe()}")
     else:
         reasons.append(
-            f"fastest of {fit_count} fitting candidates out of {len(scored)}: predicted {b.step_time_s:.3g} s/step, "
+            f"fastest fitting candidate of {total} ({faster} predicted faster do not fit): "
+            f"predicted {b.step_time_s:.3g} s/step, "
             f"peak {format_bytes(b.peak_bytes)} of {format_bytes(req.usable_bytes)} usable "
             f"(budget {format_bytes(req.budget_bytes)} less {req.pins.safety_margin:.0%} margin)"
         )

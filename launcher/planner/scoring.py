@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -9,6 +10,7 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
+from launcher.planner.memo import TracedMemo, shallow_copy
 from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Estimate, Strategy
 from launcher.planner.request import PlanRequest
@@ -66,33 +68,154 @@ class Scored:
 
 def score(req: PlanRequest, s: Strategy) -> Scored:
     """Estimate with budget-sized buckets; if that misses, with the smallest buckets."""
-    first = _score(req, s, size_buckets(req))
-    if first.problem is None or not engine_spec(s.engine).uses_buckets:
-        return first
-    second = _score(req, s, size_buckets(req, smallest=True))
-    return second if second.problem is None else first
+    return _Scorer(req, memo=False).score(s)
 
 
-def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
-    inp = memory_inputs(req)
-    mem = estimate_memory(inp, s, buckets)
-    terms = step_time_terms(inp, s, buckets.reduce_bucket_size)
-    est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes, host_bytes_per_node=mem.host_bytes_per_node,
-                   nvme_bytes_per_node=mem.nvme_bytes_per_node, step_time_s=sum(terms.values()),
-                   step_time_terms=terms, basis=mem.basis, overhead=mem.overhead,
-                   moment_bytes=mem.moment_bytes)
-    problem = None
-    if mem.peak_bytes > req.usable_bytes:
-        problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
-                          largest=max(mem.breakdown, key=mem.breakdown.get))
-    elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
-        problem = Problem(resource="host_ram", need_bytes=mem.host_bytes_per_node,
-                          have_bytes=req.host_ram_per_node_bytes)
-    elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
-        problem = Problem(resource="nvme", need_bytes=mem.nvme_bytes_per_node, have_bytes=req.nvme_free_bytes or 0)
-    return Scored(s, est, problem, buckets)
+class _Scorer:
+    """One request's scoring: its MemoryInputs and buckets made once, and every term memoized by the strategy
+    fields it reads (launcher.planner.memo): strategies that differ only in fields a term does not read (a lever
+    no engine's terms use yet, say) share its answer. Every number is the one scoring alone gives."""
+
+    def __init__(self, req: PlanRequest, *, memo: bool = True) -> None:
+        self.req = req
+        self.inp = memory_inputs(req)
+        if memo:
+            self.inp.memo = {}
+        self.budget_buckets = size_buckets(req)
+        self.smallest_buckets = size_buckets(req, smallest=True)
+        self.memo = TracedMemo() if memo else None
+
+    def _call(self, key: tuple, fn, s: Strategy, *rest):
+        return fn(s, *rest) if self.memo is None else self.memo.call(key, fn, s, *rest)
+
+    def step_time(self, s: Strategy, buckets: Buckets) -> float:
+        """Predicted seconds per step of ``s`` with ``buckets`` (what its Estimate will say with them)."""
+        return self._call(("time", buckets.reduce_bucket_size), self._step_time, s, buckets.reduce_bucket_size)
+
+    def _step_time(self, s: Strategy, bucket_elems: int) -> float:
+        return sum(step_time_terms(self.inp, s, bucket_elems).values())
+
+    def score(self, s: Strategy) -> Scored:
+        est, problem, buckets = self._call(("score",), self._score_both, s)
+        return Scored(s, shallow_copy(est), problem, buckets)
+
+    def _score_both(self, s: Strategy) -> tuple[Estimate, Problem | None, Buckets]:
+        """Budget-sized buckets; if that misses, the smallest buckets (``s`` may be the memo's recorder)."""
+        first = self._score(s, self.budget_buckets)
+        if first[1] is None or not engine_spec(s.engine).uses_buckets:
+            return first
+        second = self._score(s, self.smallest_buckets)
+        return second if second[1] is None else first
+
+    def _score(self, s: Strategy, buckets: Buckets) -> tuple[Estimate, Problem | None, Buckets]:
+        req = self.req
+        mem = estimate_memory(self.inp, s, buckets)
+        terms = step_time_terms(self.inp, s, buckets.reduce_bucket_size)
+        est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes,
+                       host_bytes_per_node=mem.host_bytes_per_node, nvme_bytes_per_node=mem.nvme_bytes_per_node,
+                       step_time_s=sum(terms.values()), step_time_terms=terms, basis=mem.basis,
+                       overhead=mem.overhead, moment_bytes=mem.moment_bytes)
+        problem = None
+        if mem.peak_bytes > req.usable_bytes:
+            problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
+                              largest=max(mem.breakdown, key=mem.breakdown.get))
+        elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
+            problem = Problem(resource="host_ram", need_bytes=mem.host_bytes_per_node,
+                              have_bytes=req.host_ram_per_node_bytes)
+        elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
+            problem = Problem(resource="nvme", need_bytes=mem.nvme_bytes_per_node,
+                              have_bytes=req.nvme_free_bytes or 0)
+        return est, problem, buckets
 
 
-def evaluate(req: PlanRequest) -> list[Scored]:
-    """Every candidate of the request, scored."""
-    return [score(req, s) for s in candidates(req)]
+def evaluate(req: PlanRequest, *, memo: bool = True) -> list[Scored]:
+    """Every candidate of the request, scored: what ``search`` must agree with. ``memo=False`` computes every
+    term afresh (the reference tests/planner/test_search_speed.py holds the memo to)."""
+    scorer = _Scorer(req, memo=memo)
+    return [scorer.score(s) for s in candidates(req)]
+
+
+REJECTED_LIMIT = 6
+"""Alternatives a plan lists (launcher.planner.build.top_rejected): up to half faster ones that do not fit, then
+the runners-up."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Searched:
+    """What the search scored: enough to choose exactly what scoring every candidate would."""
+
+    scored: list[Scored]
+    """The candidates scored for memory, in candidate order: every one predicted faster than the chosen plan and
+    the runners-up (all of them when nothing fits)."""
+    total: int
+    """Candidates in the search space."""
+
+    @property
+    def exhaustive(self) -> bool:
+        return len(self.scored) == self.total
+
+    @property
+    def best(self) -> Scored | None:
+        """The fastest fitting candidate, the smaller peak on a tie, the earlier candidate on both."""
+        fits = [c for c in self.scored if c.problem is None]
+        return min(fits, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes)) if fits else None
+
+
+def search(req: PlanRequest, *, rejected_limit: int = REJECTED_LIMIT) -> Searched:
+    """Score candidates in order of their predicted step time until the fastest fit and the plan's rejected
+    alternatives are certain; with ``rejected_limit=0``, until the fastest fit alone is.
+
+    Sound because step time does not depend on memory: a candidate's step time is known before its memory
+    estimate, and its scored time is one of its two buckets' times (launcher.planner.scoring.score), so their
+    minimum is a lower bound. Once that bound passes a time T, every candidate faster than T has been scored;
+    the choice (a minimum) and the alternatives (a sorted prefix) read nothing slower. The memory model, which
+    other levers keep extending, may then be anything: nothing here assumes it falls or rises with a field.
+    """
+    scorer = _Scorer(req)
+    cands = candidates(req)
+    bounds = []
+    for s in cands:
+        t = scorer.step_time(s, scorer.budget_buckets)
+        if engine_spec(s.engine).uses_buckets:
+            t = min(t, scorer.step_time(s, scorer.smallest_buckets))
+        bounds.append(t)
+    order = sorted(range(len(cands)), key=bounds.__getitem__)
+    done: dict[int, Scored] = {}
+    best: tuple[float, int, int] | None = None  # (time, peak, index) of the fastest fit so far
+    fits = 0
+    retry: tuple[int, float] = (-1, 0.0)  # recheck once there are more fits than this, or the bound passes this
+    for i in order:
+        bound = bounds[i]
+        if best is not None and bound > best[0] and (fits > retry[0] or bound > retry[1]):
+            blocking = _blocking(done, best, bound, rejected_limit)
+            if blocking is None:
+                break
+            retry = (fits, blocking)
+        c = done[i] = scorer.score(cands[i])
+        if c.problem is None:
+            fits += 1
+            key = (c.estimate.step_time_s, c.estimate.peak_bytes, i)
+            best = key if best is None or key < best else best
+    return Searched(scored=[done[i] for i in sorted(done)], total=len(cands))
+
+
+def _blocking(done: dict[int, Scored], best: tuple[float, int, int], bound: float, limit: int) -> float | None:
+    """None when the alternatives build.top_rejected lists are all among those scored, given that every candidate
+    faster than ``bound`` has been (its list, read from the scored ones, stops before reaching ``bound``); else
+    the time the bound must pass before this can change without another fit (inf: only another fit can)."""
+    if limit == 0:
+        return None
+    t0 = best[0]
+    ordered = sorted(done.items())
+    faster = sorted((c for _, c in ordered if c.problem and c.estimate.step_time_s < t0),
+                    key=lambda c: c.estimate.step_time_s)[: limit // 2]
+    runners = sorted((c for i, c in ordered if c.problem is None and i != best[2]),
+                     key=lambda c: c.estimate.step_time_s)
+    seen = set()
+    for c in faster + runners:
+        if c.problem is None and c.estimate.step_time_s >= bound:
+            return c.estimate.step_time_s  # a runner-up not yet scored may come before this one
+        seen.add(c.strategy.label())
+        if len(seen) >= limit:
+            return None
+    return math.inf

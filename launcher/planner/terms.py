@@ -7,7 +7,7 @@ assemble these, the engine specs compute them, and neither imports the other thr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
@@ -85,6 +85,9 @@ class MemoryInputs:
     """Activation bytes per token (measured, calibrated or from the paper)."""
     overlap_comm: bool = False
     """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
+    memo: dict | None = field(default=None, init=False, compare=False, repr=False)
+    """One request's memo of the engine terms (launcher.planner.memo); set by the search, None elsewhere. Not an
+    init field, so dataclasses.replace never hands it to inputs with other values."""
 
 
 @dataclass(slots=True)
