@@ -58,7 +58,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                        f"{m.num_experts} experts): memory counts every expert, compute only the active ones, "
                        "activations the top-k experts' MLP width")
     return Plan(
-        strategy=best.strategy, estimate=b, buckets=best.buckets, num_params=req.model.num_params,
+        strategy=best.strategy, estimate=dataclasses.replace(b),
+        buckets=best.buckets and dataclasses.replace(best.buckets), num_params=req.model.num_params,
         trainable_params=req.model.trainable_params, budget_bytes=req.budget_bytes, usable_bytes=req.usable_bytes,
         world_size=req.world_size, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
         global_batch_size=req.global_batch_size, seq_len=req.seq_len, precision=req.precision,

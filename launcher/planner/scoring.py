@@ -10,7 +10,7 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
-from launcher.planner.memo import TracedMemo, shallow_copy
+from launcher.planner.memo import TracedMemo
 from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Estimate, Strategy
 from launcher.planner.request import PlanRequest
@@ -88,16 +88,22 @@ class _Scorer:
     def _call(self, key: tuple, fn, s: Strategy, *rest):
         return fn(s, *rest) if self.memo is None else self.memo.call(key, fn, s, *rest)
 
-    def step_time(self, s: Strategy, buckets: Buckets) -> float:
-        """Predicted seconds per step of ``s`` with ``buckets`` (what its Estimate will say with them)."""
-        return self._call(("time", buckets.reduce_bucket_size), self._step_time, s, buckets.reduce_bucket_size)
+    def fastest_possible(self, s: Strategy) -> float:
+        """A lower bound of the step time ``score`` will give ``s``: it is the time with one of the two bucket
+        sizes (what its Estimate will say with them), so the smaller of the two."""
+        return self._call(("bound",), self._fastest_possible, s)
 
-    def _step_time(self, s: Strategy, bucket_elems: int) -> float:
-        return sum(step_time_terms(self.inp, s, bucket_elems).values())
+    def _fastest_possible(self, s: Strategy) -> float:
+        t = sum(step_time_terms(self.inp, s, self.budget_buckets.reduce_bucket_size).values())
+        if engine_spec(s.engine).uses_buckets:
+            t = min(t, sum(step_time_terms(self.inp, s, self.smallest_buckets.reduce_bucket_size).values()))
+        return t
 
     def score(self, s: Strategy) -> Scored:
+        # Strategies with the same readings share one Estimate (nothing changes an Estimate once made;
+        # build_plan copies the chosen one into the Plan).
         est, problem, buckets = self._call(("score",), self._score_both, s)
-        return Scored(s, shallow_copy(est), problem, buckets)
+        return Scored(s, est, problem, buckets)
 
     def _score_both(self, s: Strategy) -> tuple[Estimate, Problem | None, Buckets]:
         """Budget-sized buckets; if that misses, the smallest buckets (``s`` may be the memo's recorder)."""
@@ -151,10 +157,6 @@ class Searched:
     """Candidates in the search space."""
 
     @property
-    def exhaustive(self) -> bool:
-        return len(self.scored) == self.total
-
-    @property
     def best(self) -> Scored | None:
         """The fastest fitting candidate, the smaller peak on a tie, the earlier candidate on both."""
         fits = [c for c in self.scored if c.problem is None]
@@ -173,12 +175,7 @@ def search(req: PlanRequest, *, rejected_limit: int = REJECTED_LIMIT) -> Searche
     """
     scorer = _Scorer(req)
     cands = candidates(req)
-    bounds = []
-    for s in cands:
-        t = scorer.step_time(s, scorer.budget_buckets)
-        if engine_spec(s.engine).uses_buckets:
-            t = min(t, scorer.step_time(s, scorer.smallest_buckets))
-        bounds.append(t)
+    bounds = [scorer.fastest_possible(s) for s in cands]
     order = sorted(range(len(cands)), key=bounds.__getitem__)
     done: dict[int, Scored] = {}
     best: tuple[float, int, int] | None = None  # (time, peak, index) of the fastest fit so far
