@@ -1,7 +1,9 @@
 """The live view: each rank's state, step / total with a bar, loss, tokens/s, current and peak memory.
 
 Reads only the files the ranks write (steps/rank-K.jsonl, ranks/rank-K.json), so it works the same for a
-local run and a Slurm job followed with --wait. Quiet unless stdout is a terminal or --verbose is given.
+local run and a Slurm job followed with --wait. A terminal gets the live table; any other stdout (CI, nohup, a
+pipe) gets one plain line per log step (train.log_every_steps) instead: step/total, loss, lr, tokens/s, the
+peak memory so far against the budget, and the ETA. --quiet turns both off.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.units import format_bytes
+from launcher.units import format_bytes, format_duration
 
 CARRIED = ("loss", "tokens_per_s")
 """Step-line fields only log steps have (train.log_every_steps); between them the view shows the latest."""
@@ -62,11 +64,13 @@ def rank_rows(run_dir: Path, world_size: int) -> list[dict]:
 
 
 class LiveView(threading.Thread):
-    def __init__(self, run_dir: Path, world_size: int, total_steps: int | None, *, mode: str):
+    def __init__(self, run_dir: Path, world_size: int, total_steps: int | None, *, mode: str,
+                 budget_bytes: int | None = None):
         super().__init__(daemon=True)
         self.run_dir, self.world_size, self.total_steps, self.mode = run_dir, world_size, total_steps, mode
+        self.budget_bytes = budget_bytes
         self._stop_event = threading.Event()
-        self._last_printed = -1
+        self.lines = StepLines(run_dir, world_size, total_steps, budget_bytes=budget_bytes)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -102,24 +106,109 @@ class LiveView(threading.Thread):
                 live.update(self.table())
         elif self.mode == "lines":
             while not self._stop_event.wait(1.0):
-                self.print_lines()
-            self.print_lines()
+                self.lines.print_new()
+            self.lines.print_new()
 
-    def print_lines(self) -> None:
-        rows = rank_rows(self.run_dir, self.world_size)
-        step = min((r.get("step") or 0) for r in rows)
-        if step == self._last_printed:
-            return
-        self._last_printed = step
-        parts = [f"r{r['rank']} {r['state']} loss={r.get('loss', float('nan')):.4f} "
-                 f"tok/s={r.get('tokens_per_s', 0):.0f} mem={format_bytes(r.get('mem_current_bytes', 0))} "
-                 f"peak={format_bytes(r.get('mem_peak_bytes', 0))}" for r in rows]
-        print(f"[{time.strftime('%H:%M:%S')}] step {step}/{self.total_steps or '?'}: " + "; ".join(parts), flush=True)
+
+class StepLines:
+    """Plain step lines for a console that is not a terminal: one per log step of rank 0 (its loss and tokens/s
+    are already reduced over the ranks), each step printed once, only steps this view saw written (a resumed
+    run's earlier steps are not printed again)."""
+
+    def __init__(self, run_dir: Path, world_size: int, total_steps: int | None, *, budget_bytes: int | None = None,
+                 since: float | None = None):
+        self.run_dir, self.world_size, self.total_steps, self.budget_bytes = (run_dir, world_size, total_steps,
+                                                                              budget_bytes)
+        self.since = time.time() if since is None else since
+        self._offset, self._inode = 0, None
+        self._last_step = 0
+        self._first: tuple[int, float] | None = None  # (step, time) of the first line seen: the ETA's base
+
+    def new_rows(self) -> list[dict]:
+        """Rank 0's step lines written since the last call (whole lines only)."""
+        path = self.run_dir / "steps" / "rank-0.jsonl"
+        try:
+            st = path.stat()
+            if st.st_ino != self._inode or st.st_size < self._offset:  # replaced (a resume trims it): read again
+                self._inode, self._offset = st.st_ino, 0
+            with path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        rows = []
+        for ln in complete.splitlines():
+            try:
+                rows.append(json.loads(ln))
+            except ValueError:
+                continue
+        return [r for r in rows if isinstance(r.get("step"), int) and r.get("time", self.since) >= self.since]
+
+    def total(self) -> int | None:
+        """The job's step count, or (train.epochs) the one rank 0 recorded once it knew its data."""
+        if self.total_steps:
+            return self.total_steps
+        try:
+            return json.loads((self.run_dir / "ranks" / "rank-0.json").read_text()).get("total_steps")
+        except (OSError, ValueError):
+            return None
+
+    def peak_bytes(self) -> int | None:
+        peaks = [r["mem_peak_bytes"] for r in (last_line(self.run_dir / "steps" / f"rank-{k}.jsonl")
+                                               for k in range(self.world_size)) if r and "mem_peak_bytes" in r]
+        return max(peaks) if peaks else None
+
+    def format(self, row: dict, total: int | None, peak: int | None) -> str:
+        step = row["step"]
+        parts = [f"step {step}/{total or '?'}"]
+        if "loss" in row:
+            parts.append(f"loss {row['loss']:.4f}")
+        if isinstance(row.get("lr"), (int, float)):
+            parts.append(f"lr {row['lr']:.3g}")
+        if "tokens_per_s" in row:
+            parts.append(f"tok/s {row['tokens_per_s']:.0f}")
+        if peak is not None:
+            budget = (f" of {format_bytes(self.budget_bytes)} budget ({peak / self.budget_bytes:.0%})"
+                      if self.budget_bytes else "")
+            parts.append(f"peak {format_bytes(peak)}{budget}")
+        eta = self.eta_s(row, total)
+        parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA ?")
+        return "  ".join(parts)
+
+    def eta_s(self, row: dict, total: int | None) -> float | None:
+        """Steps left x the mean step time since the first step this view saw (the first step's own time holds
+        the warm-up, so it is the fallback only)."""
+        if not total:
+            return None
+        step, t = row["step"], row.get("time")
+        per_step = row.get("step_time_s")
+        if self._first is not None and t is not None and step > self._first[0]:
+            per_step = (t - self._first[1]) / (step - self._first[0])
+        return None if per_step is None else max(0, total - step) * per_step
+
+    def print_new(self) -> int:
+        """Print a line for each new log step (a line with a loss); returns how many."""
+        rows = self.new_rows()
+        if not rows:
+            return 0
+        total, peak, printed = self.total(), self.peak_bytes(), 0
+        for row in rows:
+            if self._first is None and row.get("time") is not None:
+                self._first = (row["step"], row["time"])
+            if row["step"] <= self._last_step or "loss" not in row:
+                continue
+            self._last_step = row["step"]
+            print(f"[{time.strftime('%H:%M:%S')}] {self.format(row, total, peak)}", flush=True)
+            printed += 1
+        return printed
 
 
 def view_mode(quiet: bool, verbose: bool) -> str:
+    """off with --quiet; lines when stdout is not a terminal (CI, nohup, a pipe) or with --verbose; else tty."""
     if quiet:
         return "off"
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and not verbose:
         return "tty"
-    return "lines" if verbose else "off"
+    return "lines"

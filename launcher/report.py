@@ -110,14 +110,19 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int, interrupted: b
             "first_loss": r.get("first_loss"),
             "final_loss": r.get("final_loss"),
             "eval_loss": r.get("eval_loss"),
+            "eval_accuracy": r.get("eval_accuracy"),
             "steps_done": r.get("steps_done"),
         })
     missing = sorted(set(range(expected_ranks)) - {row["rank"] for row in rows})
     plan_basis = plan.get("basis", "cpu_tensor_bytes")
     basis = bases.pop() if len(bases) == 1 else ("mixed" if bases else plan_basis)
     verdict = run_verdict(rows, missing, interrupted=interrupted, failed=failed)
+    # The eval metrics are reduced over the ranks (every rank holds the same value): the run's, from the lowest rank.
+    first = min(rows, key=lambda row: row["rank"]) if rows else {}
     return {
         "verdict": verdict,
+        "eval_loss": first.get("eval_loss"),
+        "eval_accuracy": first.get("eval_accuracy"),
         "within_budget": verdict == "within_budget",
         # What measured and predicted peaks count: cpu_tensor_bytes (MemTracker) or cuda_reserved_plus_context.
         "basis": basis,
@@ -126,6 +131,8 @@ def build_report(run: RunDir, plan: dict, *, expected_ranks: int, interrupted: b
         "predicted_peak_bytes": predicted_on_basis(plan, basis) if basis != "mixed" else int(plan["predicted_peak_bytes"]),
         "predicted_breakdown": plan.get("breakdown", {}),
         "plan": plan.get("label"),
+        # The plan's own words for what the optimizer step in backward turned off (clipping), if it was used.
+        "math_notes": [r for r in plan.get("reasons", []) if r.startswith("optimizer step in backward")],
         "world_size": expected_ranks,
         "missing_ranks": missing,
         "ranks": rows,
@@ -157,6 +164,11 @@ def render_report(report: dict) -> str:
         )
     if report["missing_ranks"]:
         lines.append(f"missing ranks (no memory file): {report['missing_ranks']}")
+    if isinstance(report.get("eval_loss"), (int, float)):
+        acc = report.get("eval_accuracy")
+        lines.append(f"eval: loss {report['eval_loss']:.4f}"
+                     + (f", accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""))
+    lines += report.get("math_notes") or []
     lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
     return "\n".join(lines)
 

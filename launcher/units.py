@@ -112,3 +112,15 @@ def article(name: str) -> str:
     """'a' or 'an' before a hardware name as it is read aloud, letter by letter: an A100, an H100, an L4, an MI300X,
     an RTX 4090, but a B200, a V100, a CPU (the letters whose names start with a vowel sound take 'an')."""
     return "an" if name[:1].lower() in "aefhilmnorsx" else "a"
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as a person reads a wait: 45 s, 12 min, 3.5 h, 30.1 days (one unit, the largest that reads well)."""
+    s = max(0.0, float(seconds))
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"

@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console
 
-from launcher.live import LiveView, rank_rows, view_mode
+from launcher.live import LiveView, StepLines, rank_rows, view_mode
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
@@ -45,19 +45,48 @@ def test_table_shows_state_progress_loss_throughput_and_memory(tmp_path):
     assert "━" in text  # the progress bar
 
 
-def test_lines_mode_prints_each_new_step_once(tmp_path, capsys):
-    view = LiveView(fake_run(tmp_path), 2, 8, mode="lines")
-    view.print_lines()
-    view.print_lines()
+def line(n: int, t: float, **extra) -> str:
+    return json.dumps({"step": n, "step_time_s": 2.0, "mem_current_bytes": 1_000_000, "mem_peak_bytes": 250_000_000,
+                       "time": t, **extra}) + "\n"
+
+
+def test_lines_print_each_log_step_once_with_peak_against_budget_and_eta(tmp_path, capsys):
+    (tmp_path / "steps").mkdir()
+    rank0 = tmp_path / "steps" / "rank-0.jsonl"
+    rank0.write_text(line(1, 100.0, loss=6.9, lr=1e-4, tokens_per_s=2188.0) + line(2, 102.0))
+    # rank 1 peaks higher: the line shows the highest peak of any rank.
+    (tmp_path / "steps" / "rank-1.jsonl").write_text(line(2, 102.0, mem_peak_bytes=400_000_000))
+    view = StepLines(tmp_path, 2, 10, budget_bytes=10**9, since=0.0)
+    assert view.print_new() == 1  # step 2 is not a log step (no loss): no line of its own
+    with rank0.open("a") as f:
+        f.write(line(3, 104.0, loss=6.5, lr=1e-4, tokens_per_s=2000.0) + '{"step": 4, "lo')  # 4 is mid-write
+    assert view.print_new() == 1 and view.print_new() == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 1
-    assert "step 1/8" in out[0] and "tok/s=2188" in out[0] and "mem=1.09 MB" in out[0] and "peak=8.34 MB" in out[0]
+    assert len(out) == 2
+    assert out[0].endswith("step 1/10  loss 6.9000  lr 0.0001  tok/s 2188  peak 400.00 MB of 1.00 GB budget (40%)  "
+                           "ETA 18 s")  # 9 steps left x the first step's own 2 s
+    # From step 1 to step 3 took 4 s: 2 s a step, 7 steps left.
+    assert out[1].endswith("step 3/10  loss 6.5000  lr 0.0001  tok/s 2000  peak 400.00 MB of 1.00 GB budget (40%)  "
+                           "ETA 14 s")
 
 
-def test_modes():
+def test_lines_skip_steps_written_before_the_view_and_read_the_total_of_an_epochs_run(tmp_path, capsys):
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "steps" / "rank-0.jsonl").write_text(line(1, 10.0, loss=7.0) + line(2, 30.0, loss=6.0))
+    (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 40}))
+    view = StepLines(tmp_path, 1, None, since=20.0)  # a resumed run: step 1 was an earlier launch's
+    assert view.print_new() == 1
+    assert "step 2/40  loss 6.0000" in capsys.readouterr().out
+
+
+def test_modes(monkeypatch):
     assert view_mode(quiet=True, verbose=False) == "off"
-    # pytest captures stdout, so this is the "not a terminal" case
-    assert view_mode(quiet=False, verbose=False) == "off"
+    # pytest captures stdout, so this is the "not a terminal" case: CI, nohup and pipes get the step lines.
+    assert view_mode(quiet=False, verbose=False) == "lines"
+    assert view_mode(quiet=False, verbose=True) == "lines"
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert view_mode(quiet=False, verbose=False) == "tty"
     assert view_mode(quiet=False, verbose=True) == "lines"
 
 
@@ -90,7 +119,42 @@ def read_all(fd: int, proc: subprocess.Popen, timeout_s: float) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_a_terminal_gets_the_live_table_and_a_pipe_gets_none(tmp_path):
+def cls_job(tmp_path):
+    """A seq_cls job (tiny random BERT on the example sentiment data) whose eval split gets an accuracy."""
+    import yaml
+
+    p = tmp_path / "cls.yaml"
+    p.write_text(yaml.safe_dump({
+        "name": "live-cls", "task": "seq_cls",
+        "model": {"family": "bert", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "vocab_size": 512,
+                  "max_position_embeddings": 64},
+        "data": {"path": str(REPO / "examples" / "data" / "sentiment.jsonl"), "max_seq_len": 32},
+        "train": {"global_batch_size": 8, "max_steps": 6, "log_every_steps": 2, "precision": "fp32", "lr": 1e-3},
+        "gpus": 2, "budget": "1GB", "strategy": {"engine": "fsdp"}}))
+    return p
+
+
+def accuracy_of_export(run) -> tuple[float, int]:
+    """The reloaded export's accuracy on the run's eval split, every example once, in one process."""
+    import torch
+
+    from launcher.worker.data import read_records, split
+    from launcher.worker.main import load_run_dir
+    from launcher.worker.model import tokenizer_for
+    from launcher.worker.recipes import make_recipe
+    from tests.worker.export_checks import load_export
+
+    job, plan = load_run_dir(run)[:2]
+    recipe = make_recipe(job.task, job.data)
+    rows = read_records(job.data.path)
+    recipe.fit_labels(rows)
+    data = recipe.encode(split(rows, job.data.eval_fraction)[1], tokenizer_for(job), plan.seq_len)
+    with torch.no_grad():
+        logits = load_export(run)(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    return (logits.argmax(-1) == data["labels"]).float().mean().item(), len(data["labels"])
+
+
+def test_a_terminal_gets_the_live_table_and_a_pipe_gets_step_lines(tmp_path):
     primary, secondary = os.openpty()
     env = {**os.environ, "COLUMNS": "140", "TERM": "xterm"}
     proc = subprocess.Popen([LAUNCH, str(job(tmp_path)), "--run-dir", str(tmp_path / "tty")], stdin=secondary,
@@ -101,10 +165,31 @@ def test_a_terminal_gets_the_live_table_and_a_pipe_gets_none(tmp_path):
     os.close(primary)
     assert "tok/s" in out and "peak" in out and "6/6" in out, out[-3000:]
 
-    piped = subprocess.run([LAUNCH, str(job(tmp_path)), "--run-dir", str(tmp_path / "pipe")], capture_output=True,
+    # A pipe (CI, nohup): no table, one plain line per log step (every 2nd, the first and the last).
+    run = tmp_path / "pipe"
+    piped = subprocess.run([LAUNCH, str(cls_job(tmp_path)), "--run-dir", str(run)], capture_output=True,
                            text=True, timeout=300)
     assert piped.returncode == 0, piped.stderr
-    assert "tok/s" not in piped.stdout and "verdict: every rank within budget" in piped.stdout
+    assert "verdict: every rank within budget" in piped.stdout and "━" not in piped.stdout
+    lines = [ln for ln in piped.stdout.splitlines() if "] step " in ln]
+    assert [ln.split("] step ")[1].split()[0] for ln in lines] == ["1/6", "2/6", "4/6", "6/6"], piped.stdout
+    assert all(" loss " in ln and " tok/s " in ln and " of 1.00 GB budget (" in ln and " ETA " in ln for ln in lines)
+    assert "predicted training time: " in piped.stdout and "x 6 steps, train.max_steps" in piped.stdout
+
+    # seq_cls: report.json carries the eval accuracy, and it is the reloaded export's on the eval split.
+    report = json.loads((run / "report.json").read_text())
+    acc, n_eval = accuracy_of_export(run)
+    assert n_eval == 36 and abs(report["eval_accuracy"] - acc) < 1e-9, (report["eval_accuracy"], acc)
+    assert f"accuracy {acc:.1%}" in piped.stdout
+
+    # launch status / logs read the finished local run from its dir alone.
+    st = subprocess.run([LAUNCH, "status", str(run)], capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0, st.stderr
+    assert st.stdout.startswith(f"local run {run}: completed") and "progress: step 6/6 (100%)" in st.stdout
+    assert " of 1.00 GB budget" in st.stdout and "eval accuracy" in st.stdout
+    logs = subprocess.run([LAUNCH, "logs", str(run), "--rank", "1", "--follow"], capture_output=True, text=True,
+                          timeout=60)  # a finished run: --follow prints what is there and returns
+    assert logs.returncode == 0 and logs.stdout.startswith(f"==> rank 1: {run}/logs/rank-1.log <==")
 
 
 def test_steps_between_log_steps_show_the_latest_loss(tmp_path):

@@ -116,3 +116,30 @@ def test_a_gpu_plan_run_on_cpu_ranks_is_compared_on_tensor_bytes(tmp_path):
     rep = build_report(run, CUDA_PLAN, expected_ranks=1)
     assert rep["basis"] == "cpu_tensor_bytes" and rep["predicted_basis"] == "cuda_reserved_plus_context"
     assert rep["predicted_peak_bytes"] == rep["ranks"][0]["predicted_peak_bytes"] == 45_000_000_000
+
+
+def test_report_carries_the_runs_eval_loss_and_accuracy(tmp_path):
+    from launcher.report import build_report, render_report
+    from launcher.rundir import RunDir
+
+    (tmp_path / "ranks").mkdir()
+    for r in (1, 0):  # reduced over ranks: every rank holds the run's values
+        (tmp_path / "ranks" / f"rank-{r}.json").write_text(json.dumps(
+            {"rank": r, "host": "h", "status": "completed", "measured_peak_bytes": 5_000_000,
+             "peak_by_category": {"params": 5_000_000}, "eval_loss": 0.4321, "eval_accuracy": 0.875}))
+    plan = {"budget_bytes": 10_000_000, "predicted_peak_bytes": 6_000_000, "breakdown": {"params": 6_000_000}}
+    rep = build_report(RunDir(tmp_path), plan, expected_ranks=2)
+    assert (rep["eval_loss"], rep["eval_accuracy"]) == (0.4321, 0.875)
+    assert [r["eval_accuracy"] for r in rep["ranks"]] == [0.875, 0.875]
+    assert "eval: loss 0.4321, accuracy 87.5%" in render_report(rep)
+
+
+def test_report_repeats_that_the_step_in_backward_turned_clipping_off(tmp_path):
+    from launcher.report import build_report, render_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes", "measured_peak_bytes": 9}])
+    note = "optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm 1 is not applied"
+    plan = {"budget_bytes": 10, "predicted_peak_bytes": 8, "breakdown": {}, "reasons": ["fastest of 2", note]}
+    rep = build_report(run, plan, expected_ranks=1)
+    assert rep["math_notes"] == [note] and note in render_report(rep).splitlines()
+    assert build_report(run, {**plan, "reasons": ["fastest of 2"]}, expected_ranks=1)["math_notes"] == []

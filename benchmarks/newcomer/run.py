@@ -3,6 +3,7 @@ it, on a CPU with native bf16 and on one without, timed end to end.
 
     .venv/bin/python benchmarks/newcomer/run.py                 # writes benchmarks/results/newcomer.json
     .venv/bin/python benchmarks/newcomer/run.py --bf16-steps 3  # also: bf16 forced on the AVX2 stand-in
+    .venv/bin/python benchmarks/newcomer/run.py --path          # only the README's "Fine-tune and use the result"
 
 Modes (precision: auto in the example decides per machine):
   avx2-auto     ONEDNN_MAX_CPU_ISA=AVX2: oneDNN dispatches no bf16 instruction, the stand-in for an AVX2-only CPU
@@ -12,6 +13,10 @@ Modes (precision: auto in the example decides per machine):
 Each run: wall seconds of the whole `launch` command, its CPU seconds (user + sys, ranks included, from
 os.wait4), the plan's precision and reason, and the ranks' step seconds (rank 0's steps/rank-0.jsonl).
 The machine's 1-minute load average before each run is recorded: on a shared machine it inflates wall time.
+
+--path runs the README's section "Fine-tune and use the result" as written there (its commands and its Python
+snippet, read from README.md, with runs/ moved into a fresh temporary dir) and times each command: plan, run,
+status, export, reload + predict. It is merged into newcomer.json under "path", the other results kept.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,11 +64,59 @@ def run_mode(name: str, env_over: dict[str, str | None], extra: list[str], runs:
     }
 
 
+PATH_SECTION = "## Fine-tune and use the result"
+
+
+def readme_path() -> tuple[list[str], str]:
+    """(the shell commands, the Python snippet) of the README's section, as a reader would copy them."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(PATH_SECTION):]
+    section = section[: section.index("\n## ", len(PATH_SECTION))]
+    blocks = re.findall(r"```\n(.*?)```", section, flags=re.S)
+    commands = [ln.split("  #")[0].strip() for ln in blocks[0].splitlines() if ln.strip()]
+    snippet = blocks[1].split("<<'PY'\n", 1)[1].rsplit("PY\n", 1)[0]
+    return commands, snippet
+
+
+def time_path() -> dict:
+    commands, snippet = readme_path()
+    root = Path(tempfile.mkdtemp(prefix="launcher-path-"))
+    steps = []
+    for cmd in commands + ["predict"]:
+        if cmd == "predict":
+            argv, name = [str(REPO / ".venv" / "bin" / "python"), "-c", snippet.replace("runs/", f"{root}/")], "predict"
+        else:
+            argv = [a.replace("runs/", f"{root}/") for a in cmd.split()]
+            name = argv[1] if argv[1] in ("plan", "status", "export") else "run"
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        steps.append({"step": name, "command": cmd if name != "predict" else "python (README snippet)",
+                      "exit_code": proc.returncode, "wall_s": round(wall, 1), "load_1min_before": round(load, 2),
+                      "stdout_tail": proc.stdout[-400:], "stderr_tail": proc.stderr[-300:] if proc.returncode else ""})
+        print(json.dumps(steps[-1]), flush=True)
+        if proc.returncode:
+            break
+    report = json.loads((root / "sentiment" / "report.json").read_text()) if (root / "sentiment" / "report.json").is_file() else {}
+    return {"steps": steps, "total_wall_s": round(sum(s["wall_s"] for s in steps), 1),
+            "eval_accuracy": report.get("eval_accuracy"), "eval_loss": report.get("eval_loss"),
+            "verdict": report.get("verdict"), "run_root": str(root)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bf16-steps", type=int, default=0, help="also time N steps of bf16 forced on the AVX2 stand-in")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/launcher-newcomer"), help="where the run dirs go")
+    ap.add_argument("--path", action="store_true",
+                    help="only time the README's plan -> run -> export -> reload -> predict (merged into the json)")
     a = ap.parse_args()
+    if a.path:
+        out = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+        out["path"] = time_path()
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {RESULTS} (path)", file=sys.stderr)
+        return
     modes = [("avx2-auto", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, []), ("native-auto", {"ONEDNN_MAX_CPU_ISA": None}, [])]
     if a.bf16_steps:
         modes.append(("avx2-bf16", {"ONEDNN_MAX_CPU_ISA": "AVX2"},

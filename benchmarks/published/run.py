@@ -50,16 +50,14 @@ PROFILE_STANDIN = {"a10g": "l4"}
 RERUN = ".venv/bin/python benchmarks/published/run.py"
 NOT_USED = [
     ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (Llama 3.1 8B, FSDP on 8 and 128 H100s, "
-     "local batch 2, 82.4 / 67.0 GiB reserved)", "selective (per-op) activation checkpointing, which the launcher cannot "
-     "pin (it checkpoints whole blocks or nothing); of the 15.4 GiB between the two tables, 14.0 GiB is the 16-byte "
+     "local batch 2, 82.4 / 67.0 GiB reserved)", "selective per-op activation checkpointing (torchtitan's ac_mode selective, "
+     "op policy), which the launcher does not run: its selective lever checkpoints every k-th whole block; of the 15.4 GiB between the two tables, 14.0 GiB is the 16-byte "
      "FSDP state going from 1/8 to 1/128 of 8.03 B parameters, as the model says"),
     ("torchtitan Tables 4-6 (70B / 405B with TP, PP, CP)", "tensor, pipeline and context parallelism are outside the "
      "launcher's strategies"),
-    ("Hugging Face single-GPU guide: Adafactor (12295 MB) and 8-bit Adam (13085 MB) runs", "optimizers the launcher "
-     "does not offer"),
-    ("LitGPT table: full fine-tunes (gemma-2b, phi-2, tiny-llama, stablelm-3b), QLoRA rows, phi/gemma/falcon/stablelm "
-     "LoRA rows", "bf16-true full fine-tuning keeps no fp32 master or fp32 optimizer state (the launcher's bf16 does); "
-     "4-bit quantization is not modelled; those architectures are not among the launcher's families"),
+    ("LitGPT table: full fine-tunes of gemma-2b, phi-2, stablelm-3b and phi-3; QLoRA rows of falcon, gemma, phi and "
+     "stablelm; their LoRA rows", "those architectures are not among the launcher's families (the Llama and Mistral "
+     "QLoRA rows and tiny-llama's bf16-true full fine-tune are entries)"),
     ("PEFT README (T0_3B / mt0-xxl LoRA, nvidia-smi GPU memory)", "encoder-decoder T5 models are not among the "
      "launcher's families"),
 ]
@@ -107,6 +105,15 @@ def job_for(entry: dict, data_path: Path) -> dict:
         train["lora"] = c["lora"]
     strategy = {"engine": c["engine"], "offload_optimizer": "none", "offload_params": "none",
                 "micro_batch_size": c["micro_batch_size"], "activation_checkpointing": c["activation_checkpointing"]}
+    # Levers beyond sharding (launcher.planner.levers): every exact one pinned off unless the entry names it, so the
+    # plan is the source's configuration; a math-changing one the entry names is also allowed.
+    levers = c.get("levers") or {}
+    strategy.update({"loss_chunks": 0, "checkpoint_every": 1, "activation_offload": False,
+                     "optimizer_in_backward": False, **levers})
+    allow = [str(v) if k == "low_memory_optimizer" else k for k, v in levers.items()
+             if k in ("low_memory_optimizer", "pure_bf16", "qlora") and v not in (False, "none")]
+    if allow:
+        train["allow_levers"] = allow
     if c["engine"] == "deepspeed":
         strategy["zero_stage"] = c["zero_stage"]
     else:

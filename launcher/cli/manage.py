@@ -1,4 +1,9 @@
-"""`launch status | logs | cancel RUN_DIR`: look after a run submitted with --slurm, from its run dir alone."""
+"""`launch status | logs | cancel RUN_DIR`: look after a run from its run dir alone.
+
+status and logs serve both a local run (torchrun on this machine: state.json, the rank files and logs) and a
+job submitted with --slurm (slurm.json, sacct, submitit); cancel is Slurm's (a local run stops with Ctrl-C or
+kill -INT on the pid status prints).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.slurm_state import (
+    SLURM_JSON,
     SlurmRecord,
     allocation_rows,
     current_state,
@@ -23,17 +30,19 @@ from launcher.backends.slurm_state import (
     submitit_results,
 )
 from launcher.errors import ConfigError
-from launcher.live import rank_rows
+from launcher.live import last_line, rank_rows
+from launcher.units import format_bytes, format_duration
 
 CANCEL_WAIT_S = 60.0
 
 STATUS_EPILOG = """examples:
-  launch status runs/tiny-20250101-120000
-  launch status runs/sweep --json
+  launch status runs/tiny-20250101-120000   state, step/total, last loss, peak memory so far vs the budget
+  launch status runs/tiny --json
+  launch status runs/sweep --json          a Slurm sweep: one row per variant
 """
 LOGS_EPILOG = """examples:
-  launch logs runs/tiny                   last lines of every rank's log and of submitit's stdout/stderr
-  launch logs runs/tiny --rank 1 --follow  keep printing rank 1's log until the job ends
+  launch logs runs/tiny                   last lines of every rank's log (and, on Slurm, submitit's stdout/stderr)
+  launch logs runs/tiny --rank 1 --follow  keep printing rank 1's log until the run (or the Slurm job) ends
 """
 CANCEL_EPILOG = """examples:
   launch cancel runs/tiny                 scancel the job (every task of an array) and wait until Slurm says so
@@ -42,17 +51,17 @@ CANCEL_EPILOG = """examples:
 
 def add_parser(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("status", help="state of a Slurm run per task (submitit and sacct) and per rank",
+    p = sub.add_parser("status", help="state of a run (local or Slurm): step/total, loss, peak memory vs budget, per rank",
                        epilog=STATUS_EPILOG, formatter_class=fmt)
     p.add_argument("run_dir", type=Path, help="the run dir printed at submission")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=status)
-    p = sub.add_parser("logs", help="tails of the rank logs and of submitit's stdout/stderr", epilog=LOGS_EPILOG,
+    p = sub.add_parser("logs", help="tails of the rank logs (and of submitit's stdout/stderr on Slurm)", epilog=LOGS_EPILOG,
                        formatter_class=fmt)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--rank", type=int, help="only this rank's log (submitit's logs still follow)")
     p.add_argument("--lines", type=int, default=20, help="lines per file (default 20)")
-    p.add_argument("--follow", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--follow", action="store_true", help="keep printing new lines until the run ends")
     p.set_defaults(func=logs)
     p = sub.add_parser("cancel", help="cancel the run's Slurm job (scancel through submitit)", epilog=CANCEL_EPILOG,
                        formatter_class=fmt)
@@ -115,6 +124,8 @@ def render_status(st: dict) -> str:
     if run_state:
         message = st["run_state"].get("message")
         lines.append(f"run state: {run_state}" + (f": {message}" if message else ""))
+    if st.get("progress"):
+        lines.append(render_progress(st["progress"]))
     lines.append(f"  {'record':<14} {'state':<16} {'exit':<6} {'elapsed':<10} nodes")
     for r in st["allocations"] + st["steps"]:
         lines.append(f"  {r.get('JobID', ''):<14} {r.get('State', ''):<16} {r.get('ExitCode', ''):<6} "
@@ -132,9 +143,141 @@ def render_status(st: dict) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
+    if is_local(args.run_dir):
+        st = local_status(args.run_dir)
+        print(json.dumps(st, indent=2, default=str) if args.json else render_local_status(st))
+        return 0
     st = collect_status(args.run_dir)
+    if st["kind"] != "array":
+        st["progress"] = progress(args.run_dir)
     print(json.dumps(st, indent=2, default=str) if args.json else render_status(st))
     return 0
+
+
+# -- local runs -----------------------------------------------------------------------------------------------
+def is_local(run_dir: Path) -> bool:
+    """A run dir without slurm.json: a local run (or a `plan --out` set); refused when it is no run dir at all."""
+    if (run_dir / SLURM_JSON).is_file():
+        return False
+    if not any((run_dir / name).is_file() for name in ("state.json", "plan.json")):
+        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} holds no state.json, plan.json or {SLURM_JSON}; give the run "
+                          "dir launch printed (\"run dir ...\")")
+    return True
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def world_of(run_dir: Path) -> int:
+    plan = _read(run_dir / "plan.json")
+    if plan.get("world_size"):
+        return int(plan["world_size"])
+    return len(list((run_dir / "logs").glob("rank-*.log")))
+
+
+def progress(run_dir: Path) -> dict:
+    """Where the run is: the slowest rank's step of the total, rank 0's latest loss (the mean over ranks), the
+    highest peak any rank measured so far (its step lines, then its final file) against the plan's budget, and
+    the ETA at the mean step time so far."""
+    world = world_of(run_dir)
+    plan = _read(run_dir / "plan.json")
+    steps = [last_line(run_dir / "steps" / f"rank-{r}.jsonl") or {} for r in range(world)]
+    finals = [_read(run_dir / "ranks" / f"rank-{r}.json") for r in range(world)]
+    done = [s["step"] if isinstance(s.get("step"), int) else 0 for s in steps]  # a rank not started yet: 0
+    total = next((f["total_steps"] for f in finals if f.get("total_steps")), None)
+    if total is None:
+        import yaml
+
+        try:
+            total = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("train", {}).get("max_steps")
+        except (OSError, yaml.YAMLError, AttributeError):
+            total = None
+    peaks = [s.get("mem_peak_bytes") or 0 for s in steps] + [f.get("measured_peak_bytes") or 0 for f in finals]
+    out = {"step": min(done) if done else 0, "total_steps": total,
+           "loss": steps[0].get("loss") if steps else None, "peak_bytes": max(peaks, default=0) or None,
+           "budget_bytes": plan.get("budget_bytes"), "eta_s": None}
+    first = _first_line(run_dir / "steps" / "rank-0.jsonl")
+    last = steps[0] if steps else {}
+    if total and first and last.get("step", 0) > first.get("step", 0) and "time" in last and "time" in first:
+        per_step = (last["time"] - first["time"]) / (last["step"] - first["step"])
+        out["eta_s"] = max(0, total - out["step"]) * per_step
+    return out
+
+
+def _first_line(path: Path) -> dict | None:
+    """The first step line of the latest attempt in ``path`` (attempts are stamped on each line)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    rows = []
+    for ln in lines:
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:
+            continue
+    if not rows:
+        return None
+    attempt = rows[-1].get("attempt", 0)
+    return next(r for r in rows if r.get("attempt", 0) == attempt)
+
+
+def local_status(run_dir: Path) -> dict:
+    from launcher.rundir import LIVE_STATES, launch_alive
+
+    state = _read(run_dir / "state.json")
+    run_state = state.get("state") or "planned (launch plan --out: not run)"
+    pid = state.get("pid")
+    if run_state in LIVE_STATES and isinstance(pid, int) and not launch_alive(pid):
+        # The launch that owned the dir is gone without writing how the run ended (killed with SIGKILL, a reboot).
+        run_state = "stopped"
+        state["message"] = (f"launch process {pid} is gone and never wrote how the run ended (killed?); continue "
+                            f"with launch --resume --run-dir {run_dir}")
+    report = _read(run_dir / "report.json")
+    return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": state.get("message"),
+            "pid": pid if run_state in LIVE_STATES else None, "attempt": state.get("attempt"),
+            "progress": progress(run_dir), "ranks": rank_rows(run_dir, world_of(run_dir)),
+            "verdict": report.get("verdict"), "eval_loss": report.get("eval_loss"),
+            "eval_accuracy": report.get("eval_accuracy")}
+
+
+def render_progress(p: dict) -> str:
+    total = p.get("total_steps")
+    parts = [f"step {p['step']}/{total or '?'}" + (f" ({p['step'] / total:.0%})" if total else "")]
+    if isinstance(p.get("loss"), (int, float)):
+        parts.append(f"last loss {p['loss']:.4f}")
+    if p.get("peak_bytes"):
+        budget = p.get("budget_bytes")
+        parts.append(f"peak memory so far {format_bytes(p['peak_bytes'])}"
+                     + (f" of {format_bytes(budget)} budget ({p['peak_bytes'] / budget:.0%})" if budget else ""))
+    if p.get("eta_s") is not None and total and p["step"] < total:
+        parts.append(f"ETA {format_duration(p['eta_s'])}")
+    return "progress: " + ", ".join(parts)
+
+
+def render_local_status(st: dict) -> str:
+    pid = f" (launch pid {st['pid']})" if st.get("pid") else ""
+    attempt = f", attempt {st['attempt']}" if st.get("attempt") else ""
+    lines = [f"local run {st['run_dir']}: {st['state']}{pid}{attempt}"]
+    if st.get("message"):
+        lines.append(f"  {st['message']}")
+    lines.append(render_progress(st["progress"]))
+    if st.get("verdict"):
+        ev = ""
+        if isinstance(st.get("eval_loss"), (int, float)):
+            ev = f"; eval loss {st['eval_loss']:.4f}"
+        if isinstance(st.get("eval_accuracy"), (int, float)):
+            ev += f", eval accuracy {st['eval_accuracy']:.1%}"
+        lines.append(f"verdict: {st['verdict']}{ev} (report.json)")
+    for r in st["ranks"]:
+        step = f", step {r['step']}" if r.get("step") else ""
+        peak = f", peak {format_bytes(r['mem_peak_bytes'])}" if r.get("mem_peak_bytes") else ""
+        lines.append(f"  rank {r['rank']}: {r['state']}{step}{peak}")
+    return "\n".join(lines)
 
 
 # -- logs -----------------------------------------------------------------------------------------------------
@@ -164,11 +307,29 @@ def tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def local_log_files(run_dir: Path, rank: int | None) -> list[tuple[str, Path]]:
+    world = world_of(run_dir)
+    if rank is not None and not 0 <= rank < world:
+        raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
+    return [(f"rank {r}", run_dir / "logs" / f"rank-{r}.log") for r in ([rank] if rank is not None else range(world))]
+
+
+def local_active(run_dir: Path) -> bool:
+    """The local launch that owns the run dir still runs (state.json running, its pid alive)."""
+    from launcher.rundir import LIVE_STATES, launch_alive
+
+    st = _read(run_dir / "state.json")
+    return st.get("state") in LIVE_STATES and isinstance(st.get("pid"), int) and launch_alive(st["pid"])
+
+
 def logs(args: argparse.Namespace) -> int:
     from launcher.rundir import redact, secret_values
 
-    rec = read_slurm_json(args.run_dir)
-    files = log_files(args.run_dir, rec, args.rank)
+    if is_local(args.run_dir):
+        rec, files = None, local_log_files(args.run_dir, args.rank)
+    else:
+        rec = read_slurm_json(args.run_dir)
+        files = log_files(args.run_dir, rec, args.rank)
     # The files themselves are scrubbed only when the job ends; while it runs they hold what the ranks printed.
     secrets = secret_values()
     for label, path in files:
@@ -176,18 +337,26 @@ def logs(args: argparse.Namespace) -> int:
         print(redact(tail(path, args.lines), secrets))
     sys.stdout.flush()
     if args.follow:
-        follow(files, rec, secrets=secrets)
+        if rec is None:
+            follow(files, None, secrets=secrets, active=lambda: local_active(args.run_dir))
+        else:
+            follow(files, rec, secrets=secrets)
     return 0
 
 
-def follow(files: list[tuple[str, Path]], rec: SlurmRecord, poll_s: float = 0.5, check_every_s: float = 2.0, *,
-           secrets: list[str] | None = None) -> None:
-    """Print what the files gain, line by line with their label (secret values redacted), until the job is over."""
+def follow(files: list[tuple[str, Path]], rec: SlurmRecord | None, poll_s: float = 0.5, check_every_s: float = 2.0, *,
+           secrets: list[str] | None = None, active: Callable[[], bool] | None = None) -> None:
+    """Print what the files gain, line by line with their label (secret values redacted), until the run is over:
+    the Slurm job of ``rec`` has ended, or (a local run) ``active`` says False."""
     from launcher.rundir import redact
 
     offsets = {p: (p.stat().st_size if p.is_file() else 0) for _, p in files}
-    job_id = rec.first_job_id
-    last_check, active = 0.0, True
+    if active is None:
+        job_id = rec.first_job_id
+
+        def active() -> bool:
+            return is_active(current_state(sacct_rows([job_id]), job_id))
+    last_check, running = 0.0, True
     while True:
         for label, p in files:
             if not p.is_file() or p.stat().st_size <= offsets[p]:
@@ -200,11 +369,11 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord, poll_s: float = 0.5,
             for ln in complete.decode(errors="replace").splitlines():
                 print(f"[{label}] {redact(ln, secrets)}")
             sys.stdout.flush()
-        if not active:
+        if not running:
             return
         if time.monotonic() - last_check >= check_every_s:
             last_check = time.monotonic()
-            active = is_active(current_state(sacct_rows([job_id]), job_id))
+            running = active()
         time.sleep(poll_s)
 
 
@@ -212,6 +381,11 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord, poll_s: float = 0.5,
 def cancel(args: argparse.Namespace) -> int:
     from submitit.slurm.slurm import SlurmJob
 
+    if is_local(args.run_dir):
+        pid = _read(args.run_dir / "state.json").get("pid")
+        how = f"stop it with kill -INT {pid} (or Ctrl-C where it runs)" if local_active(args.run_dir) else \
+            "it is not running"
+        raise ConfigError(f"RUN_DIR: {str(args.run_dir)!r} is a local run, not a Slurm job; {how}")
     rec = read_slurm_json(args.run_dir)
     job_id = rec.job_id if rec.kind == "array" else rec.first_job_id
     state = current_state(sacct_rows([job_id]), job_id)

@@ -12,8 +12,9 @@ from launcher.cli.render import render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
+from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
-from launcher.session.prepare import plan_files
+from launcher.session.prepare import plan_files, total_time_of
 
 EPILOG = """examples:
   launch plan --gpus 4 --budget 16GB job.yaml
@@ -113,15 +114,25 @@ def run(args: argparse.Namespace) -> int:
         print(script)
         return 0
     slurm = job.launcher == "slurm" or args.sbatch
+    total = total_time_of(job, plan)
+    if total.too_long and (args.json or args.out):  # the text plan says it in its own lines
+        print(f"launch: warning: {total.warning()}", file=sys.stderr)
     if args.json:
-        print(json.dumps(plan.to_json() | ({"slurm": slurm_json(job, plan)} if slurm else {}), indent=2))
+        print(json.dumps(plan.to_json() | {"total_time": total_time_json(total)}
+                         | ({"slurm": slurm_json(job, plan)} if slurm else {}), indent=2))
     elif not args.out:
-        print(render_plan(plan, job.name, model_desc(job)))
+        print(render_plan(plan, job.name, model_desc(job), total))
         if slurm:
             from launcher.emit.slurm_params import slurm_resources
 
             print(render_slurm_resources(slurm_resources(job, plan)))
     return 0
+
+
+def total_time_json(t: TotalTime) -> dict:
+    """`launch plan --json`'s total_time: the predicted seconds (null when unknown, with why) and the warning."""
+    return {"predicted_total_s": t.total_s, "total_steps": t.total_steps, "basis": t.basis,
+            "warn_after_s": t.warn_after_s, "too_long": t.too_long}
 
 
 def slurm_json(job: Job, plan: Plan) -> dict:

@@ -11,7 +11,8 @@ from launcher.emit.slurm_params import (
     SlurmResources,
 )
 from launcher.engines import engine_spec
-from launcher.planner.plan import LeverDecision, Plan
+from launcher.planner.duration import TotalTime
+from launcher.planner.plan import LeverDecision, Plan, Rejected
 from launcher.units import GiB, MiB, format_bytes
 
 
@@ -34,7 +35,13 @@ BASIS_WORDS = {
 }
 
 
-def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
+def render_total_time(t: TotalTime) -> list[str]:
+    """The predicted training time line, and the warning when it is past train.warn_total_time_h."""
+    warning = t.warning()
+    return [f"  total time  {t.describe()}"] + ([f"  WARNING: {warning}"] if warning else [])
+
+
+def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | None = None) -> str:
     s, e = plan.strategy, plan.estimate
     spec = engine_spec(s.engine)
     engine = spec.title(s, plan.nodes)
@@ -66,6 +73,8 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
                  + (f", NVMe per node {format_bytes(e.nvme_bytes_per_node)}" if e.nvme_bytes_per_node else ""))
     terms = ", ".join(f"{k} {v:.3g} s" for k, v in e.step_time_terms.items())
     lines.append(f"  step time   {e.step_time_s:.3g} s predicted ({terms})")
+    if total is not None:
+        lines += render_total_time(total)
     lines.append("")
     lines.append("why this plan:")
     lines += [f"  - {r}" for r in plan.reasons]
@@ -77,8 +86,26 @@ def render_plan(plan: Plan, job_name: str, model_desc: str) -> str:
         lines += [f"  - {lever_line(d)}" for d in plan.levers]
     if plan.rejected:
         lines.append("alternatives not chosen:")
-        lines += [f"  - {r.label}: {r.reason}" for r in plan.rejected]
+        lines += [f"  - {r.label}: {rejected_reason(r, plan)}" for r in plan.rejected]
     return "\n".join(lines)
+
+
+def rejected_reason(r: Rejected, plan: Plan) -> str:
+    """Why an alternative was not chosen, in words, from its numbers."""
+    t0 = plan.estimate.step_time_s
+    speed = f"{r.step_time_s:.3g} s/step" + (f" ({r.step_time_s / t0 - 1:+.0%})" if t0 else "")
+    if r.why == "slower":
+        return f"fits but slower: {speed}"
+    if r.why == "device":
+        need = r.need_bytes or r.peak_bytes
+        have = r.have_bytes or plan.usable_bytes
+        largest = f", largest: {r.largest}" if r.largest else ""
+        return (f"over budget by {format_bytes(need - have)} (peak {format_bytes(need)} of "
+                f"{format_bytes(have)} usable{largest}); would step at {speed}")
+    what = "host RAM per node" if r.why == "host_ram" else "free NVMe per node"
+    if not r.need_bytes:
+        return f"{what} short; would step at {speed}"
+    return f"{what}: needs {format_bytes(r.need_bytes)}, has {format_bytes(r.have_bytes)}; would step at {speed}"
 
 
 LEVER_NAMES = {

@@ -56,8 +56,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--array-parallelism", type=int, metavar="N",
                    help="with a sweep: at most N array tasks run at once (slurm.array_parallelism)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--quiet", action="store_true", help="no live view")
-    g.add_argument("--verbose", action="store_true", help="live view as lines even when not on a terminal")
+    g.add_argument("--quiet", action="store_true", help="no live view and no step lines")
+    g.add_argument("--verbose", action="store_true",
+                   help="plain step lines (one per log step) even on a terminal; they are the default elsewhere")
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:

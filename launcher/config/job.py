@@ -141,6 +141,10 @@ class TrainConfig:
     saves the a·s² score matrices per block, sdpa and flash_attention_2 do not: the plan's activation term follows."""
     checkpoint_every_steps: int = 0
     """Steps between checkpoints; 0 saves once at the end."""
+    warn_total_time_h: float | None = 72.0
+    """Hours of predicted training (step time x steps) past which the plan warns; null never warns. 72 h is
+    past the longest wall time most Slurm partitions grant one job, so a run this long needs requeues or a
+    different plan, and is worth a second look before it starts."""
     allow_levers: list[MathLever] = field(default_factory=list)
     """Memory levers that change the training math which the planner may use to fit the budget: adamw8bit and
     adamw4bit (block-quantized Adam states), adafactor (factored second moment), pure_bf16 (bf16 weights, grads

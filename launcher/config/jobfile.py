@@ -212,6 +212,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     _positive(p, "train.max_steps", job.train.max_steps, "use e.g. max_steps: 100")
     _positive(p, "train.epochs", job.train.epochs, "use e.g. epochs: 1")
     _positive(p, "train.log_every_steps", job.train.log_every_steps, "use e.g. log_every_steps: 10")
+    _positive(p, "train.warn_total_time_h", job.train.warn_total_time_h,
+              "use e.g. warn_total_time_h: 24, or null to never warn")
     _positive(p, "gpus", job.gpus, "use e.g. --gpus 4")
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
@@ -292,6 +294,10 @@ def lever_problems(job: Job) -> list[str]:
     if pins.qlora and job.train.lora is None:
         out.append("strategy.qlora: true quantizes the frozen base of a LoRA run, but this job has no train.lora; "
                    "add train.lora, or leave strategy.qlora out")
+    if pins.optimizer_in_backward and job.train.precision == "fp16":
+        out.append("strategy.optimizer_in_backward: true steps each parameter in backward, but fp16 needs loss "
+                   "scaling, which checks every gradient for overflow before any step; use train.precision: bf16 "
+                   "or fp32, or leave strategy.optimizer_in_backward out")
     if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
         out.append(f"strategy.checkpoint_every: {pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} (1 "
                    "checkpoints every block); use e.g. 2, or leave it out")

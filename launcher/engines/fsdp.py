@@ -52,8 +52,10 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     sharded_grads = 4 * m.trainable_params / n
     if s.grad_accum_steps > 1:
         st.grads = sharded_grads
-    else:
+    elif not s.optimizer_in_backward:
         st.step_extra = sharded_grads
+    # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
+    # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
     # worker never reshards after forward (launcher.worker.engines.fsdp), and one block's worth: the last
     # block's all-gather buffer, kept as FSDP2's all_gather_state until the next all-gather (_fsdp_param_group.py
@@ -77,8 +79,11 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
     # The root's parameters stay unsharded through its own gradient reduce: it reshards after it (measured on
     # MiniLM, whose root is half the model: 'Unsharded Param' 48.27 MB beside the reduce's buffers).
-    st.backward_end_extra = (w * m.non_block_params + 4 * (m.trainable_params - root_trainable) / n + reduce_temp
-                             - st.grads)
+    # The blocks' sharded gradients, reduced earlier in backward, wait here for the step; with the step in backward
+    # they were stepped and freed unit by unit, and the root's own step in its hook comes after its copy-in, the
+    # larger instant (its buffers then: the fp32 reduce input and output, 4 + 4/n, under w + 4).
+    waiting_grads = 0.0 if s.optimizer_in_backward else 4 * (m.trainable_params - root_trainable) / n
+    st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
@@ -92,6 +97,7 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
+    levers = frozenset({"optimizer_in_backward"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
@@ -188,7 +194,14 @@ class FsdpSpec(EngineSpec):
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
-        return list(FSDP_NOTES)
+        if not plan.strategy.optimizer_in_backward:
+            return list(FSDP_NOTES)
+        # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
+        return [*FSDP_NOTES,
+                "The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",
+                "  setting for it: build one optimizer per parameter and step it from",
+                "  param.register_post_accumulate_grad_hook (as torchtune's optimizer_in_bwd), with no clip_grad_norm;",
+                "  a plain optimizer.step() holds every gradient at the step, beyond the plan's peak."]
 
     def title(self, s: Strategy, nodes: int) -> str:
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward

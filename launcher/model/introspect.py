@@ -52,6 +52,9 @@ class ModelStats:
     tied_embeddings: bool
     num_labels: int = 0
     per_block_params: list[int] = field(default_factory=list)
+    trainable_tensors: int = 0
+    """Parameter tensors with gradients, each counted once: the optimizer step in backward runs one optimizer per
+    tensor (launcher.planner.cost)."""
     num_experts: int = 0
     """Mixture of experts: routed experts per MoE layer (0 for a dense model)."""
     experts_per_token: int = 0
@@ -191,13 +194,17 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         # Mean pooling never calls BERT's pooler; the recipe freezes it (launcher.worker.model.build).
         frozen = sum(p.numel() for p in model.pooler.parameters())
     trainable = num_params - frozen
+    frozen_ids = {id(p) for p in model.pooler.parameters()} if frozen else set()
     lora_params = 0
+    trained = model
     if job.train.lora is not None:
         from launcher.model.lora import apply_lora, trainable_counts
 
         # The worker's own wrap, on meta: what peft trains (adapters, and the head it keeps for seq_cls) is
         # counted, not re-derived. It raises the ConfigError for targets that match nothing.
-        trainable, lora_params = trainable_counts(apply_lora(model, job.train.lora, job.task))
+        trained = apply_lora(model, job.train.lora, job.task)
+        trainable, lora_params = trainable_counts(trained)
+    tensors = sum(1 for p in trained.parameters() if p.requires_grad and id(p) not in frozen_ids)
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -231,6 +238,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         num_labels=int(num_labels or 0),
         per_block_params=per_block,
+        trainable_tensors=tensors,
         num_experts=num_experts,
         experts_per_token=top_k,
         expert_params=experts,

@@ -49,6 +49,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
+    if best.strategy.optimizer_in_backward:
+        reasons.append(in_backward_reason(req))
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -70,6 +72,15 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     )
 
 
+def in_backward_reason(req: PlanRequest) -> str:
+    """The one thing the lever changes in the math (its peak and time deltas are in the plan's lever lines)."""
+    if req.max_grad_norm > 0:
+        return (f"optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm {req.max_grad_norm:g} "
+                "is not applied, since each parameter steps before the global norm of all gradients exists; pin "
+                "strategy.optimizer_in_backward: false to keep it")
+    return "optimizer step in backward: no clipping is lost (train.max_grad_norm is off)"
+
+
 def activation_reasons(c: ActivationConstants) -> list[str]:
     """What the activation term assumed: the attention kernel, and a probe that failed (never silently)."""
     scores = "a·s² score matrices saved per block" if c.attention == "eager" else "fused, no a·s² scores saved"
@@ -80,26 +91,41 @@ def activation_reasons(c: ActivationConstants) -> list[str]:
     return out
 
 
+NEAR_OVERRUN = 2.0
+"""A faster candidate that does not fit is listed when it needs at most this many times what there is (the
+budget, host RAM, NVMe): close enough that a larger budget, a smaller batch or a node more would bring it in.
+Beyond it an alternative is no alternative (ZeRO-0 of a 70B model: 'over budget by 21.25 TB'); only the one
+nearest to fitting is listed then, so the plan still says why nothing faster runs."""
+
+
+def overrun(c: Scored) -> float:
+    """How far a candidate is from fitting: need / have of the resource it overruns (1.0 is at the limit)."""
+    return c.problem.need_bytes / max(c.problem.have_bytes, 1)
+
+
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
-    """The alternatives a user would ask about: faster ones that do not fit, then the runners-up."""
+    """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
+    fitting ones closest in step time to the plan. Each strategy label once; typed, worded by launch plan."""
     t0 = best.estimate.step_time_s
-    faster = sorted((c for c in scored if c.problem and c.estimate.step_time_s < t0),
-                    key=lambda c: c.estimate.step_time_s)
-    runners = sorted((c for c in scored if c.problem is None and c is not best),
+    faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
+                    key=lambda c: (overrun(c), c.estimate.step_time_s))
+    near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
+    # A fitting strategy with the step in backward whose plain twin fits too only adds a little time: not listed.
+    plain_fits = {c.strategy.label() for c in scored if c.problem is None and not c.strategy.optimizer_in_backward}
+    runners = sorted((c for c in scored if c.problem is None and c is not best
+                      and not (c.strategy.optimizer_in_backward
+                               and dataclasses.replace(c.strategy, optimizer_in_backward=False).label() in plain_fits)),
                      key=lambda c: c.estimate.step_time_s)
-    out, seen = [], set()
-    for c in faster[: limit // 2] + runners:
+    out, seen = [], {best.strategy.label()}
+    for c in near[: limit // 2] + runners:
         label = c.strategy.label()
         if label in seen:
             continue
         seen.add(label)
-        if c.problem:
-            reason = c.problem.describe()
-        else:
-            slower = (c.estimate.step_time_s / t0 - 1) if t0 else 0.0
-            reason = f"fits but slower: {c.estimate.step_time_s:.3g} s/step (+{slower:.0%})"
-        out.append(Rejected(label=label, reason=reason, peak_bytes=c.estimate.peak_bytes,
-                            step_time_s=c.estimate.step_time_s))
+        p = c.problem
+        out.append(Rejected(label=label, why=p.resource if p else "slower", peak_bytes=c.estimate.peak_bytes,
+                            step_time_s=c.estimate.step_time_s, need_bytes=p.need_bytes if p else 0,
+                            have_bytes=p.have_bytes if p else 0, largest=p.largest if p else ""))
         if len(out) >= limit:
             break
     return out

@@ -56,7 +56,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
             f"only the levers it implements ({lever_support()}) and the optimizer step in backward needs "
-            "grad_accum_steps 1; unpin one of them"
+            "grad_accum_steps 1 and no fp16; unpin one of them"
         )
     return out
 

@@ -9,6 +9,8 @@ comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
+in bwd    = the optimizer step in backward does the step's work inside backward, the same arithmetic on the same
+            shards, plus one optimizer call per trainable tensor (IN_BACKWARD_CALL_S each).
 Each engine's spec (launcher.engines) gives its communication, offload and engine terms; compute is common.
 """
 
@@ -17,6 +19,14 @@ from __future__ import annotations
 from launcher.planner.memo import spec_for
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic
+
+IN_BACKWARD_CALL_S = 1e-4
+"""Seconds one more optimizer.step() call costs with the optimizer step in backward (a per-parameter optimizer
+stepped from each gradient hook, launcher.worker.engines.fsdp): the same per-tensor AdamW (foreach=False) as one
+optimizer's step, plus each call's own Python overhead (Optimizer.step's hooks and profiling wrapper, zero_grad).
+Measured on a shared 2-core CPU host: 200 tensors stepped by 200 optimizers against one, +138 us per tensor; a
+loaded host, so an upper end. It is what makes the lever lose a tie: it is chosen when it fits what the plain step
+does not, or lets a faster layout fit, never for nothing (it drops global-norm clipping)."""
 
 
 def communication(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -38,6 +48,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens.
     overhead = s.grad_accum_steps * m.num_blocks * hw.block_overhead_s * (1.5 if s.activation_checkpointing else 1.0)
+    if s.optimizer_in_backward:
+        # The same step arithmetic, moved into backward; only the per-tensor calls are new (at least one tensor).
+        overhead += max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
@@ -54,4 +67,4 @@ def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:
     return sum(step_time_terms(inp, s, bucket_elems).values())
 
 
-__all__ = ["Traffic", "communication", "step_time_s", "step_time_terms"]
+__all__ = ["IN_BACKWARD_CALL_S", "Traffic", "communication", "step_time_s", "step_time_terms"]

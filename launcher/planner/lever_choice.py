@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.engines import engine_spec
-from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed
+from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible
 from launcher.planner.plan import LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
@@ -34,7 +34,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
     return {
         "loss_chunks": m.task == "causal_lm",
         "checkpoint_every": s.activation_checkpointing and m.num_blocks > 1,
-        "optimizer_in_backward": s.grad_accum_steps == 1,
+        "optimizer_in_backward": in_backward_possible(req, s.grad_accum_steps),
         "low_memory_optimizer": req.optimizer in ("adamw", "adam"),
         "pure_bf16": req.precision == "bf16",
         "qlora": bool(m.lora_params),

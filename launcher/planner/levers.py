@@ -57,11 +57,17 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
     return name in req.allow_levers
 
 
+def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
+    """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
+    torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
+    return grad_accum_steps == 1 and req.precision != "fp16"
+
+
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
     ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
-    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (it steps as each gradient is made).
+    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible).
     """
     p, m = req.pins, req.model
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
@@ -69,7 +75,7 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     axes: dict[str, list] = {
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
         "activation_offload": [False, True],
-        "optimizer_in_backward": [False, True] if grad_accum_steps == 1 else [False],
+        "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
                                            if req.optimizer in ("adamw", "adam"))],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
@@ -81,6 +87,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
             return []  # pinned on, and this engine does not implement it
         if pin is not None:
             axes[name] = [pin]
+            if name == "optimizer_in_backward" and pin and not in_backward_possible(req, grad_accum_steps):
+                return []  # pinned on where it cannot step in backward
         elif name not in supported:
             axes[name] = [axes[name][0]]
         axes[name] = [v for v in axes[name] if pin is not None or allowed(req, name, v)]
@@ -95,4 +103,5 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "options"]
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "in_backward_possible",
+           "options"]

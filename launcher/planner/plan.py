@@ -139,16 +139,32 @@ class Estimate:
 
 @dataclass(kw_only=True, slots=True)
 class Rejected:
-    """An alternative the planner did not choose, and why."""
+    """An alternative the planner did not choose, and why, as numbers (launch plan words them: launcher.cli.render)."""
 
     label: str
     """The strategy, as Strategy.label() writes it (no unit)."""
-    reason: str
-    """Why not: over budget by how many bytes, host RAM or NVMe short, or slower by how much."""
+    why: Literal["device", "host_ram", "nvme", "slower"]
+    """device / host_ram / nvme: the resource it overruns; slower: it fits but steps slower than the plan."""
     peak_bytes: int
     """Its predicted peak per rank, bytes."""
     step_time_s: float
     """Its predicted seconds per optimizer step."""
+    need_bytes: int = 0
+    """What it needs of the resource it overruns, bytes (device: the peak per rank; host RAM, NVMe: per node)."""
+    have_bytes: int = 0
+    """What there is of that resource, bytes (device: the usable budget)."""
+    largest: str = ""
+    """device: the largest category of its predicted peak."""
+
+    @classmethod
+    def from_json(cls, d: dict) -> Rejected:
+        """A plan.json entry; one written before the typed fields carries only a reason sentence."""
+        if "why" in d:
+            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        reason = str(d.get("reason", ""))
+        why = ("slower" if reason.startswith("fits") else "host_ram" if reason.startswith("host RAM")
+               else "nvme" if reason.startswith("NVMe") else "device")
+        return cls(label=d["label"], why=why, peak_bytes=d["peak_bytes"], step_time_s=d["step_time_s"])
 
 
 Why = Literal["needed_to_fit", "faster", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
@@ -222,7 +238,7 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     """Why this plan, in sentences."""
     rejected: list[Rejected] = field(default_factory=list)
-    """Top alternatives not chosen, with the reason."""
+    """The nearest alternatives not chosen (launcher.planner.build.top_rejected), with why."""
     pinned: list[str] = field(default_factory=list)
     """Strategy fields the job pinned."""
     constants: dict[str, object] = field(default_factory=dict)
@@ -303,7 +319,7 @@ class Plan:
             usable_bytes=d["usable_bytes"], world_size=d["world_size"], nodes=d["nodes"],
             gpus_per_node=d["gpus_per_node"], global_batch_size=d["global_batch_size"], seq_len=d["seq_len"],
             precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
-            rejected=[Rejected(**r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
+            rejected=[Rejected.from_json(r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),

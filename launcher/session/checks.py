@@ -165,6 +165,23 @@ def check_launch(job: Job, opts: RunOptions) -> None:
         check_data(job)
 
 
+def count_train_examples(job: Job) -> tuple[int | None, str]:
+    """(training examples, "") for the total-time prediction of a train.epochs job, or (None, why not)."""
+    if job.data.packing:
+        return None, ("data.packing: the sequences per epoch are known only once the ranks tokenize; give "
+                      "train.max_steps for a predicted total")
+    import datasets
+
+    from launcher.worker.data import eval_count, read_records
+
+    datasets.disable_progress_bars()
+    try:
+        n = len(read_records(job.data.path))
+    except (ConfigError, OSError) as e:
+        return None, f"the data cannot be read at plan time ({str(e).splitlines()[0]})"
+    return n - eval_count(n, job.data.eval_fraction), ""
+
+
 def check_data(job: Job) -> None:
     """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
     row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""

@@ -37,6 +37,6 @@ class RunOptions:
     wait: bool = False
     """Slurm: follow the job to its report instead of returning after submission."""
     quiet: bool = False
-    """No live view."""
+    """No live view and no step lines."""
     verbose: bool = False
-    """Live view as lines even when not on a terminal."""
+    """Plain step lines even on a terminal (a console that is not one gets them anyway)."""

@@ -129,6 +129,30 @@ def total_steps(job: Job) -> int | None:
     return job.train.max_steps
 
 
+def total_time_of(job: Job, plan: Plan):
+    """The plan's predicted training time (launcher.planner.duration.TotalTime); a train.epochs job counts its
+    training examples here (reading the data), so a plan made without the data says it cannot know."""
+    from launcher.planner.duration import total_time
+    from launcher.session.checks import count_train_examples
+
+    examples, why = None, ""
+    if job.train.max_steps is None and job.train.epochs is not None:
+        examples, why = count_train_examples(job)
+    s = plan.strategy
+    return total_time(step_time_s=plan.estimate.step_time_s, max_steps=job.train.max_steps, epochs=job.train.epochs,
+                      train_examples=examples, unknown_why=why, world_size=plan.world_size,
+                      samples_per_step=s.micro_batch_size * s.grad_accum_steps,
+                      warn_after_h=job.train.warn_total_time_h)
+
+
+def say_total_time(job: Job, plan: Plan) -> None:
+    """launch run: the predicted training time under the plan line, and the warning past the threshold."""
+    total = total_time_of(job, plan)
+    print(f"predicted training time: {total.describe()}", flush=True)
+    if total.warning():
+        print(f"launch: warning: {total.warning()}", file=sys.stderr, flush=True)
+
+
 def announce(plan: Plan, run_dir: RunDir, attempt: int | None = None) -> None:
     head = f"attempt {attempt}: " if attempt else ""
     print(f"{head}plan: {plan.strategy.label()}, predicted peak per rank "

@@ -19,7 +19,14 @@ from launcher.rundir import RunDir
 from launcher.session.checks import check_launch, check_runnable, cluster_hints
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions
-from launcher.session.prepare import announce, launch_spec, prepare_run_dir, resume_plan, total_steps
+from launcher.session.prepare import (
+    announce,
+    launch_spec,
+    prepare_run_dir,
+    resume_plan,
+    say_total_time,
+    total_steps,
+)
 
 
 def run_job(job: Job, opts: RunOptions) -> int:
@@ -38,6 +45,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
     job, plan = plan_run(job, opts)
     backend = make_backend(job, plan, opts)
     if job.launcher == "slurm":
+        say_total_time(job, plan)
         return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan), backend)[0]
     if opts.node_rank > 0:
         if not opts.run_dir:
@@ -46,6 +54,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
     else:
         run_dir = prepare_run_dir(opts, job, plan)
         announce(plan, run_dir)
+        say_total_time(job, plan)
         run_dir.set_state("running", pid=os.getpid())
     if job.auto_fallback:
         from launcher.session.ladder import run_ladder
@@ -91,7 +100,8 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 
-    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose))
+    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose),
+                    budget_bytes=plan.budget_bytes)
     backend.on_start = started(job, plan, run_dir, opts, view)
     try:
         outcome = backend.run(run_dir, launch_spec(opts, job, plan, run_dir))

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from launcher.errors import ConfigError
+from launcher.planner.duration import epoch_steps
+from launcher.planner.duration import steps_per_epoch as steps_in_epoch
 from launcher.worker.sources import read_records
 
 __all__ = ["Stream", "column", "eval_batches", "read_records", "shard_order", "split", "total_steps"]
@@ -38,9 +40,14 @@ def split(rows: list, eval_fraction: float) -> tuple[list, list]:
     """(train, eval): a fixed shuffle, the first round(n * eval_fraction) rows held out (at least 1 if > 0)."""
     order = list(range(len(rows)))
     random.Random(SPLIT_SEED).shuffle(order)
-    n_eval = 0 if eval_fraction <= 0 else max(1, round(len(rows) * eval_fraction))
-    n_eval = min(n_eval, len(rows) - 1)
+    n_eval = eval_count(len(rows), eval_fraction)
     return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
+
+
+def eval_count(n: int, eval_fraction: float) -> int:
+    """Rows ``split`` holds out of ``n`` for evaluation."""
+    n_eval = 0 if eval_fraction <= 0 else max(1, round(n * eval_fraction))
+    return min(n_eval, n - 1)
 
 
 def shard_order(n: int, *, epoch: int, seed: int, world_size: int, rank: int, shuffle: bool = True) -> list[int]:
@@ -97,7 +104,8 @@ class Stream:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.shard_size // self.samples_per_step
+        # The planner's total-time prediction counts epochs with the same rule.
+        return steps_in_epoch(self.num_examples, world_size=self.world_size, samples_per_step=self.samples_per_step)
 
     def micro_batch(self, step: int, micro: int) -> list[int]:
         """Example indices of micro-batch ``micro`` (0-based) of optimizer step ``step`` (0-based)."""
@@ -125,6 +133,20 @@ def eval_batches(n: int, *, micro_batch_size: int, world_size: int, rank: int) -
     return [full[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(n_batches)]
 
 
+def eval_counted(n: int, *, micro_batch_size: int, world_size: int, rank: int) -> list[list[bool]]:
+    """For each of eval_batches' batches, which entries are an example's one counted occurrence: the padding that
+    evens the shards (a wrap of the first examples) and the wrap that fills the last batch repeat examples, and a
+    metric counted over them (accuracy) would count those twice. Unshuffled, shard position j of ``rank`` is
+    global position j * world_size + rank, real when below ``n``."""
+    if n == 0:
+        return []
+    shard = len(shard_order(n, epoch=0, seed=0, world_size=world_size, rank=rank, shuffle=False))
+    flags = [j * world_size + rank < n for j in range(shard)]
+    n_batches = math.ceil(shard / micro_batch_size)
+    flags += [False] * (n_batches * micro_batch_size - shard)
+    return [flags[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(n_batches)]
+
+
 def total_steps(*, max_steps: int | None, epochs: float | None, steps_per_epoch: int) -> int:
     if max_steps is not None:
         if max_steps < 1:
@@ -134,4 +156,4 @@ def total_steps(*, max_steps: int | None, epochs: float | None, steps_per_epoch:
         raise ConfigError("train: give max_steps or epochs; e.g. train.max_steps: 100")
     if epochs <= 0:
         raise ConfigError(f"train.epochs: {epochs} must be positive")
-    return max(1, math.ceil(epochs * steps_per_epoch))
+    return epoch_steps(epochs, steps_per_epoch)

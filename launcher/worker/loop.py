@@ -21,7 +21,7 @@ from launcher.rankenv import ATTEMPT_ENV
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.worker import checkpoint
-from launcher.worker.data import Stream, eval_batches, read_records, split, total_steps
+from launcher.worker.data import Stream, eval_batches, eval_counted, read_records, split, total_steps
 from launcher.worker.export import export_at_end
 from launcher.worker.loading import is_loader
 from launcher.worker.model import build, count_params, to_device, tokenizer_for
@@ -139,6 +139,8 @@ class Trainer:
         self.requests = CheckpointRequests(run_dir)
         self.first_loss: float | None = None
         self.eval_loss: float | None = None
+        self.eval_accuracy: float | None = None
+        """seq_cls: the share of eval examples classified right, each example counted once."""
 
     # -- setup ------------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -363,17 +365,28 @@ class Trainer:
         if not self.eval_data:
             return None
         n = next(iter(self.eval_data.values())).shape[0]
-        batches = eval_batches(n, micro_batch_size=self.plan.strategy.micro_batch_size,
-                               world_size=self.world_size, rank=self.rank)
+        mbs = self.plan.strategy.micro_batch_size
+        batches = eval_batches(n, micro_batch_size=mbs, world_size=self.world_size, rank=self.rank)
+        counted = eval_counted(n, micro_batch_size=mbs, world_size=self.world_size, rank=self.rank)
         self.engine.train(False)
         total = torch.zeros((), dtype=torch.float32, device=self.device)  # read once, after the last batch
-        for idx in batches:
+        right = torch.zeros((), dtype=torch.float32, device=self.device)
+        for idx, flags in zip(batches, counted, strict=True):
             with self.probe.phase("eval"):
                 batch = to_device(self._host_batch(self.eval_data, idx), self.device)
-                total += self.recipe.loss_tensor(self.engine.forward, batch).float()
-                del batch
+                loss, correct = self.recipe.eval_step(self.engine.forward, batch, torch.tensor(flags))
+                total += loss.float()
+                if correct is not None:
+                    right += correct.float()
+                del batch, loss, correct
         self.engine.train(True)
         mean, _ = self._global_mean(total / max(len(batches), 1), 0)
         self.eval_loss = mean
-        self.probe.record(eval_loss=mean, eval_step=self.probe.step)
+        fields: dict[str, object] = {"eval_loss": mean, "eval_step": self.probe.step}
+        if self.recipe.task == "seq_cls":
+            # _global_mean divides by the world size; times it back, over the n examples each counted once.
+            mean_right, _ = self._global_mean(right, 0)
+            self.eval_accuracy = mean_right * self.world_size / n
+            fields["eval_accuracy"] = self.eval_accuracy
+        self.probe.record(**fields)
         return mean

@@ -43,6 +43,12 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_
         # any batch over one (Mistral, Llama ship none). Our tokenizer's pad id is what the batches hold.
         config.pad_token_id = tokenizer_for(job).pad_token_id
     model = build_model(job, config, device="meta" if on_meta else "cpu", num_labels=recipe.num_labels)
+    if recipe.task == "seq_cls" and recipe.label_ids:
+        # The data's label names, so the exported model's predictions read "positive", not "LABEL_2". Every id up
+        # to num_labels is named (transformers counts the labels by id2label); integer labels keep their number.
+        names = {i: name for name, i in recipe.label_ids.items()}
+        model.config.id2label = {i: names.get(i, f"LABEL_{i}") for i in range(recipe.num_labels)}
+        model.config.label2id = {name: i for i, name in model.config.id2label.items()}
     if hasattr(model.config, "use_cache"):
         # A KV cache is for generation; in training it only holds memory the plan does not count.
         model.config.use_cache = False

@@ -98,6 +98,16 @@ class Recipe:
             tokens = tokens + batch["pair_attention_mask"].sum()
         return int(tokens)
 
+    def eval_step(self, forward: Forward, batch: dict[str, torch.Tensor],
+                  counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the micro-batch's mean loss, seq_cls: how many of the ``counted`` examples the model classifies right,
+        as a device tensor; None for the other tasks). One forward: the loss and the logits come from it."""
+        if self.task != "seq_cls":
+            return self.loss_tensor(forward, batch), None
+        out = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        right = (out.logits.argmax(-1) == batch["labels"]) & counted.to(batch["labels"].device)
+        return out.loss, right.sum()
+
     def loss_tensor(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
         return task_loss(self.task, forward, batch)

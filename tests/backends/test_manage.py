@@ -69,9 +69,93 @@ def test_status_json(run_dir, sacct, capsys):
     assert [r["state"] for r in st["ranks"]] == ["training", "starting"]
 
 
-def test_status_of_a_dir_that_is_not_a_slurm_run(tmp_path, capsys):
+def test_status_of_a_dir_that_is_no_run_dir(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 2
-    assert "holds no slurm.json" in capsys.readouterr().err
+    assert "holds no state.json, plan.json or slurm.json" in capsys.readouterr().err
+
+
+def test_slurm_status_shows_the_progress_line(run_dir, sacct, capsys):
+    (run_dir / "job.yaml").write_text("train:\n  max_steps: 6\n")
+    assert main(["status", str(run_dir)]) == 0
+    assert "progress: step 0/6 (0%), last loss 6.5000" in capsys.readouterr().out  # rank 1 has no step yet
+
+
+def step(n: int, t: float, **extra) -> str:
+    return json.dumps({"step": n, "time": t, "mem_peak_bytes": 300_000_000, "attempt": 0, **extra}) + "\n"
+
+
+@pytest.fixture
+def local_run(tmp_path):
+    """A local run dir as launch run leaves it mid-run: no slurm.json; state.json running with launch's pid."""
+    d = tmp_path / "local"
+    for sub in ("ranks", "steps", "logs"):
+        (d / sub).mkdir(parents=True)
+    (d / "plan.json").write_text(json.dumps({"world_size": 2, "budget_bytes": 10**9}))
+    (d / "state.json").write_text(json.dumps({"state": "running", "pid": 4242}))
+    (d / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 6}))
+    (d / "steps" / "rank-0.jsonl").write_text(step(1, 10.0, loss=7.0) + step(2, 12.0) + step(3, 14.0, loss=6.25))
+    (d / "steps" / "rank-1.jsonl").write_text(step(1, 10.0) + step(2, 12.0, mem_peak_bytes=450_000_000))
+    (d / "logs" / "rank-0.log").write_text("".join(f"line {i}\n" for i in range(50)))
+    (d / "logs" / "rank-1.log").write_text("rank one\n")
+    return d
+
+
+def test_local_status_says_state_progress_loss_and_peak_against_budget(local_run, capsys, monkeypatch):
+    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: pid == 4242)
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"local run {local_run}: running (launch pid 4242)")
+    # The slowest rank's step; rank 0's loss; the highest peak of any rank; 2 s a step since step 1, 4 to go.
+    assert "progress: step 2/6 (33%), last loss 6.2500, peak memory so far 450.00 MB of 1.00 GB budget (45%), " \
+           "ETA 8 s" in out
+    assert "rank 0: running, step 3, peak 300.00 MB" in out and "rank 1: training, step 2" in out
+    assert main(["status", str(local_run), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["kind"] == "local" and st["progress"]["total_steps"] == 6 and st["progress"]["peak_bytes"] == 450_000_000
+
+
+def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, capsys, monkeypatch):
+    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: False)
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert ": stopped" in out and "launch process 4242 is gone" in out and "launch --resume" in out
+    (local_run / "state.json").write_text(json.dumps({"state": "completed"}))
+    (local_run / "report.json").write_text(json.dumps({"verdict": "within_budget", "eval_loss": 0.5,
+                                                       "eval_accuracy": 0.75}))
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert ": completed" in out and "verdict: within_budget; eval loss 0.5000, eval accuracy 75.0% (report.json)" in out
+
+
+def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, monkeypatch):
+    assert main(["logs", str(local_run), "--lines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "==> rank 0:" in out and "line 49" in out and "line 47" not in out and "rank one" in out
+    assert "submitit" not in out
+    assert main(["logs", str(local_run), "--rank", "2"]) == 2
+    assert "--rank: 2 is not a rank of this run (0..1)" in capsys.readouterr().err
+    log, polls = local_run / "logs" / "rank-1.log", {"n": 0}
+    alive = {"v": True}
+    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: alive["v"])
+
+    def sleep(_s):
+        polls["n"] += 1
+        if polls["n"] == 1:
+            log.write_text(log.read_text() + "step 3\n")
+        if polls["n"] == 2:
+            alive["v"] = False  # the launch ended
+        assert polls["n"] < 20, "follow did not stop after the launch ended"
+
+    monkeypatch.setattr(manage.time, "sleep", sleep)
+    monkeypatch.setattr(manage.follow, "__defaults__", (0, 0))
+    assert main(["logs", str(local_run), "--rank", "1", "--follow"]) == 0
+    assert capsys.readouterr().out.endswith("[rank 1] step 3\n")
+
+
+def test_cancel_of_a_local_run_says_how_to_stop_it(local_run, capsys, monkeypatch):
+    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: True)
+    assert main(["cancel", str(local_run)]) == 2
+    assert "is a local run, not a Slurm job; stop it with kill -INT 4242" in capsys.readouterr().err
 
 
 def test_logs_tails_ranks_and_submitit(run_dir, sacct, capsys):

@@ -181,3 +181,38 @@ def test_plan_help_lists_every_hardware_profile(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at any space
     assert len(PROFILES) == 13
     assert all(name in text for name in PROFILES), [n for n in PROFILES if n not in text]
+
+
+def test_plan_prints_the_predicted_total_time_and_warns_past_the_threshold(capsys, write_job):
+    job = write_job(**{"train.max_steps": 100_000, "train.warn_total_time_h": 1})
+    code, out, err = run_cli(capsys, "plan", job)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("  total time"))
+    step_s = float(line.split("(")[1].split(" s/step")[0])
+    assert "x 100000 steps, train.max_steps" in line
+    assert "WARNING: the predicted training time" in out and "train.warn_total_time_h (1 h)" in out
+    code, out, err = run_cli(capsys, "plan", "--json", job)
+    total = json.loads(out)["total_time"]
+    assert total["too_long"] and total["predicted_total_s"] == pytest.approx(step_s * 100_000, rel=1e-2)
+    assert "launch: warning: the predicted training time" in err
+    # No warning under the default 72 h; epochs count the data's training examples (64 rows less 6 held out).
+    code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2}))
+    assert "train.epochs 2 x 7 steps (58 training examples)" in out and "WARNING" not in out
+    code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2,
+                                                         "data.packing": True}))
+    assert "total time  not predicted: data.packing" in out
+
+
+def test_alternatives_are_worded_from_their_numbers(capsys, write_job):
+    from launcher.cli.render import rejected_reason
+    from launcher.config.jobfile import load_job
+    from launcher.plan_inputs import plan_job
+    from launcher.planner.plan import Rejected
+
+    plan = plan_job(load_job(write_job()))
+    over = Rejected(label="x", why="device", peak_bytes=3 * 10**9, step_time_s=plan.estimate.step_time_s / 2,
+                    need_bytes=3 * 10**9, have_bytes=2 * 10**9, largest="activations")
+    assert rejected_reason(over, plan) == (f"over budget by 1.00 GB (peak 3.00 GB of 2.00 GB usable, largest: "
+                                           f"activations); would step at {over.step_time_s:.3g} s/step (-50%)")
+    slow = Rejected(label="y", why="slower", peak_bytes=1, step_time_s=plan.estimate.step_time_s * 1.25)
+    assert rejected_reason(slow, plan).startswith("fits but slower: ") and "(+25%)" in rejected_reason(slow, plan)

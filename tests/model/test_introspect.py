@@ -63,6 +63,15 @@ def test_lora_trainable_count_equals_peft():
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert stats.trainable_params == trainable == stats.lora_params
     assert stats.num_params == sum(p.numel() for n, p in peft_model.named_parameters() if "lora_" not in n)
+    # One per-parameter optimizer per adapter tensor with the step in backward (launcher.planner.cost).
+    assert stats.trainable_tensors == sum(1 for p in peft_model.parameters() if p.requires_grad) == 2 * 2 * 2
+
+
+def test_trainable_tensors_count_each_trained_tensor_once():
+    j = job({"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024})
+    model = build_model(j, model_config(j), device="cpu")
+    # GPT-2 ties the head to the embedding: 12 tensors per block, wte, wpe and the final norm's two.
+    assert introspect(j).trainable_tensors == len(list(model.parameters())) == 2 * 12 + 4
 
 
 def test_lora_targets_that_do_not_exist_are_bad_input():

@@ -191,3 +191,42 @@ def test_a_profile_with_slow_bf16_is_said_in_the_plan(request_for, precision, sa
                                  seq_len=128, precision=precision))
     notes = [r for r in plan.reasons if "bf16 matmuls run 13.0x slower than fp32" in r]
     assert bool(notes) is said
+
+
+def test_the_step_in_backward_costs_one_optimizer_call_per_trained_tensor():
+    from launcher.planner.cost import IN_BACKWARD_CALL_S
+
+    inp = inputs(model=dataclasses.replace(llama_stats(), trainable_tensors=291))
+    plain = strategy(engine="fsdp", accum=1)
+    oib = dataclasses.replace(plain, optimizer_in_backward=True)
+    a, b = step_time_terms(inp, plain, 0), step_time_terms(inp, oib, 0)
+    assert b["compute"] - a["compute"] == pytest.approx(291 * IN_BACKWARD_CALL_S)
+    assert {k: v for k, v in a.items() if k != "compute"} == {k: v for k, v in b.items() if k != "compute"}
+
+
+def test_the_step_in_backward_is_chosen_only_to_fit_and_the_plan_says_clipping_is_off(request_for):
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.search import make_plan
+
+    # Every other lever pinned off, so that only this one can close the gap.
+    pins = StrategyConfig(engine="fsdp", fsdp_reshard_after_forward=True, offload_optimizer="none",
+                          offload_params="none", micro_batch_size=1, activation_checkpointing=True,
+                          checkpoint_every=1, loss_chunks=0, activation_offload=False, low_memory_optimizer="none",
+                          pure_bf16=False, qlora=False)
+    small = dataclasses.replace(llama_stats(), trainable_tensors=291)
+    kw = dict(model=small, pins=pins, global_batch_size=8, seq_len=256, max_grad_norm=1.0)
+    roomy = make_plan(request_for(**kw))
+    assert not roomy.strategy.optimizer_in_backward  # it fits anyway: the plain step, with its clipping
+    plain = roomy.estimate
+    # A budget between the peak with the step in backward and the plain one: only the lever fits.
+    with_lever = make_plan(request_for(**{**kw, "pins": dataclasses.replace(pins, optimizer_in_backward=True)}))
+    with_lever = with_lever.estimate
+    assert with_lever.peak_bytes < plain.peak_bytes
+    budget = int((with_lever.peak_bytes + plain.peak_bytes) / 2 / 0.95)
+    tight = make_plan(request_for(**kw, budget_bytes=budget))
+    assert tight.strategy.optimizer_in_backward
+    said = [r for r in tight.reasons if r.startswith("optimizer step in backward")]
+    assert said and "gradient clipping is OFF -- train.max_grad_norm 1 is not applied" in said[0]
+    decision = next(d for d in tight.levers if d.lever == "optimizer_in_backward")
+    assert decision.used and decision.why == "needed_to_fit"
+    assert not any(r.startswith("optimizer step in backward") for r in roomy.reasons)

@@ -40,6 +40,28 @@ def test_an_engine_gets_only_the_levers_it_implements(request_for):
 def test_optimizer_in_backward_needs_no_accumulation(request_for):
     assert {o.optimizer_in_backward for o in options(request_for(), ALL, 2)} == {False}
     assert {o.optimizer_in_backward for o in options(request_for(), ALL, 1)} == {False, True}
+    # Nor fp16 loss scaling; and a pin where it cannot step in backward admits nothing rather than a plan.
+    assert {o.optimizer_in_backward for o in options(request_for(precision="fp16"), ALL, 1)} == {False}
+    pinned = request_for(pins=StrategyConfig(optimizer_in_backward=True))
+    assert options(pinned, ALL, 2) == [] and {o.optimizer_in_backward for o in options(pinned, ALL, 1)} == {True}
+    assert options(request_for(precision="fp16", pins=StrategyConfig(optimizer_in_backward=True)), ALL, 1) == []
+
+
+def test_fsdp2_offers_the_step_in_backward_and_deepspeed_does_not():
+    # DeepSpeed's engine owns the step (its ZeRO gradient hooks, its optimizer): it cannot step in a hook of ours.
+    assert "optimizer_in_backward" in ENGINES["fsdp"].levers
+    assert "optimizer_in_backward" not in ENGINES["deepspeed"].levers
+
+
+def test_the_accelerate_export_says_the_script_must_step_in_backward(request_for, tmp_path):
+    pins = StrategyConfig(engine="fsdp", micro_batch_size=1, optimizer_in_backward=True)
+    plan = make_plan(request_for(pins=pins, global_batch_size=8, seq_len=256))
+    assert plan.strategy.optimizer_in_backward
+    notes = " ".join(ENGINES["fsdp"].accelerate_notes(plan, tmp_path))
+    assert "register_post_accumulate_grad_hook" in notes and "no clip_grad_norm" in notes
+    plain = make_plan(request_for(pins=dataclasses.replace(pins, optimizer_in_backward=False), global_batch_size=8,
+                                  seq_len=256))
+    assert "register_post_accumulate_grad_hook" not in " ".join(ENGINES["fsdp"].accelerate_notes(plain, tmp_path))
 
 
 def test_a_pinned_lever_is_kept_and_admits_nothing_where_no_engine_implements_it(request_for):
@@ -68,6 +90,7 @@ def test_a_plan_json_without_lever_fields_reads_back_with_them_off(request_for):
     ({"loss_chunks": 10**6}, {}, "must be 0 (whole logits) to 4096"),
     ({}, {"allow_levers": ["qlora", "qlora"]}, "names a lever twice"),
     ({}, {"allow_levers": ["fp8"]}, "allow_levers"),
+    ({"optimizer_in_backward": True}, {"precision": "fp16"}, "fp16 needs loss scaling"),
 ])
 def test_lever_pins_and_permissions_must_agree(strategy, train, message, tmp_path):
     data = {"name": "x", "model": "gpt2-124m", "task": "causal_lm", "data": {"path": "d.jsonl"},

@@ -1,5 +1,7 @@
 """The model-state terms against DeepSpeed's own estimators, and the activation terms against the paper."""
 
+import dataclasses
+
 import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -213,6 +215,32 @@ def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_
     # ...next to the root's own parameters, still unsharded until it reshards after that reduce (4 · root).
     assert st.backward_end_extra == pytest.approx(4 * m.non_block_params + 4 * (m.num_params - m.non_block_params) / 2
                                                   + 8 * unit)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp2_step_in_backward_holds_no_gradient_for_a_step(precision):
+    # Each unit's sharded gradient is stepped and dropped in its hook inside foreach_reduce: the step moment has no
+    # gradients and the end of backward no blocks' gradients waiting, the root's reduce buffers unchanged.
+    from launcher.engines.fsdp import fsdp_states
+    from launcher.planner.memory import estimate_memory
+
+    m = llama_stats()
+    inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision=precision,
+                       optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, precision))
+    plain = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                     offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
+    oib = dataclasses.replace(plain, optimizer_in_backward=True)
+    a, b = fsdp_states(inp, plain), fsdp_states(inp, oib)
+    assert a.step_extra == 4 * m.trainable_params / 2 and b.step_extra == 0
+    assert a.backward_end_extra - b.backward_end_extra == pytest.approx(4 * (m.num_params - m.non_block_params) / 2)
+    assert (b.params, b.optimizer, b.buffers) == (a.params, a.optimizer, a.buffers)
+    buckets = Buckets(reduce_bucket_size=0, allgather_bucket_size=0, stage3_prefetch_bucket_size=0,
+                      stage3_max_live_parameters=0, stage3_param_persistence_threshold=0)
+    ea, eb = estimate_memory(inp, plain, buckets), estimate_memory(inp, oib, buckets)
+    # The optimizer state, made lazily at the first step inside the first backward, is in every moment already.
+    assert eb.moment_bytes["step"] == b.params + b.optimizer
+    assert ea.moment_bytes["backward"] == eb.moment_bytes["backward"]
+    assert eb.peak_bytes < ea.peak_bytes  # a 16-token run peaks at the end of backward or the step
 
 
 def _estimate(stage, gpus, micro_batch=1, opt="none"):

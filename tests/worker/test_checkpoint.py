@@ -23,13 +23,13 @@ from launcher.worker.recipes import make_recipe
 from tests.worker.run_dirs import plan_dict, tiny_gpt2_job
 
 
-def fsdp_engine(job: Job):
+def fsdp_engine(job: Job, optimizer_in_backward: bool = False):
     torch.manual_seed(0)
     recipe = make_recipe(job.task, job.data)
     model = build(job, recipe, seq_len=32, hf_checkpointing=False)
     engine = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
                         activation_checkpointing=True, precision="fp32", grad_accum_steps=1,
-                        device=torch.device("cpu"))
+                        device=torch.device("cpu"), optimizer_in_backward=optimizer_in_backward)
     probe = memory_probe(device="cpu", track_categories=False)
     engine.setup(model, job.train, probe)
     return engine
@@ -41,10 +41,11 @@ def train_step(engine):
     assert engine.step()
 
 
-def test_fsdp_checkpoint_round_trip(tmp_path, single_rank, examples_data):
+@pytest.mark.parametrize("in_backward", [False, True], ids=["one-optimizer", "optimizer-in-backward"])
+def test_fsdp_checkpoint_round_trip(tmp_path, single_rank, examples_data, in_backward):
     dist.init_process_group("gloo")
     job = from_dict(Job, tiny_gpt2_job(str(examples_data / "causal.jsonl")))
-    a = fsdp_engine(job)
+    a = fsdp_engine(job, in_backward)
     for _ in range(2):
         train_step(a)
     state = checkpoint.TrainerState(global_step=2, micro_steps=2, samples_per_rank=4, world_size=1,
@@ -56,15 +57,19 @@ def test_fsdp_checkpoint_round_trip(tmp_path, single_rank, examples_data):
     assert checkpoint.latest_tag(tmp_path) == tag == "step-00000002"
     expect_rng = (random.random(), np.random.rand(), torch.rand(1).item())
 
-    b = fsdp_engine(job)
+    b = fsdp_engine(job, in_backward)
     loaded = checkpoint.load(b, tmp_path, tag, world_size=1, samples_per_step_per_rank=2)
     assert loaded == state
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect_rng
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k].full_tensor(), sb[k].full_tensor()) for k in sa)
-    oa, ob = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
-    assert all(torch.equal(oa[i]["exp_avg"].full_tensor(), ob[i]["exp_avg"].full_tensor()) for i in oa)
-    assert b.scheduler.state_dict()["last_epoch"] == a.scheduler.state_dict()["last_epoch"] == 2
+    # Per-parameter optimizers too: every one's state comes back (get_state_dict keys them by parameter name).
+    assert len(a.optimizers) == (len(a.optimizer_params()) if in_backward else 1) == len(b.optimizers)
+    for opt_a, opt_b in zip(a.optimizers, b.optimizers, strict=True):
+        oa, ob = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+        assert oa and oa.keys() == ob.keys()
+        assert all(torch.equal(oa[i]["exp_avg"].full_tensor(), ob[i]["exp_avg"].full_tensor()) for i in oa)
+    assert all(s.state_dict()["last_epoch"] == 2 for s in a.schedulers + b.schedulers)
     # The next step is identical too.
     torch.manual_seed(5)
     train_step(a)

@@ -131,3 +131,17 @@ def test_read_a_hub_dataset_from_the_local_cache_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     assert read_records("someone/tiny") == [{"text": "a"}, {"text": "b"}]
+
+
+@pytest.mark.parametrize("n,mbs,world", [(7, 2, 3), (36, 8, 2), (5, 4, 4), (2, 3, 4), (16, 4, 2)])
+def test_eval_counted_counts_every_eval_example_once_over_all_ranks(n, mbs, world):
+    """Padding (shards evened out) and the wrap of the last batch repeat examples; accuracy counts each once."""
+    from launcher.worker.data import eval_counted
+
+    seen = []
+    for rank in range(world):
+        batches = eval_batches(n, micro_batch_size=mbs, world_size=world, rank=rank)
+        flags = eval_counted(n, micro_batch_size=mbs, world_size=world, rank=rank)
+        assert [len(b) for b in batches] == [len(f) for f in flags]
+        seen += [i for b, f in zip(batches, flags, strict=True) for i, keep in zip(b, f, strict=True) if keep]
+    assert sorted(seen) == list(range(n))

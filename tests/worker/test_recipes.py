@@ -136,3 +136,48 @@ def test_seq_cls_lora_trains_adapters_and_the_head(tmp_path):
     # The adapters start as a no-op (lora_B = 0), so the two texts only drift apart after a few steps.
     losses = train_losses(job, rows, steps=15, lr=5e-2)
     assert losses[-1] < losses[0] - 0.3
+
+
+def test_seq_cls_eval_step_counts_right_answers_among_the_counted(tmp_path):
+    rows = [{"text": "great product", "label": "pos"}, {"text": "awful service", "label": "neg"},
+            {"text": "it arrived", "label": "neutral"}, {"text": "loved it", "label": "pos"}]
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", rows)
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(rows)
+    torch.manual_seed(0)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False).eval()
+    batch = recipe.encode(rows, tokenizer_for(job), 16)
+    with torch.no_grad():
+        pred = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.argmax(-1)
+        counted = torch.tensor([True, True, True, False])  # the last one a repeat: not counted
+        loss, right = recipe.eval_step(model, batch, counted)
+    want = int(((pred == batch["labels"]) & counted).sum())
+    assert int(right) == want and 0 <= want <= 3
+    assert loss.item() == pytest.approx(recipe.loss_tensor(model, batch).item(), abs=1e-6)
+    # Every answer right: logits that point at the labels.
+    labels = batch["labels"]
+
+    def oracle(**kw):
+        logits = torch.nn.functional.one_hot(labels, 3).float()
+        return type("Out", (), {"loss": torch.tensor(0.0), "logits": logits})()
+
+    assert int(recipe.eval_step(oracle, batch, counted)[1]) == 3
+    causal = make_recipe("causal_lm", job.data)
+    assert causal.eval_step(lambda **kw: type("O", (), {"loss": torch.tensor(1.0)})(), batch, counted)[1] is None
+
+
+def test_seq_cls_model_names_its_labels_as_the_data_does(tmp_path):
+    """The export's config.json says "pos", not "LABEL_2": a user's predictions read as the data's labels."""
+    rows = [{"text": "great", "label": "pos"}, {"text": "awful", "label": "neg"}, {"text": "ok", "label": "neutral"}]
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", rows)
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(rows)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False)
+    assert model.config.id2label == {0: "neg", 1: "neutral", 2: "pos"} and model.config.label2id["pos"] == 2
+    gaps = [{"text": "a", "label": 0}, {"text": "b", "label": 3}]  # ids 1 and 2 never occur: still 4 classes
+    job = make_job(tmp_path, TINY_BERT, "seq_cls", gaps)
+    recipe = make_recipe(job.task, job.data)
+    recipe.fit_labels(gaps)
+    model = build(job, recipe, seq_len=16, hf_checkpointing=False)
+    assert model.config.num_labels == 4 and model.config.id2label == {0: "0", 1: "LABEL_1", 2: "LABEL_2", 3: "3"}
+    assert model.classifier.out_features == 4

@@ -58,6 +58,52 @@ def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
     assert z[-1]["loss"] < z[0]["loss"]  # and it trains
 
 
+IN_BACKWARD_AGREE = 1e-6
+"""The step in backward runs the same per-tensor AdamW on the same reduce-scattered shards: fp32 curves agree to
+rounding (in practice bit for bit)."""
+
+
+def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
+    # Clipping off (it needs every gradient before any step) and no accumulation: otherwise the same math.
+    train = {"global_batch_size": 4, "precision": "fp32", "lr": 3e-3, "max_steps": 4, "seed": 7,
+             "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": 0}
+    pins = {"engine": "fsdp", "fsdp_reshard_after_forward": True, "micro_batch_size": 2,
+            "activation_checkpointing": False, "offload_optimizer": "none", "offload_params": "none"}
+    curves, step_phase = {}, {}
+    for name, in_backward in (("step", False), ("in-backward", True)):
+        job = job_file(tmp_path, name, strategy={**pins, "optimizer_in_backward": in_backward}, train=train)
+        res = launch(job, "--run-dir", tmp_path / name, "--quiet")
+        assert res.returncode == 0, res.stdout + res.stderr
+        plan = json.loads((tmp_path / name / "plan.json").read_text())
+        assert (plan["optimizer_in_backward"], plan["grad_accum_steps"]) == (in_backward, 1)
+        # It saved its checkpoint at the end: the per-parameter optimizers' state through DCP on 2 ranks.
+        assert (tmp_path / name / "checkpoint" / "latest").read_text().strip() == "step-00000004"
+        curves[name] = step_rows(tmp_path / name)
+        rank = json.loads((tmp_path / name / "ranks" / "rank-0.json").read_text())
+        step_phase[name] = rank["phases"]["optimizer_step"]
+    # The steps really ran in backward: no gradient is left for the step phase to hold (the plain step holds this
+    # rank's fp32 shard of every gradient there, 4 bytes x trainable / 2 ranks, and more).
+    assert step_phase["step"] - step_phase["in-backward"] >= 4 * plan["trainable_params"] / 2
+    a, b = curves["step"], curves["in-backward"]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert y["lr"] == pytest.approx(x["lr"], rel=1e-12), ("warm-up schedules differ", a, b)
+        assert y["loss"] == pytest.approx(x["loss"], rel=IN_BACKWARD_AGREE), (a, b)
+        assert y.get("grad_norm") is None  # no global norm is measured
+    assert a[-1]["loss"] < a[0]["loss"] and len({r["lr"] for r in a}) > 1  # it trains, through the warm-up
+
+
+@pytest.mark.parametrize("precision, accum, message", [("fp32", 2, "needs grad_accum_steps 1"),
+                                                       ("fp16", 1, "fp16 needs loss scaling")])
+def test_fsdp2_refuses_the_step_in_backward_where_it_cannot_step_each_gradient(precision, accum, message):
+    from launcher.worker.engines.fsdp import FsdpEngine
+
+    with pytest.raises(ConfigError, match=message):
+        FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                   activation_checkpointing=False, precision=precision, grad_accum_steps=accum,
+                   device=torch.device("cpu"), optimizer_in_backward=True)
+
+
 def test_the_worker_optimizer_is_the_one_the_ds_config_names():
     # Both engines run torch's AdamW; FSDP2 builds it here, DeepSpeed from ds_config.json's params.
     assert list(ADAM_BETAS) == list(emit_ds.ADAM_BETAS) and ADAM_EPS == emit_ds.ADAM_EPS

@@ -8,11 +8,16 @@ At the accumulation boundary the gradients are clipped to train.max_grad_norm ov
 Gradients are reduce-scattered after every micro-batch: accumulating unsharded
 gradients instead (set_requires_gradient_sync(False)) would hold a full gradient
 copy per rank, which the memory plan does not budget for.
+With the optimizer step in backward (Strategy.optimizer_in_backward) every trainable parameter has its own optimizer,
+stepped from the parameter's post-accumulate-grad hook: FSDP2 calls that hook itself on the sharded DTensor
+gradient right after the reduce-scatter (_fsdp_collectives.py foreach_reduce), so each unit's gradients are
+consumed and dropped before the next unit's backward. There is no step-time gradient, and no global-norm clipping.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -71,6 +76,7 @@ class FsdpEngine:
             grad_accum_steps=s.grad_accum_steps,
             device=device,
             sharding=s.fsdp_sharding or "full",
+            optimizer_in_backward=s.optimizer_in_backward,
         )
 
     @staticmethod
@@ -89,7 +95,19 @@ class FsdpEngine:
         grad_accum_steps: int,
         device: torch.device,
         sharding: FsdpSharding = "full",
+        optimizer_in_backward: bool = False,
     ):
+        if optimizer_in_backward and grad_accum_steps != 1:
+            raise ConfigError(
+                f"strategy.optimizer_in_backward: the step in backward needs grad_accum_steps 1 (it steps as each "
+                f"gradient is made), but this plan accumulates {grad_accum_steps}; re-plan, or leave "
+                "optimizer_in_backward out"
+            )
+        if optimizer_in_backward and precision == "fp16":
+            raise ConfigError(
+                "strategy.optimizer_in_backward: fp16 needs loss scaling, which checks every gradient for overflow "
+                "before any step; use precision bf16 or fp32, or leave optimizer_in_backward out"
+            )
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
         if offload_optimizer != offload_params:
@@ -105,6 +123,10 @@ class FsdpEngine:
         self.grad_accum_steps = grad_accum_steps
         self.device = device
         self.sharding = sharding
+        self.optimizer_in_backward = optimizer_in_backward
+        self.optimizers: list[torch.optim.Optimizer] = []
+        """One optimizer per trainable parameter with the step in backward; otherwise [self.optimizer]."""
+        self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
         self.micro = 0
         self.scaler = None
         self.max_grad_norm = 0.0
@@ -151,12 +173,48 @@ class FsdpEngine:
             del state, buffers
         self.model = model
         self.max_grad_norm = clip_setting(train.max_grad_norm)
-        self.optimizer = build_optimizer(train, (p for p in model.parameters() if p.requires_grad))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if self.optimizer_in_backward:
+            self.setup_optimizer_in_backward(trainable, train)
+            probe.use_fsdp_tracker(model, None)  # FSDPMemTracker follows one optimizer; the states count as other
+            return
+        self.optimizer = build_optimizer(train, trainable)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
+        self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]
         if self.precision == "fp16":
             # fp16 runs only on CUDA (the worker refuses it on CPU); grads need loss scaling.
             self.scaler = torch.amp.GradScaler("cuda")
         probe.use_fsdp_tracker(model, self.optimizer)
+
+    def setup_optimizer_in_backward(self, params: list[nn.Parameter], train: TrainConfig) -> None:
+        """One optimizer (and lr schedule) per parameter, stepped and zeroed in the parameter's gradient hook.
+
+        torchtune's optimizer_in_bwd and torch's "fusing the optimizer step into the backward pass" recipe. Under
+        FSDP2 the hook fires on the sharded parameter once its reduce-scattered gradient is assigned
+        (foreach_reduce calls ``_post_accumulate_grad_hooks`` itself), so the step runs on this rank's shard and
+        the gradient is dropped before the next unit's backward. Each optimizer is the job's, built by
+        build_optimizer, and each schedule the same warm-up: the per-parameter math is the one-optimizer math,
+        less the global-norm clip, which needs every gradient before any step.
+        """
+        if self.max_grad_norm > 0 and dist.get_rank() == 0:
+            print(f"[rank 0] train.max_grad_norm {self.max_grad_norm:g} is not applied: the optimizer steps in "
+                  "backward (strategy.optimizer_in_backward), one parameter at a time, so no global norm exists "
+                  "to clip to", file=sys.stderr, flush=True)
+        self.max_grad_norm = 0.0
+        by_param = {}
+        for p in params:
+            opt = build_optimizer(train, [p])
+            by_param[p] = opt
+            self.optimizers.append(opt)
+            self.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train.warmup_steps)))
+
+        def step_in_backward(param: torch.Tensor) -> None:
+            opt = by_param[param]
+            opt.step()
+            opt.zero_grad(set_to_none=True)  # the shard's gradient goes as soon as it has been used
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(step_in_backward)
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(shape, dimension names) of the device mesh: (world,) or, hybrid, (nodes, ranks per node)."""
@@ -187,6 +245,11 @@ class FsdpEngine:
         self.micro += 1
         if self.micro % self.grad_accum_steps:
             return False
+        if self.optimizer_in_backward:
+            # The parameters stepped in backward; the schedules advance here, once per step, as below.
+            for sched in self.schedulers:
+                sched.step()
+            return True
         if self.max_grad_norm > 0:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -202,7 +265,7 @@ class FsdpEngine:
         return True
 
     def optimizer_params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
 
     def grad_norm(self) -> torch.Tensor | None:
         return self._grad_norm if self.max_grad_norm > 0 else None
@@ -211,26 +274,30 @@ class FsdpEngine:
         self.model.train(mode)
 
     def lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.schedulers[0].get_last_lr()[0])
 
     def save(self, root: Path, tag: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        # One optimizer or one per parameter (the step in backward): get_state_dict keys the state by parameter
+        # name either way, and set_state_dict hands each optimizer its own parameters' part.
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.save(state, checkpoint_id=str(root / tag / "dcp"))
         if dist.get_rank() == 0:
-            torch.save({"scheduler": self.scheduler.state_dict(), "micro": self.micro}, root / tag / "engine.pt")
+            # Every schedule is the same function of the step: the first one's state stands for all of them.
+            torch.save({"scheduler": self.schedulers[0].state_dict(), "micro": self.micro}, root / tag / "engine.pt")
 
     def load(self, root: Path, tag: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(root / tag / "dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(root / tag / "engine.pt", weights_only=True)
-        self.scheduler.load_state_dict(extra["scheduler"])
+        for sched in self.schedulers:
+            sched.load_state_dict(extra["scheduler"])
         self.micro = int(extra["micro"])

@@ -1,0 +1,59 @@
+"""The plan's alternatives not chosen: the nearest ones (closest to fitting, closest in speed), typed numbers."""
+
+import dataclasses
+
+from launcher.planner.build import NEAR_OVERRUN, overrun, top_rejected
+from launcher.planner.plan import Estimate, Plan, Rejected, Strategy
+from launcher.planner.scoring import Problem, Scored, evaluate
+from launcher.planner.search import make_plan
+
+
+def scored(name: str, step_s: float, need: int | None = None, have: int = 100) -> Scored:
+    # micro_batch_size makes each label distinct; need=None fits.
+    s = Strategy(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=False, offload_optimizer="none",
+                 offload_params="none", activation_checkpointing=False, micro_batch_size=len(name), grad_accum_steps=1)
+    e = Estimate(breakdown={}, peak_bytes=need or 50, host_bytes_per_node=0, nvme_bytes_per_node=0,
+                 step_time_s=step_s)
+    p = None if need is None else Problem(resource="device", need_bytes=need, have_bytes=have, largest="params")
+    return Scored(strategy=s, estimate=e, problem=p)
+
+
+def test_faster_candidates_are_listed_nearest_to_fitting_first_and_extremes_left_out():
+    best = scored("b", 1.0)
+    # The fastest infeasible one is absurdly over (the old list put it first); two are near the budget.
+    far, near1, near2 = scored("ffffff", 0.1, need=200_000), scored("nn", 0.9, need=120), scored("nnn", 0.5, need=150)
+    runner = scored("rrrr", 1.2)
+    out = top_rejected(best, [best, far, near1, near2, runner])
+    assert [r.label for r in out] == [near1.strategy.label(), near2.strategy.label(), runner.strategy.label()]
+    assert out[0].why == "device" and (out[0].need_bytes, out[0].have_bytes, out[0].largest) == (120, 100, "params")
+    assert out[2].why == "slower" and out[2].step_time_s == 1.2
+
+
+def test_when_every_faster_one_is_far_over_the_nearest_one_still_says_why():
+    best = scored("b", 1.0)
+    out = top_rejected(best, [best, scored("ffffff", 0.1, need=10**9), scored("ff", 0.2, need=10**6)])
+    assert [r.label for r in out] == [scored("ff", 0.2).strategy.label()]
+
+
+def test_a_real_plan_lists_no_extremes(request_for):
+    """7B on 8 x 24 GB: many faster layouts are terabytes over; the list keeps to the near ones."""
+    req = request_for(budget_bytes=24 * 10**9)
+    plan = make_plan(req)
+    over = [r for r in plan.rejected if r.why == "device"]
+    assert over and all(r.need_bytes > r.have_bytes for r in over)
+    faster_far = [c for c in evaluate(req) if c.problem and c.estimate.step_time_s < plan.estimate.step_time_s
+                  and overrun(c) > NEAR_OVERRUN]
+    assert faster_far, "the case must have far-over faster candidates for the test to mean anything"
+    assert len(over) == 1 or all(r.need_bytes / r.have_bytes <= NEAR_OVERRUN for r in over)
+    slower = [r for r in plan.rejected if r.why == "slower"]
+    assert [r.step_time_s for r in slower] == sorted(r.step_time_s for r in slower)
+
+
+def test_plan_json_round_trips_the_typed_rejected_and_reads_an_old_reason(request_for):
+    plan = make_plan(request_for(budget_bytes=24 * 10**9))
+    back = Plan.from_json(plan.to_json())
+    assert back.rejected == plan.rejected
+    old = dataclasses.asdict(plan.rejected[0]) | {"reason": "host RAM: needs 1 GB per node, has 0 B"}
+    for k in ("why", "need_bytes", "have_bytes", "largest"):
+        old.pop(k)
+    assert Rejected.from_json(old).why == "host_ram"
