@@ -18,7 +18,7 @@ def _fits_with(req: PlanRequest, **changes) -> Scored | None:
     trial = dataclasses.replace(req, force=False, **changes)
     try:
         # Every candidate as fast as the fastest fit is scored, so this is the minimum over all of them.
-        scored = search(trial, rejected_limit=0).scored
+        scored = search(trial).scored
     except ConfigError:
         return None
     fits = [c for c in scored if c.problem is None]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -141,11 +143,6 @@ def evaluate(req: PlanRequest, *, memo: bool = True) -> list[Scored]:
     return [scorer.score(s) for s in candidates(req)]
 
 
-REJECTED_LIMIT = 6
-"""Alternatives a plan lists (launcher.planner.build.top_rejected): up to half faster ones that do not fit, then
-the runners-up."""
-
-
 @dataclass(kw_only=True, slots=True)
 class Searched:
     """What the search scored: enough to choose exactly what scoring every candidate would."""
@@ -163,15 +160,16 @@ class Searched:
         return min(fits, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes)) if fits else None
 
 
-def search(req: PlanRequest, *, rejected_limit: int = REJECTED_LIMIT) -> Searched:
-    """Score candidates in order of their predicted step time until the fastest fit and the plan's rejected
-    alternatives are certain; with ``rejected_limit=0``, until the fastest fit alone is.
+def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Searched:
+    """Score candidates in order of their predicted step time until the fastest fit is certain, and with
+    ``alternatives`` (launcher.planner.build.top_rejected) until the alternatives it lists are too.
 
     Sound because step time does not depend on memory: a candidate's step time is known before its memory
-    estimate, and its scored time is one of its two buckets' times (launcher.planner.scoring.score), so their
-    minimum is a lower bound. Once that bound passes a time T, every candidate faster than T has been scored;
-    the choice (a minimum) and the alternatives (a sorted prefix) read nothing slower. The memory model, which
-    other levers keep extending, may then be anything: nothing here assumes it falls or rises with a field.
+    estimate, and its scored time is one of its two buckets' times (``score``), so their minimum is a lower
+    bound. Once that bound passes a time T, every candidate faster than T has been scored: the choice (a minimum)
+    and the faster ones that do not fit are complete, and a list of alternatives is final once it is full and
+    every fitting one on it is faster than T. The memory model, which the levers keep extending, may then be
+    anything: nothing here assumes it falls or rises with a field.
     """
     scorer = _Scorer(req)
     cands = candidates(req)
@@ -184,7 +182,7 @@ def search(req: PlanRequest, *, rejected_limit: int = REJECTED_LIMIT) -> Searche
     for i in order:
         bound = bounds[i]
         if best is not None and bound > best[0] and (fits > retry[0] or bound > retry[1]):
-            blocking = _blocking(done, best, bound, rejected_limit)
+            blocking = _blocking(done, best, bound, alternatives)
             if blocking is None:
                 break
             retry = (fits, blocking)
@@ -196,23 +194,26 @@ def search(req: PlanRequest, *, rejected_limit: int = REJECTED_LIMIT) -> Searche
     return Searched(scored=[done[i] for i in sorted(done)], total=len(cands))
 
 
-def _blocking(done: dict[int, Scored], best: tuple[float, int, int], bound: float, limit: int) -> float | None:
-    """None when the alternatives build.top_rejected lists are all among those scored, given that every candidate
-    faster than ``bound`` has been (its list, read from the scored ones, stops before reaching ``bound``); else
-    the time the bound must pass before this can change without another fit (inf: only another fit can)."""
-    if limit == 0:
+Alternatives = Callable[[Scored, list[Scored]], list]
+"""build.top_rejected's shape: (the chosen one, the scored ones) -> up to ``limit`` alternatives, each with
+``why`` ("slower" for a fitting one) and ``step_time_s``, the list stopping at ``limit``."""
+
+
+def _blocking(done: dict[int, Scored], best: tuple[float, int, int], bound: float,
+              alternatives: Alternatives | None) -> float | None:
+    """None when the alternatives listed from the scored ones are final, given that every candidate faster than
+    ``bound`` has been scored: the list is full and every fitting one on it is faster than ``bound``. Else the
+    bound to pass before that can change without another fit (inf: only another fit can)."""
+    if alternatives is None:
         return None
-    t0 = best[0]
-    ordered = sorted(done.items())
-    faster = sorted((c for _, c in ordered if c.problem and c.estimate.step_time_s < t0),
-                    key=lambda c: c.estimate.step_time_s)[: limit // 2]
-    runners = sorted((c for i, c in ordered if c.problem is None and i != best[2]),
-                     key=lambda c: c.estimate.step_time_s)
-    seen = set()
-    for c in faster + runners:
-        if c.problem is None and c.estimate.step_time_s >= bound:
-            return c.estimate.step_time_s  # a runner-up not yet scored may come before this one
-        seen.add(c.strategy.label())
-        if len(seen) >= limit:
-            return None
-    return math.inf
+    scored = [done[i] for i in sorted(done)]
+    listed = alternatives(done[best[2]], scored)
+    slowest = max((r.step_time_s for r in listed if r.why == "slower"), default=-math.inf)
+    if slowest >= bound:
+        return slowest  # a fitting one not yet scored may come before it
+    return None if len(listed) >= alternatives_limit(alternatives) else math.inf
+
+
+def alternatives_limit(alternatives: Alternatives) -> int:
+    """How many alternatives ``alternatives`` lists at most (its ``limit`` default)."""
+    return inspect.signature(alternatives).parameters["limit"].default

@@ -13,7 +13,7 @@ from __future__ import annotations
 from launcher.errors import NoPlanError
 from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
-from launcher.planner.build import build_plan
+from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import candidates, pinned
 from launcher.planner.plan import Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
@@ -22,7 +22,7 @@ from launcher.planner.scoring import Scored, Searched, evaluate, score, search
 
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe."""
-    found = search(req)
+    found = search(req, top_rejected)
     best, scored = found.best, found.scored
     pins = pinned(req.pins)
     if best is None:  # nothing fits: every candidate was scored

@@ -109,3 +109,23 @@ def test_a_cold_plan_of_a_bundled_family_imports_no_torch(tmp_path):
     assert out[0].startswith("measured on fake tensors (causal_lm, bf16, seq 4096")
     assert "; shipped with the launcher" in out[0]
     assert out[1] == "[]"
+
+
+CACHED_FIELDS = {5: ["model_type", "task", "num_params", "trainable_params", "lora_params", "largest_layer_params",
+                     "num_blocks", "block_params", "block_class", "non_block_params", "hidden_size", "num_heads",
+                     "num_kv_heads", "intermediate_size", "vocab_size", "head_dim", "is_causal", "gated_mlp",
+                     "tied_embeddings", "num_labels", "per_block_params", "trainable_tensors", "num_experts",
+                     "experts_per_token", "expert_params", "max_positions", "position_key", "rope_scaling",
+                     "checkpoint_bytes"]}
+
+
+def test_the_introspection_version_moves_with_what_it_caches():
+    """A cached (or shipped) ModelStats written before a field existed reads back with the field's default
+    (trainable_tensors = 0 made the step in backward look free): a new field must come with a new
+    INTROSPECT_VERSION, so old caches are rebuilt. Add the new version's field list here when bumping it."""
+    from launcher.model.introspect import ModelStats
+    from launcher.plan_inputs import INTROSPECT_VERSION
+
+    assert [f.name for f in dataclasses.fields(ModelStats)] == CACHED_FIELDS.get(INTROSPECT_VERSION), (
+        "ModelStats changed: bump launcher.plan_inputs.INTROSPECT_VERSION, list its fields here, and rerun "
+        "scripts/gen_bundled_stats.py")

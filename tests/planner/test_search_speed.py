@@ -9,7 +9,7 @@ from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
 from launcher.errors import NoPlanError
 from launcher.planner import advice, scoring
-from launcher.planner.build import build_plan
+from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import pinned
 from launcher.planner.hardware import PROFILES
 from launcher.planner.levers import MATH_LEVERS
@@ -69,7 +69,7 @@ def levers(request, monkeypatch):
     return request.param
 
 
-def exhaustive_search(req, *, rejected_limit=scoring.REJECTED_LIMIT):
+def exhaustive_search(req, alternatives=None):
     """Every candidate scored, every term afresh, as the search did before it stopped early or memoized."""
     scored = evaluate(req, memo=False)
     return scoring.Searched(scored=scored, total=len(scored))
@@ -136,7 +136,7 @@ def test_tight_budgets_in_steps_choose_the_same(request_for, every_lever, monkey
 
 def test_a_large_per_rank_batch_is_searched_early_and_chooses_the_same(request_for, every_lever, monkeypatch):
     req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
-    found = search(req)
+    found = search(req, top_rejected)
     assert len(candidates(req)) == found.total > 10_000
     assert len(found.scored) < found.total / 5  # it did stop early
     assert_same_as_exhaustive(req, monkeypatch)
@@ -201,3 +201,18 @@ def candidates_strategy(**kw):
     base = dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="none",
                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
     return Strategy(**{**base, **kw})
+
+
+def test_the_list_is_final_only_once_the_bound_passes_its_slowest_runner_up(request_for):
+    """A runner-up listed from the scored ones but slower than the bound may still be overtaken by one not yet
+    scored: the search goes on until the bound passes it."""
+    req = request_for(budget_bytes=30 * 10**9)
+    scored = evaluate(req)
+    fits = sorted((i for i, c in enumerate(scored) if c.problem is None), key=lambda i: scored[i].estimate.step_time_s)
+    best = scored[fits[0]]
+    done = dict(enumerate(scored))
+    listed = top_rejected(best, scored)
+    slowest = max(r.step_time_s for r in listed if r.why == "slower")
+    key = (best.estimate.step_time_s, best.estimate.peak_bytes, fits[0])
+    assert scoring._blocking(done, key, slowest, top_rejected) == slowest
+    assert scoring._blocking(done, key, slowest * 1.001, top_rejected) is None
