@@ -28,7 +28,7 @@ from launcher.planner.search import PlanRequest, batch_problem, context_problem,
 from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
-INTROSPECT_VERSION = 5
+INTROSPECT_VERSION = 6
 """Version of what the cached introspection (ModelStats) holds; raise it when ModelStats or how it is measured
 changes, so that caches written by an older launcher are not read as current."""
 

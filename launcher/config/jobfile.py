@@ -294,6 +294,10 @@ def lever_problems(job: Job) -> list[str]:
     if pins.qlora and job.train.lora is None:
         out.append("strategy.qlora: true quantizes the frozen base of a LoRA run, but this job has no train.lora; "
                    "add train.lora, or leave strategy.qlora out")
+    if pins.pure_bf16 and job.train.precision != "bf16":
+        out.append(f"strategy.pure_bf16: true keeps weights, gradients and optimizer states in bf16, but "
+                   f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "
+                   "strategy.pure_bf16 out")
     if pins.optimizer_in_backward and job.train.precision == "fp16":
         out.append("strategy.optimizer_in_backward: true steps each parameter in backward, but fp16 needs loss "
                    "scaling, which checks every gradient for overflow before any step; use train.precision: bf16 "

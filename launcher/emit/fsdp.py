@@ -103,7 +103,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         "mesh": mesh,
         # torch dtype attribute names: getattr(torch, name) gives MixedPrecisionPolicy's arguments.
         "param_dtype": _PARAM_DTYPE[plan.precision],
-        "reduce_dtype": "float32",
+        # Pure bf16: the parameters themselves are cast to bf16 before fully_shard and gradients reduce in bf16.
+        "reduce_dtype": "bfloat16" if s.pure_bf16 else "float32",
         "cpu_offload": cpu_offload,
         "activation_checkpointing": s.activation_checkpointing,
         # One FSDP unit per block_class module, then the root (the rest: embeddings, final norm, head).
@@ -111,6 +112,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         "block_class": block_class,
         "wrap": [block_class or "_no_split_modules", "root"],
     }
+    if s.pure_bf16:
+        fsdp2["pure_bf16"] = True  # the parameters themselves bf16 before fully_shard: no fp32 master
 
     fsdp_section = {
         "fsdp_version": 2,

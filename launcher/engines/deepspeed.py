@@ -205,6 +205,7 @@ class DeepSpeedSpec(EngineSpec):
     overhead_field = "deepspeed_step_overhead_s"
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
+    levers = frozenset({"loss_chunks"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         out = []

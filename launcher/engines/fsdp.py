@@ -14,14 +14,16 @@ from launcher.config.job import Job
 from launcher.emit.exports import FSDP_NOTES
 from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
 from launcher.engines.spec import Candidate, EngineSpec
+from launcher.model.qlora import NF4_TABLE, block_nf4, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
-    OPTIMIZER_STATE_BYTES,
     MemoryInputs,
     States,
     Traffic,
+    kept_param_bytes,
     optimizer_offload_s,
+    optimizer_state_bytes,
     over_links,
     ring,
     untied_head_bytes,
@@ -35,8 +37,25 @@ def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
     return inp.gpus_per_node if s.fsdp_hybrid else inp.world_size
 
 
+def qlora_blocks(inp: MemoryInputs, s: Strategy) -> list[int]:
+    """Element counts of one block's frozen linear weights that QLoRA stores in NF4 (none without qlora)."""
+    return block_nf4(inp.model.block_linear_shapes, fsdp_shard_ranks(inp, s)) if s.qlora else []
+
+
+def sharded_param_bytes(inp: MemoryInputs, s: Strategy) -> float:
+    """This rank's parameter shards: trainable ones fp32 (bf16 under pure bf16); frozen ones (LoRA's base) in the
+    working dtype, which the worker casts them to before sharding; QLoRA's NF4 weights at their own bytes."""
+    m, n, w = inp.model, fsdp_shard_ranks(inp, s), BYTES[inp.precision]
+    nf4 = qlora_blocks(inp, s)
+    frozen = m.num_params - m.trainable_params - m.num_blocks * sum(nf4)
+    return (kept_param_bytes(s.pure_bf16) * m.trainable_params / n + w * frozen / n
+            + m.num_blocks * sum(nf4_bytes(e, w, n) for e in nf4))
+
+
 def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
-    """FSDP2 keeps sharded params, grads and optimizer state in fp32; unsharded copies only while in use.
+    """FSDP2 keeps sharded params, grads and optimizer state in fp32 (bf16 under pure bf16: the worker casts the
+    parameters before sharding and reduces in bf16; frozen ones in the working dtype, QLoRA's in NF4,
+    sharded_param_bytes); unsharded copies only while in use.
 
     Every term divides by the shard group, n = fsdp_shard_ranks: hybrid sharding holds the states of full
     sharding at world = gpus_per_node. Its cross-node all-reduce runs in place on the reduce-scatter's output
@@ -44,12 +63,16 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     """
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     w = BYTES[inp.precision]
-    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
+    pb = kept_param_bytes(s.pure_bf16)  # the shards, their gradients (reduce_dtype) and the optimizer's dtype
+    k = optimizer_state_bytes(inp.optimizer, s.pure_bf16)
+    # QLoRA: the frozen block linears NF4Tensor can shard (launcher.model.qlora), in the working dtype's NF4.
+    nf4 = qlora_blocks(inp, s)
+    gathered_nf4 = sum(nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)  # one block's, all-gathered
     # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
     st = States(step_frees_buffers=True)
-    st.params = 4 * m.num_params / n
+    st.params = sharded_param_bytes(inp, s)
     st.optimizer = k * m.trainable_params / n
-    sharded_grads = 4 * m.trainable_params / n
+    sharded_grads = pb * m.trainable_params / n
     if s.grad_accum_steps > 1:
         st.grads = sharded_grads
     elif not s.optimizer_in_backward:
@@ -62,10 +85,14 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # wait_for_unshard), or the block prefetched for backward (measured: GPT-2 'Unsharded Param' = root,
     # 'All Gather' = one block). SHARD_GRAD_OP: every unit stayed unsharded since its forward, the copy-out
     # buffers long freed (measured: wΨ).
+    # QLoRA's blocks gather their NF4 codes and scalers (fsdp_post_all_gather), not working-dtype weights.
+    block = w * (m.block_params - sum(nf4)) + gathered_nf4
     if s.fsdp_reshard_after_forward:
-        st.buffers = w * (m.non_block_params + m.block_params)
+        st.buffers = w * m.non_block_params + block
     else:
-        st.buffers = w * (m.non_block_params + m.num_blocks * m.block_params)
+        st.buffers = w * m.non_block_params + m.num_blocks * block
+    # LinearNF4 dequantizes the whole weight in forward and again in backward, one linear at a time.
+    st.dequant_transient = dequant_transient_bytes(max(nf4), w) if nf4 else 0.0
     # They are parameters, gathered: the ranks measure them as such (FSDPMemTracker's 'Unsharded Param').
     st.buffers_category = "params"
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
@@ -76,13 +103,18 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # input (reduce_dtype, 4 bytes) and copies the unsharded gradients into it before clearing them
     # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
     # more than the input plus the sharded output (4 + 4/n) that follow.
-    reduce_temp = (2 * w + 4 + 4 / n) * unit if inp.precision != "fp32" else max(w + 4, 4 + 4 / n) * unit
+    # Pure bf16 reduces in the gradients' own dtype (reduce_dtype = param_dtype = bf16): no cast, the fp32 case
+    # with 2 bytes for 4.
+    if inp.precision == "fp32" or s.pure_bf16:
+        reduce_temp = max(w + pb, pb + pb / n) * unit
+    else:
+        reduce_temp = (2 * w + 4 + 4 / n) * unit
     # The root's parameters stay unsharded through its own gradient reduce: it reshards after it (measured on
     # MiniLM, whose root is half the model: 'Unsharded Param' 48.27 MB beside the reduce's buffers).
     # The blocks' sharded gradients, reduced earlier in backward, wait here for the step; with the step in backward
     # they were stepped and freed unit by unit, and the root's own step in its hook comes after its copy-in, the
     # larger instant (its buffers then: the fp32 reduce input and output, 4 + 4/n, under w + 4).
-    waiting_grads = 0.0 if s.optimizer_in_backward else 4 * (m.trainable_params - root_trainable) / n
+    waiting_grads = 0.0 if s.optimizer_in_backward else pb * (m.trainable_params - root_trainable) / n
     st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
@@ -97,7 +129,7 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
-    levers = frozenset({"optimizer_in_backward"})
+    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
@@ -111,14 +143,21 @@ class FsdpSpec(EngineSpec):
         return fsdp_states(inp, s)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
-        """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (on CPU ranks, where
-        host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy holds them."""
+        """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (2Ψ/N under pure bf16)
+        (on CPU ranks, where host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy
+        holds them."""
         m = inp.model
-        shards = 4 * m.num_params / fsdp_shard_ranks(inp, s)
+        shards = sharded_param_bytes(inp, s)
+        # QLoRA quantizes each weight on the rank before it is sharded, one at a time (launcher.worker.qlora): the
+        # largest one's to_nf4 temporaries come on top, on the device where the collectives run. On rank 0 that is
+        # in the first block, whose weights up to it (module order) have left its fp32 state dict by then.
+        nf4 = qlora_blocks(inp, s)
+        quantizing = quantize_transient_bytes(max(nf4), BYTES[inp.precision]) if nf4 else 0.0
         if inp.hardware.device_is_host:
-            return 4 * m.num_params + max(untied_head_bytes(m), shards)
+            consumed = 4 * sum(nf4[:nf4.index(max(nf4)) + 1]) if nf4 else 0.0
+            return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
         on_device = 0.0 if s.offload_params != "none" else 1.0
-        return on_device * shards
+        return on_device * shards + quantizing
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         # Rank 0 builds in fp32 on its host; the others build on meta and receive their shards
@@ -133,7 +172,9 @@ class FsdpSpec(EngineSpec):
         within a node and all-reduces its 1/n shard of the gradients across nodes."""
         m, w, accum = inp.model, BYTES[inp.precision], s.grad_accum_steps
         grad_payload = w * m.trainable_params
-        param_payload = w * m.num_params
+        nf4 = qlora_blocks(inp, s)  # QLoRA's blocks all-gather NF4 codes and scalers for those weights
+        param_payload = w * (m.num_params - m.num_blocks * sum(nf4)) + m.num_blocks * sum(
+            nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)
         gathers = 2 if s.fsdp_reshard_after_forward else 1
         units = m.num_blocks + 1  # one FSDP unit per block, then the root
         volume = accum * (gathers * param_payload + grad_payload)
@@ -145,6 +186,17 @@ class FsdpSpec(EngineSpec):
             cross = accum * 2 * ring(inp.nodes) * grad_payload / g
             return Traffic(intra_node_bytes=volume * ring(g), inter_node_bytes=cross, calls=calls + accum * units)
         return over_links(inp, volume, calls)
+
+    def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """LinearNF4 dequantizes each NF4 weight in forward and again in backward (and in the recompute with
+        checkpointing): each of get_original_weight's temporaries written once and read once, over the device's
+        memory bandwidth. 0 where the profile has no bandwidth (CPU)."""
+        nf4, hw = qlora_blocks(inp, s), inp.hardware
+        if not nf4 or not hw.memory_bw:
+            return 0.0
+        passes = 3 if s.activation_checkpointing else 2
+        touched = 2 * sum(dequant_transient_bytes(e, BYTES[inp.precision]) for e in nf4) * inp.model.num_blocks
+        return s.grad_accum_steps * passes * touched / hw.memory_bw
 
     def optimizer_on_host(self, s: Strategy) -> bool:
         # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
@@ -162,7 +214,7 @@ class FsdpSpec(EngineSpec):
             # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)
             # weights included, since the device holds no copy between uses [PyTorch FSDP2 offload_policy].
             gathers = 2 if s.fsdp_reshard_after_forward else 1
-            offload += s.grad_accum_steps * gathers * 4 * m.num_params / fsdp_shard_ranks(inp, s) / hw.host_link_bw
+            offload += s.grad_accum_steps * gathers * sharded_param_bytes(inp, s) / hw.host_link_bw
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
@@ -194,14 +246,19 @@ class FsdpSpec(EngineSpec):
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
-        if not plan.strategy.optimizer_in_backward:
-            return list(FSDP_NOTES)
-        # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
-        return [*FSDP_NOTES,
-                "The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",
-                "  setting for it: build one optimizer per parameter and step it from",
-                "  param.register_post_accumulate_grad_hook (as torchtune's optimizer_in_bwd), with no clip_grad_norm;",
-                "  a plain optimizer.step() holds every gradient at the step, beyond the plan's peak."]
+        notes = list(FSDP_NOTES)
+        if plan.strategy.pure_bf16:
+            # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
+            notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
+            notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
+        if plan.strategy.optimizer_in_backward:
+            # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
+            notes += ["The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",
+                      "  setting for it: build one optimizer per parameter and step it from",
+                      "  param.register_post_accumulate_grad_hook (as torchtune's optimizer_in_bwd), with no "
+                      "clip_grad_norm;",
+                      "  a plain optimizer.step() holds every gradient at the step, beyond the plan's peak."]
+        return notes
 
     def title(self, s: Strategy, nodes: int) -> str:
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward

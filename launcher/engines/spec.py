@@ -107,6 +107,10 @@ class EngineSpec:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
         raise NotImplementedError
 
+    def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Seconds per step dequantizing a quantized frozen base (QLoRA) where this engine implements it."""
+        return 0.0
+
     def step_overhead_s(self, hw: HardwareProfile) -> float:
         return float(getattr(hw, self.overhead_field))
 

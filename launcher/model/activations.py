@@ -15,10 +15,10 @@ import logging
 import warnings
 
 from launcher.config.job import Job
-from launcher.planner.memory import ActivationConstants
+from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 """Part of the cache key: bump when what the probe measures changes."""
 
 
@@ -31,7 +31,7 @@ def _with_blocks(config, blocks: int):
 
 
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
-                           dtype) -> int:
+                           dtype, loss_chunks: int = 0) -> int:
     import torch
 
     from launcher.model.build import model_class
@@ -58,18 +58,22 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
         from launcher.model.lora import apply_lora
 
         model = apply_lora(model, job.train.lora, job.task)
+    if loss_chunks:
+        from launcher.model.chunked_loss import enable_chunked_loss
+
+        enable_chunked_loss(model, loss_chunks)
     # An op without a fake-tensor rule makes torch log a traceback before raising; the caller falls back to the
     # paper's constants and says so in the plan, so the log would only bury the user's output.
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        return _fake_run(job, model, batch)
+        return _fake_run(job, model, batch, loss_chunks)
     finally:
         quiet.setLevel(level)
 
 
-def _fake_run(job: Job, model, batch) -> int:
+def _fake_run(job: Job, model, batch, loss_chunks: int = 0) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -89,7 +93,7 @@ def _fake_run(job: Job, model, batch) -> int:
         tracker.track_external(model)
         with tracker:
             tracker.start_phase("forward")
-            loss = task_loss(job.task, model, batch)
+            loss = task_loss(job.task, model, batch, loss_chunks=loss_chunks)
             loss.backward()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return sum(v for k, v in peak.items() if str(k).split(".")[-1] in ("ACT", "TEMP"))
@@ -136,7 +140,15 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     q1, q2 = peak(1, s_long, True), peak(2, s_long, True)
     ckpt = q2 - q1
     head_ckpt = q1 - ckpt - per_block_long
+    # What chunked cross-entropy divides (launcher.planner.memory.chunked_head_bytes), from the loss's source
+    # (transformers' ForCausalLMLoss, launcher.model.chunked_loss): three fp32 values per logit at the head's
+    # backward peak, the log-softmax output, its gradient and the logits' gradient.
+    causal = job.task == "causal_lm"
+    vocab = int(config.vocab_size)
     return ActivationConstants(
+        head_logit_bytes_per_token=12.0 * vocab if causal else 0.0,
+        head_weight_grad_bytes=head_weight_grad_bytes(vocab, int(h), 4 if precision == "fp32" else 2,
+                                                      causal and job.train.lora is None),
         block_bytes_per_token=a,
         block_bytes_per_token_per_seq=b,
         ckpt_bytes_per_token=ckpt,

@@ -67,9 +67,14 @@ class ModelStats:
     """The config key that sets max_positions: max_position_embeddings, n_positions, ..."""
     rope_scaling: str | None = None
     """The config's RoPE scaling when it is not the default one, as written in config.json (None without)."""
+    block_linear_shapes: list[list[int]] = field(default_factory=list)
+    """(out, in) features of each frozen nn.Linear weight of the largest block (under LoRA: the adapted layers'
+    base weights and the untouched linears): what QLoRA may store in NF4 (launcher.model.qlora)."""
     checkpoint_bytes: int = 0
     """Bytes of tensors in the model dir's weight files, which rank 0 reads whole into host memory while loading
     (0: no weight files, the model starts from a random init)."""
+    chunk_problem: str = ""
+    """causal_lm: why the head cannot compute a chunked loss (launcher.model.chunked_loss); "" when it can."""
 
     @property
     def active_params(self) -> int:
@@ -205,6 +210,16 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         trained = apply_lora(model, job.train.lora, job.task)
         trainable, lora_params = trainable_counts(trained)
     tensors = sum(1 for p in trained.parameters() if p.requires_grad and id(p) not in frozen_ids)
+    import torch.nn as nn
+
+    largest_block = blocks[per_block.index(max(per_block))]
+    linear_shapes = [list(m.weight.shape) for m in largest_block.modules()
+                     if isinstance(m, nn.Linear) and not m.weight.requires_grad] if job.train.lora is not None else []
+    chunking = ""
+    if job.task == "causal_lm":
+        from launcher.model.chunked_loss import chunk_problem
+
+        chunking = chunk_problem(trained)
     h = int(_cfg(config, "hidden_size", "n_embd"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     inter = _cfg(config, "intermediate_size", "n_inner") or 4 * h
@@ -245,6 +260,8 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         max_positions=max_positions,
         position_key=position_key,
         rope_scaling=rope_scaling,
+        block_linear_shapes=linear_shapes,
+        chunk_problem=chunking,
         checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
                                           else resolve_model_dir(job.model, job.base_dir)),
     )

@@ -8,14 +8,19 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from launcher.model.chunked_loss import loss_labels
+
 Forward = Callable[..., object]
 
 SIMILARITY_SCALE = 20.0
 """MultipleNegativesRankingLoss scale: cosine similarities are multiplied by this before the softmax."""
 
 
-def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
+def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor], *, loss_chunks: int = 0) -> torch.Tensor:
+    """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe).
+
+    ``loss_chunks`` (causal_lm): the model's head was made a ChunkedLossHead (launcher.model.chunked_loss); the
+    labels go to it, not to transformers' loss, and the model's "logits" are the loss."""
     mask = batch["attention_mask"]
     if task == "causal_lm":
         # Chat and prompt-completion batches carry their own labels (-100 on prompts and padding): the loss is on
@@ -23,11 +28,17 @@ def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor]) -> to
         labels = batch.get("labels")
         if labels is None:
             labels = batch["input_ids"].masked_fill(mask == 0, -100)
-        if "position_ids" in batch:
-            # Packed examples: no mask, restarted positions; flash_attention_2 then attends within each example
-            # (launcher.worker.packing says what sdpa and eager do).
-            return forward(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels).loss
-        return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=labels).loss
+        # Packed examples: no mask, restarted positions; flash_attention_2 then attends within each example
+        # (launcher.worker.packing says what sdpa and eager do).
+        inputs = ({"position_ids": batch["position_ids"]} if "position_ids" in batch else {"attention_mask": mask})
+        if loss_chunks:
+            with loss_labels(labels):
+                loss = forward(input_ids=batch["input_ids"], **inputs).logits
+            if loss.dim():
+                raise RuntimeError("loss_chunks is set but the model's head returned logits: it is no "
+                                   "ChunkedLossHead (launcher.model.chunked_loss.enable_chunked_loss)")
+            return loss
+        return forward(input_ids=batch["input_ids"], **inputs, labels=labels).loss
     if task == "seq_cls":
         return forward(input_ids=batch["input_ids"], attention_mask=mask, labels=batch["labels"]).loss
     return contrastive_loss(forward, batch)

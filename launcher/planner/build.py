@@ -7,7 +7,7 @@ from typing import Literal
 
 from launcher.planner.lever_choice import decide
 from launcher.planner.memory import ActivationConstants
-from launcher.planner.plan import Plan, Rejected
+from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF, Plan, Rejected, Strategy
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, activation_constants
 from launcher.units import format_bytes
@@ -103,6 +103,11 @@ def overrun(c: Scored) -> float:
     return c.problem.need_bytes / max(c.problem.have_bytes, 1)
 
 
+def without_levers(s: Strategy) -> str:
+    """The strategy's label with every lever off: what an alternative is, apart from its levers."""
+    return dataclasses.replace(s, **{name: LEVERS_OFF[name] for name in LEVER_FIELDS}).label()
+
+
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
     """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
     fitting ones closest in step time to the plan. Each strategy label once; typed, worded by launch plan."""
@@ -110,18 +115,16 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
                     key=lambda c: (overrun(c), c.estimate.step_time_s))
     near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
-    # A fitting strategy with the step in backward whose plain twin fits too only adds a little time: not listed.
-    plain_fits = {c.strategy.label() for c in scored if c.problem is None and not c.strategy.optimizer_in_backward}
-    runners = sorted((c for c in scored if c.problem is None and c is not best
-                      and not (c.strategy.optimizer_in_backward
-                               and dataclasses.replace(c.strategy, optimizer_in_backward=False).label() in plain_fits)),
-                     key=lambda c: c.estimate.step_time_s)
-    out, seen = [], {best.strategy.label()}
+    runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
+    # One alternative per layout, micro-batch and checkpointing: its variants that differ only in the levers are
+    # the plan's lever lines (launcher.planner.lever_choice), and would crowd out the other layouts here.
+    out, seen = [], {without_levers(best.strategy)}
     for c in near[: limit // 2] + runners:
-        label = c.strategy.label()
-        if label in seen:
+        key = without_levers(c.strategy)
+        if key in seen:
             continue
-        seen.add(label)
+        seen.add(key)
+        label = c.strategy.label()
         p = c.problem
         out.append(Rejected(label=label, why=p.resource if p else "slower", peak_bytes=c.estimate.peak_bytes,
                             step_time_s=c.estimate.step_time_s, need_bytes=p.need_bytes if p else 0,

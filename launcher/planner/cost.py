@@ -3,11 +3,14 @@
 compute   = 6·Ψ·tokens FLOPs (8·Ψ·tokens with full recompute) [Kaplan et al. 2020; Korthikanti et al. 2022 §5]
             LoRA skips frozen weight gradients: 4·Ψ·tokens (+2·Ψ with recompute). Ψ is the active parameters:
             a mixture of experts runs each token through top-k of its E experts [Mixtral, arXiv:2401.04088 §2].
+            Chunked cross-entropy recomputes the head's forward in backward: +2·h·V per token.
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step];
             FSDP2 hybrid sharding gathers and reduce-scatters within a node and all-reduces its 1/n shard of
             the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward.
+dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
+            bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 in bwd    = the optimizer step in backward does the step's work inside backward, the same arithmetic on the same
             shards, plus one optimizer call per trainable tensor (IN_BACKWARD_CALL_S each).
@@ -44,8 +47,13 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     fwd_bwd = 6.0 if m.trainable_params == m.num_params else 4.0
     # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
     flops_per_token = (fwd_bwd + (2.0 if s.activation_checkpointing else 0.0)) * m.active_params
+    if s.loss_chunks:
+        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
+        flops_per_token += 2.0 * m.hidden_size * m.vocab_size
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
+    # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
+    compute += spec.dequant_s(inp, s)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens.
     overhead = s.grad_accum_steps * m.num_blocks * hw.block_overhead_s * (1.5 if s.activation_checkpointing else 1.0)
     if s.optimizer_in_backward:

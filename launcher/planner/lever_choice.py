@@ -10,7 +10,7 @@ import dataclasses
 
 from launcher.engines import engine_spec
 from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible
-from launcher.planner.plan import LeverDecision, Strategy, Why
+from launcher.planner.plan import LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
 
@@ -37,12 +37,12 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
         "optimizer_in_backward": in_backward_possible(req, s.grad_accum_steps),
         "low_memory_optimizer": req.optimizer in ("adamw", "adam"),
         "pure_bf16": req.precision == "bf16",
-        "qlora": bool(m.lora_params),
+        "qlora": bool(m.lora_params and m.block_linear_shapes),  # some frozen block linear NF4 could take
     }.get(lever, True)
 
 
 def _off_value(lever: str) -> object:
-    return {"loss_chunks": 0, "checkpoint_every": 1, "low_memory_optimizer": "none"}.get(lever, False)
+    return LEVERS_OFF[lever]
 
 
 def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:

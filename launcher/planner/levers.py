@@ -73,13 +73,15 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
     every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
     axes: dict[str, list] = {
-        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" else [0],
+        # Not where the head cannot compute it (ModelStats.chunk_problem: a LoRA-wrapped head, soft-capped logits).
+        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" and not m.chunk_problem else [0],
         "activation_offload": [False, True],
         "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
                                            if req.optimizer in ("adamw", "adam"))],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
-        "qlora": [False, True] if m.lora_params else [False],
+        # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
+        "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
     }
     for name in axes:
         pin = getattr(p, name)

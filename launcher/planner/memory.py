@@ -58,9 +58,13 @@ def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -
     # [Kort] 5as²b at fp16: the scores' softmax output and its dropout output (w bytes each) and the dropout
     # mask (1 byte) per head per token pair. Fused kernels (sdpa, flash) keep only an s-sized logsumexp.
     scores = m.num_heads * (2 * w + 1) if attention == "eager" else 0.0
+    causal = m.task == "causal_lm"
     return ActivationConstants(block_bytes_per_token=block, block_bytes_per_token_per_seq=scores,
                                ckpt_bytes_per_token=m.hidden_size * w, head_bytes_per_token=head,
                                head_ckpt_bytes_per_token=head, attention=attention,
+                               head_logit_bytes_per_token=m.vocab_size * (w + 12) if causal else 0.0,
+                               head_weight_grad_bytes=head_weight_grad_bytes(m.vocab_size, m.hidden_size, w,
+                                                                             causal and not m.lora_params),
                                source=f"Korthikanti et al. 2022 ({attention} attention)")
 
 
@@ -89,15 +93,45 @@ class MemoryEstimate:
     measured phase is compared with (benchmarks/accuracy)."""
 
 
+def head_weight_grad_bytes(vocab_size: int, hidden_size: int, dtype_bytes: float, trainable: bool) -> float:
+    """One gradient of the output embedding, V·h in the working dtype, if it trains (ActivationConstants)."""
+    return float(vocab_size * hidden_size * dtype_bytes) if trainable else 0.0
+
+
+def chunked_head_bytes(c: ActivationConstants, head_per_token: float, tokens: int, chunks: int) -> float:
+    """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss).
+
+    Non-reentrant checkpoint keeps each piece's inputs (views of the hidden states, in the non-logit part) and
+    rebuilds one piece's logits in backward, so of the vocabulary-sized tensors (L per token: fp32 log-softmax
+    output, its gradient, the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The pieces'
+    weight gradients all flow into the head weight's one AccumulateGrad node, whose input buffer sums them
+    while the blocks' activations are still saved: a piece's log-softmax backward runs beside that buffer
+    (G = V·h·w, from the second piece on), its matmul backward beside the buffer and its own weight gradient
+    (2G) with only the logits' gradient (L/3) left. The first sum is out of place (3G): the weight gradient of
+    F.linear arrives as the transpose of the matmul's result, a view, which the engine's input buffer never
+    adds into in place; the sum is a fresh tensor, and later pieces add into it in place. Unchunked the weight
+    gradient appears after the logits are freed, so it is not at this peak. Linear in the constants
+    (launcher.calibrate scales them)."""
+    logits = min(c.head_logit_bytes_per_token, head_per_token)
+    rest = tokens * (head_per_token - logits)
+    piece = tokens * logits / chunks
+    if chunks == 1:
+        return rest + piece
+    g = c.head_weight_grad_bytes
+    return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
+
+
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                     checkpointing: bool) -> tuple[int, int]:
+                     checkpointing: bool, loss_chunks: int = 0) -> tuple[int, int]:
     """(blocks, head) activation bytes of one micro-batch at the backward peak."""
     tokens = micro_batch * seq_len
     block = c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len
+    head = c.head_ckpt_bytes_per_token if checkpointing else c.head_bytes_per_token
+    head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
     if not checkpointing:
-        return int(tokens * num_blocks * block), int(tokens * c.head_bytes_per_token)
+        return int(tokens * num_blocks * block), int(head_bytes)
     # Checkpoints of every block [Kort: 2sbh; ZInf: 2·bsz·seq·hd·nl/ci] plus one block recomputed in backward.
-    return int(tokens * (num_blocks * c.ckpt_bytes_per_token + block)), int(tokens * c.head_ckpt_bytes_per_token)
+    return int(tokens * (num_blocks * c.ckpt_bytes_per_token + block)), int(head_bytes)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
@@ -126,10 +160,10 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing)
+                                    s.activation_checkpointing, s.loss_chunks)
     persistent = st.params + st.grads + st.optimizer + st.buffers
     moments = {
-        "backward": persistent + blocks + head + st.backward_extra,
+        "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
@@ -150,7 +184,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
         breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
-        breakdown[st.backward_extra_category] += st.backward_extra
+        breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
     hw = inp.hardware
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
@@ -187,5 +221,5 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
-           "activation_bytes", "analytic_constants", "estimate_memory", "init_bytes", "model_state_bytes",
+           "activation_bytes", "analytic_constants", "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
            "nvme_param_buffer_elems"]

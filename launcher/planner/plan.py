@@ -110,6 +110,9 @@ class Strategy:
 LEVER_FIELDS = ("checkpoint_every", "loss_chunks", "activation_offload", "optimizer_in_backward",
                 "low_memory_optimizer", "pure_bf16", "qlora")
 """Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
+LEVERS_OFF = {"checkpoint_every": 1, "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False,
+              "low_memory_optimizer": "none", "pure_bf16": False, "qlora": False}
+"""Each lever field's "off" value: Strategy's defaults, what a plan.json from before the levers means."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,12 +10,14 @@ scoring (scoring), plan building (build) and the no-fit advice (advice).
 
 from __future__ import annotations
 
+import dataclasses
+
 from launcher.errors import NoPlanError
 from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
 from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import candidates, pinned
-from launcher.planner.plan import Plan
+from launcher.planner.plan import LEVER_FIELDS, Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 from launcher.planner.scoring import Scored, Searched, evaluate, score, search
 
@@ -26,9 +28,13 @@ def make_plan(req: PlanRequest) -> Plan:
     best, scored = found.best, found.scored
     pins = pinned(req.pins)
     if best is None:  # nothing fits: every candidate was scored
-        fully_pinned = len(scored) == 1
-        if req.force and fully_pinned:
-            return build_plan(req, scored[0], [], pins, status="forced")
+        # Levers the job left free (launcher.planner.levers) still vary under a fully pinned layout: forcing runs
+        # the layout with the levers that make it smallest.
+        layouts = {tuple((k, v) for k, v in dataclasses.asdict(c.strategy).items() if k not in LEVER_FIELDS)
+                   for c in scored}
+        if req.force and len(layouts) == 1:
+            smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
+            return build_plan(req, smallest, [], pins, status="forced")
         no_fit = explain_no_fit(req, scored)
         raise NoPlanError(no_fit.reasons, no_fit.suggestion_lines(), short_of=no_fit.short_of)
     return build_plan(req, best, scored, pins, status="fits", total=found.total)

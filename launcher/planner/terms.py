@@ -16,6 +16,10 @@ BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Optimizer state bytes per trainable parameter: Adam keeps fp32 momentum and variance, SGD one momentum.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
 MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 copy of parameters"]
+PURE_BF16_BYTES = 2
+"""Pure bf16 (Strategy.pure_bf16, LitGPT's "bf16-true"): the bytes per element of the kept parameters, their
+gradients and each optimizer state. torch's AdamW allocates exp_avg / exp_avg_sq with zeros_like(param)
+(torch/optim/adamw.py _init_group), so bf16 parameters get bf16 states: Adam's 8 state bytes become 4."""
 # DeepSpeed's offload_param buffer_count default; the emitter writes it explicitly.
 NVME_PARAM_BUFFER_COUNT = 5
 
@@ -50,6 +54,12 @@ class ActivationConstants:
     """Bytes per token outside the blocks at the peak (embeddings, logits, loss)."""
     head_ckpt_bytes_per_token: float
     """The same with checkpointing on (the model may recompute or keep different tensors)."""
+    head_logit_bytes_per_token: float = 0.0
+    """The part of the head terms that is the loss's vocabulary-sized tensors, bytes per token: what chunked
+    cross-entropy divides by its chunk count (launcher.planner.memory.chunked_head_bytes). 0: unknown, no saving."""
+    head_weight_grad_bytes: float = 0.0
+    """Bytes of one gradient of the output embedding (V·h in the working dtype; 0 when it is frozen, as under
+    LoRA), per micro-batch: with chunked cross-entropy two of them exist while the blocks' activations do."""
     probe_seq_len: int = 0
     """Sequence length the numbers were measured at (0: derived from the paper)."""
     source: str = "Korthikanti et al. 2022"
@@ -123,6 +133,10 @@ class States:
     """NVMe bytes per rank: swapped-out optimizer state and parameters."""
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
+    dequant_transient: float = 0.0
+    """Bytes of the one frozen weight dequantized at a time in forward and backward (QLoRA's NF4 base): it meets the
+    saved activations in the blocks' backward, after the loss's temporaries are freed, so the backward moment
+    counts the larger of the two."""
     step_frees_buffers: bool = False
     """The engine frees its buffers before the optimizer step (FSDP2 reshards its unsharded working copies
     before stepping on the shards, measured)."""
@@ -164,6 +178,18 @@ def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -
     if nvme:
         seconds += 2 * 16 * trainable_shard * inp.gpus_per_node / hw.nvme_bw
     return seconds
+
+
+def kept_param_bytes(pure_bf16: bool) -> int:
+    """Bytes per element of the parameters an engine keeps and steps (FSDP2's shards): fp32, or bf16 when pure."""
+    return PURE_BF16_BYTES if pure_bf16 else MASTER_BYTES
+
+
+def optimizer_state_bytes(optimizer: str, pure_bf16: bool) -> float:
+    """Optimizer state bytes per trainable parameter: OPTIMIZER_STATE_BYTES in fp32, half of it in bf16 when
+    pure (the states take the parameter's dtype)."""
+    k = OPTIMIZER_STATE_BYTES[optimizer]
+    return k * PURE_BF16_BYTES / 4 if pure_bf16 else k
 
 
 def untied_head_bytes(m: ModelStats) -> float:

@@ -17,6 +17,7 @@ The saved dtype is the plan's working dtype (bf16/fp16) or fp32 (export_dtype).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -98,6 +99,10 @@ def gather_replicated(model: nn.Module, dtype: torch.dtype, adapter_only: bool) 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     t = t.detach()
+    if hasattr(t, "get_original_weight"):
+        # QLoRA's NF4 base (torchao NF4Tensor): a merged or full export holds its dequantized weights, the base
+        # the adapter was trained against.
+        t = t.get_original_weight()
     return t.to("cpu", dtype, copy=True) if t.is_floating_point() else t.to("cpu", copy=True)
 
 
@@ -121,7 +126,8 @@ def host_model(job, recipe, sd: dict[str, torch.Tensor], dtype: torch.dtype, ada
     and only the adapter is saved from it."""
     from launcher.worker.model import build
 
-    model = build(job, recipe, seq_len=1, hf_checkpointing=False, on_meta=True)
+    # The plain Hugging Face head: a chunked loss (Strategy.loss_chunks) is training's, never the saved model's.
+    model = build(job, dataclasses.replace(recipe, loss_chunks=0), seq_len=1, hf_checkpointing=False, on_meta=True)
     missing = [k for k, _ in model.named_parameters() if k not in sd]
     # Tied weights (GPT-2's head is its input embedding) appear once; tie_weights() restores the other name.
     model.load_state_dict(sd, strict=False, assign=True)

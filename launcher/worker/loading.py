@@ -88,13 +88,31 @@ def rank0_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, to
     return state, buffers
 
 
+def empty_meta(model: nn.Module, device: torch.device) -> None:
+    """to_empty for the meta tensors alone: the real ones (QLoRA's NF4 weights) stay as they are. FSDP2 takes the
+    new parameter objects up at lazy init (FSDPParam.reset_sharded_param)."""
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and p.is_meta:
+                mod._parameters[name] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None and b.is_meta:
+                mod._buffers[name] = torch.empty_like(b, device=device)
+
+
 def fill_sharded(model: nn.Module, state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-                 device: torch.device) -> None:
-    """After fully_shard: allocate the shards on ``device`` and scatter rank 0's weights into them."""
+                 device: torch.device, *, keep_real: bool = False) -> None:
+    """After fully_shard: allocate the shards on ``device`` and scatter rank 0's weights into them. ``keep_real``:
+    parameters already real (QLoRA's NF4 weights, filled before sharding) are neither reallocated nor expected in
+    ``state``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    keeping_ties(model, lambda m: m.to_empty(device=device))
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    if keep_real:
+        keeping_ties(model, lambda m: empty_meta(m, device))
+    else:
+        keeping_ties(model, lambda m: m.to_empty(device=device))
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                strict=not keep_real))
     for name, buf in model.named_buffers():
         if is_loader():
             buf.copy_(buffers[name])

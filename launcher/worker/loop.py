@@ -147,6 +147,8 @@ class Trainer:
         """Read, split and tokenize before the model exists, so host-side data never counts as device memory."""
         job, plan = self.job, self.plan
         self.recipe = make_recipe(job.task, job.data)
+        if job.task == "causal_lm":
+            self.recipe.loss_chunks = plan.strategy.loss_chunks
         rows = read_records(job.data.path)
         self.recipe.fit_labels(rows)
         train_rows, eval_rows = split(rows, job.data.eval_fraction)

@@ -10,6 +10,7 @@ from torch import nn
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
 from launcher.model.build import build_model, model_config, resolve_model_dir
+from launcher.model.chunked_loss import enable_chunked_loss
 from launcher.model.lora import apply_lora
 from launcher.worker.recipes import Recipe
 from launcher.worker.tokenizer import load_tokenizer
@@ -28,6 +29,8 @@ def tokenizer_for(job: Job):
 def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_meta: bool = False) -> nn.Module:
     """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it.
 
+    ``recipe.loss_chunks`` makes the head compute the chunked loss (launcher.model.chunked_loss); an export builds
+    with a recipe whose loss_chunks is 0, so the saved model is the plain Hugging Face one.
     ``on_meta`` builds the same model, wrappers included, on the meta device: a rank that receives its weights from
     rank 0 (launcher.worker.loading) allocates nothing here.
     """
@@ -59,6 +62,9 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, on_
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if job.train.lora is not None:
         model = apply_lora(model, job.train.lora, recipe.task)
+    if recipe.loss_chunks:
+        # After LoRA: peft must see the plain nn.Linear head (and a LoRA-wrapped head is refused there).
+        enable_chunked_loss(model, recipe.loss_chunks)
     return model
 
 

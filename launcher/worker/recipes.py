@@ -36,6 +36,9 @@ class Recipe:
     """Sequences one example runs through the model: 2 for sentence_embedding (text and positive)."""
     format: str = "text"
     """causal_lm: text, messages or prompt_completion (launcher.worker.formats), settled by fit_labels."""
+    loss_chunks: int = 0
+    """causal_lm: the plan's chunked cross-entropy pieces (0: whole logits); the model's head must be chunked
+    to match (launcher.worker.model.build)."""
 
     def fit_labels(self, rows: list[dict]) -> None:
         """Check every row (all of them, train and eval) and settle the row format; seq_cls: map labels to ids
@@ -110,7 +113,7 @@ class Recipe:
 
     def loss_tensor(self, forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The micro-batch's mean loss alone: no host sync, so it also runs on fake tensors (the planner's probe)."""
-        return task_loss(self.task, forward, batch)
+        return task_loss(self.task, forward, batch, loss_chunks=self.loss_chunks)
 
 
 def make_recipe(task: str, data: DataConfig) -> Recipe:

@@ -44,6 +44,10 @@ CASES = [
     # -- keys and types -------------------------------------------------------------------------------------------
     Case("unknown-top-level-key", lambda s: [s.raw(s.job().read_text().replace("train:", "trian:"))],
          ["trian: unknown key; did you mean 'train'?"]),
+    Case("pure-bf16-without-bf16", lambda s: [s.job(**{"train.allow_levers": ["pure_bf16"], "strategy.pure_bf16": True,
+                                                       "train.precision": "fp32"})],
+         ["strategy.pure_bf16: true keeps weights, gradients and optimizer states in bf16, but train.precision is "
+          "'fp32'; set train.precision: bf16"]),
     Case("unknown-nested-key", lambda s: [s.job(**{"train.max_step": 4})],
          ["train.max_step: unknown key; did you mean 'max_steps'?"]),
     Case("wrong-type-int", lambda s: [s.job(**{"train.global_batch_size": "eight"})],
@@ -223,6 +227,7 @@ FIXES = {
     "job-file-is-a-directory": "pass the path of a YAML job file",
     "unknown-top-level-key": "did you mean 'train'?",
     "unknown-nested-key": "did you mean 'max_steps'?",
+    "pure-bf16-without-bf16": "set train.precision: bf16, or leave strategy.pure_bf16 out",
     "wrong-type-int": "write train.global_batch_size as a whole number, e.g. 8",
     "wrong-type-float": "write train.lr as a number, e.g. 2.0e-5",
     "bool-for-int": "write train.max_steps as a whole number",

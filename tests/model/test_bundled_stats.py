@@ -117,6 +117,7 @@ CACHED_FIELDS = {5: ["model_type", "task", "num_params", "trainable_params", "lo
                      "tied_embeddings", "num_labels", "per_block_params", "trainable_tensors", "num_experts",
                      "experts_per_token", "expert_params", "max_positions", "position_key", "rope_scaling",
                      "checkpoint_bytes"]}
+CACHED_FIELDS[6] = [*CACHED_FIELDS[5][:-1], "block_linear_shapes", "checkpoint_bytes", "chunk_problem"]
 
 
 def test_the_introspection_version_moves_with_what_it_caches():

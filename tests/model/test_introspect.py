@@ -133,3 +133,11 @@ def test_one_block_finder_for_the_planner_and_fsdp2():
     assert name == "layers" and blocks is net.layers  # the repeated stack holding the most parameters
     with pytest.raises(ConfigError, match="found in Linear; use engine: deepspeed"):
         introspect.find_blocks(nn.Linear(2, 2), fix="use engine: deepspeed")
+
+
+def test_a_head_that_cannot_compute_a_chunked_loss_is_named():
+    # The planner offers loss_chunks only where launcher.model.chunked_loss can swap the head in.
+    assert introspect(job(LLAMA_TINY)).chunk_problem == ""
+    assert introspect(job(LLAMA_TINY, lora={"target_modules": ["q_proj"]})).chunk_problem == ""
+    wrapped = introspect(job(LLAMA_TINY, lora={"target_modules": ["q_proj", "lm_head"]}))
+    assert "needs an nn.Linear lm_head" in wrapped.chunk_problem

@@ -100,6 +100,15 @@ def test_lever_pins_and_permissions_must_agree(strategy, train, message, tmp_pat
     assert message in str(e.value)
 
 
+def test_chunked_loss_is_tried_on_both_engines_unless_the_head_cannot_compute_it(request_for, llama7b):
+    assert all("loss_chunks" in spec.levers for spec in ENGINES.values())
+    tried = {(s.engine, s.loss_chunks) for s in candidates(request_for())}
+    assert tried >= {("deepspeed", 0), ("deepspeed", 8), ("fsdp", 0), ("fsdp", 8)}
+    capped = dataclasses.replace(llama7b, chunk_problem="cannot chunk ... (final_logit_softcapping = 30.0)")
+    assert {o.loss_chunks for o in options(request_for(model=capped), ALL, 1)} == {0}
+    seq_cls = dataclasses.replace(llama7b, task="seq_cls")
+    assert {o.loss_chunks for o in options(request_for(model=seq_cls), ALL, 1)} == {0}
+
 def test_the_plan_says_for_every_lever_whether_it_was_used_and_why(request_for, monkeypatch):
     from launcher.engines.fsdp import FsdpSpec
 

@@ -284,3 +284,31 @@ def test_model_states_shrink_stage_by_stage():
 def test_a_larger_micro_batch_never_needs_less_memory():
     peaks = [_estimate(2, 8, micro_batch=mb).peak_bytes for mb in (1, 2, 4, 8)]
     assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+
+
+def test_chunked_loss_keeps_one_piece_of_the_logits_and_the_head_weight_gradient():
+    from launcher.planner.memory import chunked_head_bytes
+
+    m = llama_stats(vocab=128256)
+    c = analytic_constants(m, "bf16")
+    tokens, k = 2 * 4096, 8
+    _, whole = activation_bytes(c, m.num_blocks, 2, 4096, False)
+    _, chunked = activation_bytes(c, m.num_blocks, 2, 4096, False, loss_chunks=k)
+    logits = m.vocab_size * (2 + 12)  # bf16 logits, fp32 upcast, log-softmax and its gradient, per token
+    g = m.vocab_size * m.hidden_size * 2  # one bf16 gradient of the (trainable) head weight
+    rest = whole - tokens * logits
+    # The logits of one piece beside the summed weight gradient, the piece's logits gradient beside two, or the
+    # first (out-of-place) sum of two weight gradients.
+    assert chunked == int(rest + max(tokens * logits / k + g, tokens * logits / k / 3 + 2 * g, 3 * g))
+    assert chunked < whole / 4
+    # A frozen head (LoRA) has no weight gradient: only one piece of the logits is left.
+    lora = analytic_constants(llama_stats(vocab=128256, trainable=4_000_000), "bf16")
+    assert lora.head_weight_grad_bytes == 0
+    assert chunked_head_bytes(lora, lora.head_bytes_per_token, tokens, k) == rest + tokens * logits / k
+    # One piece is the whole logits and no buffered gradient; linear in the constants (launcher.calibrate).
+    assert chunked_head_bytes(c, c.head_bytes_per_token, tokens, 1) == whole
+    doubled = dataclasses.replace(c, head_bytes_per_token=2 * c.head_bytes_per_token,
+                                  head_logit_bytes_per_token=2 * c.head_logit_bytes_per_token,
+                                  head_weight_grad_bytes=2 * c.head_weight_grad_bytes)
+    assert chunked_head_bytes(doubled, doubled.head_bytes_per_token, tokens, k) == pytest.approx(
+        2 * chunked_head_bytes(c, c.head_bytes_per_token, tokens, k))

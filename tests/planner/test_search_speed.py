@@ -138,7 +138,7 @@ def test_a_large_per_rank_batch_is_searched_early_and_chooses_the_same(request_f
     req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
     found = search(req, top_rejected)
     assert len(candidates(req)) == found.total > 10_000
-    assert len(found.scored) < found.total / 5  # it did stop early
+    assert len(found.scored) < found.total / 2  # it did stop early
     assert_same_as_exhaustive(req, monkeypatch)
 
 

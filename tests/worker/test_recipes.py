@@ -138,6 +138,30 @@ def test_seq_cls_lora_trains_adapters_and_the_head(tmp_path):
     assert losses[-1] < losses[0] - 0.3
 
 
+def test_chunked_loss_recipe_trains_the_same_and_exports_the_plain_head(tmp_path):
+    from torch import nn
+
+    from launcher.model.chunked_loss import ChunkedLossHead
+    from launcher.worker.export import host_model
+
+    rows = [{"text": "the scheduler waits for free nodes"}, {"text": "bread rests"}]
+    job = make_job(tmp_path, TINY_GPT2, "causal_lm", rows)
+    plain, chunked = make_recipe(job.task, job.data), make_recipe(job.task, job.data)
+    chunked.loss_chunks = 4  # as launcher.worker.loop sets it from the plan
+    batch = plain.encode(rows, tokenizer_for(job), 16)  # padded: -100 labels on the short row
+    losses = []
+    for recipe in (plain, chunked):
+        torch.manual_seed(0)
+        model = build(job, recipe, seq_len=16, hf_checkpointing=False).eval()
+        losses.append(recipe.loss_tensor(model, batch))
+    assert type(model.lm_head) is ChunkedLossHead
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    # The export rebuilds the model from the run's recipe: the saved model has transformers' own head.
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    out = host_model(job, chunked, sd, torch.float32, adapter_only=False)
+    assert type(out.lm_head) is nn.Linear
+
+
 def test_seq_cls_eval_step_counts_right_answers_among_the_counted(tmp_path):
     rows = [{"text": "great product", "label": "pos"}, {"text": "awful service", "label": "neg"},
             {"text": "it arrived", "label": "neutral"}, {"text": "loved it", "label": "pos"}]

@@ -76,6 +76,8 @@ class FsdpEngine:
             grad_accum_steps=s.grad_accum_steps,
             device=device,
             sharding=s.fsdp_sharding or "full",
+            pure_bf16=s.pure_bf16,
+            qlora=s.qlora,
             optimizer_in_backward=s.optimizer_in_backward,
         )
 
@@ -95,6 +97,8 @@ class FsdpEngine:
         grad_accum_steps: int,
         device: torch.device,
         sharding: FsdpSharding = "full",
+        pure_bf16: bool = False,
+        qlora: bool = False,
         optimizer_in_backward: bool = False,
     ):
         if optimizer_in_backward and grad_accum_steps != 1:
@@ -116,6 +120,11 @@ class FsdpEngine:
                 f"(offload_params={offload_params!r}, offload_optimizer={offload_optimizer!r}); set both to "
                 "'cpu' or both to 'none', or use engine: deepspeed to offload the optimizer alone"
             )
+        if pure_bf16 and precision != "bf16":
+            raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
+                              "train.precision: bf16 or pure_bf16: false")
+        self.pure_bf16 = pure_bf16
+        self.qlora = qlora
         self.reshard_after_forward = reshard_after_forward
         self.offload = offload_params == "cpu"
         self.activation_checkpointing = activation_checkpointing
@@ -148,6 +157,14 @@ class FsdpEngine:
 
         state, buffers = rank0_state(model) if self.rank0_load else ({}, {})
         _, blocks = find_blocks(model, fix="FSDP needs one to shard per block; use engine: deepspeed for this model")
+        nf4_targets: list[dict] = [{} for _ in blocks]
+        nf4_full = {}
+        if self.qlora:  # found by their state-dict names, before checkpoint_wrapper renames the blocks' modules
+            from launcher.worker.qlora import nf4_targets as find_nf4
+
+            nf4_targets = find_nf4(model, blocks, self.mesh_shape()[0][-1])
+            # Rank 0's full weights for them leave the scatter below; launcher.worker.qlora sends them itself.
+            nf4_full = {k: state.pop(k) for t in nf4_targets for k in t if k in state}
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
@@ -157,10 +174,35 @@ class FsdpEngine:
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
         self.shard_group = mesh.get_group(mesh.ndim - 1)  # the ranks that hold one shard each of every gradient
         dtype = WORK_DTYPES.get(self.precision)
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        if self.pure_bf16:
+            # Pure bf16 (LitGPT's "bf16-true"): the sharded parameters themselves are bf16, so gradients are
+            # reduced in bf16 and AdamW's states, allocated like the parameter (zeros_like), are bf16 too: no fp32
+            # master anywhere. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
+            # tied weights stay tied; on the meta model rank 0's fp32 state dict is then copied into bf16 shards.
+            for p in model.parameters():
+                p.data = p.data.to(torch.bfloat16)
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        elif dtype:
+            # Frozen parameters (LoRA's base) are kept in the working dtype: mixed precision would cast their fp32
+            # shards to it at every all-gather anyway, so the math is the same, and they need no fp32 master (no
+            # gradient, no optimizer step). FSDP2 requires one dtype only among trainable parameters
+            # (_fsdp_param_group.py _init_mp_dtypes).
+            for p in model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(dtype)
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
-        for block in blocks:
+        home = torch.device("cpu") if self.offload else self.device
+        for block, targets in zip(blocks, nf4_targets, strict=True):
+            if targets:  # QLoRA: this block's frozen linears to NF4 just before it is sharded
+                from launcher.worker.qlora import quantize
+
+                quantize(targets, nf4_full, from_rank0=self.rank0_load, device=home,
+                         dtype=torch.bfloat16 if self.pure_bf16 else (dtype or torch.float32),
+                         comm_device=self.device if dist.get_backend() == "nccl" else torch.device("cpu"))
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
         # The root (embeddings, final norm, head) is never resharded after forward: its pre-backward hook would
         # gather it again at once, holding the all-gather buffer and the unsharded copy together while every
@@ -169,7 +211,8 @@ class FsdpEngine:
         fully_shard(model, reshard_after_forward=False, **kw)
         if self.rank0_load:
             # Shards allocated where the policy keeps them (host with CPU offload), then filled from rank 0.
-            fill_sharded(model, state, buffers, torch.device("cpu") if self.offload else self.device)
+            # The NF4 weights are real already: only what is still on meta is allocated and scattered.
+            fill_sharded(model, state, buffers, home, keep_real=any(nf4_targets))
             del state, buffers
         self.model = model
         self.max_grad_norm = clip_setting(train.max_grad_norm)
