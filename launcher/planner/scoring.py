@@ -178,14 +178,17 @@ def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Search
     done: dict[int, Scored] = {}
     best: tuple[float, int, int] | None = None  # (time, peak, index) of the fastest fit so far
     fits = 0
-    retry: tuple[int, float] = (-1, 0.0)  # recheck once there are more fits than this, or the bound passes this
+    retry: tuple[int, float] = (0, 0.0)  # recheck once there are more fits than this, or the bound passes this
     for i in order:
         bound = bounds[i]
         if best is not None and bound > best[0] and (fits > retry[0] or bound > retry[1]):
             blocking = _blocking(done, best, bound, alternatives)
             if blocking is None:
                 break
-            retry = (fits, blocking)
+            # Listing the alternatives reads every scored candidate: ask again only once the fits have doubled
+            # (or the bound passed what blocked), so the checks cost O(log n) listings. Scoring a few more
+            # candidates than needed changes nothing: the stop is still taken only when the list is final.
+            retry = (2 * fits, blocking)
         c = done[i] = scorer.score(cands[i])
         if c.problem is None:
             fits += 1
