@@ -77,6 +77,12 @@ MISS_NOTES = {
     "torchtitan-llama31-8b-fsdp8-s32k-fullac": (
         "torch.compile (model and loss) and Float8 linears; the eager prediction is dominated by the logits of 32k "
         "tokens x 128k vocabulary. The gap is not explained here (near, out of the headline)"),
+    "litgpt-llama2-7b-qlora": (
+        "an under-prediction, not explained here (no GPU to measure on). What differs from the launcher's QLoRA: "
+        "bitsandbytes keeps an fp32 absmax per 64 weights (+0.06 byte per weight against torchao's double-quantized "
+        "scales, about 0.4 GB of the gap), and LitGPT quantizes while loading: each bf16 weight reaches the GPU before "
+        "Linear4bit packs it, which a max_memory_allocated taken over the whole run also sees. The Llama-3 row of the "
+        "same recipe is within 4 %, the Mistral row within 10 %. Out of sample, and left as a miss"),
 }
 """Why a prediction misses by more than 10 %, where it could be worked out (no numbers: they come from the run)."""
 
@@ -191,7 +197,8 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
         "",
         f"**Exact configurations ({ex['n']}): median |error| {ex['median_abs']:.1%}, max {ex['max_abs']:.1%}, "
         f"worst under-prediction {ex['worst_under']:+.1%}, {ex['within_10pct']} of {ex['n']} within 10 %.** "
-        f"With the {al['n'] - ex['n']} near configurations (a different precision recipe or torch.compile, see "
+        f"With the {al['n'] - ex['n']} near configurations (a different precision recipe, optimizer or 4-bit quantizer implementation, another "
+        f"model code, or torch.compile, see "
         f"below): median {al['median_abs']:.1%}, max {al['max_abs']:.1%}.",
         "",
         "| entry | exact | GPU | basis | published | predicted (GB) | published (GB) | error | plan |",

@@ -230,6 +230,10 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # ZeRO-3 keeps a single reduce buffer either way, so overlapping costs no memory.
         z["overlap_comm"] = True
         z["contiguous_gradients"] = True
+        # The optimizer steps one sub-group of the partition at a time (stage3.py step), holding that sub-group's
+        # fp32 gradient and the optimizer's temporaries: the planner sizes it (Buckets.sub_group_size). With
+        # optimizer NVMe offload it also sizes the pinned swap buffers (buffer_count x the largest sub-group, fp32).
+        z["sub_group_size"] = b.sub_group_size
 
     for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
         if device == "none":
@@ -243,11 +247,7 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
             for k in _NVME_ONLY_KEYS:
                 block.pop(k, None)
 
-    # NVMe swapping pins host buffers; these two sizes are the ones the planner's host figure assumes.
-    if s.offload_optimizer == "nvme":
-        # Optimizer swap buffers are buffer_count x (largest sub-group) fp32 elements; sub-groups are cut at
-        # sub_group_size, so this caps them at the planner's buffer_count x reduce_bucket_size x 4 B.
-        z["sub_group_size"] = b.reduce_bucket_size
+    # NVMe parameter swapping pins host buffers; these sizes are the ones the planner's host figure assumes.
     if s.offload_params == "nvme":
         # Parameter swap buffers: the same size and count the planner's host figure counts.
         z["offload_param"]["buffer_size"] = nvme_param_buffer_elems(b.stage3_prefetch_bucket_size,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,17 +18,18 @@ from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
 from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
 from launcher.engines.spec import Candidate, EngineSpec
+from launcher.planner.cuda_overhead import cuda_overhead
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
     MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
-    OPTIMIZER_STATE_BYTES,
     MemoryInputs,
     States,
     Traffic,
     nvme_param_buffer_elems,
     optimizer_offload_s,
+    optimizer_state_bytes,
     over_links,
     untied_head_bytes,
 )
@@ -56,6 +58,9 @@ class Partition:
     mixed: bool
     """A 16-bit working dtype (fp32 masters kept apart)."""
     accumulating: bool
+    step_elems: float
+    """Trainable elements whose fp32 gradient the optimizer step holds at once: ZeRO-3 steps one sub-group at a
+    time (sub_group_elems); ZeRO-0/1/2 step their whole partition."""
 
     @property
     def grads16(self) -> float:
@@ -66,16 +71,38 @@ class Partition:
         return 4 * self.psi_t / self.shard_opt  # the "4_grads_32bit" of [DS]
 
 
-def partition(inp: MemoryInputs, s: Strategy) -> Partition:
+def sub_group_elems(inp: MemoryInputs, sub_group_size: int) -> float:
+    """The largest ZeRO-3 optimizer sub-group of one rank, elements.
+
+    stage3.py _create_fp16_sub_groups keeps the whole partition as one sub-group when sub_group_size reaches it,
+    else adds parameters' partitions to a sub-group until it holds sub_group_size or more: so at most
+    sub_group_size plus one parameter's partition (ceil(L/N), L the largest layer), and never over the partition.
+    """
+    m, n = inp.model, inp.world_size
+    return float(min(m.trainable_params / n, sub_group_size + math.ceil(m.largest_layer_params / n)))
+
+
+def partition(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> Partition:
     stage, n = s.zero_stage or 0, inp.world_size
+    shard_opt = n if stage >= 1 else 1
+    step_elems = (sub_group_elems(inp, buckets.sub_group_size) if stage == 3
+                  else inp.model.trainable_params / shard_opt)
     return Partition(stage=stage, w=BYTES[inp.precision], psi=inp.model.num_params, psi_t=inp.model.trainable_params,
-                     shard_opt=n if stage >= 1 else 1, shard_grad=n if stage >= 2 else 1,
+                     shard_opt=shard_opt, shard_grad=n if stage >= 2 else 1,
                      shard_param=n if stage >= 3 else 1, mixed=inp.precision != "fp32",
-                     accumulating=s.grad_accum_steps > 1)
+                     accumulating=s.grad_accum_steps > 1, step_elems=step_elems)
 
 
 def step_extra_bytes(p: Partition, grads: float) -> float:
     """What the optimizer step adds: this step's gradients, their fp32 partition and an fp32 conversion of it."""
+    if p.stage == 3:
+        # stage3.py step() runs one sub-group at a time: _prepare_fp32_grad_for_sub_group flattens the sub-group's
+        # 16-bit gradients into an fp32 copy, unscale_and_clip_grads and _optimizer_step update it, and
+        # _release_sub_group frees it (.grad = None) before the next. So the three fp32 tensors measured through
+        # the step (the fp32 gradient and the optimizer's two temporaries, measured +4Ψ/N over 2·grads32 on
+        # models whose partition is one sub-group) are a sub-group's, not the partition's. The 16-bit gradient
+        # partition itself persists (grads).
+        return 3 * 4 * p.step_elems
     if not p.mixed and p.stage in (1, 2):
         # fp32: the working gradients are already fp32 and the partition is taken from them without a 16-bit
         # copy; three fp32 partition-sized tensors live through the step (measured, ZeRO-1 and ZeRO-2).
@@ -85,20 +112,16 @@ def step_extra_bytes(p: Partition, grads: float) -> float:
         # get_flat_partition copies the 16-bit partition into averaged_gradients next to grads_in_partition
         # (stage_1_and_2.py; measured: +wΨ/N at the step).
         extra += p.grads16
-    elif p.stage == 3:
-        # A third fp32 partition-sized tensor lives through the step (measured: +4Ψ/N over 2·grads32).
-        extra += p.grads32
     return extra
 
 
-def model_states(inp: MemoryInputs, p: Partition) -> States:
+def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
     """[ZeRO Table 1]: parameters, gradients and optimizer state, each on its own partition."""
-    k = OPTIMIZER_STATE_BYTES[inp.optimizer]
     params = p.w * p.psi / p.shard_param
     # The fp32 master partition exists at fp32 too: ZeRO-1/2 and ZeRO-3 build it as a .clone().float() of the
     # flat partition (single_partition_of_fp32_groups, fp32_partitioned_groups_flat), a copy whatever the dtype
     # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
-    optimizer = (MASTER_BYTES + k) * p.psi_t / p.shard_opt
+    optimizer = MASTER_BYTES * p.psi_t / p.shard_opt + optimizer_state_bytes(inp, s, p.shard_opt)
     # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
     grads = p.grads16 if p.stage == 3 or p.accumulating else 0.0
     return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra_bytes(p, grads),
@@ -167,9 +190,10 @@ def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buc
                                  backward_end_extra=st.backward_end_extra + p.w * largest)
     if s.offload_optimizer == "cpu":
         return dataclasses.replace(st, host=st.host + moved)
-    # NVMe, with pinned swap buffers (buffer_count 4).
-    return dataclasses.replace(st, nvme=st.nvme + moved,
-                               host=st.host + min(moved, 4 * buckets.reduce_bucket_size * 4))
+    # NVMe, with pinned swap buffers: buffer_count 4, each the largest sub-group in fp32 (swap_tensor/optimizer_utils.py
+    # OptimizerSwapper: largest_numel, the largest of fp16_partitioned_groups_flat_numel; the emitter writes
+    # sub_group_size).
+    return dataclasses.replace(st, nvme=st.nvme + moved, host=st.host + min(moved, 4 * p.step_elems * 4))
 
 
 def offload_params(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
@@ -186,8 +210,8 @@ def offload_params(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
 
 def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
     """[ZeRO Table 1] with DeepSpeed's buffers [DS estimators], split by when each exists."""
-    p = partition(inp, s)
-    st = model_states(inp, p)
+    p = partition(inp, s, buckets)
+    st = model_states(inp, s, p)
     if p.stage == 3:
         st = stage3_buffers(inp, p, buckets, st)
     elif p.stage in (1, 2):
@@ -197,6 +221,32 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
     if s.offload_params != "none":
         st = offload_params(inp, p, s, buckets, st)
     return st
+
+
+def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
+    """ZeRO-0/1/2 on a CUDA rank: the model arrives on the device in the working dtype (wΨ, broadcast from rank 0's
+    host build, launcher.worker.loading), then deepspeed.initialize wraps the optimizer.
+
+    ZeRO-1/2 (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__, per parameter group): after
+    empty_cache() it flattens on the device only if ``available_memory() >= flat_buffer_bytes``
+    (``flatten_on_accelerator``); otherwise it moves the group's parameters to the host (``param.cpu_data =
+    param.data.cpu()``, the device copies replaced by 1-element tensors), flattens there (``use_cpu_data=True``)
+    and moves the flat buffer to the device. So the device holds wΨ + wΨ_t when it has room for the copy, and wΨ
+    (the frozen parameters plus the flat trainable ones) when it has not. The room DeepSpeed sees is the rank's
+    usable budget: the rank side caps DeepSpeed's available_memory there (launcher.worker.engines.deepspeed).
+
+    ZeRO-0 flattens nothing: at fp32 DeepSpeed keeps the client optimizer as it is (engine.py
+    _configure_optimizer: no wrapper), and bf16/fp16 with torch's AdamW get FP16_UnfusedOptimizer, which clones
+    an fp32 copy of each trainable parameter (runtime/fp16/unfused_optimizer.py): 4Ψ_t, the master weights.
+    """
+    m, w = inp.model, BYTES[inp.precision]
+    model = w * m.num_params
+    if (s.zero_stage or 0) == 0:
+        return model + (MASTER_BYTES * m.trainable_params if inp.precision != "fp32" else 0.0)
+    flatten_on_device = model + w * m.trainable_params
+    room = inp.device_room_bytes or inp.hardware.memory_bytes
+    in_use = flatten_on_device + sum(cuda_overhead(inp.hardware, flatten_on_device, inp.world_size).values())
+    return flatten_on_device if in_use <= room else model
 
 
 class DeepSpeedSpec(EngineSpec):
@@ -240,6 +290,8 @@ class DeepSpeedSpec(EngineSpec):
             # Offloaded parameters are partitioned into host memory: on a GPU not on the device at this moment.
             on_device = 0.0 if s.offload_params != "none" and not host else 1.0
             return host * m.checkpoint_bytes + on_device * w * m.num_params / n + w * m.largest_layer_params
+        if not inp.hardware.device_is_host:
+            return cuda_init_bytes(inp, s)
         build = 4 * m.num_params + untied_head_bytes(m)
         return max(host * build, w * m.num_params + w * m.trainable_params)
 

@@ -24,12 +24,17 @@ from launcher.planner.terms import (
     kept_param_bytes,
     optimizer_offload_s,
     optimizer_state_bytes,
+    optimizer_step_temp_bytes,
     over_links,
     ring,
     untied_head_bytes,
 )
 
 NAME = "fsdp"
+LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
+                      # torch.optim.Adafactor itself refuses FSDP2's DTensor shards (torch 2.13)
+                      "adafactor": "launcher.worker.engines.optimizers.ShardedAdafactor"}
+"""What a script of its own builds for Strategy.low_memory_optimizer (the worker: launcher.worker.engines.optimizers)."""
 
 
 def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
@@ -64,19 +69,23 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     w = BYTES[inp.precision]
     pb = kept_param_bytes(s.pure_bf16)  # the shards, their gradients (reduce_dtype) and the optimizer's dtype
-    k = optimizer_state_bytes(inp.optimizer, s.pure_bf16)
     # QLoRA: the frozen block linears NF4Tensor can shard (launcher.model.qlora), in the working dtype's NF4.
     nf4 = qlora_blocks(inp, s)
     gathered_nf4 = sum(nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)  # one block's, all-gathered
     # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
     st = States(step_frees_buffers=True)
     st.params = sharded_param_bytes(inp, s)
-    st.optimizer = k * m.trainable_params / n
+    st.optimizer = optimizer_state_bytes(inp, s, n)
     sharded_grads = pb * m.trainable_params / n
     if s.grad_accum_steps > 1:
         st.grads = sharded_grads
     elif not s.optimizer_in_backward:
         st.step_extra = sharded_grads
+    # A low-memory optimizer's working copies of the one tensor it steps (launcher.planner.terms).
+    # (With the step in backward those copies come and go inside backward, one parameter at a time.)
+    if not s.optimizer_in_backward:
+        st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
+                                                   or s.offload_params == "cpu")
     # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
     # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
@@ -129,7 +138,9 @@ class FsdpSpec(EngineSpec):
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
-    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward"})
+    # The optimizer steps FSDP2's DTensor shards: torchao's low-bit AdamW and ShardedAdafactor both run there
+    # (launcher.worker.engines.optimizers).
+    levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "low_memory_optimizer"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
@@ -258,6 +269,11 @@ class FsdpSpec(EngineSpec):
                       "  param.register_post_accumulate_grad_hook (as torchtune's optimizer_in_bwd), with no "
                       "clip_grad_norm;",
                       "  a plain optimizer.step() holds every gradient at the step, beyond the plan's peak."]
+        opt = plan.strategy.low_memory_optimizer
+        if opt != "none":
+            # accelerate carries no optimizer: the script builds the one the plan's memory assumes.
+            notes.append(f"The plan assumes the {opt} optimizer: build {LOW_MEMORY_CLASSES[opt]} over the prepared "
+                         "model's parameters (docs/memory-model.md, Low-memory optimizers).")
         return notes
 
     def title(self, s: Strategy, nodes: int) -> str:

@@ -35,7 +35,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
         "loss_chunks": m.task == "causal_lm",
         "checkpoint_every": s.activation_checkpointing and m.num_blocks > 1,
         "optimizer_in_backward": in_backward_possible(req, s.grad_accum_steps),
-        "low_memory_optimizer": req.optimizer in ("adamw", "adam"),
+        "low_memory_optimizer": req.optimizer in ("adamw", "adam") and not m.lora_params,
         "pure_bf16": req.precision == "bf16",
         "qlora": bool(m.lora_params and m.block_linear_shapes),  # some frozen block linear NF4 could take
     }.get(lever, True)

@@ -57,6 +57,11 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
     return name in req.allow_levers
 
 
+def changes_math(fields) -> bool:
+    """Whether a Strategy (or LeverSetting) uses a lever that changes the training math (MATH_LEVERS)."""
+    return any(getattr(fields, name) not in (False, "none") for name in MATH_LEVERS)
+
+
 def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
     """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
     torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
@@ -77,8 +82,9 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
         "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" and not m.chunk_problem else [0],
         "activation_offload": [False, True],
         "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
+        # In place of Adam only, and not under LoRA: its adapters' state is already small.
         "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
-                                           if req.optimizer in ("adamw", "adam"))],
+                                           if req.optimizer in ("adamw", "adam") and not m.lora_params)],
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
         # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
         "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
@@ -100,10 +106,12 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     for on in ac:
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
         for k, *rest in itertools.product(ks, *axes.values()):
-            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k,
-                                    **dict(zip(axes, rest, strict=True))))
+            lv = dict(zip(axes, rest, strict=True))
+            if lv["low_memory_optimizer"] != "none" and (lv["optimizer_in_backward"] or lv["pure_bf16"]):
+                continue  # not modelled together: its step copies would sit in backward, or its states in bf16
+            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, **lv))
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "in_backward_possible",
-           "options"]
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math",
+           "in_backward_possible", "options"]

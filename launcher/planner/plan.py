@@ -26,6 +26,9 @@ class Buckets:
     """ZeRO-3 unsharded parameters alive at once, elements."""
     stage3_param_persistence_threshold: int
     """ZeRO-3 parameters smaller than this stay unsharded, elements."""
+    sub_group_size: int = 1_000_000_000
+    """ZeRO-3 optimizer sub-group, elements: the step prepares, updates and frees one sub-group's fp32 gradient at
+    a time (stage3.py step); DeepSpeed's default (1e9) where a plan.json written before this field is read."""
 
 
 @dataclass(kw_only=True, slots=True)

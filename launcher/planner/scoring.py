@@ -12,6 +12,7 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
+from launcher.planner.levers import changes_math
 from launcher.planner.memo import TracedMemo
 from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Estimate, Strategy
@@ -23,7 +24,8 @@ def memory_inputs(req: PlanRequest) -> MemoryInputs:
     """The request as the memory and cost models read it."""
     return MemoryInputs(model=req.model, world_size=req.world_size, gpus_per_node=req.gpus_per_node,
                         nodes=req.nodes, seq_len=req.seq_len, precision=req.precision, optimizer=req.optimizer,
-                        hardware=req.hardware, activations=activation_constants(req))
+                        hardware=req.hardware, activations=activation_constants(req),
+                        device_room_bytes=req.usable_bytes)
 
 
 def activation_constants(req: PlanRequest) -> ActivationConstants:
@@ -155,9 +157,10 @@ class Searched:
 
     @property
     def best(self) -> Scored | None:
-        """The fastest fitting candidate, the smaller peak on a tie, the earlier candidate on both."""
+        """The fastest fitting candidate; on a tie the one with the job's own math (a lever that changes the math
+        wins only by being faster), then the smaller peak, then the earlier candidate."""
         fits = [c for c in self.scored if c.problem is None]
-        return min(fits, key=lambda c: (c.estimate.step_time_s, c.estimate.peak_bytes)) if fits else None
+        return min(fits, key=_rank) if fits else None
 
 
 def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Searched:
@@ -176,7 +179,7 @@ def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Search
     bounds = [scorer.fastest_possible(s) for s in cands]
     order = sorted(range(len(cands)), key=bounds.__getitem__)
     done: dict[int, Scored] = {}
-    best: tuple[float, int, int] | None = None  # (time, peak, index) of the fastest fit so far
+    best: tuple | None = None  # (*_rank, index) of the fastest fit so far
     fits = 0
     retry: tuple[int, float] = (0, 0.0)  # recheck once there are more fits than this, or the bound passes this
     for i in order:
@@ -192,7 +195,7 @@ def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Search
         c = done[i] = scorer.score(cands[i])
         if c.problem is None:
             fits += 1
-            key = (c.estimate.step_time_s, c.estimate.peak_bytes, i)
+            key = (*_rank(c), i)
             best = key if best is None or key < best else best
     return Searched(scored=[done[i] for i in sorted(done)], total=len(cands))
 
@@ -202,7 +205,11 @@ Alternatives = Callable[[Scored, list[Scored]], list]
 ``why`` ("slower" for a fitting one) and ``step_time_s``, the list stopping at ``limit``."""
 
 
-def _blocking(done: dict[int, Scored], best: tuple[float, int, int], bound: float,
+def _rank(c: Scored) -> tuple[float, bool, int]:
+    return c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes
+
+
+def _blocking(done: dict[int, Scored], best: tuple, bound: float,
               alternatives: Alternatives | None) -> float | None:
     """None when the alternatives listed from the scored ones are final, given that every candidate faster than
     ``bound`` has been scored: the list is full and every fitting one on it is faster than ``bound``. Else the
@@ -210,7 +217,7 @@ def _blocking(done: dict[int, Scored], best: tuple[float, int, int], bound: floa
     if alternatives is None:
         return None
     scored = [done[i] for i in sorted(done)]
-    listed = alternatives(done[best[2]], scored)
+    listed = alternatives(done[best[-1]], scored)
     slowest = max((r.step_time_s for r in listed if r.why == "slower"), default=-math.inf)
     if slowest >= bound:
         return slowest  # a fitting one not yet scored may come before it

@@ -11,10 +11,28 @@ from dataclasses import dataclass, field
 
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
+from launcher.planner.plan import Strategy
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Optimizer state bytes per trainable parameter: Adam keeps fp32 momentum and variance, SGD one momentum.
+# Read through optimizer_state_bytes only, which also knows the low-memory optimizers.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
+LOW_BIT_STATE = {"adamw8bit": (1.0, 256), "adamw4bit": (0.5, 128)}
+"""Low-bit AdamW (torchao.optim): bytes per element of one quantized moment, and the block that shares one fp32
+scale. OptimState8bit.zeros keeps a uint8 code per element and numel/block_size fp32 scales; OptimState4bit packs
+two codes per byte (torchao/optim/subclass_8bit.py, subclass_4bit.py); block 256 (AdamW8bit), 128 (AdamW4bit)."""
+LOW_BIT_MIN_NUMEL = 4096
+"""torchao adam.py _AdamBase._new_buffer quantizes a (local) tensor only with at least this many elements and a
+size its block divides; any other keeps fp32 moments (8 bytes per element)."""
+LOW_BIT_STEP_COPIES = 6
+"""fp32 tensors the size of the parameter that torchao's single_param_adam holds at once when it runs eagerly
+(CPU ranks, launcher.worker.engines.optimizers): p_f32, exp_avg_f32, exp_avg_sq_f32 and the denominator's
+temporaries. Measured 6.0 for 8-bit, 4-bit and fp32-state tensors alike (MemTracker, torch 2.13, torchao 0.18)."""
+ADAM_STEP_COPIES = 2
+"""fp32 tensors the size of the parameter torch's single-tensor AdamW step holds at once (its denominator)."""
+LOW_BIT_CPU_STEP_RATIO = 7.0
+"""Eager low-bit AdamW's step over torch's single-tensor AdamW on CPU, measured 6.4 (4-bit) and 7.4 (8-bit) on
+2.4M parameters."""
 MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 copy of parameters"]
 PURE_BF16_BYTES = 2
 """Pure bf16 (Strategy.pure_bf16, LitGPT's "bf16-true"): the bytes per element of the kept parameters, their
@@ -22,6 +40,89 @@ gradients and each optimizer state. torch's AdamW allocates exp_avg / exp_avg_sq
 (torch/optim/adamw.py _init_group), so bf16 parameters get bf16 states: Adam's 8 state bytes become 4."""
 # DeepSpeed's offload_param buffer_count default; the emitter writes it explicitly.
 NVME_PARAM_BUFFER_COUNT = 5
+
+
+def _table_rows(rows: int, ranks: int) -> tuple[int, ...]:
+    """Rows of a dim-0 shard on the first and the last rank (torch.chunk, FSDP2's split: the last may be short)."""
+    first = math.ceil(rows / ranks)
+    return (first, max(0, rows - (ranks - 1) * first)) if ranks > 1 else (rows,)
+
+
+def _embedding_tables(m: ModelStats) -> int:
+    """Trainable vocabulary x hidden tables: the input embedding, and a causal LM's untied output head."""
+    if m.lora_params or not m.vocab_size:
+        return 0
+    return 1 + (1 if m.task == "causal_lm" and not m.tied_embeddings else 0)
+
+
+def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> float:
+    """Optimizer state bytes of one rank that steps 1/shard_ranks of the trainable parameters (fp32 masters apart).
+
+    The one function every engine counts optimizer state with. The job's optimizer: OPTIMIZER_STATE_BYTES per
+    parameter (half under pure bf16, whose states take the parameters' bf16). Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers"):
+      adamw8bit/4bit  2 moments x (code bytes + 4 / block) per quantized element (LOW_BIT_STATE); the vocabulary
+                      tables are checked against torchao's rule on the rank whose shard is worse (FSDP2 splits
+                      rows, torch.chunk); the other matrices have widths that are multiples of 64 and quantize;
+                      norm and bias vectors (well under 1 % of a block) are counted as quantized too.
+      adafactor       torch.optim.Adafactor keeps no first moment and a factored second one: a row vector (its
+                      rank's rows) and a column vector (replicated) per matrix, the full vector for 1-D tensors
+                      (_adafactor.py _init_group): 4(rows/n + cols) bytes per matrix. Tables exactly; a block's
+                      matrices have one side the hidden size h, so rows + cols <= 2 x params / h per block.
+    """
+    m, n, opt = inp.model, shard_ranks, s.low_memory_optimizer
+    if opt == "none":
+        # Pure bf16: the states take the parameters' dtype, half of fp32's.
+        k = OPTIMIZER_STATE_BYTES[inp.optimizer] * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
+        return k * m.trainable_params / n
+    tables, h = _embedding_tables(m), max(1, m.hidden_size)
+    rest = max(0, m.trainable_params - tables * m.vocab_size * h)
+    if opt == "adafactor":
+        return 4 * (tables * (_table_rows(m.vocab_size, n)[0] + h) + 2 * rest / h)
+    code, block = LOW_BIT_STATE[opt]
+    per_elem = 2 * (code + 4 / block)
+
+    def table_bytes(rows: int) -> float:
+        numel = rows * h
+        return numel * (per_elem if numel >= LOW_BIT_MIN_NUMEL and numel % block == 0 else 8.0)
+
+    return tables * max(table_bytes(r) for r in _table_rows(m.vocab_size, n)) + per_elem * rest / n
+
+
+def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:
+    """Bytes the optimizer step holds beyond its state, for one tensor at a time: the largest local tensor's.
+
+    Low-bit AdamW stepping on the host (CPU ranks, or state offloaded: ``on_host``) runs eagerly: LOW_BIT_STEP_COPIES fp32 copies (on CUDA torchao compiles the
+    step into fused kernels, which hold none; not measured here). Adafactor: its variance estimate, the size of
+    the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's Adam/AdamW
+    (torch's single-tensor step, foreach=False): two, the square root and the quotient of its denominator
+    (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
+    2.0 on FSDP2's fp32 cells); SGD none. Engines that step their own flat partitions (DeepSpeed) count their step
+    apart.
+    """
+    opt = s.low_memory_optimizer
+    largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
+    if opt == "none":
+        # Pure bf16: its states and so its copies are bf16.
+        copy = largest * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
+        return ADAM_STEP_COPIES * copy if inp.optimizer in ("adam", "adamw") else 0.0
+    if opt == "adafactor":
+        return largest
+    if opt in LOW_BIT_STATE and on_host:
+        return LOW_BIT_STEP_COPIES * largest
+    return 0.0
+
+
+def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_host: bool) -> float:
+    """Seconds a low-memory optimizer's step adds over the job's AdamW on the device, for this rank's shard.
+
+    On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO times torch's AdamW, whose rate is
+    cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
+    (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0.
+    """
+    hw = inp.hardware
+    if s.low_memory_optimizer not in LOW_BIT_STATE or not on_host:
+        return 0.0
+    return (LOW_BIT_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:
@@ -95,6 +196,9 @@ class MemoryInputs:
     """Activation bytes per token (measured, calibrated or from the paper)."""
     overlap_comm: bool = False
     """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
+    device_room_bytes: int = 0
+    """Device bytes a rank may fill, the usable budget: what DeepSpeed's ZeRO-1/2 flatten sees as room (the rank
+    caps its available_memory check there); 0 reads the device's whole memory."""
     memo: dict | None = field(default=None, init=False, compare=False, repr=False)
     """One request's memo of the engine terms (launcher.planner.memo); set by the search, None elsewhere. Not an
     init field, so dataclasses.replace never hands it to inputs with other values."""
@@ -183,13 +287,6 @@ def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -
 def kept_param_bytes(pure_bf16: bool) -> int:
     """Bytes per element of the parameters an engine keeps and steps (FSDP2's shards): fp32, or bf16 when pure."""
     return PURE_BF16_BYTES if pure_bf16 else MASTER_BYTES
-
-
-def optimizer_state_bytes(optimizer: str, pure_bf16: bool) -> float:
-    """Optimizer state bytes per trainable parameter: OPTIMIZER_STATE_BYTES in fp32, half of it in bf16 when
-    pure (the states take the parameter's dtype)."""
-    k = OPTIMIZER_STATE_BYTES[optimizer]
-    return k * PURE_BF16_BYTES / 4 if pure_bf16 else k
 
 
 def untied_head_bytes(m: ModelStats) -> float:

@@ -58,6 +58,7 @@ def parse(world_size: int, configs: dict) -> dict:
                 "prefetch_bucket_size": parsed.zero_config.prefetch_bucket_size,
                 "max_live_parameters": parsed.zero_config.max_live_parameters,
                 "param_persistence_threshold": parsed.zero_config.param_persistence_threshold,
+                "sub_group_size": parsed.zero_config.sub_group_size,
                 "memory_efficient_linear": parsed.zero_config.memory_efficient_linear,
                 "bf16": parsed.bfloat16_config.enabled,
                 "fp16": parsed.float16_config.enabled,

@@ -29,6 +29,7 @@ BUCKETS = dict(
     stage3_prefetch_bucket_size=3_686,
     stage3_max_live_parameters=250_000_000,
     stage3_param_persistence_threshold=640,
+    sub_group_size=300_000_000,
 )
 LARGEST_LAYER_PARAMS = 65_536  # tiny gpt2's embedding, 1024 x 64
 

@@ -109,6 +109,8 @@ def test_parsed_buckets_are_the_plans(parsed):
     assert z3["prefetch_bucket_size"] == BUCKETS["stage3_prefetch_bucket_size"]
     assert z3["max_live_parameters"] == BUCKETS["stage3_max_live_parameters"]
     assert z3["param_persistence_threshold"] == BUCKETS["stage3_param_persistence_threshold"]
+    assert z3["sub_group_size"] == BUCKETS["sub_group_size"]
+    assert "sub_group_size" not in emit(zero_stage=2)["zero_optimization"]  # ZeRO-1/2 step one flat partition
 
 
 def test_zero3_keeps_torch_linear_which_saves_no_input_of_a_frozen_weight(parsed):
@@ -177,8 +179,8 @@ def test_nvme_swap_buffers_are_sized_as_planned():
     z = ds_config(plan, make_job(), largest_layer_params=1)["zero_optimization"]
     assert z["offload_param"]["buffer_size"] == BUCKETS["stage3_prefetch_bucket_size"]
     assert z["offload_param"]["buffer_count"] == NVME_PARAM_BUFFER_COUNT
-    # Pinned optimizer swap buffers are buffer_count x sub_group_size fp32 elements.
-    assert z["sub_group_size"] == BUCKETS["reduce_bucket_size"]
+    # Pinned optimizer swap buffers are buffer_count x the largest sub-group, fp32: the plan's sub-group size.
+    assert z["sub_group_size"] == BUCKETS["sub_group_size"]
     with pytest.raises(ValueError, match="largest_layer_params"):
         ds_config(plan, make_job())
 

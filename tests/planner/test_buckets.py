@@ -10,7 +10,11 @@ from launcher.planner.buckets import (
     BUCKET_BUDGET_SHARE,
     DS_DEFAULT_BUCKET,
     DS_DEFAULT_PREFETCH,
+    DS_DEFAULT_SUB_GROUP,
     MIN_BUCKET,
+    MIN_SUB_GROUP,
+    SUB_GROUP_BUDGET_SHARE,
+    SUB_GROUP_STEP_BYTES,
     size_buckets,
 )
 from launcher.planner.search import make_plan
@@ -38,8 +42,13 @@ def test_buckets_fit_the_budget_and_never_exceed_deepspeed_defaults(request_for,
         assert elems * FP32 <= req.usable_bytes
     assert MIN_BUCKET <= b.stage3_prefetch_bucket_size <= DS_DEFAULT_PREFETCH
     assert b.stage3_prefetch_bucket_size <= b.reduce_bucket_size
+    # ZeRO-3's sub-group: its three fp32 step tensors within their share, never above DeepSpeed's default.
+    assert MIN_SUB_GROUP <= b.sub_group_size <= DS_DEFAULT_SUB_GROUP
+    assert b.sub_group_size * SUB_GROUP_STEP_BYTES <= max(SUB_GROUP_BUDGET_SHARE * req.usable_bytes,
+                                                          MIN_SUB_GROUP * SUB_GROUP_STEP_BYTES)
     if smallest:
         assert b.reduce_bucket_size == MIN_BUCKET
+        assert b.sub_group_size == MIN_SUB_GROUP
 
 
 def test_defaults_are_reached_only_with_room_for_them(request_for):
@@ -61,6 +70,14 @@ def test_the_caps_are_deepspeeds_own_defaults():
     fields = DeepSpeedZeroConfig.model_fields
     assert DS_DEFAULT_BUCKET == fields["reduce_bucket_size"].default == fields["allgather_bucket_size"].default
     assert DS_DEFAULT_PREFETCH == fields["prefetch_bucket_size"].default
+    assert DS_DEFAULT_SUB_GROUP == fields["sub_group_size"].default
+
+
+def test_sub_groups_keep_deepspeeds_default_on_an_80_gb_card_and_shrink_below(request_for):
+    # 80 GB budget, 5 % margin: 76 GB usable; a 20 % share over 12 B per element is 1.27e9, capped at the default.
+    assert size_buckets(request_for(budget_bytes=80 * 10**9)).sub_group_size == DS_DEFAULT_SUB_GROUP
+    # 24 GB: 22.8e9 usable x 0.2 / 12 = 3.8e8 elements (4.56 GB of step temporaries at most).
+    assert size_buckets(request_for(budget_bytes=24 * 10**9)).sub_group_size == 380_000_000
 
 
 def test_a_bucket_never_outgrows_the_gradients(request_for):

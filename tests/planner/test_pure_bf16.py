@@ -31,8 +31,13 @@ def test_fsdp_states_halve_params_grads_and_adam_states(llama7b, accum):
     # fp32 shards 4Ψ/N -> bf16 shards 2Ψ/N; AdamW's two states take the parameter's dtype: 8Ψ/N -> 4Ψ/N.
     assert mixed.params == pytest.approx(4 * psi / n) and pure.params == pytest.approx(2 * psi / n)
     assert mixed.optimizer == pytest.approx(8 * psi / n) and pure.optimizer == pytest.approx(4 * psi / n)
+    # Without accumulation the step's extra is the gradients and AdamW's two denominator copies of the largest
+    # local tensor (terms.ADAM_STEP_COPIES), both in the parameters' dtype.
+    copies = 2 * llama7b.largest_layer_params / n
     grads = (lambda st: st.grads) if accum > 1 else (lambda st: st.step_extra)
-    assert grads(mixed) == pytest.approx(4 * psi / n) and grads(pure) == pytest.approx(2 * psi / n)
+    extra = 0 if accum > 1 else 1
+    assert grads(mixed) == pytest.approx(4 * psi / n + extra * 4 * copies)
+    assert grads(pure) == pytest.approx(2 * psi / n + extra * 2 * copies)
     # The gathered working copies are bf16 either way.
     assert pure.buffers == mixed.buffers
 

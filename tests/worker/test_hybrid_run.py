@@ -20,11 +20,13 @@ def test_hybrid_fsdp2_shards_within_a_node_and_trains(tmp_path):
         "model": dict(TINY_GPT2),
         "task": "causal_lm",
         "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 64},
-        "train": {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8},
-        # Every field pinned: the run is the hybrid plan, whatever the search would prefer on CPU ranks.
+        "train": {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8,
+                  "allow_levers": ["adafactor"]},
+        # Every field pinned: the run is the hybrid plan, whatever the search would prefer on CPU ranks. Adafactor
+        # also runs ShardedAdafactor's reductions over the shard dimension of a 2-D mesh (the lever's one CLI run).
         "strategy": {"engine": "fsdp", "fsdp_sharding": "hybrid", "fsdp_reshard_after_forward": True,
                      "offload_optimizer": "none", "offload_params": "none", "micro_batch_size": 2,
-                     "activation_checkpointing": False},
+                     "activation_checkpointing": False, "low_memory_optimizer": "adafactor"},
         "gpus": PER_NODE,
         "budget": "1GB",
     }
@@ -45,6 +47,7 @@ def test_hybrid_fsdp2_shards_within_a_node_and_trains(tmp_path):
 
     plan = json.loads((run / "plan.json").read_text())
     assert (plan["engine"], plan["fsdp_sharding"], plan["nodes"], plan["world_size"]) == ("fsdp", "hybrid", 2, 4)
+    assert plan["low_memory_optimizer"] == "adafactor"
     fsdp_yaml = yaml.safe_load((run / "fsdp.yaml").read_text())
     assert fsdp_yaml["fsdp2"]["mesh"] == {"shape": [NODES, PER_NODE], "dim_names": ["replicate", "shard"]}
 

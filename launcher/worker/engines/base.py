@@ -104,9 +104,16 @@ def lr_lambda(warmup_steps: int):
     return factor
 
 
-def build_optimizer(train: TrainConfig, params) -> torch.optim.Optimizer:
-    """The job's optimizer over ``params``; foreach=False so no multi-tensor temporaries inflate the peak."""
+def build_optimizer(train: TrainConfig, params, low_memory: str = "none") -> torch.optim.Optimizer:
+    """The job's optimizer over ``params``; foreach=False so no multi-tensor temporaries inflate the peak.
+
+    ``low_memory``: the plan's Strategy.low_memory_optimizer, in place of train.optimizer when not "none"
+    (launcher.worker.engines.optimizers)."""
     params = list(params)
+    if low_memory != "none":
+        from launcher.worker.engines.optimizers import low_memory_optimizer
+
+        return low_memory_optimizer(low_memory, train, params, betas=ADAM_BETAS, eps=ADAM_EPS)
     if train.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=train.weight_decay,
                                  foreach=False)

@@ -11,7 +11,8 @@ other ranks receive it by broadcast onto their devices (launcher.worker.loading)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -77,6 +78,33 @@ def check_clipping(ds_config: dict, train: TrainConfig) -> None:
                           f"{train.max_grad_norm}; re-emit the run dir (launch --overwrite)")
 
 
+@contextlib.contextmanager
+def flatten_room(accelerator, room_bytes: int, used_bytes: Callable[[], int]) -> Iterator[None]:
+    """Within the block DeepSpeed's accelerator reports at most ``room_bytes - used_bytes()`` free.
+
+    ZeRO-1/2 flatten each parameter group on the device only if ``available_memory() >= flat_buffer_bytes``
+    (runtime/zero/stage_1_and_2.py), else through host memory. CUDA's available_memory is the whole device's free
+    memory (pynvml, or total - allocated): it sees neither the plan's budget nor --enforce's allocator cap, so a
+    rank given less than its GPU would flatten on the device past its budget (and under --enforce, OOM). Capped at
+    the plan's usable budget, DeepSpeed takes the host route exactly where the planner counts it
+    (launcher.engines.deepspeed.cuda_init_bytes).
+    """
+    real = accelerator.available_memory
+    had_own = "available_memory" in vars(accelerator)
+
+    def capped(device_index=None):
+        return max(0, min(real(device_index), room_bytes - used_bytes()))
+
+    accelerator.available_memory = capped
+    try:
+        yield
+    finally:
+        if had_own:
+            accelerator.available_memory = real
+        else:
+            del accelerator.available_memory
+
+
 class DeepSpeedEngine:
     name = "deepspeed"
 
@@ -85,7 +113,8 @@ class DeepSpeedEngine:
         if ds_config is None:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
-        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing)
+        return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
+                   usable_bytes=plan.usable_bytes)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -97,8 +126,11 @@ class DeepSpeedEngine:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=backend)
 
-    def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False):
+    def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
+                 usable_bytes: int = 0):
         self.ds_config = ds_config
+        self.usable_bytes = usable_bytes
+        """The plan's usable budget per rank, bytes: the room ZeRO-1/2's flatten may see on a GPU (0: the device's)."""
         self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
         self.device = device or torch.device("cpu")
         self.hf_checkpointing = activation_checkpointing
@@ -142,9 +174,10 @@ class DeepSpeedEngine:
         # first step(), so its ramp runs one optimizer step behind (DeepSpeed 0.19 lr_schedules.py), and it raises
         # a warm-up of 1 step to 2. tests/worker/test_step_contract.py compares the two engines' lr step by step.
         config = {k: v for k, v in self.ds_config.items() if k != "scheduler"}
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config
-        )
+        with self._flatten_room(probe):
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config
+            )
         self.model = self.engine
         if probe.tracker is None:
             return  # no category tracking (CUDA without $LAUNCHER_TRACK_CATEGORIES): nothing to label
@@ -157,6 +190,18 @@ class DeepSpeedEngine:
             basic.register_step_pre_hook(lambda *_: self._label_memory(probe, grads=True))
         if self.stage == 3:
             self._label_gathered_params(probe)
+
+    def _flatten_room(self, probe) -> contextlib.AbstractContextManager:
+        """On a GPU under ZeRO-1/2, DeepSpeed's flatten sees the plan's usable budget as the device (flatten_room):
+        what the rank holds is the allocator's reserved bytes plus what lives outside it (context, NCCL)."""
+        if self.device.type != "cuda" or self.stage not in (1, 2) or not self.usable_bytes:
+            return contextlib.nullcontext()
+        from deepspeed.accelerator import get_accelerator
+
+        def used() -> int:
+            return torch.cuda.memory_reserved(self.device) + getattr(probe, "cuda_outside_bytes", 0)
+
+        return flatten_room(get_accelerator(), self.usable_bytes, used)
 
     def _label_memory(self, probe, *, grads: bool) -> None:
         opt = self.optimizer

@@ -62,11 +62,13 @@ class FsdpEngine:
     name = "fsdp"
     hf_checkpointing = False
     """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
+    low_memory_optimizer = "none"
+    """The plan's Strategy.low_memory_optimizer (set by from_plan): build_optimizer's choice."""
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
         s = plan.strategy
-        return cls(
+        engine = cls(
             reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
                                        else True),
             offload_params=s.offload_params,
@@ -80,6 +82,8 @@ class FsdpEngine:
             qlora=s.qlora,
             optimizer_in_backward=s.optimizer_in_backward,
         )
+        engine.low_memory_optimizer = s.low_memory_optimizer
+        return engine
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -221,7 +225,7 @@ class FsdpEngine:
             self.setup_optimizer_in_backward(trainable, train)
             probe.use_fsdp_tracker(model, None)  # FSDPMemTracker follows one optimizer; the states count as other
             return
-        self.optimizer = build_optimizer(train, trainable)
+        self.optimizer = build_optimizer(train, trainable, self.low_memory_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
         self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]
         if self.precision == "fp16":

@@ -1,0 +1,164 @@
+"""The low-memory optimizers of Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers").
+
+adamw8bit / adamw4bit  torchao.optim.AdamW8bit / AdamW4bit: AdamW whose two moments are stored block-wise
+                       quantized (8-bit codes per element, or 4-bit packed two to a byte, with one fp32 scale per
+                       block of 256 / 128 elements); a tensor under 4096 elements, or one whose (local) size the
+                       block does not divide, keeps fp32 moments (torchao/optim/adam.py _AdamBase._new_buffer).
+                       lr, betas, eps and weight_decay mean what they mean for AdamW: the job's train.lr and
+                       train.weight_decay, base.ADAM_BETAS and base.ADAM_EPS, the same numbers as the plain run.
+adafactor              torch.optim.Adafactor: no first moment (torch's has no beta1, so betas do not apply), a
+                       factored second moment (a row and a column vector per matrix, the full vector for 1-D
+                       tensors) decaying by beta2_t = 1 - t^-0.8 (beta2_decay). train.lr is its lr, which caps the
+                       relative step size rho_t = min(lr, 1/sqrt(t)) that scales each update by the parameter's RMS:
+                       not AdamW's absolute step. eps keeps torch's (None: the dtype's eps; 1e-3 for the RMS floor).
+
+On FSDP2 all three step DTensor shards. torchao builds each state on the local shard and wraps it back into a
+DTensor (_new_buffer). torch's Adafactor does not run on them (its in-place square_ of a column norm is refused
+by DTensor's sharding propagation, torch 2.13), so ShardedAdafactor runs its single-tensor step on the local
+shard and all-reduces over the shard group what spans rows (column means, the row variance's mean and the two
+RMS norms): the same update as on the whole tensor. All of them run on CPU ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+LOW_BIT_BLOCK = {"adamw8bit": 256, "adamw4bit": 128}
+"""torchao's default block sizes (AdamW8bit, AdamW4bit), which these optimizers use."""
+
+
+def _eager(cls):
+    """``cls`` whose step runs eagerly on CPU: torchao compiles its step (torch.compile(single_param_adam,
+    dynamic=False)) once per parameter shape, which took 170 s for three shapes on a 2-core CPU host; eager costs
+    a few seconds per step instead and holds its fp32 working copies (counted by the memory model)."""
+
+    class Eager(cls):
+        def step(self, closure=None):
+            if any(p.device.type == "cpu" for g in self.param_groups for p in g["params"]):
+                with torch.compiler.set_stance("force_eager"):
+                    return super().step(closure)
+            return super().step(closure)
+
+    Eager.__name__ = Eager.__qualname__ = cls.__name__
+    return Eager
+
+
+def _shard_group(p: torch.Tensor):
+    """The process group a DTensor parameter is sharded over along dim 0 (None: a plain or replicated tensor)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(p, DTensor):
+        return None
+    dims = [i for i, pl in enumerate(p.placements) if isinstance(pl, Shard)]
+    if not dims:
+        return None
+    if len(dims) > 1 or p.placements[dims[0]].dim != 0:
+        raise NotImplementedError(f"adafactor: a parameter sharded as {p.placements} (FSDP2 shards dim 0 once)")
+    return p.device_mesh.get_group(dims[0])
+
+
+def _summed(t: torch.Tensor, group) -> torch.Tensor:
+    if group is not None:
+        dist.all_reduce(t, group=group)
+    return t
+
+
+class ShardedAdafactor(torch.optim.Adafactor):
+    """torch.optim.Adafactor whose step runs on FSDP2's DTensor shards (and on plain tensors, the same math).
+
+    The step is torch's _single_tensor_adafactor (torch/optim/_adafactor.py) with each whole-tensor reduction
+    summed over the shard group; the states are the same (row_var, col_var, variance, step), kept as DTensors
+    (row_var and variance sharded like the parameter, col_var replicated) so a distributed checkpoint saves them.
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._step_param(p, group)
+        return loss
+
+    def _init_state(self, p: torch.Tensor, g: torch.Tensor) -> dict:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        def like_param(t, shape):
+            if not isinstance(p, DTensor):
+                return t
+            stride = torch.empty(shape, device="meta").stride()
+            return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=shape, stride=stride)
+
+        def replicated(t):
+            if not isinstance(p, DTensor):
+                return t
+            return DTensor.from_local(t, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+
+        state = self.state[p]
+        state["step"] = torch.tensor(0.0)
+        if p.dim() == 2:
+            state["row_var"] = like_param(g.new_zeros(g.shape[0], 1), (p.shape[0], 1))
+            state["col_var"] = replicated(g.new_zeros(1, g.shape[1]))
+        elif p.dim() == 1:
+            state["variance"] = like_param(torch.zeros_like(g), tuple(p.shape))
+        else:
+            raise NotImplementedError(f"adafactor: a {p.dim()}-D parameter (transformers' are 1-D or 2-D)")
+        return state
+
+    def _step_param(self, p: torch.Tensor, group: dict) -> None:
+        from torch.distributed.tensor import DTensor
+
+        def local(t):
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        pg = _shard_group(p)
+        x, g = local(p), local(p.grad)
+        if group["maximize"]:
+            g = -g
+        state = self.state[p] or self._init_state(p, g)
+        lr, d, wd = float(group["lr"]), group["d"], group["weight_decay"]
+        eps1, eps2 = group["eps"]
+        eps1 = torch.finfo(x.dtype).eps if eps1 is None else eps1
+        state["step"] += 1
+        t = state["step"].item()
+        one_minus_beta2_t = t ** group["beta2_decay"]
+        rho_t = min(lr, 1 / t**0.5)
+        numel = p.numel()  # the whole tensor's, for RMS norms over every shard
+        rms = (_summed(torch.linalg.vector_norm(x).square(), pg) / numel).sqrt().item()
+        alpha = max(eps2, rms) * rho_t
+        if wd != 0:
+            x.mul_(1 - lr * wd)
+        if p.dim() == 2:
+            row_var, col_var = local(state["row_var"]), local(state["col_var"])
+            row_var.lerp_(torch.norm(g, dim=-1, keepdim=True).square_().div_(g.size(-1)), one_minus_beta2_t)
+            col = _summed(torch.norm(g, dim=-2, keepdim=True).square_(), pg).div_(p.size(0))
+            col_var.lerp_(col, one_minus_beta2_t)
+            var_estimate = row_var @ col_var
+            row_mean = _summed(row_var.sum(dim=-2, keepdim=True), pg).div_(p.size(0))
+            var_estimate.div_(row_mean.clamp_(min=eps1))
+        else:
+            variance = local(state["variance"])
+            variance.lerp_(g * g, one_minus_beta2_t)
+            var_estimate = variance.clone()
+        update = var_estimate.clamp_(min=eps1 * eps1).rsqrt_()
+        update.mul_(g)
+        update_rms = (_summed(torch.linalg.vector_norm(update).square(), pg) / numel).sqrt().item()
+        x.add_(update, alpha=-alpha / max(1.0, update_rms / d))
+
+
+def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, float],
+                         eps: float) -> torch.optim.Optimizer:
+    """Strategy.low_memory_optimizer ``name`` over ``params`` with the job's lr and weight decay."""
+    if name == "adafactor":
+        return ShardedAdafactor(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)
+    if name not in LOW_BIT_BLOCK:
+        raise ValueError(f"unknown low_memory_optimizer {name!r}")
+    from torchao.optim import AdamW4bit, AdamW8bit
+
+    cls = _eager(AdamW8bit if name == "adamw8bit" else AdamW4bit)
+    return cls(params, lr=train.lr, betas=betas, eps=eps, weight_decay=train.weight_decay,
+               block_size=LOW_BIT_BLOCK[name])

@@ -1,0 +1,189 @@
+"""Low-memory optimizers (Strategy.low_memory_optimizer): the state and step terms, and when the planner uses one."""
+
+import dataclasses
+
+import pytest
+
+from launcher.engines import ENGINES
+from launcher.engines.fsdp import fsdp_states
+from launcher.planner.cost import step_time_terms
+from launcher.planner.hardware import PROFILES
+from launcher.planner.memory import MemoryInputs, analytic_constants
+from launcher.planner.plan import Strategy
+from launcher.planner.search import make_plan, score
+from launcher.planner.terms import (
+    LOW_BIT_STEP_COPIES,
+    optimizer_state_bytes,
+    optimizer_step_s,
+    optimizer_step_temp_bytes,
+)
+from tests.planner.conftest import llama_stats
+
+
+def _inp(m, n=2, hw="cpu"):
+    return MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=128, precision="fp32",
+                        optimizer="adamw", hardware=PROFILES[hw], activations=analytic_constants(m, "fp32"))
+
+
+def _s(opt="none", **kw):
+    base = dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False,
+                low_memory_optimizer=opt)
+    base.update(kw)
+    return Strategy(**base)
+
+
+def _bert(vocab):
+    """MiniLM's shape: a 384-wide encoder whose word-embedding table has ``vocab`` rows."""
+    m = llama_stats(num_params=22_000_000, blocks=6, h=384, inter=1536, vocab=vocab)
+    return dataclasses.replace(m, task="seq_cls", tied_embeddings=True)
+
+
+def test_adamw_keeps_eight_bytes_per_trainable_parameter_per_shard():
+    m = llama_stats()
+    assert optimizer_state_bytes(_inp(m, 8), _s(), 8) == 8 * m.trainable_params / 8
+
+
+@pytest.mark.parametrize(("opt", "per_param"), [("adamw8bit", 2 * (1 + 4 / 256)), ("adamw4bit", 2 * (0.5 + 4 / 128))])
+def test_low_bit_state_is_codes_plus_one_fp32_scale_per_block(opt, per_param):
+    # torchao OptimState8bit / 4bit: uint8 codes (4-bit packed two per byte) and numel/block fp32 scales, per moment.
+    m = llama_stats()  # 32000 x 4096 tables: every shard's size is a multiple of both blocks
+    assert optimizer_state_bytes(_inp(m, 8), _s(opt), 8) == pytest.approx(per_param * m.trainable_params / 8)
+
+
+def test_a_table_shard_the_block_does_not_divide_keeps_fp32_moments():
+    # 30522 rows over 2 ranks: 15261 x 384 elements, a multiple of 128 (4-bit) but not of 256 (8-bit), so torchao
+    # (adam.py _new_buffer) keeps that table's 8-bit moments in fp32 and quantizes its 4-bit ones.
+    m, table = _bert(30522), 15261 * 384
+    rest = (m.trainable_params - 30522 * 384) / 2
+    assert optimizer_state_bytes(_inp(m), _s("adamw8bit"), 2) == pytest.approx(8 * table + 2 * (1 + 4 / 256) * rest)
+    assert optimizer_state_bytes(_inp(m), _s("adamw4bit"), 2) == pytest.approx(2 * (0.5 + 4 / 128) * (table + rest))
+    # An even vocabulary quantizes under both.
+    even = _bert(30520)
+    assert optimizer_state_bytes(_inp(even), _s("adamw8bit"), 2) < 2.1 * even.trainable_params / 2
+
+
+def test_adafactor_keeps_a_row_and_a_column_per_matrix():
+    m = _bert(30522)
+    state = optimizer_state_bytes(_inp(m), _s("adafactor"), 2)
+    # The table: its rank's rows plus the replicated column vector, 4 bytes each; the blocks a few KB more.
+    assert 4 * (15261 + 384) <= state < 4 * (15261 + 384) + 4 * 2 * m.trainable_params / 384
+    assert state < 0.01 * optimizer_state_bytes(_inp(m), _s(), 2)
+
+
+def test_step_temporaries_are_copies_of_the_largest_local_tensor():
+    m = llama_stats()
+    local = 4 * m.largest_layer_params / 2
+    # Eager torchao on the host holds six fp32 copies; compiled on CUDA none; Adafactor one variance estimate.
+    assert optimizer_step_temp_bytes(_inp(m), _s("adamw8bit"), 2, on_host=True) == LOW_BIT_STEP_COPIES * local
+    assert optimizer_step_temp_bytes(_inp(m, hw="a100-80gb"), _s("adamw4bit"), 2, on_host=False) == 0
+    assert optimizer_step_temp_bytes(_inp(m), _s("adafactor"), 2, on_host=True) == local
+    # torch's AdamW: its denominator's two (measured on the FSDP2 twins of the dev cells); SGD none.
+    assert optimizer_step_temp_bytes(_inp(m), _s(), 2, on_host=True) == 2 * local
+    sgd = dataclasses.replace(_inp(m), optimizer="sgd")
+    assert optimizer_step_temp_bytes(sgd, _s(), 2, on_host=False) == 0
+
+
+def test_fsdp_states_count_the_smaller_state_and_the_step_copies():
+    m = _bert(30520)
+    plain, low = fsdp_states(_inp(m), _s()), fsdp_states(_inp(m), _s("adamw8bit"))
+    assert low.optimizer == optimizer_state_bytes(_inp(m), _s("adamw8bit"), 2) < plain.optimizer / 3
+    assert low.step_extra - plain.step_extra == (LOW_BIT_STEP_COPIES - 2) * 4 * m.largest_layer_params / 2
+    # Under CPUOffloadPolicy the state and the step's copies are on the host.
+    off = fsdp_states(_inp(m, hw="a100-80gb"), _s("adamw8bit", offload_optimizer="cpu", offload_params="cpu"))
+    assert off.optimizer == 0 and off.host_step_extra - 4 * m.trainable_params / 2 == pytest.approx(
+        LOW_BIT_STEP_COPIES * 4 * m.largest_layer_params / 2)
+
+
+def test_eager_low_bit_step_costs_time_on_cpu_ranks_only():
+    m = _bert(30520)
+    assert optimizer_step_s(_inp(m), _s("adamw8bit"), m.trainable_params / 2, on_host=True) > 0
+    assert optimizer_step_s(_inp(m), _s("adafactor"), m.trainable_params / 2, on_host=True) == 0
+    assert optimizer_step_s(_inp(m, hw="a100-80gb"), _s("adamw8bit"), m.trainable_params / 2, on_host=False) == 0
+    terms = step_time_terms(_inp(m), _s("adamw8bit"), 10**6)
+    assert terms["optimizer"] > 0 and "optimizer" not in step_time_terms(_inp(m), _s(), 10**6)
+
+
+def test_only_fsdp_implements_it():
+    # DeepSpeed steps flat partitions padded to 2N elements, which torchao's block rule leaves in fp32, and on which
+    # Adafactor would factor nothing (docs/memory-model.md): it does not offer the lever.
+    assert {name for name, spec in ENGINES.items() if "low_memory_optimizer" in spec.levers} == {"fsdp"}
+
+
+def _cpu_request(request_for, **kw):
+    m = _bert(30520)
+    return request_for(model=m, gpus_per_node=2, seq_len=128, global_batch_size=2, precision="fp32",
+                       hardware=PROFILES["cpu"], **kw)
+
+
+def test_the_planner_keeps_adamw_when_it_fits(request_for):
+    plan = make_plan(_cpu_request(request_for, budget_bytes=10**10, allow_levers=("adamw8bit", "adafactor")))
+    assert plan.strategy.low_memory_optimizer == "none"
+    decision = next(d for d in plan.levers if d.lever == "low_memory_optimizer")
+    assert (decision.used, decision.why) == (False, "fits_without") and decision.peak_delta_bytes < 0
+
+
+def test_the_planner_uses_an_allowed_low_memory_optimizer_only_to_fit(request_for):
+    base = _cpu_request(request_for, budget_bytes=10**10)
+    adamw_peaks = [sc.estimate.peak_bytes for sc in (score(base, s) for s in _fsdp_strategies(base))]
+    # A budget just below the smallest AdamW plan: only a low-memory optimizer fits.
+    budget = int(min(adamw_peaks) / (1 - base.pins.safety_margin)) - 1
+    tight = _cpu_request(request_for, budget_bytes=budget, allow_levers=("adamw8bit", "adamw4bit", "adafactor"))
+    plan = make_plan(tight)
+    assert plan.strategy.low_memory_optimizer != "none"
+    decision = next(d for d in plan.levers if d.lever == "low_memory_optimizer")
+    assert (decision.used, decision.why) == (True, "needed_to_fit")
+    # Without permission the same budget has no plan with a low-memory optimizer.
+    from launcher.errors import NoPlanError
+
+    with pytest.raises(NoPlanError):
+        make_plan(_cpu_request(request_for, budget_bytes=budget))
+
+
+def _fsdp_strategies(req):
+    from launcher.planner.candidates import candidates
+
+    return candidates(req)
+
+
+def test_pinned_on_deepspeed_it_admits_nothing(request_for):
+    from launcher.config.job import StrategyConfig
+    from launcher.errors import ConfigError
+    from launcher.planner.candidates import candidates
+
+    req = request_for(pins=StrategyConfig(engine="deepspeed", low_memory_optimizer="adamw8bit"),
+                      allow_levers=("adamw8bit",))
+    with pytest.raises(ConfigError, match=r"deepspeed: loss_chunks;"):
+        candidates(req)
+
+
+def test_not_tried_under_lora_or_in_place_of_sgd(request_for):
+    from launcher.planner.levers import options
+
+    allow = ("adamw8bit", "adamw4bit", "adafactor")
+    assert {o.low_memory_optimizer for o in options(request_for(allow_levers=allow), frozenset(
+        {"low_memory_optimizer"}), 1)} == {"none", *allow}
+    lora = llama_stats(trainable=4_000_000)
+    for req in (request_for(model=lora, allow_levers=allow), request_for(optimizer="sgd", allow_levers=allow)):
+        assert {o.low_memory_optimizer for o in options(req, frozenset({"low_memory_optimizer"}), 1)} == {"none"}
+
+
+def test_the_accelerate_export_tells_the_script_which_optimizer_the_plan_assumes(request_for):
+    from pathlib import Path
+
+    req = _cpu_request(request_for, budget_bytes=10**10, allow_levers=("adamw4bit",))
+    plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp",
+                                                                       low_memory_optimizer="adamw4bit")))
+    notes = ENGINES["fsdp"].accelerate_notes(plan, Path("."))
+    assert any("torchao.optim.AdamW4bit" in n for n in notes)
+    plain = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp")))
+    assert not any("optimizer" in n for n in ENGINES["fsdp"].accelerate_notes(plain, Path(".")))
+
+
+def test_never_combined_with_the_step_in_backward_or_pure_bf16(request_for):
+    from launcher.planner.levers import options
+
+    allow = ("adamw8bit", "pure_bf16")
+    for o in options(request_for(allow_levers=allow), frozenset({"low_memory_optimizer", "optimizer_in_backward",
+                                                                  "pure_bf16"}), 1):
+        assert o.low_memory_optimizer == "none" or not (o.optimizer_in_backward or o.pure_bf16)
