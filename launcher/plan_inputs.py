@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -27,12 +28,12 @@ from launcher.planner.search import PlanRequest, batch_problem, context_problem,
 from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
-INTROSPECT_VERSION = 5
+INTROSPECT_VERSION = 6
 """Version of what the cached introspection (ModelStats) holds; raise it when ModelStats or how it is measured
 changes, so that caches written by an older launcher are not read as current."""
 
 
-def _model_fingerprint(job: Job) -> str:
+def model_fingerprint(job: Job) -> str:
     """Hash of what decides the architecture, computed without importing torch or transformers."""
     if isinstance(job.model, InlineArch):
         src = json.dumps(dataclasses.asdict(job.model), sort_keys=True)
@@ -78,14 +79,32 @@ def _transformers_quiet():
         hf_logging.set_verbosity(level)
 
 
+BUNDLED_STATS = Path(__file__).parent / "model" / "bundled_stats.json"
+"""The bundled configs' ModelStats and probe constants, keyed like the cache (scripts/gen_bundled_stats.py)."""
+
+
+@functools.cache
+def bundled() -> dict:
+    """The shipped statistics ({"introspect": {fingerprint: ...}, "activations": {key: ...}}), or none."""
+    try:
+        return json.loads(BUNDLED_STATS.read_text())
+    except (OSError, ValueError):
+        return {"introspect": {}, "activations": {}}
+
+
 def model_stats(job: Job) -> ModelStats:
-    """Introspect on the meta device once per architecture; later calls read the cache."""
-    path = cache_dir() / "introspect" / f"{_model_fingerprint(job)}.json"
+    """Introspect on the meta device once per architecture; later calls read the cache. A bundled config's
+    statistics ship with the launcher (for the transformers and peft versions they were made with)."""
+    fingerprint = model_fingerprint(job)
+    path = cache_dir() / "introspect" / f"{fingerprint}.json"
     if path.is_file():
         try:
             return ModelStats.from_json(json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # stale or torn cache entry: rebuild it
+    shipped = bundled()["introspect"].get(fingerprint)
+    if shipped is not None:
+        return ModelStats.from_json(shipped)
     from launcher.model.introspect import introspect
 
     with _transformers_quiet():
@@ -101,10 +120,7 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
     if path.is_file():
         data = json.loads(path.read_text())
         return ActivationConstants(**{**data, "source": f"calibrated: {path}"})
-    from launcher.model.activations import PROBE_VERSION
-
-    key = (f"{_model_fingerprint(job)}-{job.data.max_seq_len}-{job.train.precision}-"
-           f"{job.train.attn_implementation or 'model'}-v{PROBE_VERSION}")
+    key = activation_key(job)
     cached = cache_dir() / "activations" / f"{key}.json"
     from launcher.model.activations import on_device
 
@@ -113,6 +129,9 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
             return on_device(ActivationConstants(**json.loads(cached.read_text())), profile.device_is_host)
         except (TypeError, ValueError):
             pass
+    shipped = shipped_constants(job)
+    if shipped is not None:
+        return on_device(shipped, profile.device_is_host)
     from launcher.model.activations import moe_constants, probe_activations
 
     if stats.num_experts:
@@ -128,6 +147,45 @@ def activation_constants(job: Job, stats: ModelStats, profile: HardwareProfile) 
     write_cache(cached, dataclasses.asdict(constants))
     return on_device(constants, profile.device_is_host)
 
+
+def activation_key(job: Job, seq_len: int | None = None) -> str:
+    """The probe's cache key: the model, the sequence length, the precision, the attention kernel, the probe."""
+    from launcher.model.activations import PROBE_VERSION
+
+    seq = job.data.max_seq_len if seq_len is None else seq_len
+    return (f"{model_fingerprint(job)}-{seq}-{job.train.precision}-"
+            f"{job.train.attn_implementation or 'model'}-v{PROBE_VERSION}")
+
+
+def shipped_constants(job: Job) -> ActivationConstants | None:
+    """The shipped probe constants of a bundled config: measured at this sequence length, or, between two shipped
+    lengths, interpolated linearly between them (SEQ_LINEAR says why that is sound); None otherwise (probe)."""
+    table = bundled()["activations"]
+    exact = table.get(activation_key(job))
+    if exact is not None:
+        return ActivationConstants(**{**exact, "source": exact["source"] + "; shipped with the launcher"})
+    seq = job.data.max_seq_len
+    lower = [s for s in SHIPPED_SEQ_LENS if s < seq and activation_key(job, s) in table]
+    upper = [s for s in SHIPPED_SEQ_LENS if s > seq and activation_key(job, s) in table]
+    if not lower or not upper:
+        return None
+    s1, s2 = max(lower), min(upper)
+    c1, c2 = table[activation_key(job, s1)], table[activation_key(job, s2)]
+    w = (seq - s1) / (s2 - s1)
+    numbers = {k: c1[k] + (c2[k] - c1[k]) * w for k in PER_TOKEN}
+    source = (f"measured on fake tensors at seq {s1} and {s2} (shipped with the launcher), interpolated to seq "
+              f"{seq}: {SEQ_LINEAR}")
+    return ActivationConstants(**{**c1, **numbers, "probe_seq_len": seq, "source": source})
+
+
+SHIPPED_SEQ_LENS = (1024, 2048, 4096, 8192)
+"""Sequence lengths scripts/gen_bundled_stats.py probes for each bundled config."""
+PER_TOKEN = ("block_bytes_per_token", "block_bytes_per_token_per_seq", "ckpt_bytes_per_token",
+             "head_bytes_per_token", "head_ckpt_bytes_per_token")
+"""The probe's per-token constants (launcher.planner.terms.ActivationConstants)."""
+SEQ_LINEAR = ("each per-token constant is linear in the sequence length, exactly so across the shipped lengths "
+              "and within 1e-5 of a fresh probe between them (tests/model/test_bundled_stats.py)")
+"""Why a shipped probe pair stands in for a probe at a length between them."""
 
 
 def request_problems(job: Job) -> list[str]:

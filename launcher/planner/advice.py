@@ -10,14 +10,15 @@ from launcher.errors import ConfigError
 from launcher.model.lora import LORA_RANK, lora_suggestion
 from launcher.planner.candidates import pinned
 from launcher.planner.request import PlanRequest
-from launcher.planner.scoring import Problem, Resource, Scored, evaluate
+from launcher.planner.scoring import Problem, Resource, Scored, search
 from launcher.units import format_bytes
 
 
 def _fits_with(req: PlanRequest, **changes) -> Scored | None:
     trial = dataclasses.replace(req, force=False, **changes)
     try:
-        scored = evaluate(trial)
+        # Every candidate as fast as the fastest fit is scored, so this is the minimum over all of them.
+        scored = search(trial).scored
     except ConfigError:
         return None
     fits = [c for c in scored if c.problem is None]

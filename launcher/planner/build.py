@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Literal
 
 from launcher.planner.lever_choice import decide
@@ -14,16 +15,22 @@ from launcher.units import format_bytes
 
 
 def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: list[str], *,
-               status: Literal["fits", "forced"]) -> Plan:
-    """The Plan for ``best``, with the reasons: why it won among ``scored``, what it assumed, what was pinned."""
-    fit_count = sum(1 for c in scored if c.problem is None)
+               status: Literal["fits", "forced"], total: int | None = None) -> Plan:
+    """The Plan for ``best``, with the reasons: why it won among ``scored``, what it assumed, what was pinned.
+
+    ``scored``: every candidate predicted faster than ``best`` and the runners-up at least (the search scores
+    in order of step time); ``total``: the candidates in the search space (len(scored) when None).
+    """
+    total = len(scored) if total is None else total
     b = best.estimate
+    faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
     reasons = []
     if status == "forced":
         reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem.describe()}")
     else:
         reasons.append(
-            f"fastest of {fit_count} fitting candidates out of {len(scored)}: predicted {b.step_time_s:.3g} s/step, "
+            f"fastest fitting candidate of {total} ({faster} predicted faster do not fit): "
+            f"predicted {b.step_time_s:.3g} s/step, "
             f"peak {format_bytes(b.peak_bytes)} of {format_bytes(req.usable_bytes)} usable "
             f"(budget {format_bytes(req.budget_bytes)} less {req.pins.safety_margin:.0%} margin)"
         )
@@ -54,7 +61,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                        f"{m.num_experts} experts): memory counts every expert, compute only the active ones, "
                        "activations the top-k experts' MLP width")
     return Plan(
-        strategy=best.strategy, estimate=b, buckets=best.buckets, num_params=req.model.num_params,
+        strategy=best.strategy, estimate=dataclasses.replace(b),
+        buckets=best.buckets and dataclasses.replace(best.buckets), num_params=req.model.num_params,
         trainable_params=req.model.trainable_params, budget_bytes=req.budget_bytes, usable_bytes=req.usable_bytes,
         world_size=req.world_size, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
         global_batch_size=req.global_batch_size, seq_len=req.seq_len, precision=req.precision,
@@ -101,6 +109,10 @@ def without_levers(s: Strategy) -> str:
     return dataclasses.replace(s, **{name: LEVERS_OFF[name] for name in LEVER_FIELDS}).label()
 
 
+PER_LAYOUT = 2
+"""Fitting alternatives listed per layout (engine, sharding, offload) at most."""
+
+
 def layout(s: Strategy) -> str:
     """What engine layout ``s`` is (its sharding and offload), apart from micro-batch, checkpointing and levers."""
     return without_levers(dataclasses.replace(s, micro_batch_size=1, grad_accum_steps=1,
@@ -109,21 +121,23 @@ def layout(s: Strategy) -> str:
 
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
     """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
-    fastest fitting plan of each other layout. Typed; worded by launch plan."""
+    fastest fitting ones, at most PER_LAYOUT of a layout. Typed; worded by launch plan."""
     t0 = best.estimate.step_time_s
     faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
                     key=lambda c: (overrun(c), c.estimate.step_time_s))
     near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
     runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
-    # The faster ones once each apart from their levers (the plan's lever lines say what the levers do); the
-    # fitting ones as the fastest of each layout, so other engines and shardings are not crowded out by one
-    # layout's micro-batches.
-    out, seen = [], {without_levers(best.strategy)}
+    # Each once apart from its levers (the plan's lever lines say what the levers do), and at most PER_LAYOUT
+    # fitting ones of one layout, so other engines and shardings are not crowded out by one layout's
+    # micro-batches (and the list still fills, which lets the search stop early: launcher.planner.scoring.search).
+    out, seen, per_layout = [], {without_levers(best.strategy)}, Counter()
     for c in near[: limit // 2] + runners:
-        key = without_levers(c.strategy) if c.problem else "layout: " + layout(c.strategy)
-        if key in seen:
+        key = without_levers(c.strategy)
+        if key in seen or (c.problem is None and per_layout[layout(c.strategy)] >= PER_LAYOUT):
             continue
         seen.add(key)
+        if c.problem is None:
+            per_layout[layout(c.strategy)] += 1
         label = c.strategy.label()
         p = c.problem
         out.append(Rejected(label=label, why=p.resource if p else "slower", peak_bytes=c.estimate.peak_bytes,

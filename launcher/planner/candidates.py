@@ -40,10 +40,16 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             )
         mbs = [p.micro_batch_size]
     out = []
+    # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy.
+    settings: dict[tuple, list[dict[str, object]]] = {}
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
-        for lv in options(req, engine_spec(c.engine).levers, accum):
-            out.append(c.strategy(micro_batch_size=mb, grad_accum_steps=accum, **lv.fields()))
+        levers = engine_spec(c.engine).levers
+        if (levers, accum) not in settings:
+            settings[levers, accum] = [lv.fields() for lv in options(req, levers, accum)]
+        layout = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+        out += [Strategy(**layout, micro_batch_size=mb, grad_accum_steps=accum, **lv)
+                for lv in settings[levers, accum]]
     if not out:
         raise ConfigError(
             f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "

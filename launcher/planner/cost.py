@@ -23,8 +23,8 @@ Each engine's spec (launcher.engines) gives its communication, offload and engin
 
 from __future__ import annotations
 
-from launcher.engines import engine_spec
-from launcher.planner.memory import checkpointed, offloaded_activation_bytes
+from launcher.planner.memo import spec_for
+from launcher.planner.memory import offloaded_activation_bytes
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s
 
@@ -41,13 +41,13 @@ def communication(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
     """Per-rank collective traffic of one optimizer step (the engine's spec says which collectives it runs)."""
     if inp.world_size <= 1:
         return Traffic(intra_node_bytes=0.0, inter_node_bytes=0.0, calls=0)
-    return engine_spec(s.engine).communication(inp, s, bucket_elems)
+    return spec_for(inp, s).communication(inp, s, bucket_elems)
 
 
 def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[str, float]:
     """Seconds per optimizer step by term: compute, communication (the part not hidden), offload, engine."""
     m, hw = inp.model, inp.hardware
-    spec = engine_spec(s.engine)
+    spec = spec_for(inp, s)
     tokens_per_rank = s.micro_batch_size * s.grad_accum_steps * inp.seq_len
     fwd_bwd = 6.0 if m.trainable_params == m.num_params else 4.0
     # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
@@ -88,7 +88,7 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     """How many blocks recompute in backward: ceil(n / k) with every k-th checkpointed (memory.checkpointed)."""
     if not s.activation_checkpointing:
         return 0
-    return sum(checkpointed(i, s.checkpoint_every) for i in range(num_blocks))
+    return -(-num_blocks // s.checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(i, k) over i
 
 
 def active_block_params(m) -> float:

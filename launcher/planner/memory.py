@@ -27,6 +27,7 @@ from launcher.engines import engine_spec
 from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
+from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
@@ -137,7 +138,7 @@ def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int,
     if not checkpointing:
         return int(num_blocks * block), int(block)
     ckpt = tokens * c.ckpt_bytes_per_token
-    kept = sum(checkpointed(j, checkpoint_every) for j in range(num_blocks))
+    kept = -(-num_blocks // checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(j, k) over j
     return int(kept * ckpt + (num_blocks - kept) * block), int(block)
 
 
@@ -210,7 +211,7 @@ def export_host_bytes(m: ModelStats, precision: str) -> float:
 
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
     m = inp.model
-    spec = engine_spec(s.engine)
+    spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks)

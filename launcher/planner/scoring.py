@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -9,6 +12,8 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
+from launcher.planner.levers import changes_math
+from launcher.planner.memo import TracedMemo
 from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Estimate, Strategy
 from launcher.planner.request import PlanRequest
@@ -67,33 +72,158 @@ class Scored:
 
 def score(req: PlanRequest, s: Strategy) -> Scored:
     """Estimate with budget-sized buckets; if that misses, with the smallest buckets."""
-    first = _score(req, s, size_buckets(req))
-    if first.problem is None or not engine_spec(s.engine).uses_buckets:
-        return first
-    second = _score(req, s, size_buckets(req, smallest=True))
-    return second if second.problem is None else first
+    return _Scorer(req, memo=False).score(s)
 
 
-def _score(req: PlanRequest, s: Strategy, buckets: Buckets) -> Scored:
-    inp = memory_inputs(req)
-    mem = estimate_memory(inp, s, buckets)
-    terms = step_time_terms(inp, s, buckets.reduce_bucket_size)
-    est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes, host_bytes_per_node=mem.host_bytes_per_node,
-                   nvme_bytes_per_node=mem.nvme_bytes_per_node, step_time_s=sum(terms.values()),
-                   step_time_terms=terms, basis=mem.basis, overhead=mem.overhead,
-                   moment_bytes=mem.moment_bytes)
-    problem = None
-    if mem.peak_bytes > req.usable_bytes:
-        problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
-                          largest=max(mem.breakdown, key=mem.breakdown.get))
-    elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
-        problem = Problem(resource="host_ram", need_bytes=mem.host_bytes_per_node,
-                          have_bytes=req.host_ram_per_node_bytes)
-    elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
-        problem = Problem(resource="nvme", need_bytes=mem.nvme_bytes_per_node, have_bytes=req.nvme_free_bytes or 0)
-    return Scored(s, est, problem, buckets)
+class _Scorer:
+    """One request's scoring: its MemoryInputs and buckets made once, and every term memoized by the strategy
+    fields it reads (launcher.planner.memo): strategies that differ only in fields a term does not read (a lever
+    no engine's terms use yet, say) share its answer. Every number is the one scoring alone gives."""
+
+    def __init__(self, req: PlanRequest, *, memo: bool = True) -> None:
+        self.req = req
+        self.inp = memory_inputs(req)
+        if memo:
+            self.inp.memo = {}
+        self.budget_buckets = size_buckets(req)
+        self.smallest_buckets = size_buckets(req, smallest=True)
+        self.memo = TracedMemo() if memo else None
+
+    def _call(self, key: tuple, fn, s: Strategy, *rest):
+        return fn(s, *rest) if self.memo is None else self.memo.call(key, fn, s, *rest)
+
+    def fastest_possible(self, s: Strategy) -> float:
+        """A lower bound of the step time ``score`` will give ``s``: it is the time with one of the two bucket
+        sizes (what its Estimate will say with them), so the smaller of the two."""
+        return self._call(("bound",), self._fastest_possible, s)
+
+    def _fastest_possible(self, s: Strategy) -> float:
+        t = sum(step_time_terms(self.inp, s, self.budget_buckets.reduce_bucket_size).values())
+        if engine_spec(s.engine).uses_buckets:
+            t = min(t, sum(step_time_terms(self.inp, s, self.smallest_buckets.reduce_bucket_size).values()))
+        return t
+
+    def score(self, s: Strategy) -> Scored:
+        # Strategies with the same readings share one Estimate (nothing changes an Estimate once made;
+        # build_plan copies the chosen one into the Plan).
+        est, problem, buckets = self._call(("score",), self._score_both, s)
+        return Scored(s, est, problem, buckets)
+
+    def _score_both(self, s: Strategy) -> tuple[Estimate, Problem | None, Buckets]:
+        """Budget-sized buckets; if that misses, the smallest buckets (``s`` may be the memo's recorder)."""
+        first = self._score(s, self.budget_buckets)
+        if first[1] is None or not engine_spec(s.engine).uses_buckets:
+            return first
+        second = self._score(s, self.smallest_buckets)
+        return second if second[1] is None else first
+
+    def _score(self, s: Strategy, buckets: Buckets) -> tuple[Estimate, Problem | None, Buckets]:
+        req = self.req
+        mem = estimate_memory(self.inp, s, buckets)
+        terms = step_time_terms(self.inp, s, buckets.reduce_bucket_size)
+        est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes,
+                       host_bytes_per_node=mem.host_bytes_per_node, nvme_bytes_per_node=mem.nvme_bytes_per_node,
+                       step_time_s=sum(terms.values()), step_time_terms=terms, basis=mem.basis,
+                       overhead=mem.overhead, moment_bytes=mem.moment_bytes)
+        problem = None
+        if mem.peak_bytes > req.usable_bytes:
+            problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
+                              largest=max(mem.breakdown, key=mem.breakdown.get))
+        elif req.host_ram_per_node_bytes is not None and mem.host_bytes_per_node > req.host_ram_per_node_bytes:
+            problem = Problem(resource="host_ram", need_bytes=mem.host_bytes_per_node,
+                              have_bytes=req.host_ram_per_node_bytes)
+        elif mem.nvme_bytes_per_node and mem.nvme_bytes_per_node > (req.nvme_free_bytes or 0):
+            problem = Problem(resource="nvme", need_bytes=mem.nvme_bytes_per_node,
+                              have_bytes=req.nvme_free_bytes or 0)
+        return est, problem, buckets
 
 
-def evaluate(req: PlanRequest) -> list[Scored]:
-    """Every candidate of the request, scored."""
-    return [score(req, s) for s in candidates(req)]
+def evaluate(req: PlanRequest, *, memo: bool = True) -> list[Scored]:
+    """Every candidate of the request, scored: what ``search`` must agree with. ``memo=False`` computes every
+    term afresh (the reference tests/planner/test_search_speed.py holds the memo to)."""
+    scorer = _Scorer(req, memo=memo)
+    return [scorer.score(s) for s in candidates(req)]
+
+
+@dataclass(kw_only=True, slots=True)
+class Searched:
+    """What the search scored: enough to choose exactly what scoring every candidate would."""
+
+    scored: list[Scored]
+    """The candidates scored for memory, in candidate order: every one predicted faster than the chosen plan and
+    the runners-up (all of them when nothing fits)."""
+    total: int
+    """Candidates in the search space."""
+
+    @property
+    def best(self) -> Scored | None:
+        """The fastest fitting candidate; on a tie the one with the job's own math (a lever that changes the math
+        wins only by being faster), then the smaller peak, then the earlier candidate."""
+        fits = [c for c in self.scored if c.problem is None]
+        return min(fits, key=_rank) if fits else None
+
+
+def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Searched:
+    """Score candidates in order of their predicted step time until the fastest fit is certain, and with
+    ``alternatives`` (launcher.planner.build.top_rejected) until the alternatives it lists are too.
+
+    Sound because step time does not depend on memory: a candidate's step time is known before its memory
+    estimate, and its scored time is one of its two buckets' times (``score``), so their minimum is a lower
+    bound. Once that bound passes a time T, every candidate faster than T has been scored: the choice (a minimum)
+    and the faster ones that do not fit are complete, and a list of alternatives is final once it is full and
+    every fitting one on it is faster than T. The memory model, which the levers keep extending, may then be
+    anything: nothing here assumes it falls or rises with a field.
+    """
+    scorer = _Scorer(req)
+    cands = candidates(req)
+    bounds = [scorer.fastest_possible(s) for s in cands]
+    order = sorted(range(len(cands)), key=bounds.__getitem__)
+    done: dict[int, Scored] = {}
+    best: tuple | None = None  # (*_rank, index) of the fastest fit so far
+    fits = 0
+    retry: tuple[int, float] = (0, 0.0)  # recheck once there are more fits than this, or the bound passes this
+    for i in order:
+        bound = bounds[i]
+        if best is not None and bound > best[0] and (fits > retry[0] or bound > retry[1]):
+            blocking = _blocking(done, best, bound, alternatives)
+            if blocking is None:
+                break
+            # Listing the alternatives reads every scored candidate: ask again only once the fits have doubled
+            # (or the bound passed what blocked), so the checks cost O(log n) listings. Scoring a few more
+            # candidates than needed changes nothing: the stop is still taken only when the list is final.
+            retry = (2 * fits, blocking)
+        c = done[i] = scorer.score(cands[i])
+        if c.problem is None:
+            fits += 1
+            key = (*_rank(c), i)
+            best = key if best is None or key < best else best
+    return Searched(scored=[done[i] for i in sorted(done)], total=len(cands))
+
+
+Alternatives = Callable[[Scored, list[Scored]], list]
+"""build.top_rejected's shape: (the chosen one, the scored ones) -> up to ``limit`` alternatives, each with
+``why`` ("slower" for a fitting one) and ``step_time_s``, the list stopping at ``limit``."""
+
+
+def _rank(c: Scored) -> tuple[float, bool, int]:
+    return c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes
+
+
+def _blocking(done: dict[int, Scored], best: tuple, bound: float,
+              alternatives: Alternatives | None) -> float | None:
+    """None when the alternatives listed from the scored ones are final, given that every candidate faster than
+    ``bound`` has been scored: the list is full and every fitting one on it is faster than ``bound``. Else the
+    bound to pass before that can change without another fit (inf: only another fit can)."""
+    if alternatives is None:
+        return None
+    scored = [done[i] for i in sorted(done)]
+    listed = alternatives(done[best[-1]], scored)
+    slowest = max((r.step_time_s for r in listed if r.why == "slower"), default=-math.inf)
+    if slowest >= bound:
+        return slowest  # a fitting one not yet scored may come before it
+    return None if len(listed) >= alternatives_limit(alternatives) else math.inf
+
+
+def alternatives_limit(alternatives: Alternatives) -> int:
+    """How many alternatives ``alternatives`` lists at most (its ``limit`` default)."""
+    return inspect.signature(alternatives).parameters["limit"].default

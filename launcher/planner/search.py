@@ -1,4 +1,7 @@
-"""The search: every candidate scored, the fastest that fits the usable budget, host RAM and NVMe chosen.
+"""The search: the fastest candidate that fits the usable budget, host RAM and NVMe chosen.
+
+Candidates are scored for memory in order of predicted step time, until the choice and the plan's alternatives
+are certain (launcher.planner.scoring.search); tests/planner/test_search_speed.py holds it to scoring all.
 
 Pure: plain numbers in, a Plan (or NoPlanError with what would fit) out. The parts, one job each: the request
 (launcher.planner.request), bucket sizing (buckets), the candidates the engine specs offer (candidates),
@@ -12,23 +15,20 @@ import dataclasses
 from launcher.errors import NoPlanError
 from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
-from launcher.planner.build import build_plan
+from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import candidates, pinned
-from launcher.planner.levers import changes_math
 from launcher.planner.plan import LEVER_FIELDS, Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
-from launcher.planner.scoring import Scored, evaluate, score
+from launcher.planner.scoring import Scored, Searched, evaluate, score, search
 
 
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe (on a tie, the one with
-    the job's own math, then the smaller peak)."""
-    scored = evaluate(req)
-    # A lever that changes the math wins only by being faster, never on a tie (Adafactor steps as fast as AdamW).
-    fits = sorted((c for c in scored if c.problem is None),
-                  key=lambda c: (c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes))
+    the job's own math, then the smaller peak: launcher.planner.scoring.Searched.best)."""
+    found = search(req, top_rejected)
+    best, scored = found.best, found.scored
     pins = pinned(req.pins)
-    if not fits:
+    if best is None:  # nothing fits: every candidate was scored
         # Levers the job left free (launcher.planner.levers) still vary under a fully pinned layout: forcing runs
         # the layout with the levers that make it smallest.
         layouts = {tuple((k, v) for k, v in dataclasses.asdict(c.strategy).items() if k not in LEVER_FIELDS)
@@ -38,8 +38,8 @@ def make_plan(req: PlanRequest) -> Plan:
             return build_plan(req, smallest, [], pins, status="forced")
         no_fit = explain_no_fit(req, scored)
         raise NoPlanError(no_fit.reasons, no_fit.suggestion_lines(), short_of=no_fit.short_of)
-    return build_plan(req, fits[0], scored, pins, status="fits")
+    return build_plan(req, best, scored, pins, status="fits", total=found.total)
 
 
-__all__ = ["PlanRequest", "Scored", "batch_problem", "candidates", "context_problem", "evaluate", "make_plan",
-           "micro_batches", "score", "size_buckets"]
+__all__ = ["PlanRequest", "Scored", "Searched", "batch_problem", "candidates", "context_problem", "evaluate", "make_plan",
+           "micro_batches", "score", "search", "size_buckets"]

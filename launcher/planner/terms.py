@@ -7,7 +7,7 @@ assemble these, the engine specs compute them, and neither imports the other thr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
@@ -199,6 +199,9 @@ class MemoryInputs:
     device_room_bytes: int = 0
     """Device bytes a rank may fill, the usable budget: what DeepSpeed's ZeRO-1/2 flatten sees as room (the rank
     caps its available_memory check there); 0 reads the device's whole memory."""
+    memo: dict | None = field(default=None, init=False, compare=False, repr=False)
+    """One request's memo of the engine terms (launcher.planner.memo); set by the search, None elsewhere. Not an
+    init field, so dataclasses.replace never hands it to inputs with other values."""
 
 
 @dataclass(slots=True)
