@@ -92,6 +92,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     held = summary([r for r in rows if r.get("split") == "held-out"]).get("planner")
     seen = summary([r for r in rows if r.get("split") == "validation-1"]).get("planner")
     fit = summary([r for r in rows if r.get("split") == "fit"]).get("planner")
+    lever = summary([r for r in rows if r.get("split") == "lever-validation"]).get("planner")
     margin = meta.get("safety_margin", 0.05)
 
     def verdict(x: dict) -> str:
@@ -108,6 +109,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"**Headline, out of sample for the current planner (validation cells, {val['cells']} of {len(rows)}, run "
         f"once after the fixes): median {val['median_abs']:.1%}, max {val['max_abs']:.1%}.** {verdict(val)}."
         if val else "No validation cell finished.",
+        "",
+        (f"**Levers (issue 21), out of sample: the lever validation split (`cells.LEVER_VALIDATION`, committed "
+         f"before any lever was implemented, run once), {lever['cells']} cells: median {lever['median_abs']:.1%}, "
+         f"max {lever['max_abs']:.1%}.** {verdict(lever)}." if lever else ""),
         "",
         f"Seen cells, re-predicted by the current planner, no longer out of sample (fixes were informed by them): "
         f"the first validation split ({seen['cells']}, out of sample on 2026-11-24; its misses led to the "

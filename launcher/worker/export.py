@@ -85,15 +85,27 @@ def gather_fsdp(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dic
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return None
-    keep = {n for n, p in model.named_parameters() if _wanted(n, p, adapter_only)} if adapter_only else None
+    keep = kept_names(model) if adapter_only else None
     return {k: _cast(v, dtype) for k, v in sd.items() if keep is None or k in keep}
+
+
+def kept_names(model: nn.Module) -> set[str]:
+    """The state-dict names of an adapter-only export's tensors (the trainable ones).
+
+    named_parameters() spells a checkpoint-wrapped block's parameters with checkpoint_wrapper's
+    ``_checkpoint_wrapped_module.`` inside the name, which state dicts (the wrapper's own hooks, DCP's
+    get_model_state_dict) leave out: FSDP2 wraps the blocks it checkpoints (every k-th with checkpoint_every).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    return {n.replace(_CHECKPOINT_PREFIX, "") for n, p in model.named_parameters() if _wanted(n, p, True)}
 
 
 def gather_replicated(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
     """ZeRO-0/1/2: every rank holds the whole module; rank 0 copies its state dict to the host."""
     if dist.get_rank() != 0:
         return None
-    keep = {n for n, p in model.named_parameters() if _wanted(n, p, adapter_only)} if adapter_only else None
+    keep = kept_names(model) if adapter_only else None
     return {k: _cast(v, dtype) for k, v in model.state_dict().items() if keep is None or k in keep}
 
 

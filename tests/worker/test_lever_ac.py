@@ -87,3 +87,22 @@ def test_training_under_the_offload_hooks_gives_the_same_gradients():
     out.backward()
     for g, w in zip((p.grad for p in model.parameters()), want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_an_adapter_export_keeps_the_adapters_of_checkpoint_wrapped_blocks():
+    """FSDP2 wraps every k-th block in checkpoint_wrapper; the state dict's names leave the wrapper out, so the
+    adapter export must name its tensors the same way (found by the lever validation split: LoRA + every-2nd
+    block exported nothing from the wrapped blocks)."""
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from launcher.worker.export import kept_names
+
+    model = get_peft_model(GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=64)),
+                           LoraConfig(r=2, target_modules=["c_attn"]))
+    blocks = model.base_model.model.transformer.h
+    for i in (0, 2):
+        blocks[i] = checkpoint_wrapper(blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    adapters = {k for k in model.state_dict() if "lora_" in k}
+    assert len(adapters) == 8 and kept_names(model) == adapters
