@@ -190,6 +190,9 @@ def test_a_terminal_gets_the_live_table_and_a_pipe_gets_step_lines(tmp_path):
     logs = subprocess.run([LAUNCH, "logs", str(run), "--rank", "1", "--follow"], capture_output=True, text=True,
                           timeout=60)  # a finished run: --follow prints what is there and returns
     assert logs.returncode == 0 and logs.stdout.startswith(f"==> rank 1: {run}/logs/rank-1.log <==")
+    # Every log step is a plain line in the rank logs too (issue 19 §4), the last one with nothing left to run.
+    assert "launcher: step 1/6, loss " in logs.stdout and "launcher: step 6/6, loss " in logs.stdout
+    assert "step 3/6" not in logs.stdout and "of 1.00 GB, eta 0 s" in logs.stdout
 
 
 def test_steps_between_log_steps_show_the_latest_loss(tmp_path):

@@ -20,6 +20,7 @@ from launcher.planner.plan import Plan
 from launcher.rankenv import ATTEMPT_ENV
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
+from launcher.units import format_bytes
 from launcher.worker import checkpoint
 from launcher.worker.data import Stream, eval_batches, eval_counted, read_records, split, total_steps
 from launcher.worker.export import export_at_end
@@ -125,6 +126,20 @@ def attempts_in(path: Path) -> list[int]:
         except (ValueError, TypeError, AttributeError):
             continue
     return out
+
+
+def step_log_line(row: dict, total_steps: int, budget_bytes: int) -> str:
+    """One log step in the rank log: step/total, loss, lr, tokens/s (all ranks), this rank's peak against the
+    budget, and the time left at this step's pace."""
+    left_s = row["step_time_s"] * max(total_steps - row["step"], 0)
+    parts = [f"step {row['step']}/{total_steps}", f"loss {row['loss']:.4f}"]
+    if row.get("lr") is not None:
+        parts.append(f"lr {row['lr']:.3g}")
+    if row.get("tokens_per_s") is not None:
+        parts.append(f"{row['tokens_per_s']:.0f} tok/s")
+    parts.append(f"peak {format_bytes(row['mem_peak_bytes'])} of {format_bytes(budget_bytes)}")
+    parts.append(f"eta {left_s:.0f} s")
+    return "launcher: " + ", ".join(parts)
 
 
 class Trainer:
@@ -328,8 +343,11 @@ class Trainer:
                     self.first_loss = mean_loss
                 norm = self.engine.grad_norm()
                 extra = {} if norm is None else {"grad_norm": float(norm)}
-                self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **extra, **self.step_stamp)
+                row = self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **extra,
+                                           **self.step_stamp)
                 self.probe.record(first_loss=self.first_loss)
+                # The rank log (this process's stdout) gets the log step as a plain line too.
+                print(step_log_line(row, self.total_steps, self.plan.budget_bytes), flush=True)
             else:
                 # Step lines keep coming (progress, memory, step time for the live view), without loss or tok/s.
                 self.probe.step_done(step, None, None, lr=self.engine.lr(), **self.step_stamp)
