@@ -20,6 +20,17 @@ CARRIED = ("loss", "tokens_per_s")
 """Step-line fields only log steps have (train.log_every_steps); between them the view shows the latest."""
 
 
+def json_rows(lines: list) -> list[dict]:
+    """The step lines that parse, in order: a line being written right now (or cut by a read window) is skipped."""
+    rows = []
+    for ln in lines:
+        try:
+            rows.append(json.loads(ln))
+        except ValueError:
+            continue
+    return rows
+
+
 def last_line(path: Path) -> dict | None:
     """The last complete step line, with loss and tokens/s carried from the latest log step before it."""
     try:
@@ -30,12 +41,7 @@ def last_line(path: Path) -> dict | None:
             lines = [ln for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return None
-    rows = []
-    for ln in lines:
-        try:
-            rows.append(json.loads(ln))
-        except ValueError:
-            continue  # a line being written right now (or cut by the 4 KiB window)
+    rows = json_rows(lines)
     if not rows:
         return None
     last = dict(rows[-1])

@@ -30,7 +30,7 @@ from launcher.backends.slurm_state import (
     submitit_results,
 )
 from launcher.errors import ConfigError
-from launcher.live import last_line, rank_rows
+from launcher.live import json_rows, last_line, rank_rows
 from launcher.units import format_bytes, format_duration
 
 CANCEL_WAIT_S = 60.0
@@ -214,12 +214,7 @@ def _first_line(path: Path) -> dict | None:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    rows = []
-    for ln in lines:
-        try:
-            rows.append(json.loads(ln))
-        except ValueError:
-            continue
+    rows = json_rows(lines)
     if not rows:
         return None
     attempt = rows[-1].get("attempt", 0)
