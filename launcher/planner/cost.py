@@ -112,9 +112,5 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw
 
 
-def step_time_s(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> float:
-    return sum(step_time_terms(inp, s, bucket_elems).values())
-
-
 __all__ = ["IN_BACKWARD_CALL_S", "Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks",
-           "communication", "step_time_s", "step_time_terms"]
+           "communication", "step_time_terms"]
