@@ -6,7 +6,7 @@ Sources, cited where each term is computed:
   [Kort]  Korthikanti et al., arXiv:2205.05198, eq. (1): sbh(34 + 5as/h) bytes per layer, 2sbh with full recompute.
   [ZInf]  ZeRO-Infinity, arXiv:2104.07857 §3: activation checkpoints 2·b·s·h·layers/ci bytes.
 
-The peak is the largest of three moments, as measured on real ranks (benchmarks/accuracy):
+The peak is the largest of four moments, as measured on real ranks (benchmarks/accuracy):
   backward start  the states that persist through a micro-step plus every saved activation and the loss's
                   temporaries (gradients of this micro-step do not exist yet);
   gradient reduce ZeRO-1/2: the reduce bucket, allocated at the first gradient hook while the blocks'
