@@ -52,9 +52,13 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
         f"  model       {model_desc}: {_count(plan.num_params)} params, {_count(plan.trainable_params)} trainable",
         f"  batch       global {plan.global_batch_size} = micro-batch {s.micro_batch_size} x "
         f"{s.grad_accum_steps} accumulation x {plan.world_size} ranks, seq {plan.seq_len}, {plan.precision}",
-        f"  strategy    {engine}, activation checkpointing {'on' if s.activation_checkpointing else 'off'}",
+        f"  strategy    {engine}, activation checkpointing "
+        + (("on" if s.checkpoint_every == 1 else f"on for 1 block in {s.checkpoint_every}")
+           if s.activation_checkpointing else "off"),
         f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
     ]
+    if s.lever_words():
+        lines.append(f"  levers      {', '.join(s.lever_words())} (why: below)")
     if spec.uses_buckets:
         lines.append(f"  buckets     reduce {_count(b.reduce_bucket_size)}, allgather {_count(b.allgather_bucket_size)}"
                      + (f", prefetch {_count(b.stage3_prefetch_bucket_size)}, max live "
