@@ -97,8 +97,13 @@ class Cell:
                 "checkpointing": self.checkpointing, "long": self.seq_len >= 512}
 
     def job(self) -> dict:
+        # A cell without levers ran (or runs) with every lever off: pinned, so the planner's free choice of an exact
+        # lever (e.g. every 2nd block checkpointed, faster than every block) cannot change what it measures. A
+        # lever cell pins its own levers and leaves the others to the planner (its label says what ran).
+        off = {} if self.levers else {"loss_chunks": 0, "checkpoint_every": 1, "activation_offload": False,
+                                      "optimizer_in_backward": False}
         strategy = {**SHARDINGS[self.sharding], "micro_batch_size": self.micro_batch,
-                    "activation_checkpointing": self.checkpointing, **dict(self.levers)}
+                    "activation_checkpointing": self.checkpointing, **off, **dict(self.levers)}
         model = MODELS[self.model]
         model = dict(model) if isinstance(model, dict) else model
         if self.task == "sentence_embedding":

@@ -74,8 +74,10 @@ def test_oom_at_micro_batch_8_falls_back_and_ends_within_budget(tmp_path):
     """Tiny GPT-2 at seq 128, global batch 16 on 2 ranks, budget 16 MB enforced by the probe: micro-batch 8 is
     predicted at 36 MB and crosses the cap in the first forward; the ladder's next rung (micro-batch 2 x 4
     accumulation, predicted 10.5 MB) runs to the end within budget."""
+    # The exact levers pinned off as well: with chunked loss free the ladder's rung would be micro-batch 4.
     pins = {"engine": "fsdp", "fsdp_reshard_after_forward": False, "offload_optimizer": "none",
-            "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False}
+            "offload_params": "none", "micro_batch_size": 8, "activation_checkpointing": False,
+            "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False}
     job = job_file(tmp_path, "ladder", strategy=pins, budget="16MB",
                    data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
                    # bf16: the predictions above (and the rung the ladder takes) are bf16 figures.
