@@ -24,6 +24,8 @@ import hashlib
 from dataclasses import dataclass
 
 from benchmarks.accuracy.harness import DATA
+from launcher.planner.lever_choice import EXACT
+from launcher.planner.plan import LEVERS_OFF
 
 RANKS = 2
 """Default ranks of a cell."""
@@ -100,8 +102,7 @@ class Cell:
         # A cell without levers ran (or runs) with every lever off: pinned, so the planner's free choice of an exact
         # lever (e.g. every 2nd block checkpointed, faster than every block) cannot change what it measures. A
         # lever cell pins its own levers and leaves the others to the planner (its label says what ran).
-        off = {} if self.levers else {"loss_chunks": 0, "checkpoint_every": 1, "activation_offload": False,
-                                      "optimizer_in_backward": False}
+        off = {} if self.levers else {name: LEVERS_OFF[name] for name in EXACT}
         strategy = {**SHARDINGS[self.sharding], "micro_batch_size": self.micro_batch,
                     "activation_checkpointing": self.checkpointing, **off, **dict(self.levers)}
         model = MODELS[self.model]

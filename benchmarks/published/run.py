@@ -36,6 +36,8 @@ sys.path.insert(0, str(REPO))
 
 from launcher.planner.cuda_overhead import peak_on_basis  # noqa: E402
 from launcher.planner.hardware import PROFILES  # noqa: E402
+from launcher.planner.lever_choice import EXACT  # noqa: E402
+from launcher.planner.plan import LEVERS_OFF  # noqa: E402
 from launcher.units import GB, GiB, MiB  # noqa: E402
 
 ENTRIES = Path(__file__).resolve().parent / "entries"
@@ -114,8 +116,7 @@ def job_for(entry: dict, data_path: Path) -> dict:
     # Levers beyond sharding (launcher.planner.levers): every exact one pinned off unless the entry names it, so the
     # plan is the source's configuration; a math-changing one the entry names is also allowed.
     levers = c.get("levers") or {}
-    strategy.update({"loss_chunks": 0, "checkpoint_every": 1, "activation_offload": False,
-                     "optimizer_in_backward": False, **levers})
+    strategy.update({**{name: LEVERS_OFF[name] for name in EXACT}, **levers})
     allow = [str(v) if k == "low_memory_optimizer" else k for k, v in levers.items()
              if k in ("low_memory_optimizer", "pure_bf16", "qlora") and v not in (False, "none")]
     if allow:

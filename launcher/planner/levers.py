@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from launcher.planner.plan import LEVER_FIELDS
+from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF
 from launcher.planner.request import PlanRequest
 
 MATH_LEVERS = {"low_memory_optimizer": ("adamw8bit", "adamw4bit", "adafactor"), "pure_bf16": ("pure_bf16",),
@@ -35,14 +35,15 @@ CHECKPOINT_EVERY = (1, 2, 4)
 class LeverSetting:
     """One combination of the levers for a candidate: the Strategy fields of LEVER_FIELDS."""
 
+    # Each lever's default is its "off" value, defined once in launcher.planner.plan.LEVERS_OFF.
     activation_checkpointing: bool = False
-    checkpoint_every: int = 1
-    loss_chunks: int = 0
-    activation_offload: bool = False
-    optimizer_in_backward: bool = False
-    low_memory_optimizer: str = "none"
-    pure_bf16: bool = False
-    qlora: bool = False
+    checkpoint_every: int = LEVERS_OFF["checkpoint_every"]
+    loss_chunks: int = LEVERS_OFF["loss_chunks"]
+    activation_offload: bool = LEVERS_OFF["activation_offload"]
+    optimizer_in_backward: bool = LEVERS_OFF["optimizer_in_backward"]
+    low_memory_optimizer: str = LEVERS_OFF["low_memory_optimizer"]
+    pure_bf16: bool = LEVERS_OFF["pure_bf16"]
+    qlora: bool = LEVERS_OFF["qlora"]
 
     def fields(self) -> dict[str, object]:
         return {"activation_checkpointing": self.activation_checkpointing,
