@@ -75,6 +75,7 @@ class Suggestion:
     """The plan it gets: strategy, peak per GPU, seconds per step (and NVMe per node where it swaps)."""
 
     def describe(self) -> str:
+        """The change and the plan it gets, as one suggestion line."""
         return f"{self.change}: {self.outcome}"
 
 
@@ -91,9 +92,11 @@ class NoFit:
 
     @property
     def short_of(self) -> Resource:
+        """The resource the smallest candidate overruns (device, host RAM or NVMe)."""
         return self.smallest.resource
 
     def suggestion_lines(self) -> list[str]:
+        """One line per suggested change, or one line saying no single change is within reach."""
         if not self.suggestions:
             return ["nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence"]
         return [s.describe() for s in self.suggestions]

@@ -210,6 +210,8 @@ def export_host_bytes(m: ModelStats, precision: str) -> float:
 
 
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
+    """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward, step,
+    backward end or init), the allocator and CUDA overheads, and the host and NVMe bytes per node."""
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
