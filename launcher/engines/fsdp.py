@@ -135,6 +135,9 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
 
 
 class FsdpSpec(EngineSpec):
+    """FSDP2 (fully_shard) with full or hybrid sharding, resharding after forward or not, and CPU offload: its layouts,
+    memory and cost terms, fallback rungs and fsdp.yaml; the rank side is launcher.worker.engines.fsdp.FsdpEngine."""
+
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
@@ -144,6 +147,7 @@ class FsdpSpec(EngineSpec):
                         "checkpoint_every", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
         groups = ("full", "hybrid") if nodes > 1 else ("full",)
         # CPUOffloadPolicy moves params, grads and optimizer together: both offloaded, or neither.
@@ -152,6 +156,7 @@ class FsdpSpec(EngineSpec):
                 for group in groups for reshard in (True, False) for off in ("none", "cpu")]
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        """FSDP2's model states per rank (fsdp_states; the buckets do not apply)."""
         return fsdp_states(inp, s)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
@@ -172,11 +177,13 @@ class FsdpSpec(EngineSpec):
         return on_device * shards + quantizing
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Host bytes per node while loading: rank 0's fp32 model (4Ψ); the other ranks receive their shards."""
         # Rank 0 builds in fp32 on its host; the others build on meta and receive their shards
         # (set_model_state_dict(broadcast_from_rank0)).
         return 4 * inp.model.num_params
 
     def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        """The ranks a parameter is sharded over (fsdp_shard_ranks): all, or one node's under hybrid sharding."""
         return fsdp_shard_ranks(inp, s)
 
     def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -214,10 +221,13 @@ class FsdpSpec(EngineSpec):
         return s.grad_accum_steps * passes * touched / hw.memory_bw
 
     def optimizer_on_host(self, s: Strategy) -> bool:
+        """True with CPU offload (CPUOffloadPolicy): then the optimizer steps on the host."""
         # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
         return s.offload_optimizer != "none" or s.offload_params == "cpu"
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Seconds per step of the host optimizer step over this rank's shard, plus with CPU offload the fp32 shards
+        copied to the device before each all-gather on every micro-step."""
         m, hw = inp.model, inp.hardware
         offload = 0.0
         if self.optimizer_on_host(s):
@@ -233,6 +243,8 @@ class FsdpSpec(EngineSpec):
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        """The fallback ladder's changes: reshard after forward, then CPU offload of everything; no parameter-only or
+        NVMe rung."""
         if rung == "sharding":
             return [] if s.fsdp_reshard_after_forward else [dataclasses.replace(s, fsdp_reshard_after_forward=True)]
         if rung == "optimizer_offload":
@@ -245,22 +257,29 @@ class FsdpSpec(EngineSpec):
         raise ValueError(f"unknown rung {rung!r}")
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """fsdp.yaml for the run dir."""
         return {"fsdp.yaml": fsdp_yaml_text(plan, job)}
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """None: the ranks read plan.json."""
         return {}  # the ranks read plan.json; fsdp.yaml documents the same settings
 
     def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        """fsdp.yaml's accelerate section: accelerate's FSDP2 config for the plan."""
         return fsdp_config(plan, job)["accelerate"]
 
     def accelerate_title(self, s: Strategy) -> str:
+        """"FSDP2", accelerate.yaml's header."""
         return "FSDP2"
 
     def accelerate_env(self, plan: Plan) -> str:
+        """The plan's gradient accumulation as ACCELERATE_GRADIENT_ACCUMULATION_STEPS."""
         # accelerate reads FSDP's accumulation only from its environment.
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        """What a script launched with this accelerate.yaml must do, and what pure bf16, the optimizer step in
+        backward or a low-memory optimizer add to it."""
         notes = list(FSDP_NOTES)
         if plan.strategy.pure_bf16:
             # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
@@ -281,6 +300,7 @@ class FsdpSpec(EngineSpec):
         return notes
 
     def title(self, s: Strategy, nodes: int) -> str:
+        """The sharding in FSDP's words (FULL_SHARD / SHARD_GRAD_OP, HYBRID_SHARD), as launch plan prints it."""
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
                             else "SHARD_GRAD_OP (keep params after forward)")
         if s.fsdp_sharding == "hybrid":
