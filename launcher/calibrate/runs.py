@@ -36,6 +36,7 @@ def measured_activation_bytes(rank: dict) -> float:
 
 
 def rank_records(run_dir: Path) -> list[dict]:
+    """A finished run's per-rank memory records: ranks/rank-K.json, else report.json's ranks; [] without either."""
     reports = RunDir(run_dir).rank_reports()
     if reports:
         return [reports[r] for r in sorted(reports)]
@@ -46,10 +47,12 @@ def rank_records(run_dir: Path) -> list[dict]:
 
 
 def constants_dict(c: ActivationConstants) -> dict[str, float]:
+    """The constants' numeric fields as a dict."""
     return {k: float(getattr(c, k)) for k in numeric_fields()}
 
 
 def with_constants(c: ActivationConstants, values: dict[str, float]) -> ActivationConstants:
+    """A copy with ``values`` applied, marked as fitted (source "fit")."""
     return dataclasses.replace(c, **values, source="fit")
 
 
