@@ -39,6 +39,9 @@ ZeRO use the same 1e-6."""
 
 
 class Engine(Protocol):
+    """The interface the training loop drives every engine through (the step contract above); DeepSpeedEngine and
+    FsdpEngine implement it."""
+
     name: str
     model: torch.nn.Module
     """The module to call for forward passes (an engine wrapper or the sharded model)."""
@@ -63,11 +66,18 @@ class Engine(Protocol):
         """Called in a formed process group, before the model is built: settles ``rank0_load``."""
         ...
 
-    def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None: ...
+    def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None:
+        """Take the built model: fill the other ranks where rank 0 alone loaded, wrap or shard it, and build the
+        optimizer and schedule from ``train``."""
+        ...
 
-    def forward(self, **inputs): ...
+    def forward(self, **inputs):
+        """The model's output for one micro-batch."""
+        ...
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor) -> None:
+        """Gradients of loss / grad_accum_steps (loss-scaled under fp16)."""
+        ...
 
     def step(self) -> bool:
         """Finish one micro-batch; at an accumulation boundary clip, step, schedule, zero-grad and return True."""
@@ -77,13 +87,21 @@ class Engine(Protocol):
         """The pre-clip global gradient norm of the last optimizer step; None when clipping is off."""
         ...
 
-    def train(self, mode: bool = True) -> None: ...
+    def train(self, mode: bool = True) -> None:
+        """Switch the model to training (True) or evaluation (False) mode."""
+        ...
 
-    def lr(self) -> float: ...
+    def lr(self) -> float:
+        """The current learning rate."""
+        ...
 
-    def save(self, root: Path, tag: str) -> None: ...
+    def save(self, root: Path, tag: str) -> None:
+        """Save this rank's part of the engine's state (model, optimizer, schedule) under root/tag."""
+        ...
 
-    def load(self, root: Path, tag: str) -> None: ...
+    def load(self, root: Path, tag: str) -> None:
+        """Load what save wrote under root/tag."""
+        ...
 
 
 def clip_setting(max_grad_norm: float | None) -> float:

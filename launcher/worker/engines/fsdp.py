@@ -60,6 +60,9 @@ def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) ->
 
 
 class FsdpEngine:
+    """The rank side of FSDP2: fully_shard per block (and the root) with the plan's sharding, offload, precision and
+    levers, the optimizer over the shards, behind the step contract."""
+
     name = "fsdp"
     hf_checkpointing = False
     """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
@@ -68,6 +71,7 @@ class FsdpEngine:
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
+        """The engine for an FSDP2 plan, configured from its strategy, precision and levers (ds_config is not used)."""
         s = plan.strategy
         engine = cls(
             reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
@@ -89,6 +93,7 @@ class FsdpEngine:
 
     @staticmethod
     def init_process_group(backend: str) -> None:
+        """Form the default process group with ``backend`` unless one exists."""
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
 
@@ -153,11 +158,14 @@ class FsdpEngine:
         """Set by before_build: rank 0 holds the real model and the others a meta one (launcher.worker.loading)."""
 
     def before_build(self) -> None:
+        """Settle rank0_load: whether rank 0 alone loads the weights and the others build on meta."""
         from launcher.worker.loading import loads_on_rank0_only
 
         self.rank0_load = loads_on_rank0_only()
 
     def setup(self, model: nn.Module, train: TrainConfig, probe) -> None:
+        """Shard the model (checkpoint-wrapped blocks, QLoRA's NF4 weights, offload and mixed-precision policies),
+        fill the shards from rank 0 where it alone loaded, and build the optimizer(s), schedule and fp16 scaler."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -286,15 +294,19 @@ class FsdpEngine:
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
 
     def forward(self, **inputs):
+        """The sharded model's forward on one micro-batch."""
         return self.model(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Backward of loss / grad_accum_steps, loss-scaled under fp16."""
         loss = loss / self.grad_accum_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward()
 
     def step(self) -> bool:
+        """Count the micro-batch; at the accumulation boundary unscale, clip, step, schedule and zero-grad (with the
+        step in backward only the schedules advance); True there."""
         self.micro += 1
         if self.micro % self.grad_accum_steps:
             return False
@@ -318,18 +330,24 @@ class FsdpEngine:
         return True
 
     def optimizer_params(self) -> list[torch.Tensor]:
+        """Every parameter the optimizer(s) step, in their order."""
         return [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
 
     def grad_norm(self) -> torch.Tensor | None:
+        """The pre-clip global norm of the last step; None while clipping is off."""
         return self._grad_norm if self.max_grad_norm > 0 else None
 
     def train(self, mode: bool = True) -> None:
+        """Switch the model to training (True) or evaluation (False) mode."""
         self.model.train(mode)
 
     def lr(self) -> float:
+        """The current learning rate."""
         return float(self.schedulers[0].get_last_lr()[0])
 
     def save(self, root: Path, tag: str) -> None:
+        """Save model and optimizer shards with torch.distributed.checkpoint under root/tag/dcp, and (rank 0) the
+        schedule and micro-batch count in engine.pt."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -343,6 +361,7 @@ class FsdpEngine:
             torch.save({"scheduler": self.schedulers[0].state_dict(), "micro": self.micro}, root / tag / "engine.pt")
 
     def load(self, root: Path, tag: str) -> None:
+        """Load what save wrote under root/tag into the sharded model, optimizer(s) and schedules."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

@@ -74,6 +74,7 @@ class ShardedAdafactor(torch.optim.Adafactor):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One Adafactor step over every parameter with a gradient; returns the closure's loss, if one was given."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
