@@ -73,8 +73,8 @@ class Correction:
     """Applied to the whole corrected peak for what the categories do not explain."""
 
     def apply(self, est: Estimate) -> int:
-        """A plan's corrected peak, bytes: each category group's predicted bytes scaled by its ratio, then the uniform
-        factor."""
+        """A plan's corrected peak, bytes: each category group's predicted bytes scaled by its ratio, then
+        the whole by the uniform factor."""
         extra = sum((r - 1.0) * predicted_bytes(est.breakdown, g) for g, r in self.ratios.items())
         return int((est.peak_bytes + extra) * self.uniform)
 

@@ -109,8 +109,8 @@ class LiveView(threading.Thread):
         return t
 
     def run(self) -> None:
-        """The thread: redraw the table every 0.5 s ("tty") or print new step lines every second ("lines") until
-        stopped."""
+        """The thread: redraw the table every 0.5 s ("tty") or print new step lines every second ("lines"),
+        until stopped."""
         if self.mode == "tty":
             from rich.console import Console
             from rich.live import Live

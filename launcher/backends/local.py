@@ -230,8 +230,8 @@ class Watchdog(threading.Thread):
             self.stop_run()
 
     def dump_stacks(self) -> dict[int, RankStack]:
-        """SIGABRT this node's ranks (no core files), wait for their faulthandler dumps, and parse each log's main-
-        thread stack; ranks without a dump are left out."""
+        """SIGABRT this node's ranks (no core files), wait for their faulthandler dumps, and parse the main
+        thread's stack from each log; ranks without a dump are left out."""
         import psutil
 
         procs = rank_processes()

@@ -353,8 +353,8 @@ class DeepSpeedSpec(EngineSpec):
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
-        """The fallback ladder's changes: a higher ZeRO stage, optimizer offload (stage >= 2), parameter offload (stage
-        3), or further out to NVMe."""
+        """The fallback ladder's changes: a higher ZeRO stage, optimizer offload (stage >= 2), parameter
+        offload (stage 3), or further out to NVMe."""
         stage = s.zero_stage or 0
         if rung == "sharding":
             return [dataclasses.replace(s, zero_stage=z) for z in range(stage + 1, 4)]
@@ -397,8 +397,8 @@ class DeepSpeedSpec(EngineSpec):
         return {HF_EXPORT: json.dumps(hf_ds_config(plan, job), indent=2) + "\n"}
 
     def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
-        """accelerate's DeepSpeed config pointing at the ds_config.json in ``config_dir`` (required: ValueError without
-        it)."""
+        """accelerate's DeepSpeed config pointing at the ds_config.json in ``config_dir``; ValueError without
+        ``config_dir``."""
         # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
         # accumulation with its own defaults (no mixed precision, 1), not the plan's.
         if config_dir is None:

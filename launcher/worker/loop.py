@@ -253,8 +253,8 @@ class Trainer:
         return int(t[0])
 
     def resume(self) -> int:
-        """Resume from the latest complete checkpoint, if any, and stamp this attempt; the step to continue after (0
-        when starting over)."""
+        """Resume from the latest complete checkpoint, if any, and stamp this attempt; returns the step to
+        continue after (0 when starting over)."""
         self.attempt = self._find_attempt()
         self.step_stamp = {"attempt": self.attempt}
         if os.environ.get(ATTEMPT_ENV) is not None and os.environ.get("SLURM_JOB_ID"):
@@ -284,8 +284,8 @@ class Trainer:
         return state.global_step
 
     def save(self, step: int) -> str:
-        """Save a checkpoint of ``step`` (engine files, trainer state) in the probe's checkpoint phase; returns its
-        tag."""
+        """Save a checkpoint of ``step`` (engine files, trainer state) in the probe's checkpoint phase;
+        returns its tag."""
         with self.probe.phase("checkpoint"):
             state = checkpoint.TrainerState(
                 global_step=step,
@@ -396,8 +396,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
-        """Mean loss over the eval split, averaged over ranks (seq_cls: accuracy recorded too); None without eval
-        data."""
+        """Mean loss over the eval split, averaged over ranks (seq_cls: accuracy recorded too); None without
+        eval data."""
         if not self.eval_data:
             return None
         n = next(iter(self.eval_data.values())).shape[0]

@@ -31,8 +31,8 @@ Tensors = dict[str, torch.Tensor]
 
 
 def tokenizer_fingerprint(tok) -> str:
-    """A hash that changes with anything in the tokenizer that changes its ids (vocabulary, chat template, special
-    tokens)."""
+    """A hash of what in the tokenizer decides its ids: class, size, chat template, EOS and pad tokens, and
+    the backend's full definition (else its name)."""
     if isinstance(tok, ByteTokenizer):
         return f"byte:{tok.vocab_size}"
     backend = getattr(tok, "backend_tokenizer", None)
