@@ -62,6 +62,13 @@ NOT_USED = [
      "QLoRA rows and tiny-llama's bf16-true full fine-tune are entries)"),
     ("PEFT README (T0_3B / mt0-xxl LoRA, nvidia-smi GPU memory)", "encoder-decoder T5 models are not among the "
      "launcher's families"),
+    ("Qwen README profiling table: the 'LoRA (emb)' rows", "finetune.py trains the whole embedding and head beside "
+     "the adapters (peft modules_to_save) for base models; the launcher's LoRA trains adapters only"),
+    ("Qwen README profiling table: the 'Q-LoRA' rows", "the Chat-Int4 models' GPTQ int4 weights (auto-gptq kernels); "
+     "the launcher's QLoRA lever quantizes to NF4"),
+    ("Qwen README profiling table: 'Full-parameter', 'LoRA (multinode)' and the 72B rows", "run through "
+     "finetune_ds.sh / DeepSpeed ZeRO-3 with a DeepSpeed config the table does not state per row, and the multi-GPU "
+     "figures (139.2G and up) are not one GPU's memory"),
 ]
 """Published figures looked at and left out, with the reason: the configuration cannot be pinned in a job."""
 MISS_NOTES = {
