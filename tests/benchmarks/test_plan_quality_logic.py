@@ -25,12 +25,12 @@ def test_keys_are_distinct_and_readable():
 
 def test_selection_covers_every_value_of_every_axis_at_its_fastest():
     cands = {}
-    for i, (s, t) in enumerate([(strat("fsdp", None, True, mb=2), 1.0), (strat("fsdp", None, True, mb=1), 1.5),
-                                (strat("fsdp", None, True, mb=2, loss_chunks=8), 1.1),
-                                (strat("fsdp", None, True, mb=1, loss_chunks=8), 1.6),
-                                (strat(zero=2, mb=2), 2.0), (strat(zero=2, mb=1), 3.0),
-                                (strat(zero=2, mb=2, ac=True, checkpoint_every=2), 4.0),
-                                (strat(zero=2, mb=2, ac=True), 5.0), (strat(zero=3, mb=2), 9.0)]):
+    for s, t in [(strat("fsdp", None, True, mb=2), 1.0), (strat("fsdp", None, True, mb=1), 1.5),
+                 (strat("fsdp", None, True, mb=2, loss_chunks=8), 1.1),
+                 (strat("fsdp", None, True, mb=1, loss_chunks=8), 1.6),
+                 (strat(zero=2, mb=2), 2.0), (strat(zero=2, mb=1), 3.0),
+                 (strat(zero=2, mb=2, ac=True, checkpoint_every=2), 4.0),
+                 (strat(zero=2, mb=2, ac=True), 5.0), (strat(zero=3, mb=2), 9.0)]:
         cands[key(s)] = {"strategy": s, "predicted_step_time_s": t, "fits": True}
     cands["z3-mb1"] = {"strategy": strat(zero=3, mb=1), "predicted_step_time_s": 0.1, "fits": False}
     budget = {"candidates": cands}
