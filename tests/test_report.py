@@ -159,3 +159,12 @@ def test_report_repeats_that_the_step_in_backward_turned_clipping_off(tmp_path):
     rep = build_report(run, plan, expected_ranks=1)
     assert rep.math_notes == [note] and note in render_report(rep).splitlines()
     assert build_report(run, plan_of(10, 8, {}, reasons=("fastest of 2",)), expected_ranks=1).math_notes == []
+
+
+def test_a_torn_rank_file_counts_as_missing_rather_than_ending_the_report(tmp_path):
+    from launcher.report import build_report
+
+    run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "status": "completed", "measured_peak_bytes": 9}])
+    (run.ranks / "rank-1.json").write_text('{"rank": 1, "status": "comp')  # a rank killed while writing it
+    rep = build_report(run, plan_of(10, 8, {}), expected_ranks=2)
+    assert [r.rank for r in rep.ranks] == [0] and rep.missing_ranks == [1] and rep.verdict == "incomplete"
