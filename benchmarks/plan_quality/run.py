@@ -45,10 +45,10 @@ from benchmarks.accuracy.harness import (  # noqa: E402
     machine,
     median_or_none,
     rank_files,
-    read_json,
     step_times_s,
     write_job,
 )
+from launcher.runreport import RunReport, read_report  # noqa: E402
 
 ROOT = RUNS / "plan_quality"
 TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
@@ -153,14 +153,14 @@ def run_candidate(k: str, strategy, budget_mb: float, steps: int, tag: str, reus
         job_file = write_job(job, ROOT / "jobs" / f"{tag}-{k}.yaml")
         res = launch(job_file, run_dir, gpus=2, budget=f"{budget_mb}MB", cache=BENCH_CACHE)
         log(f"    {tag} {k}: exit {res.returncode} in {res.wall_s:.0f} s")
-    report = read_json(run_dir / "report.json") or {}
+    report = read_report(run_dir) or RunReport()
     times = step_times_s(run_dir)
-    peaks = [r["measured_peak_bytes"] for r in report.get("ranks", [])]
-    training = [r.get("training_peak_bytes") or 0 for r in rank_files(run_dir)] if (run_dir / "ranks").is_dir() else []
+    peaks = [r.measured_peak_bytes for r in report.ranks]
+    training = [r.training_peak_bytes for r in rank_files(run_dir).values()]
     return {"run_dir": str(run_dir), "step_times_s": times, "median_step_s": median_or_none(times),
             "measured_peak_bytes": max(peaks) if peaks else None,
             "training_peak_bytes": max(training) if training else None,
-            "completed": bool(report.get("ranks")) and all(r["status"] == "completed" for r in report["ranks"])}
+            "completed": bool(report.ranks) and all(r.status == "completed" for r in report.ranks)}
 
 
 def main(argv: list[str] | None = None) -> int:
