@@ -37,11 +37,14 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         dominant = max(b.step_time_terms, key=b.step_time_terms.get)
         reasons.append(f"step time is dominated by {dominant} ({b.step_time_terms[dominant]:.3g} s)")
         moments = b.moment_bytes
-        if moments and max(moments, key=moments.get) == "init":
-            training = max(v for k, v in moments.items() if k != "init")
-            reasons.append(f"the peak is rank 0 loading the weights, {format_bytes(moments['init'])} (the checkpoint "
-                           f"it reads counts where host memory is the device), above training's "
-                           f"{format_bytes(training)}")
+        peak_at = max(moments, key=moments.get) if moments else None
+        if peak_at in ("init", "export"):
+            training = format_bytes(max(v for k, v in moments.items() if k not in ("init", "export")))
+            reasons.append(
+                f"the peak is rank 0 loading the weights, {format_bytes(moments['init'])} (the checkpoint it reads "
+                f"counts where host memory is the device), above training's {training}" if peak_at == "init" else
+                f"the peak is rank 0's end-of-run export copy, {format_bytes(moments['export'])} (host memory, the "
+                f"device on CPU ranks), above training's {training}")
         hw = req.hardware
         if req.precision == "bf16" and hw.flops_bf16 < hw.flops_fp32:
             # CPUs without AMX / AVX512-BF16 emulate bf16 matmuls (~13x slower): `launch calibrate` measures it.

@@ -230,6 +230,10 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
     if inp.hardware.device_is_host:
+        # Rank 0's export copy at the end of the run (launcher.worker.export) is host memory, and on CPU ranks the
+        # host is what the rank is measured in: a moment of its own, beside the training state as the step leaves
+        # it (the working copies resharded, as at the step; the step's own temporaries, if any, counted too).
+        moments["export"] = moments["step"] + export_host_bytes(m, inp.precision)
         moments["step"] += st.host_step_extra
     # Offloaded state on CPU ranks is added to every training moment below (on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
@@ -237,13 +241,14 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
-        "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
+        "grads": st.grads + {"step": st.step_extra, "export": st.step_extra,
+                             "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
         "buffers": 0.0,
         "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
-    if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
+    if not (moment == "backward_end" or (moment in ("step", "export") and st.step_frees_buffers)):
         breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
         breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
@@ -251,6 +256,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
         breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
+    if moment == "export":  # the gathered copy is parameters (categories.py), beside the training state
+        breakdown["params"] += export_host_bytes(m, inp.precision)
     if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
         breakdown = dict.fromkeys(breakdown, 0.0) | {"params": loading}
     tensors = sum(breakdown.values())
