@@ -3,9 +3,10 @@
 ZeRO-3 builds the model inside zero.Init (through transformers' HfDeepSpeedConfig):
 each parameter is partitioned as soon as it is created, and pretrained weights are
 copied in one gathered tensor at a time, so the device holds its partitions plus one
-tensor, never the whole model. (transformers still reads the checkpoint's state dict
-into host memory on every rank; on CPU ranks, where host is the device, that full
-fp32 copy shows in the init-phase peak.) Under ZeRO-0/1/2 rank 0 builds the model and the
+tensor, never the whole model. (transformers reads the checkpoint's values into rank 0's
+host memory only, the other ranks its keys and shapes on meta: modeling_utils, map_location
+"cpu" on rank 0; on CPU ranks, where host is the device, that copy shows in rank 0's init-phase
+peak.) Under ZeRO-0/1/2 rank 0 builds the model and the
 other ranks receive it by broadcast onto their devices (launcher.worker.loading); deepspeed.initialize casts it.
 """
 
