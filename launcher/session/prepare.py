@@ -125,10 +125,6 @@ def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
     return run
 
 
-def total_steps(job: Job) -> int | None:
-    return job.train.max_steps
-
-
 def total_time_of(job: Job, plan: Plan):
     """The plan's predicted training time (launcher.planner.duration.TotalTime); a train.epochs job counts its
     training examples here (reading the data), so a plan made without the data says it cannot know."""
