@@ -201,3 +201,30 @@ def test_an_engine_name_comparison_is_caught(tmp_path, line):
     target = root / "session" / "prepare.py"
     target.write_text(target.read_text() + "\n\n" + line + "\n")
     assert f"launcher/session/prepare.py:{len(target.read_text().splitlines())}" in engine_name_comparisons(root)
+
+
+def engine_module_imports(root: Path = PACKAGE) -> list[str]:
+    """Modules outside ENGINE_HOMES that import one engine's module (launcher.engines.<name> or
+    launcher.worker.engines.<name>): type checks such as isinstance(engine, FsdpEngine) or calls to one engine's
+    helpers branch on the engine as surely as comparing its name does."""
+    from launcher.engines import ENGINES
+
+    homes = tuple(h.rstrip("/").replace("/", ".") for h in ENGINE_HOMES)
+    own = {f"{home}.{name}" for home in homes for name in ENGINES}
+    return sorted(f"{mod} imports {dep}" for mod, deps in import_graph(root).items()
+                  if not mod.startswith(homes) for dep in deps & own)
+
+
+def test_only_the_engines_import_an_engine_module():
+    assert engine_module_imports() == []
+
+
+def test_an_engine_module_import_is_caught(tmp_path):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "worker" / "export.py"
+    target.write_text(target.read_text() + "\n\ndef f(engine):\n    from launcher.worker.engines.fsdp import FsdpEngine\n"
+                      "    return isinstance(engine, FsdpEngine)\n")
+    assert engine_module_imports(root) == ["launcher.worker.export imports launcher.worker.engines.fsdp"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.engines import engine_spec
-from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
 from launcher.planner.memo import spec_for
@@ -279,8 +278,9 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
-    """DeepSpeed-estimator-comparable model states per rank (no activations, no timing of the peak)."""
-    return int(deepspeed_states(inp, s, buckets).model_states)
+    """Model states per rank (no activations, no timing of the peak); for DeepSpeed, comparable with DeepSpeed's
+    own estimators."""
+    return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",

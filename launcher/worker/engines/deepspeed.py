@@ -257,6 +257,12 @@ class DeepSpeedEngine:
     def lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
+    def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        from launcher.worker.export import gather_replicated, gather_zero3
+
+        gather = gather_zero3 if self.stage == 3 else gather_replicated  # ZeRO-0/1/2: the module is replicated
+        return gather(self.engine.module, dtype, adapter_only)
+
     def save(self, root: Path, tag: str) -> None:
         # Our own "latest" marker is written after every rank finished; DeepSpeed's would come too early.
         self.engine.save_checkpoint(str(root), tag=tag, save_latest=False)
