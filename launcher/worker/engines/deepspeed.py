@@ -106,6 +106,17 @@ def flatten_room(accelerator, room_bytes: int, used_bytes: Callable[[], int]) ->
             del accelerator.available_memory
 
 
+def skip_shm_comm_op() -> None:
+    """Mark DeepSpeed's shared-memory all-reduce op unusable, the one write to DeepSpeed's globals on a rank.
+
+    On CPU DeepSpeed builds (or loads) that kernel when its communication starts (deepspeed/comm/torch.py
+    build_shm_op, which asks deepspeed.ops.__compatible_ops__ first); only its inference_all_reduce uses it, never
+    training, so a rank saves the build and the load."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedEngine:
     name = "deepspeed"
 
@@ -120,11 +131,8 @@ class DeepSpeedEngine:
     @staticmethod
     def init_process_group(backend: str) -> None:
         import deepspeed
-        import deepspeed.ops
 
-        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
-        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        skip_shm_comm_op()
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
