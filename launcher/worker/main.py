@@ -22,13 +22,16 @@ RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZ
 """Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet."""
 
 
-def rank_process_env() -> None:
+def rank_process_env(run_dir: Path) -> None:
     """The one seam where a rank process sets its own environment, first thing in main() (importing this module
-    changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported) and
-    RANK_PROCESS_ENV (before huggingface_hub reads them at its import)."""
+    changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported),
+    RANK_PROCESS_ENV (before huggingface_hub reads them at its import), and the run dir and plan the runtime's
+    readers (launcher.rankenv) find, as they would under the launcher."""
     rankenv.set_extensions_dir()
     for name, value in RANK_PROCESS_ENV.items():
         os.environ.setdefault(name, value)
+    os.environ[rankenv.RUN_DIR_ENV] = str(run_dir)
+    os.environ.setdefault(rankenv.PLAN_ENV, str(run_dir / "plan.json"))
 
 USAGE = "usage: python -m launcher.rank_entry RUN_DIR   (started by torchrun on every rank)"
 
@@ -80,12 +83,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    rank_process_env()
+    run_dir = Path(argv[0]).resolve()
+    rank_process_env(run_dir)
     from launcher.worker.loop import Trainer
 
-    run_dir = Path(argv[0]).resolve()
-    os.environ[rankenv.RUN_DIR_ENV] = str(run_dir)
-    os.environ.setdefault(rankenv.PLAN_ENV, str(run_dir / "plan.json"))
     _, local_rank, _ = rankenv.rank_info()
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     probe = memory_probe(device=device, run_dir=run_dir)
