@@ -163,7 +163,8 @@ ENGINE_HOMES = ("launcher/engines/", "launcher/worker/engines/")
 
 
 def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
-    """Every `x == "deepspeed"`, `x != "fsdp"`, `x in ("deepspeed", ...)` outside ENGINE_HOMES, as path:line."""
+    """Every `x == "deepspeed"`, `x != "fsdp"`, `x in ("deepspeed", ...)`, `case "fsdp":` and dict keyed by an engine's
+    name (`{"deepspeed": a, "fsdp": b}[x]`) outside ENGINE_HOMES, as path:line."""
     from launcher.engines import ENGINES
 
     names = set(ENGINES)
@@ -181,7 +182,9 @@ def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
         if rel.startswith(ENGINE_HOMES):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)):
+            if ((isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)))
+                    or (isinstance(node, ast.MatchValue) and named(node.value))  # case "deepspeed":
+                    or (isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys))):
                 found.append(f"{rel}:{node.lineno}")
     return found
 
@@ -192,15 +195,18 @@ def test_engine_names_are_compared_only_inside_the_engines():
 
 
 @pytest.mark.parametrize("line", ['x = plan.strategy.engine == "fsdp"', 'y = "deepspeed" != s.engine',
-                                  'z = s.engine in ("deepspeed",)'])
+                                  'z = s.engine in ("deepspeed",)', 'w = {"fsdp": 1, "deepspeed": 2}[s.engine]',
+                                  'match s.engine:\n    case "fsdp":\n        pass'])
 def test_an_engine_name_comparison_is_caught(tmp_path, line):
     import shutil
 
     root = tmp_path / "launcher"
     shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
     target = root / "session" / "prepare.py"
+    first = len(target.read_text().splitlines()) + 3
     target.write_text(target.read_text() + "\n\n" + line + "\n")
-    assert f"launcher/session/prepare.py:{len(target.read_text().splitlines())}" in engine_name_comparisons(root)
+    hits = {int(f.rsplit(":", 1)[1]) for f in engine_name_comparisons(root) if f.startswith("launcher/session/prepare.py:")}
+    assert hits & set(range(first, len(target.read_text().splitlines()) + 1))
 
 
 def engine_module_imports(root: Path = PACKAGE) -> list[str]:
