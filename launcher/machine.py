@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from launcher.cache import profile_file
 from launcher.calibrate.profiles import hardware_path
 from launcher.config.job import Job
 from launcher.errors import ConfigError
@@ -68,9 +69,7 @@ def hardware_profile(job: Job) -> HardwareProfile:
     if name not in PROFILES:
         raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
     profile = PROFILES[name]
-    calib = hardware_path(name)
-    if os.environ.get("LAUNCHER_PROFILE_FILE"):
-        calib = Path(os.environ["LAUNCHER_PROFILE_FILE"])
+    calib = profile_file() or hardware_path(name)
     if calib.is_file():
         profile = profile.with_overrides(json.loads(calib.read_text()).get("hardware", {}))
     return profile

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.engines import engine_spec
-from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
 from launcher.planner.memo import spec_for
@@ -235,7 +234,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         # it (the working copies resharded, as at the step; the step's own temporaries, if any, counted too).
         moments["export"] = moments["step"] + export_host_bytes(m, inp.precision)
         moments["step"] += st.host_step_extra
-    # Offloaded state on CPU ranks is added to every training moment below (on_device); the load is before it.
+    # Offloaded state on CPU ranks is added to every training moment below (offloaded_on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
     moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
     moment = max(moments, key=moments.get)
@@ -264,8 +263,9 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)
     breakdown["reserve"] = sum(overhead.values())
-    on_device = st.host if hw.device_is_host else 0.0
-    moment_bytes = {k: int(v + on_device + sum(cuda_overhead(hw, v + on_device, inp.world_size).values()))
+    offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
+    moment_bytes = {k: int(v + offloaded_on_device + sum(cuda_overhead(hw, v + offloaded_on_device,
+                                                                       inp.world_size).values()))
                     for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
@@ -276,17 +276,18 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     load = spec.load_bytes_per_node(inp, s)
-    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
+    host_bytes = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
     # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
-    host = max(host + export_host_bytes(m, inp.precision), load)
-    return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
+    host_bytes = max(host_bytes + export_host_bytes(m, inp.precision), load)
+    return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host_bytes),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
                           basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
-    """DeepSpeed-estimator-comparable model states per rank (no activations, no timing of the peak)."""
-    return int(deepspeed_states(inp, s, buckets).model_states)
+    """Model states per rank (no activations, no timing of the peak); for DeepSpeed, comparable with DeepSpeed's
+    own estimators."""
+    return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",

@@ -57,7 +57,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
-        # The ranks refuse a plan.json other than the one written for this attempt (launcher.runtime.env).
+        # The ranks refuse a plan.json other than the one written for this attempt (launcher.rankenv).
         PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -123,10 +123,6 @@ def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
     run.write_yaml("job.yaml", job_to_data(job))
     write_plan_outputs(run.path, plan, job)
     return run
-
-
-def total_steps(job: Job) -> int | None:
-    return job.train.max_steps
 
 
 def total_time_of(job: Job, plan: Plan):

@@ -25,7 +25,6 @@ from launcher.session.prepare import (
     prepare_run_dir,
     resume_plan,
     say_total_time,
-    total_steps,
 )
 
 
@@ -100,7 +99,7 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 
-    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose),
+    view = LiveView(run_dir.path, plan.world_size, job.train.max_steps, mode=view_mode(opts.quiet, opts.verbose),
                     budget_bytes=plan.budget_bytes)
     backend.on_start = started(job, plan, run_dir, opts, view)
     try:

@@ -27,8 +27,8 @@ from launcher.session.checks import check_runnable
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions
 from launcher.session.prepare import launch_spec, write_plan_outputs
-from launcher.sweep import Variant, expand
 from launcher.units import format_bytes
+from launcher.variants import Variant, expand
 
 
 def plan_variants(job: Job, variants: list[Variant], *, force: bool = False):

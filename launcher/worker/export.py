@@ -143,18 +143,6 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to("cpu", dtype, copy=True) if t.is_floating_point() else t.to("cpu", copy=True)
 
 
-def gather(engine, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
-    """The trained weights on rank 0's host (None on the other ranks). Collective."""
-    from launcher.worker.engines.fsdp import FsdpEngine
-
-    if isinstance(engine, FsdpEngine):
-        return gather_fsdp(engine.model, dtype, adapter_only)
-    module = engine.engine.module
-    if engine.stage == 3:
-        return gather_zero3(module, dtype, adapter_only)
-    return gather_replicated(module, dtype, adapter_only)
-
-
 # -- writing (rank 0, or the one process of `launch export`) -------------------------------------------------------
 def host_model(job, recipe, sd: dict[str, torch.Tensor], dtype: torch.dtype, adapter_only: bool) -> nn.Module:
     """The job's model (LoRA-wrapped if the job has LoRA) built on meta and given ``sd``'s tensors (no copy).
@@ -262,7 +250,7 @@ def export_at_end(trainer, out: Path | None = None) -> None:
     merge = bool(lora is not None and lora.merge)
     out = out or trainer.run_dir / "model"
     with trainer.probe.phase("export"):
-        sd = gather(trainer.engine, dtype, adapter_only=lora is not None and not merge)
+        sd = trainer.engine.gather_weights(dtype, adapter_only=lora is not None and not merge)
         if trainer.rank == 0:
             info = {"source": "end of run", "step": trainer.probe.step, "engine": trainer.engine.name,
                     "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}

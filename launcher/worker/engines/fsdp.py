@@ -329,6 +329,11 @@ class FsdpEngine:
     def lr(self) -> float:
         return float(self.schedulers[0].get_last_lr()[0])
 
+    def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        from launcher.worker.export import gather_fsdp
+
+        return gather_fsdp(self.model, dtype, adapter_only)
+
     def save(self, root: Path, tag: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
