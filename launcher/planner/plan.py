@@ -176,14 +176,13 @@ class Rejected:
     """device: the largest category of its predicted peak."""
 
     @classmethod
-    def from_json(cls, d: dict) -> Rejected:
-        """A plan.json entry; one written before the typed fields carries only a reason sentence."""
-        if "why" in d:
-            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-        reason = str(d.get("reason", ""))
-        why = ("slower" if reason.startswith("fits") else "host_ram" if reason.startswith("host RAM")
-               else "nvme" if reason.startswith("NVMe") else "device")
-        return cls(label=d["label"], why=why, peak_bytes=d["peak_bytes"], step_time_s=d["step_time_s"])
+    def from_json(cls, d: dict) -> Rejected | None:
+        """A plan.json entry; None for one written before the typed fields (it carries only a reason sentence,
+        which is not parsed back into a why: nothing reads a loaded plan's alternatives, only `launch plan`
+        words them, from the plan it has just made)."""
+        if "why" not in d:
+            return None
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 Why = Literal["needed_to_fit", "faster", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
@@ -338,7 +337,8 @@ class Plan:
             usable_bytes=d["usable_bytes"], world_size=d["world_size"], nodes=d["nodes"],
             gpus_per_node=d["gpus_per_node"], global_batch_size=d["global_batch_size"], seq_len=d["seq_len"],
             precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
-            rejected=[Rejected.from_json(r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
+            rejected=[r for r in map(Rejected.from_json, d.get("rejected", [])) if r is not None],
+            pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
