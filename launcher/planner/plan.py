@@ -132,28 +132,46 @@ LEVERS_OFF = {"checkpoint_every": 1, "loss_chunks": 0, "activation_offload": Fal
 
 
 @dataclass(kw_only=True, slots=True)
-class Estimate:
-    """The memory model's and cost model's figures for one strategy."""
+class MemoryEstimate:
+    """The memory model's answer for one strategy (launcher.planner.memory.estimate_memory)."""
 
     breakdown: dict[str, int]
-    """Bytes per rank by category (params, grads, optimizer, activations, logits, buffers, reserve)."""
+    """Device bytes per rank by category at the predicted peak (params, grads, optimizer, activations, logits,
+    buffers, reserve)."""
     peak_bytes: int
-    """Predicted peak bytes per rank."""
+    """Predicted peak device bytes per rank (the breakdown's sum)."""
     host_bytes_per_node: int
-    """Host RAM the run needs per node, bytes."""
+    """Host RAM bytes per node: offloaded state and pinned buffers of every rank, or the weight load."""
     nvme_bytes_per_node: int
-    """NVMe bytes the run needs per node."""
+    """NVMe bytes per node for offloaded optimizer state and parameters."""
+    peak_moment: str = "backward"
+    """Which moment is the peak: backward (activations), backward_end (gradient reduce), step (optimizer) or
+    init (the weight load); not in plan.json, so "backward" where a plan is read back."""
+    basis: str = "cpu_tensor_bytes"
+    """What peak_bytes counts (launcher.planner.cuda_overhead.Basis): cpu_tensor_bytes (CPU ranks) or
+    cuda_reserved_plus_context (CUDA ranks: reserved plus context, the thing that OOMs there)."""
+    overhead: dict[str, int] = field(default_factory=dict)
+    """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
+    cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
+    moment_bytes: dict[str, int] = field(default_factory=dict)
+    """Predicted bytes per rank at every moment (backward, backward_end, step, init), reserve included: what each
+    measured phase is compared with (benchmarks/accuracy); the peak is the largest."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Estimate(MemoryEstimate):
+    """The memory model's figures for one strategy (the MemoryEstimate it extends) and the cost model's."""
+
     step_time_s: float
     """Predicted seconds per optimizer step."""
     step_time_terms: dict[str, float] = field(default_factory=dict)
     """Seconds by term: compute, communication, offload."""
-    basis: str = "cpu_tensor_bytes"
-    """What peak_bytes counts: cpu_tensor_bytes (CPU ranks) or cuda_reserved_plus_context (CUDA ranks)."""
-    overhead: dict[str, int] = field(default_factory=dict)
-    """CUDA-only terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve, cuda_context,
-    nccl_buffers."""
-    moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at each moment (backward, backward_end, step, init), bytes; the peak is the largest."""
+
+    @classmethod
+    def of(cls, memory: MemoryEstimate, step_time_terms: dict[str, float]) -> Estimate:
+        """The memory model's answer with the cost model's terms; the step time is their sum."""
+        fields = {f.name: getattr(memory, f.name) for f in dataclasses.fields(MemoryEstimate)}
+        return cls(**fields, step_time_s=sum(step_time_terms.values()), step_time_terms=step_time_terms)
 
 
 @dataclass(kw_only=True, slots=True)
