@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from launcher.config.problem import Problem
+
 EXIT_OK = 0
 EXIT_TRAINING_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -25,8 +27,10 @@ class ConfigError(LauncherError):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, problems: list[str] | str):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
+    def __init__(self, problems: list[str | Problem] | str | Problem):
+        # As given: typed (launcher.config.problem.Problem) where a rule over the job's fields found them.
+        self.found: list[str | Problem] = [problems] if isinstance(problems, (str, Problem)) else list(problems)
+        self.problems = [str(p) for p in self.found]
         super().__init__("\n".join(self.problems))
 
 
