@@ -289,6 +289,9 @@ class Plan:
     """Why this precision: set by the job, or what train.precision: auto found on the devices (no unit)."""
     levers: list[LeverDecision] = field(default_factory=list)
     """Each lever beyond sharding: used or not, and why (launcher.planner.lever_choice)."""
+    math_notes: list[str] = field(default_factory=list)
+    """What the plan turns off in the job's training math, a sentence each (also among the reasons): the optimizer
+    step in backward and clipping. The report repeats them (launcher.report)."""
 
     def to_json(self) -> dict:
         s = self.strategy
@@ -335,6 +338,7 @@ class Plan:
             "largest_layer_params": self.largest_layer_params,
             "block_class": self.block_class,
             "levers": [d.to_json() for d in self.levers],
+            "math_notes": list(self.math_notes),
         }
 
     @classmethod
@@ -360,5 +364,5 @@ class Plan:
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
-            levers=[LeverDecision.from_json(x) for x in d.get("levers", [])],
+            levers=[LeverDecision.from_json(x) for x in d.get("levers", [])], math_notes=d.get("math_notes", []),
         )
