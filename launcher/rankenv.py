@@ -4,6 +4,7 @@ Defined here, in a module that imports nothing of the launcher's (hashlib only),
 name them without importing launcher.runtime (which pulls torch)."""
 
 import hashlib
+import os
 from pathlib import Path
 
 PLAN_ENV = "LAUNCHER_PLAN"
@@ -46,3 +47,14 @@ def default_extensions_dir() -> Path:
     """Where compiled DeepSpeed ops are cached unless TORCH_EXTENSIONS_DIR says otherwise:
     <repo>/.cache/torch_extensions (repo = parent of launcher/), shared by the launcher's ranks and the tests."""
     return Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"
+
+
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+"""Where torch's cpp_extension (DeepSpeed's op builder) compiles and finds ops."""
+
+
+def extensions_dir() -> str:
+    """The compiled-ops cache the ranks use: $TORCH_EXTENSIONS_DIR where the user chose one, else the default.
+    The one place the rule lives: the launcher hands it to the ranks (session.prepare.rank_env) and a process that
+    builds ops itself sets it (runtime.env.set_extensions_dir)."""
+    return os.environ.get(EXTENSIONS_ENV, str(default_extensions_dir()))

@@ -10,12 +10,14 @@ from launcher.errors import EXIT_OOM, ConfigError  # noqa: F401  (EXIT_OOM: re-e
 from launcher.rankenv import (  # noqa: F401  (the names ranks read, defined once in a module that imports nothing)
     DS_CONFIG_ENV,
     ENFORCE_ENV,
+    EXTENSIONS_ENV,
     PLAN_DIGEST_ENV,
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
     TRACK_ENV,
     default_extensions_dir,
+    extensions_dir,
     plan_digest,
 )
 
@@ -76,4 +78,5 @@ def rank_info() -> tuple[int, int, int]:
 
 def set_extensions_dir() -> str:
     """Point TORCH_EXTENSIONS_DIR at the shared cache unless the user chose one; call before importing deepspeed."""
-    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
+    os.environ[EXTENSIONS_ENV] = chosen = extensions_dir()
+    return chosen
