@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from launcher.rankreport import RankReport
 from launcher.units import format_bytes, format_duration
 
 CARRIED = ("loss", "tokens_per_s")
@@ -62,8 +63,8 @@ def rank_rows(run_dir: Path, world_size: int) -> list[dict]:
             state = "training"
         if final.is_file():
             try:
-                state = json.loads(final.read_text()).get("status", "done")
-            except ValueError:
+                state = RankReport.from_json({"rank": r, **json.loads(final.read_text())}).status
+            except (ValueError, TypeError):
                 pass
         rows.append({"rank": r, "state": state, **(step or {})})
     return rows
@@ -157,8 +158,9 @@ class StepLines:
         if self.total_steps:
             return self.total_steps
         try:
-            return json.loads((self.run_dir / "ranks" / "rank-0.json").read_text()).get("total_steps")
-        except (OSError, ValueError):
+            data = json.loads((self.run_dir / "ranks" / "rank-0.json").read_text())
+            return RankReport.from_json({"rank": 0, **data}).total_steps
+        except (OSError, ValueError, TypeError):
             return None
 
     def peak_bytes(self) -> int | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 from launcher.categories import CATEGORY_GROUPS, grown_category
@@ -11,7 +10,10 @@ from launcher.categories import measured_bytes as measured_group
 from launcher.categories import predicted_bytes as predicted_group
 from launcher.fsutil import atomic_write
 from launcher.planner.cuda_overhead import peak_on_basis
+from launcher.planner.plan import Plan
+from launcher.rankreport import RankReport
 from launcher.rundir import RunDir
+from launcher.runreport import RankRow, RunReport
 from launcher.units import decimal_unit, format_bytes
 
 __all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.categories), re-exported for its readers
@@ -40,8 +42,8 @@ interrupted (130), oom or failed (1), over_budget (3), incomplete (1: a rank wro
 within_budget (0: every rank completed, measured, and stayed within the budget)."""
 
 
-def run_verdict(rows: list[dict], missing: list[int], *, interrupted: bool = False, failed: bool = False) -> str:
-    verdicts = {r["verdict"] for r in rows}
+def run_verdict(rows: list[RankRow], missing: list[int], *, interrupted: bool = False, failed: bool = False) -> str:
+    verdicts = {r.verdict for r in rows}
     if interrupted:
         return "interrupted"
     if failed or verdicts & {"failed", "oom"}:
@@ -53,134 +55,112 @@ def run_verdict(rows: list[dict], missing: list[int], *, interrupted: bool = Fal
     return "within_budget"
 
 
-def predicted_on_basis(plan: dict, basis: str) -> int:
+def predicted_on_basis(plan: Plan, basis: str) -> int:
     """The plan's peak counted as a rank measured it: a plan made for a GPU profile but run on CPU ranks is
-    compared on tensor bytes, its CUDA-only terms (plan["overhead"]) dropped."""
-    predicted = int(plan["predicted_peak_bytes"])
-    if basis == plan.get("basis", "cpu_tensor_bytes"):
-        return predicted
-    tensors = predicted - int(plan.get("breakdown", {}).get("reserve", 0))
-    return peak_on_basis(tensors, plan.get("overhead", {}), basis)
+    compared on tensor bytes, its CUDA-only terms (the estimate's overhead) dropped."""
+    est = plan.estimate
+    if basis == est.basis:
+        return est.peak_bytes
+    tensors = est.peak_bytes - int(est.breakdown.get("reserve", 0))
+    return peak_on_basis(tensors, est.overhead, basis)
 
 
-def build_report(run: RunDir, plan: dict, *, expected_ranks: int, interrupted: bool = False,
-                 failed: bool = False) -> dict:
+def rank_row(r: RankReport, plan: Plan, *, interrupted: bool) -> RankRow:
+    """One rank file's line of the report."""
+    budget = plan.budget_bytes
+    measured = r.measured_peak_bytes
+    predicted = predicted_on_basis(plan, r.basis)
+    cats = {k: int(v) for k, v in (r.peak_by_category or {}).items()}
+    grew, growth = grown_category(plan.estimate.breakdown, cats)
+    verdict = rank_verdict(r.status, measured, budget, interrupted=interrupted)
+    return RankRow(
+        rank=r.rank, host=r.host, device=r.device, status=r.status, verdict=verdict, measured=measured > 0,
+        basis=r.basis, measured_peak_bytes=measured, predicted_peak_bytes=predicted, budget_bytes=budget,
+        headroom_bytes=budget - measured,
+        # Only a rank that completed, measured and stayed within is "within": nothing measured is no evidence,
+        # and a failed or interrupted rank did not run the whole job.
+        within_budget=verdict == "ok",
+        relative_error=(predicted - measured) / measured if measured else None,
+        largest_category=max(cats, key=cats.get) if cats else None,
+        grew_most=grew, grew_most_bytes=growth, measured_breakdown=cats, phases=dict(r.phases),
+        peak_rss_bytes=r.peak_rss_bytes, max_memory_allocated_bytes=r.max_memory_allocated_bytes,
+        max_memory_reserved_bytes=r.max_memory_reserved_bytes, outside_allocator_bytes=r.outside_allocator_bytes,
+        first_loss=r.first_loss, final_loss=r.final_loss, eval_loss=r.eval_loss, eval_accuracy=r.eval_accuracy,
+        steps_done=r.steps_done,
+    )
+
+
+def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: bool = False,
+                 failed: bool = False) -> RunReport:
     """report.json from the rank files; ``interrupted`` and ``failed`` say how the run ended (the backend's
     Outcome), so the table, report.json and the exit code give one verdict."""
-    rows = []
-    budget = int(plan["budget_bytes"])
-    bases = set()
-    for path in run.rank_files():
-        r = json.loads(path.read_text())
-        measured = int(r.get("measured_peak_bytes") or 0)
-        # Rank files written before the basis field: CUDA ranks then measured allocated bytes.
-        basis = r.get("basis") or ("cuda_allocated" if str(r.get("device", "cpu")).startswith("cuda")
-                                   else "cpu_tensor_bytes")
-        bases.add(basis)
-        predicted = predicted_on_basis(plan, basis)
-        cats = {k: int(v) for k, v in (r.get("peak_by_category") or {}).items()}
-        largest = max(cats, key=cats.get) if cats else None
-        grew, growth = grown_category(plan.get("breakdown", {}), cats)
-        status = r.get("status", "unknown")
-        rows.append({
-            "rank": int(r["rank"]),
-            "host": r.get("host", "?"),
-            "device": r.get("device", "cpu"),
-            "status": status,
-            "verdict": (verdict := rank_verdict(status, measured, budget, interrupted=interrupted)),
-            "measured": measured > 0,
-            "basis": basis,
-            "measured_peak_bytes": measured,
-            "predicted_peak_bytes": predicted,
-            "budget_bytes": budget,
-            "headroom_bytes": budget - measured,
-            # Only a rank that completed, measured and stayed within is "within": nothing measured is no evidence,
-            # and a failed or interrupted rank did not run the whole job.
-            "within_budget": verdict == "ok",
-            "relative_error": (predicted - measured) / measured if measured else None,
-            "largest_category": largest,
-            "grew_most": grew,
-            "grew_most_bytes": growth,
-            "measured_breakdown": cats,
-            "phases": r.get("phases", {}),
-            "peak_rss_bytes": r.get("peak_rss_bytes"),
-            "max_memory_allocated_bytes": r.get("max_memory_allocated_bytes"),
-            "max_memory_reserved_bytes": r.get("max_memory_reserved_bytes"),
-            "outside_allocator_bytes": r.get("outside_allocator_bytes"),
-            "first_loss": r.get("first_loss"),
-            "final_loss": r.get("final_loss"),
-            "eval_loss": r.get("eval_loss"),
-            "eval_accuracy": r.get("eval_accuracy"),
-            "steps_done": r.get("steps_done"),
-        })
-    missing = sorted(set(range(expected_ranks)) - {row["rank"] for row in rows})
-    plan_basis = plan.get("basis", "cpu_tensor_bytes")
+    ranks = run.rank_reports()
+    rows = [rank_row(ranks[k], plan, interrupted=interrupted) for k in sorted(ranks)]
+    missing = sorted(set(range(expected_ranks)) - {row.rank for row in rows})
+    bases = {row.basis for row in rows}
+    plan_basis = plan.estimate.basis
     basis = bases.pop() if len(bases) == 1 else ("mixed" if bases else plan_basis)
     verdict = run_verdict(rows, missing, interrupted=interrupted, failed=failed)
     # The eval metrics are reduced over the ranks (every rank holds the same value): the run's, from the lowest rank.
-    first = min(rows, key=lambda row: row["rank"]) if rows else {}
-    return {
-        "verdict": verdict,
-        "eval_loss": first.get("eval_loss"),
-        "eval_accuracy": first.get("eval_accuracy"),
-        "within_budget": verdict == "within_budget",
+    first = rows[0] if rows else None
+    return RunReport(
+        verdict=verdict,
+        eval_loss=first.eval_loss if first else None,
+        eval_accuracy=first.eval_accuracy if first else None,
+        within_budget=verdict == "within_budget",
         # What measured and predicted peaks count: cpu_tensor_bytes (MemTracker) or cuda_reserved_plus_context.
-        "basis": basis,
-        "predicted_basis": plan_basis,
-        "budget_bytes": budget,
-        "predicted_peak_bytes": predicted_on_basis(plan, basis) if basis != "mixed" else int(plan["predicted_peak_bytes"]),
-        "predicted_breakdown": plan.get("breakdown", {}),
-        "plan": plan.get("label"),
+        basis=basis,
+        predicted_basis=plan_basis,
+        budget_bytes=plan.budget_bytes,
+        predicted_peak_bytes=predicted_on_basis(plan, basis) if basis != "mixed" else plan.estimate.peak_bytes,
+        predicted_breakdown=dict(plan.estimate.breakdown),
+        plan=plan.strategy.label(),
         # What the plan turned off in the training math (clipping, under the optimizer step in backward): its own
         # field, never picked out of the reasons by their words.
-        "math_notes": list(plan.get("math_notes", [])),
-        "world_size": expected_ranks,
-        "missing_ranks": missing,
-        "ranks": rows,
-    }
+        math_notes=list(plan.math_notes),
+        world_size=expected_ranks,
+        missing_ranks=missing,
+        ranks=rows,
+    )
 
 
-def over_budget_message(report: dict) -> str | None:
-    worst = [r for r in report["ranks"] if r["measured_peak_bytes"] > r["budget_bytes"]]
+def over_budget_message(report: RunReport) -> str | None:
+    worst = [r for r in report.ranks if r.measured_peak_bytes > r.budget_bytes]
     if not worst:
         return None
-    r = max(worst, key=lambda row: row["measured_peak_bytes"])
+    r = max(worst, key=lambda row: row.measured_peak_bytes)
     others = f" ({len(worst) - 1} more rank(s) over)" if len(worst) > 1 else ""
-    return (f"rank {r['rank']} on {r['host']} peaked at {format_bytes(r['measured_peak_bytes'])}, over the budget of "
-            f"{format_bytes(r['budget_bytes'])} by {format_bytes(-r['headroom_bytes'])}; {r['grew_most']} grew most "
-            f"(+{format_bytes(r['grew_most_bytes'])} over its prediction){others}")
+    return (f"rank {r.rank} on {r.host} peaked at {format_bytes(r.measured_peak_bytes)}, over the budget of "
+            f"{format_bytes(r.budget_bytes)} by {format_bytes(-r.headroom_bytes)}; {r.grew_most} grew most "
+            f"(+{format_bytes(r.grew_most_bytes)} over its prediction){others}")
 
 
-def render_report(report: dict) -> str:
+def render_report(report: RunReport) -> str:
     head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<11} largest"
     lines = [head]
-    for r in report["ranks"]:
-        verdict = r.get("verdict") or rank_verdict(r.get("status", "unknown"), r["measured_peak_bytes"],
-                                                   r["budget_bytes"])
-        measured = r.get("measured", r["measured_peak_bytes"] > 0)
+    for r in report.ranks:
         lines.append(
-            f"{r['rank']:>4}  {r['host'][:12]:<12} {format_bytes(r['predicted_peak_bytes']):>10} "
-            f"{format_bytes(r['measured_peak_bytes']) if measured else '-':>10} {format_bytes(r['budget_bytes']):>10} "
-            f"{format_bytes(r['headroom_bytes']) if measured else '-':>10}  {verdict:<11} {r['largest_category'] or '-'}"
+            f"{r.rank:>4}  {r.host[:12]:<12} {format_bytes(r.predicted_peak_bytes):>10} "
+            f"{format_bytes(r.measured_peak_bytes) if r.measured else '-':>10} {format_bytes(r.budget_bytes):>10} "
+            f"{format_bytes(r.headroom_bytes) if r.measured else '-':>10}  {r.verdict:<11} {r.largest_category or '-'}"
         )
-    if report["missing_ranks"]:
-        lines.append(f"missing ranks (no memory file): {report['missing_ranks']}")
-    if isinstance(report.get("eval_loss"), (int, float)):
-        acc = report.get("eval_accuracy")
-        lines.append(f"eval: loss {report['eval_loss']:.4f}"
+    if report.missing_ranks:
+        lines.append(f"missing ranks (no memory file): {report.missing_ranks}")
+    if isinstance(report.eval_loss, (int, float)):
+        acc = report.eval_accuracy
+        lines.append(f"eval: loss {report.eval_loss:.4f}"
                      + (f", accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""))
-    lines += report.get("math_notes") or []
-    lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report['basis']})" if report.get("basis") else ""))
+    lines += report.math_notes
+    lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report.basis})" if report.basis else ""))
     return "\n".join(lines)
 
 
-def verdict_line(report: dict) -> str:
+def verdict_line(report: RunReport) -> str:
     """The table's last line: the same verdict report.json records, in words."""
-    verdict = report.get("verdict") or ("within_budget" if report["within_budget"] else "over_budget")
-    ranks = report["ranks"]
+    verdict = report.verdict
 
     def which(v: str) -> list[int]:
-        return [r["rank"] for r in ranks if r.get("verdict") == v]
+        return [r.rank for r in report.ranks if r.verdict == v]
 
     over = f"; rank(s) {which('OVER')} already over budget" if which("OVER") else ""
     return {
@@ -190,7 +170,7 @@ def verdict_line(report: dict) -> str:
         "failed": "NOT within budget: " + (f"rank(s) {which('failed')} failed" if which("failed")
                                            else "the ranks did not finish") + over,
         "over_budget": f"NOT within budget: rank(s) {which('OVER')} over",
-        "incomplete": f"NOT within budget: rank(s) {report['missing_ranks']} wrote no memory file",
+        "incomplete": f"NOT within budget: rank(s) {report.missing_ranks} wrote no memory file",
     }.get(verdict, f"NOT within budget ({verdict})")
 
 
@@ -205,27 +185,27 @@ def plot_unit(largest_bytes: float) -> tuple[str, float]:
     return ("bytes", 1.0) if unit == "B" else (unit, size)
 
 
-def plot_memory(report: dict, path: Path) -> Path | None:
+def plot_memory(report: RunReport, path: Path) -> Path | None:
     """memory.png: per-rank measured peak vs prediction and budget, and the breakdown bars."""
     # The Figure API without pyplot, fixed margins and legend places: a third of the time of the pyplot
     # version with tight_layout and loc="best" (it sits between the ranks' exit and the verdict).
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    ranks = report["ranks"]
+    ranks = report.ranks
     if not ranks:
         return None
-    budget = report["budget_bytes"]
-    peak = max(max(r["measured_peak_bytes"], r["predicted_peak_bytes"]) for r in ranks)
+    budget = report.budget_bytes
+    peak = max(max(r.measured_peak_bytes, r.predicted_peak_bytes) for r in ranks)
     budget_drawn = budget <= BUDGET_OFF_CHART * peak
     unit, size = plot_unit(max(peak, budget) if budget_drawn else peak)
     fig = Figure(figsize=(11, 4))
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.24, top=0.9, wspace=0.35)
-    xs = [r["rank"] for r in ranks]
+    xs = [r.rank for r in ranks]
     for dx, key, label in ((-0.2, "measured_peak_bytes", "measured"), (0.2, "predicted_peak_bytes", "predicted")):
-        bars = ax1.bar([x + dx for x in xs], [r[key] / size for r in ranks], width=0.4, label=label)
+        bars = ax1.bar([x + dx for x in xs], [getattr(r, key) / size for r in ranks], width=0.4, label=label)
         if len(ranks) <= 8:  # beyond that the labels overlap
             ax1.bar_label(bars, fmt="%.3g", fontsize=7)
     if budget_drawn:
@@ -239,10 +219,10 @@ def plot_memory(report: dict, path: Path) -> Path | None:
     ax1.set_ylabel(f"{unit} (decimal)" if unit != "bytes" else "bytes")
     ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3, frameon=False)
     cats = list(CATEGORY_GROUPS)
-    pred = [predicted_group(report["predicted_breakdown"], c) / size for c in cats]
-    meas = [measured_group(ranks[0]["measured_breakdown"], c) / size for c in cats]
+    pred = [predicted_group(report.predicted_breakdown, c) / size for c in cats]
+    meas = [measured_group(ranks[0].measured_breakdown, c) / size for c in cats]
     idx = range(len(cats))
-    ax2.barh([i - 0.2 for i in idx], meas, height=0.4, label=f"measured (rank {ranks[0]['rank']})")
+    ax2.barh([i - 0.2 for i in idx], meas, height=0.4, label=f"measured (rank {ranks[0].rank})")
     ax2.barh([i + 0.2 for i in idx], pred, height=0.4, label="predicted")
     ax2.set_yticks(list(idx), cats)
     ax2.set_xlabel(f"{unit} at peak")

@@ -41,6 +41,7 @@ import yaml
 
 from launcher.errors import ConfigError
 from launcher.fsutil import FILE_MODE, atomic_write, private_dir
+from launcher.rankreport import RankReport
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
 # DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable.
@@ -478,22 +479,24 @@ class RunDir:
     def rank_files(self) -> list[Path]:
         return sorted(self.ranks.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
 
-    def rank_reports(self, since: float | None = None) -> dict[int, dict]:
+    def rank_reports(self, since: float | None = None) -> dict[int, RankReport]:
         """rank -> its ranks/rank-K.json; with ``since``, only files written after it (this attempt). A file that
-        cannot be read (a rank killed while writing it) is left out: the others still tell what happened."""
+        cannot be read (a rank killed while writing it, or not a rank report) is left out: the others still tell
+        what happened."""
         out = {}
         for p in self.rank_files():
             try:
                 if since is not None and p.stat().st_mtime < since:
                     continue
-                out[int(p.stem.split("-")[1])] = json.loads(p.read_text())
-            except (OSError, ValueError):
+                rank = int(p.stem.split("-")[1])
+                out[rank] = RankReport.from_json({"rank": rank, **json.loads(p.read_text())})
+            except (OSError, ValueError, TypeError, KeyError):
                 continue
         return out
 
     def rank_statuses(self, world_size: int, since: float | None = None) -> dict[int, str]:
         """rank -> the status its file records, for ranks 0..world_size-1."""
-        return {r: d.get("status", "unknown") for r, d in self.rank_reports(since).items() if r < world_size}
+        return {r: d.status for r, d in self.rank_reports(since).items() if r < world_size}
 
     def wait_for_rank_files(self, world_size: int, timeout_s: float, poll_s: float = 0.5) -> bool:
         """Until every rank's file holds a final status (ranks on other nodes may still be writing theirs when

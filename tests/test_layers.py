@@ -18,7 +18,7 @@ FORBIDDEN = {
     **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
        for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.model", "launcher.units",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report",
-                   "launcher.categories", "launcher.ranklog")},
+                   "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport")},
     "launcher.backends": ("launcher.cli", "launcher.session"),
     "launcher.session": ("launcher.cli",),
     "launcher.runtime": ("launcher.backends", "launcher.cli", "launcher.session"),

@@ -39,6 +39,7 @@ def private_tree(root: Path) -> list[str]:
 
 def test_every_file_the_launcher_writes_is_private_from_creation(tmp_path, monkeypatch):
     from launcher.report import plot_memory
+    from launcher.runreport import RankRow, RunReport
     from launcher.runtime.files import JsonlLog
 
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
@@ -49,8 +50,8 @@ def test_every_file_the_launcher_writes_is_private_from_creation(tmp_path, monke
     log = JsonlLog(run.steps / "rank-0.jsonl")
     log.append({"step": 1})
     log.close()
-    rows = [{"rank": 0, "measured_peak_bytes": 5, "predicted_peak_bytes": 6, "measured_breakdown": {"params": 5}}]
-    plot_memory({"ranks": rows, "budget_bytes": 10, "predicted_breakdown": {"params": 6}}, run.path / "memory.png")
+    rows = [RankRow(rank=0, measured_peak_bytes=5, predicted_peak_bytes=6, measured_breakdown={"params": 5})]
+    plot_memory(RunReport(ranks=rows, budget_bytes=10, predicted_breakdown={"params": 6}), run.path / "memory.png")
     run.archive_attempt(1)
     assert (run.path / "attempts" / "1" / "memory.png").is_file()
     assert private_tree(run.path) == []

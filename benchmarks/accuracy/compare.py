@@ -10,7 +10,9 @@ from benchmarks.accuracy.cells import Cell
 from benchmarks.accuracy.estimators import external
 from benchmarks.accuracy.harness import rank_files, read_json
 from benchmarks.accuracy.moments import predicted_moments, total
+from launcher.rankreport import RankReport
 from launcher.report import CATEGORY_GROUPS
+from launcher.runreport import read_report
 
 ESTIMATORS = ("planner", "refit", "deepspeed", "accelerate")
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
@@ -40,41 +42,40 @@ def predicted_moment(breakdown: dict) -> str:
 
 def analyze(cell: Cell, run_dir: Path, plan: dict | None = None) -> dict | None:
     """One row of the matrix; ``plan`` replaces the run's plan.json (a replan with the current planner)."""
-    report = read_json(run_dir / "report.json")
+    report = read_report(run_dir)
     plan = plan or read_json(run_dir / "plan.json")
-    if report is None or plan is None or not report.get("ranks"):
+    if report is None or plan is None or not report.ranks:
         return None
-    ranks = {r["rank"]: r for r in rank_files(run_dir)}
     # The budget is per rank: the row reports the rank that used the most.
-    worst = max(report["ranks"], key=lambda r: r["measured_peak_bytes"])
-    rank = ranks.get(worst["rank"], {})
-    measured = int(worst["measured_peak_bytes"])
+    worst = max(report.ranks, key=lambda r: r.measured_peak_bytes)
+    rank = rank_files(run_dir).get(worst.rank)
+    measured = worst.measured_peak_bytes
     pred_bd = {k: int(v) for k, v in plan["breakdown"].items()}
     ext = external(cell, plan.get("precision", "bf16"))
     figures = {"planner": int(plan["predicted_peak_bytes"]), "deepspeed": ext.deepspeed_bytes,
                "accelerate": ext.accelerate_bytes}
     moment = predicted_moment(pred_bd)
-    phase_bd = rank.get("phase_breakdown") or {}
+    phase_bd = (rank and rank.phase_breakdown) or {}
     moments = moment_rows(predicted_moments(run_dir), rank)
     return {
         "cell": cell.name, **asdict(cell), "label": plan.get("label"), "run_dir": str(run_dir),
-        "status": [r["status"] for r in report["ranks"]],
-        "worst_rank": worst["rank"],
+        "status": [r.status for r in report.ranks],
+        "worst_rank": worst.rank,
         "measured_peak_bytes": measured,
-        "measured_per_rank": {r["rank"]: r["measured_peak_bytes"] for r in report["ranks"]},
-        "training_peak_bytes": rank.get("training_peak_bytes"),
-        "peak_phase": rank.get("peak_phase"),
-        "cuda_max_allocated_bytes": worst.get("max_memory_allocated_bytes"),
-        "cuda_max_reserved_bytes": worst.get("max_memory_reserved_bytes"),
+        "measured_per_rank": {r.rank: r.measured_peak_bytes for r in report.ranks},
+        "training_peak_bytes": rank and rank.training_peak_bytes,
+        "peak_phase": rank and rank.peak_phase,
+        "cuda_max_allocated_bytes": worst.max_memory_allocated_bytes,
+        "cuda_max_reserved_bytes": worst.max_memory_reserved_bytes,
         "predicted": figures,
         "errors": {k: rel(v, measured) for k, v in figures.items()},
         "planner_breakdown": pred_bd,
         "planner_moment": moment,
-        "measured_breakdown": worst.get("measured_breakdown") or {},
+        "measured_breakdown": worst.measured_breakdown,
         "measured_phase_breakdown": phase_bd,
-        "categories_at_peak": compare_categories(pred_bd, worst.get("measured_breakdown") or {}),
+        "categories_at_peak": compare_categories(pred_bd, worst.measured_breakdown),
         "moments": moments,
-        "moment_totals": moment_totals(plan.get("moment_bytes") or {}, rank),
+        "moment_totals": moment_totals(plan.get("moment_bytes") or {}, rank.phases if rank else {}),
         "deepspeed_row": ext.deepspeed_row,
         "accelerate_fp32_bytes": ext.accelerate_fp32_bytes,
         "total_params": ext.total_params,
@@ -83,16 +84,16 @@ def analyze(cell: Cell, run_dir: Path, plan: dict | None = None) -> dict | None:
     }
 
 
-def measured_moment(rank: dict, moment: str) -> tuple[str | None, int | None, dict]:
+def measured_moment(rank: RankReport | None, moment: str) -> tuple[str | None, int | None, dict]:
     """(phase, peak, categories) measured for a planner moment: the backward start is the larger of the
     forward and backward phase peaks (the loss's temporaries are made in forward), the step its own phase."""
-    phases = rank.get("phases") or {}
+    phases = rank.phases if rank else {}
     names = ("forward", "backward") if moment == "backward" else ("optimizer_step",)
     seen = [(phases[p], p) for p in names if p in phases]
     if not seen:
         return None, None, {}
     peak, phase = max(seen)
-    return phase, int(peak), (rank.get("phase_breakdown") or {}).get(phase) or {}
+    return phase, int(peak), (rank.phase_breakdown or {}).get(phase) or {}
 
 
 MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward",), "step": ("optimizer_step",),
@@ -102,9 +103,9 @@ made in forward) against the larger of forward and backward, the gradient reduce
 backward phase, the optimizer step against its own phase, rank 0's weight load against the init phase."""
 
 
-def moment_totals(moment_bytes: dict[str, int], rank: dict) -> dict[str, dict]:
-    """Every moment the planner predicts (plan.json moment_bytes) beside the matching measured phase peak."""
-    phases = rank.get("phases") or {}
+def moment_totals(moment_bytes: dict[str, int], phases: dict[str, int]) -> dict[str, dict]:
+    """Every moment the planner predicts (plan.json moment_bytes) beside the matching measured phase peak (a rank
+    report's phases)."""
     out = {}
     for moment, names in MOMENT_PHASES.items():
         if moment not in moment_bytes:
@@ -117,7 +118,7 @@ def moment_totals(moment_bytes: dict[str, int], rank: dict) -> dict[str, dict]:
     return out
 
 
-def moment_rows(predicted: dict | None, rank: dict) -> dict | None:
+def moment_rows(predicted: dict | None, rank: RankReport | None) -> dict | None:
     if predicted is None:
         return None
     out = {}

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import yaml
 
+from launcher.rankreport import RankReport
+from launcher.rundir import RunDir
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / ".venv" / "bin" / "launch"
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -69,8 +72,9 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def rank_files(run_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank-*.json"))]
+def rank_files(run_dir: Path) -> dict[int, RankReport]:
+    """rank -> its ranks/rank-K.json, typed (a file that cannot be read is left out)."""
+    return RunDir(run_dir).rank_reports()
 
 
 def step_times_s(run_dir: Path, rank: int = 0, warmup: int = 1) -> list[float]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from benchmarks.accuracy.compare import moment_totals
 from benchmarks.accuracy.harness import rank_files, read_json
+from launcher.runreport import read_report
 from launcher.units import format_bytes
 
 CUDA_BASIS = "cuda_reserved_plus_context"
@@ -23,18 +24,18 @@ CUDA_BASIS = "cuda_reserved_plus_context"
 
 def run_row(run_dir: Path, returncode: int) -> dict:
     """What one run shows in the table: its verdict, peak and every predicted moment beside its measured phase."""
-    plan, report = read_json(run_dir / "plan.json"), read_json(run_dir / "report.json")
+    plan, report = read_json(run_dir / "plan.json"), read_report(run_dir)
     row: dict = {"run": run_dir.name, "run_dir": str(run_dir), "returncode": returncode}
-    if plan is None or report is None or not report.get("ranks"):
+    if plan is None or report is None or not report.ranks:
         row["problem"] = "no plan.json or report.json with ranks: the run stopped before its verdict"
         return row
-    ranks = {r["rank"]: r for r in rank_files(run_dir)}
-    worst = max(report["ranks"], key=lambda r: r.get("measured_peak_bytes") or 0)
+    worst = max(report.ranks, key=lambda r: r.measured_peak_bytes)
+    rank = rank_files(run_dir).get(worst.rank)
     row.update(
         engine=plan.get("engine"), label=plan.get("label"), world_size=plan.get("world_size"),
-        basis=report.get("basis"), within_budget=report.get("within_budget"), worst_rank=worst["rank"],
-        predicted_peak_bytes=plan.get("predicted_peak_bytes"), measured_peak_bytes=worst.get("measured_peak_bytes"),
-        moments=moment_totals(plan.get("moment_bytes") or {}, ranks.get(worst["rank"], {})),
+        basis=report.basis, within_budget=report.within_budget, worst_rank=worst.rank,
+        predicted_peak_bytes=plan.get("predicted_peak_bytes"), measured_peak_bytes=worst.measured_peak_bytes,
+        moments=moment_totals(plan.get("moment_bytes") or {}, rank.phases if rank else {}),
     )
     if row["basis"] != CUDA_BASIS:
         row["problem"] = f"verdict basis {row['basis']!r}, not {CUDA_BASIS!r}: not a CUDA run"

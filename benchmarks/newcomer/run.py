@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.runreport import read_report
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / ".venv" / "bin" / "launch"
 JOB = REPO / "examples" / "minilm-embed.yaml"
@@ -98,10 +100,10 @@ def time_path() -> dict:
         print(json.dumps(steps[-1]), flush=True)
         if proc.returncode:
             break
-    report = json.loads((root / "sentiment" / "report.json").read_text()) if (root / "sentiment" / "report.json").is_file() else {}
+    report = read_report(root / "sentiment")
     return {"steps": steps, "total_wall_s": round(sum(s["wall_s"] for s in steps), 1),
-            "eval_accuracy": report.get("eval_accuracy"), "eval_loss": report.get("eval_loss"),
-            "verdict": report.get("verdict"), "run_root": str(root)}
+            "eval_accuracy": report and report.eval_accuracy, "eval_loss": report and report.eval_loss,
+            "verdict": report and report.verdict, "run_root": str(root)}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Plan quality: is the planner's pick the fastest configuration that fits, and does everything it calls fitting fit?
 
-    .venv/bin/python benchmarks/plan_quality/run.py            # ~40 min on 2 idle cores
+    .venv/bin/python benchmarks/plan_quality/run.py            # ~45 min on 2 idle cores (25 candidates)
     .venv/bin/python benchmarks/plan_quality/run.py --quick    # 2 budgets' picks and a few rivals, to try it out
     .venv/bin/python benchmarks/plan_quality/run.py --recalibrate --reuse
 
@@ -12,7 +12,9 @@ enumerates (launcher.planner.search.evaluate), kept when its own check says they
 is run through `launch`, each fully pinned, at the smallest budget the planner accepts it under (so the
 emitted config is the one the planner would use there, and the report's verdict is the breach check).
 
-1. screening: every candidate, 5 optimizer steps; step time = median of the 4 step-to-step intervals after
+1. screening: a selection of the candidates (`select`: the pick, the fastest predicted rivals, and the fastest
+   predicted candidate for every value of every axis the planner chooses; --all: every one, hours with the
+   levers), 5 optimizer steps; step time = median of the 4 step-to-step intervals after
    the first step (steps/rank-0.jsonl 'time').
 2. confirmation: the 3 fastest per budget and the planner's picks again, 8 steps each, in 2 rounds that run
    every one of them in turn (so a change in the machine's load lands on all of them, not on one); the median
@@ -43,10 +45,10 @@ from benchmarks.accuracy.harness import (  # noqa: E402
     machine,
     median_or_none,
     rank_files,
-    read_json,
     step_times_s,
     write_job,
 )
+from launcher.runreport import RunReport, read_report  # noqa: E402
 
 ROOT = RUNS / "plan_quality"
 TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
@@ -54,6 +56,8 @@ TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
 tight = the smallest budget, in 0.1 MB steps, under which 6 candidates fit; medium = half of them; loose = 1 GB,
 where everything fits."""
 SCREEN_STEPS, CONFIRM_STEPS, CONFIRM_TOP, CONFIRM_ROUNDS = 5, 8, 3, 2
+RIVALS = 4
+"""Besides the per-axis bests (select), the fastest rivals by the planner's prediction screened per budget."""
 GOAL_RATIO = 1.05
 
 
@@ -73,13 +77,20 @@ def key(s) -> str:
     eng = f"z{s.zero_stage}" if s.engine == "deepspeed" else ("fsdp" if s.fsdp_reshard_after_forward else "fsdpnr")
     off = f"-opt{s.offload_optimizer}" if s.offload_optimizer != "none" else ""
     off += f"-par{s.offload_params}" if s.offload_params != "none" else ""
-    return f"{eng}{off}-mb{s.micro_batch_size}{'-ac' if s.activation_checkpointing else ''}"
+    ac = f"-ac{s.checkpoint_every if s.checkpoint_every > 1 else ''}" if s.activation_checkpointing else ""
+    lev = (f"-lc{s.loss_chunks}" if s.loss_chunks else "") + ("-oib" if s.optimizer_in_backward else "") \
+        + ("-aoff" if s.activation_offload else "")
+    return f"{eng}{off}-mb{s.micro_batch_size}{ac}{lev}"
 
 
 def pins(s) -> dict:
+    """Every strategy field, levers included, so the run is the candidate (and not the planner's pick of levers)."""
+    from launcher.planner.plan import LEVER_FIELDS
+
     return {"engine": s.engine, "zero_stage": s.zero_stage, "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
             "offload_optimizer": s.offload_optimizer, "offload_params": s.offload_params,
-            "micro_batch_size": s.micro_batch_size, "activation_checkpointing": s.activation_checkpointing}
+            "micro_batch_size": s.micro_batch_size, "activation_checkpointing": s.activation_checkpointing,
+            **{name: getattr(s, name) for name in LEVER_FIELDS}}
 
 
 def ensure_calibrated(force: bool) -> dict:
@@ -142,19 +153,20 @@ def run_candidate(k: str, strategy, budget_mb: float, steps: int, tag: str, reus
         job_file = write_job(job, ROOT / "jobs" / f"{tag}-{k}.yaml")
         res = launch(job_file, run_dir, gpus=2, budget=f"{budget_mb}MB", cache=BENCH_CACHE)
         log(f"    {tag} {k}: exit {res.returncode} in {res.wall_s:.0f} s")
-    report = read_json(run_dir / "report.json") or {}
+    report = read_report(run_dir) or RunReport()
     times = step_times_s(run_dir)
-    peaks = [r["measured_peak_bytes"] for r in report.get("ranks", [])]
-    training = [r.get("training_peak_bytes") or 0 for r in rank_files(run_dir)] if (run_dir / "ranks").is_dir() else []
+    peaks = [r.measured_peak_bytes for r in report.ranks]
+    training = [r.training_peak_bytes for r in rank_files(run_dir).values()]
     return {"run_dir": str(run_dir), "step_times_s": times, "median_step_s": median_or_none(times),
             "measured_peak_bytes": max(peaks) if peaks else None,
             "training_peak_bytes": max(training) if training else None,
-            "completed": bool(report.get("ranks")) and all(r["status"] == "completed" for r in report["ranks"])}
+            "completed": bool(report.ranks) and all(r.status == "completed" for r in report.ranks)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the picks and the 3 rivals the planner ranks next")
+    ap.add_argument("--all", action="store_true", help="screen every fitting candidate, not the selection (hours)")
     ap.add_argument("--reuse", action="store_true", help="keep run dirs that already hold a report")
     ap.add_argument("--recalibrate", action="store_true", help="measure the cpu profile again first")
     args = ap.parse_args(argv)
@@ -169,11 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             if c["fits"]:
                 smallest[k] = (b["budget_mb"], c["strategy"])
     todo = sorted(smallest)
-    if args.quick:
+    if args.quick or not args.all:
         keep = set()
         for b in budgets.values():
-            fit = sorted((c["predicted_step_time_s"], k) for k, c in b["candidates"].items() if c["fits"])
-            keep |= {k for _, k in fit[:4]}
+            keep |= select(b, quick=args.quick)
         todo = [k for k in todo if k in keep]
     log(f"screening {len(todo)} candidates ({SCREEN_STEPS} steps each) ...")
     screen = {}
@@ -199,6 +210,35 @@ def main(argv: list[str] | None = None) -> int:
     results = evaluate_budgets(budgets, screen, confirm)
     write_outputs(results, budgets, screen, confirm, profile, quick=args.quick)
     return 0
+
+
+def dimensions(s) -> dict[str, object]:
+    """The values a candidate takes on each axis the planner chooses: engine/sharding, offload, micro-batch,
+    checkpointing (off or 1 block in k) and each exact lever."""
+    return {"engine": key(s).split("-")[0], "offload": (s.offload_optimizer, s.offload_params),
+            "micro_batch": s.micro_batch_size,
+            "checkpointing": s.checkpoint_every if s.activation_checkpointing else 0,
+            "loss_chunks": s.loss_chunks, "optimizer_in_backward": s.optimizer_in_backward,
+            "activation_offload": s.activation_offload}
+
+
+def select(budget: dict, *, quick: bool) -> set[str]:
+    """The candidates screened under one budget.
+
+    With levers there are ~150 fitting candidates (156 at 1 GB), hours of 2-rank runs. Screened: the planner's
+    pick and the RIVALS fastest by its own prediction, plus, for every value of every axis the planner chooses
+    (dimensions), the fastest predicted fitting candidate taking that value: so each engine, offload, micro-batch,
+    checkpointing interval and lever setting is measured at its best, and a cost-model error that favours or
+    penalises one axis value shows up as a measured candidate beating the pick. --quick: the pick and 3 rivals."""
+    fit = sorted((c["predicted_step_time_s"], k) for k, c in budget["candidates"].items() if c["fits"])
+    keep = {k for _, k in fit[:(4 if quick else 1 + RIVALS)]}
+    if quick:
+        return keep
+    best: dict[tuple[str, object], str] = {}
+    for _, k in fit:
+        for axis, value in dimensions(budget["candidates"][k]["strategy"]).items():
+            best.setdefault((axis, value), k)
+    return keep | set(best.values())
 
 
 def measured_time(k: str, screen: dict, confirm: dict) -> float | None:
@@ -280,7 +320,14 @@ def markdown(results, budgets, screen, confirm, profile, meta, stem) -> str:
             f"{_s(r['pick_step_s'])} | {r['best_label']} | {_s(r['best_step_s'])} | {ratio} | {len(r['breaches'])} |")
     ok = all(r["ratio"] is not None and r["ratio"] <= GOAL_RATIO for r in results.values())
     nb = sum(len(r["breaches"]) for r in results.values())
-    lines += ["", "Step times: the machine is shared, and screening (44 runs) and confirmation may see different "
+    screened = len(screen)
+    lines += ["", f"Screened: {screened} candidates (the union over budgets). Unless run with --all, a budget's "
+              f"screened candidates are the planner's pick, its {RIVALS} fastest predicted rivals and, for every value "
+              "of every axis the planner chooses (engine and sharding, offload, micro-batch, checkpointing interval, "
+              "chunked loss, optimizer step in backward), the fastest predicted candidate taking that value "
+              "(`select`); the other fitting candidates differ from a screened one only in settings the model "
+              "predicts slower. 'measured' in the table counts the screened ones that fit there.",
+              "", f"Step times: the machine is shared, and screening ({screened} runs) and confirmation may see different "
               "load; pick / best compares the two confirmed figures (same interleaved rounds) whenever both were "
               "confirmed, which the picks and the fastest three per budget are.",
               "", "Budgets follow the planner's predictions: tight is the smallest (0.1 MB steps) under which "

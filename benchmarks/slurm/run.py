@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from launcher.backends.slurm_state import read_slurm_json
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = {"name": "bench-2rank", "task": "causal_lm",
        "model": {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024,
@@ -48,12 +50,12 @@ def two_rank_job(tmp: Path) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"2-rank job failed (exit {out.returncode}):\n{out.stdout}\n{out.stderr}")
     first = json.loads((run_dir / "steps" / "rank-0.jsonl").read_text().splitlines()[0])
-    rec = json.loads((run_dir / "slurm.json").read_text())
-    start = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start", "-j", rec["job_id"]], capture_output=True,
+    rec = read_slurm_json(run_dir)
+    start = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start", "-j", rec.job_id], capture_output=True,
                            text=True).stdout.split()[0]
     t_start = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))  # sacct has 1 s resolution
     return {"submit_to_first_step_s": first["time"] - t0, "submit_to_report_s": t_report,
-            "cli_to_sbatch_s": rec["submitted_at"] - t0, "sbatch_to_job_start_s": t_start - rec["submitted_at"],
+            "cli_to_sbatch_s": rec.submitted_at - t0, "sbatch_to_job_start_s": t_start - rec.submitted_at,
             "job_start_to_first_step_s": first["time"] - t_start}
 
 

@@ -14,7 +14,9 @@ from launcher.config.load import from_dict, load_yaml
 from launcher.errors import ConfigError
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
+from launcher.rankreport import RankReport
 from launcher.rundir import RunDir
+from launcher.runreport import read_report
 
 ACTIVATION_PHASES = ("forward", "backward")
 """Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""
@@ -25,24 +27,25 @@ is the planner's peak moment whatever the states and buffers are; the bytes are 
 activation bytes being proportional to the constants, which activation_bytes() checks."""
 
 
-def measured_activation_bytes(rank: dict) -> float:
+def measured_activation_bytes(rank: RankReport) -> float:
     """Activations + temp at the forward or backward peak, whichever holds more; 0 when not recorded."""
-    by_phase = rank.get("phase_breakdown") or {}
+    by_phase = rank.phase_breakdown or {}
     vals = [sum(int(by_phase[p].get(k, 0)) for k in MEAS_KEYS) for p in ACTIVATION_PHASES if p in by_phase]
     if vals:
         return float(max(vals))
-    cats = rank.get("peak_by_category") or rank.get("measured_breakdown") or {}
+    cats = rank.peak_by_category or {}
     return float(sum(int(cats.get(k, 0)) for k in MEAS_KEYS))
 
 
-def rank_records(run_dir: Path) -> list[dict]:
+def rank_records(run_dir: Path) -> list[RankReport]:
+    """The run's rank files; where they are gone, what report.json kept of them (its rows' peak breakdown)."""
     reports = RunDir(run_dir).rank_reports()
     if reports:
         return [reports[r] for r in sorted(reports)]
-    report = run_dir / "report.json"
-    if report.is_file():
-        return json.loads(report.read_text()).get("ranks", [])
-    return []
+    report = read_report(run_dir)
+    return [RankReport(rank=row.rank, status=row.status, steps_done=row.steps_done or 0,
+                       measured_peak_bytes=row.measured_peak_bytes, peak_by_category=row.measured_breakdown)
+            for row in (report.ranks if report else [])]
 
 
 def constants_dict(c: ActivationConstants) -> dict[str, float]:
@@ -111,14 +114,14 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
                           f"({nonlinear:.1%} off); the least-squares fit does not apply")
     out = []
     for r in rank_records(run_dir):
-        if r.get("status") not in ("completed", "checkpointed") or not r.get("steps_done"):
+        if r.status not in ("completed", "checkpointed") or not r.steps_done:
             continue
         measured = measured_activation_bytes(r)
         if measured <= 0:
             continue
         out.append(Sample(
-            name=f"{run_dir.name}/rank-{r['rank']}", measured_bytes=measured, base_bytes=base, coefficients=coef,
-            current=current, measured_peak_bytes=float(r.get("measured_peak_bytes") or 0), peak_of=peak_of,
+            name=f"{run_dir.name}/rank-{r.rank}", measured_bytes=measured, base_bytes=base, coefficients=coef,
+            current=current, measured_peak_bytes=float(r.measured_peak_bytes), peak_of=peak_of,
             group=(stats.model_type, plan.hardware),
             architecture=f"h{stats.hidden_size}-L{stats.num_blocks}-I{stats.intermediate_size}-V{stats.vocab_size}",
         ))

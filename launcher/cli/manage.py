@@ -31,6 +31,8 @@ from launcher.backends.slurm_state import (
 )
 from launcher.errors import ConfigError
 from launcher.live import json_rows, last_line, rank_rows
+from launcher.rundir import RunDir
+from launcher.runreport import read_report
 from launcher.units import format_bytes, format_duration
 
 CANCEL_WAIT_S = 60.0
@@ -186,9 +188,9 @@ def progress(run_dir: Path) -> dict:
     world = world_of(run_dir)
     plan = _read(run_dir / "plan.json")
     steps = [last_line(run_dir / "steps" / f"rank-{r}.jsonl") or {} for r in range(world)]
-    finals = [_read(run_dir / "ranks" / f"rank-{r}.json") for r in range(world)]
+    finals = [f for r, f in RunDir(run_dir).rank_reports().items() if r < world]
     done = [s["step"] if isinstance(s.get("step"), int) else 0 for s in steps]  # a rank not started yet: 0
-    total = next((f["total_steps"] for f in finals if f.get("total_steps")), None)
+    total = next((f.total_steps for f in finals if f.total_steps), None)
     if total is None:
         import yaml
 
@@ -196,7 +198,7 @@ def progress(run_dir: Path) -> dict:
             total = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("train", {}).get("max_steps")
         except (OSError, yaml.YAMLError, AttributeError):
             total = None
-    peaks = [s.get("mem_peak_bytes") or 0 for s in steps] + [f.get("measured_peak_bytes") or 0 for f in finals]
+    peaks = [s.get("mem_peak_bytes") or 0 for s in steps] + [f.measured_peak_bytes for f in finals]
     out = {"step": min(done) if done else 0, "total_steps": total,
            "loss": steps[0].get("loss") if steps else None, "peak_bytes": max(peaks, default=0) or None,
            "budget_bytes": plan.get("budget_bytes"), "eta_s": None}
@@ -232,12 +234,12 @@ def local_status(run_dir: Path) -> dict:
         run_state = "stopped"
         state["message"] = (f"launch process {pid} is gone and never wrote how the run ended (killed?); continue "
                             f"with launch --resume --run-dir {run_dir}")
-    report = _read(run_dir / "report.json")
+    report = read_report(run_dir)  # None until the run has ended
     return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": state.get("message"),
             "pid": pid if run_state in LIVE_STATES else None, "attempt": state.get("attempt"),
             "progress": progress(run_dir), "ranks": rank_rows(run_dir, world_of(run_dir)),
-            "verdict": report.get("verdict"), "eval_loss": report.get("eval_loss"),
-            "eval_accuracy": report.get("eval_accuracy")}
+            "verdict": report and report.verdict, "eval_loss": report and report.eval_loss,
+            "eval_accuracy": report and report.eval_accuracy}
 
 
 def render_progress(p: dict) -> str:

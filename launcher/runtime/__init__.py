@@ -8,7 +8,7 @@ Users' own training scripts can call these too::
     with probe:
         with probe.phase("forward"):
             ...
-    probe.write()                 # RUN_DIR/ranks/rank-K.json
+    report = probe.write()        # RUN_DIR/ranks/rank-K.json; a launcher.rankreport.RankReport
 """
 
 from launcher.runtime.control import CheckpointRequests

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.rankreport import OomDetails, RankReport
 from launcher.runtime import env
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
@@ -287,65 +288,64 @@ class MemoryProbe:
         """Extra fields for the rank report (loss, trainable params, ...)."""
         self.fields.update(fields)
 
-    def report(self, *, status: str, error: str | None = None) -> dict:
+    def report(self, *, status: str, error: str | None = None) -> RankReport:
         peaks = self.phase_peaks()
         t = self.tracker
-        out = {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "host": socket.gethostname(),
-            "device": self.device.type,
-            "world_size": self.world_size,
-            "status": status,
-            "basis": self.basis,
-            "phases": peaks,
-            "measured_peak_bytes": max(peaks.values(), default=0),
-            "training_peak_bytes": max((peaks.get(p, 0) for p in TRAINING_PHASES), default=0),
-            "peak_phase": max(peaks, key=peaks.get) if peaks else None,
-            "peak_by_category": by_category(t.peak_snap) if t is not None else None,
-            "peak_by_category_raw": raw_breakdown(t.peak_snap) if t is not None else None,
-            "phase_breakdown": (
-                {p: by_category(s) for p, s in t.phase_peak_snap.items()} if t is not None else None
-            ),
+        out = RankReport(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            host=socket.gethostname(),
+            device=self.device.type,
+            world_size=self.world_size,
+            status=status,
+            basis=self.basis,
+            phases=peaks,
+            measured_peak_bytes=max(peaks.values(), default=0),
+            training_peak_bytes=max((peaks.get(p, 0) for p in TRAINING_PHASES), default=0),
+            peak_phase=max(peaks, key=peaks.get) if peaks else None,
+            peak_by_category=by_category(t.peak_snap) if t is not None else None,
+            peak_by_category_raw=raw_breakdown(t.peak_snap) if t is not None else None,
+            phase_breakdown={p: by_category(s) for p, s in t.phase_peak_snap.items()} if t is not None else None,
             # What stays live between steps (params, grads if kept, optimizer states, engine buffers).
-            "after_step_by_category": by_category(self.after_step_snap) if self.after_step_snap is not None else None,
-            "peak_rss_bytes": peak_rss_bytes(),
-            "enforce_bytes": self.enforce_bytes,
-            "first_loss": self.losses[0] if self.losses else None,
-            "final_loss": self.losses[-1] if self.losses else None,
-            "steps_done": self.step,
-            "error": error,
-        }
+            after_step_by_category=by_category(self.after_step_snap) if self.after_step_snap is not None else None,
+            peak_rss_bytes=peak_rss_bytes(),
+            enforce_bytes=self.enforce_bytes,
+            first_loss=self.losses[0] if self.losses else None,
+            final_loss=self.losses[-1] if self.losses else None,
+            steps_done=self.step,
+            error=error,
+        )
         if self.is_cuda:
-            out["max_memory_allocated_bytes"] = self.cuda_max_allocated
-            out["max_memory_reserved_bytes"] = self.cuda_max_reserved
-            out["outside_allocator_bytes"] = self.cuda_outside_bytes
-            out["phases_allocated"] = dict(self.cuda_phase_peaks)
-        out.update(self.fields)
+            out.max_memory_allocated_bytes = self.cuda_max_allocated
+            out.max_memory_reserved_bytes = self.cuda_max_reserved
+            out.outside_allocator_bytes = self.cuda_outside_bytes
+            out.phases_allocated = dict(self.cuda_phase_peaks)
+        out.record(self.fields)
         return out
 
-    def oom_details(self) -> dict:
+    def oom_details(self) -> OomDetails:
         """Where an OOM struck and what was live: for the rank report."""
-        d: dict[str, object] = {"phase": self.phase_name, "step": self.step + 1}
+        d = OomDetails(phase=self.phase_name, step=self.step + 1)
         t = self.tracker
         if t is not None:
-            d["current_bytes"] = t.total_bytes()
-            d["current_by_category"] = by_category(t.current_snap())
+            d.current_bytes = t.total_bytes()
+            d.current_by_category = by_category(t.current_snap())
             if t.over_cap is not None:
-                d["phase"] = t.over_cap[1]
-                d["crossed_at_bytes"] = t.over_cap[0]
+                d.phase = t.over_cap[1]
+                d.crossed_at_bytes = t.over_cap[0]
         if self.is_cuda:
-            d["memory_summary"] = torch.cuda.memory_summary(self.device)
+            d.memory_summary = torch.cuda.memory_summary(self.device)
         return d
 
-    def write(self, path: str | os.PathLike | None = None, *, status: str = "completed", error: str | None = None):
+    def write(self, path: str | os.PathLike | None = None, *, status: str = "completed",
+              error: str | None = None) -> RankReport:
         """Write the rank report (atomically) to ``path`` or RUN_DIR/ranks/rank-K.json."""
         if path is None:
             if self.run_dir is None:
                 raise ValueError("memory probe has no run dir; pass write(path) or set $LAUNCHER_RUN_DIR")
             path = self.run_dir / "ranks" / f"rank-{self.rank}.json"
         data = self.report(status=status, error=error)
-        atomic_write_json(path, data)
+        atomic_write_json(path, data.to_json())
         return data
 
 

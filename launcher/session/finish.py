@@ -14,6 +14,7 @@ from launcher.rankenv import plan_digest
 from launcher.ranklog import wait_settled
 from launcher.report import build_report, over_budget_message, plot_memory, render_report
 from launcher.rundir import RunDir, redact
+from launcher.runreport import RankFailure, RunOutcome, RunReport
 from launcher.session.prepare import plan_text
 
 
@@ -28,19 +29,20 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     wait_settled(*(run.rank_log(rank) for rank in range(plan.world_size)))
     run.redact_logs()  # before any tail of them is printed or kept (they were redacted as written: a backstop)
     outcome = other_plan(run, plan, outcome)
-    report = build_report(run, plan.to_json(), expected_ranks=plan.world_size, interrupted=outcome.interrupted,
+    report = build_report(run, plan, expected_ranks=plan.world_size, interrupted=outcome.interrupted,
                           failed=not outcome.ok)
-    report["plan_sha256"] = plan_digest(plan_text(plan))
-    report["outcome"] = {"ok": outcome.ok, "interrupted": outcome.interrupted, "message": outcome.message,
-                         "failures": [{"rank": f.rank, "exitcode": f.exitcode, "host": f.host} for f in outcome.failures]}
-    run.write_json("report.json", report)
+    report.plan_sha256 = plan_digest(plan_text(plan))
+    report.outcome = RunOutcome(ok=outcome.ok, interrupted=outcome.interrupted, message=outcome.message,
+                                failures=[RankFailure(rank=f.rank, exitcode=f.exitcode, host=f.host)
+                                          for f in outcome.failures])
+    run.write_json("report.json", report.to_json())
     try:
         plot_memory(report, run.path / "memory.png")
     except Exception as e:  # a plot must never turn a good run into a failure
         print(f"launch: warning: memory.png not written: {e}", file=sys.stderr)
     print(render_report(report))
     print(f"run dir: {run.path}")
-    verdict = report["verdict"]
+    verdict = report.verdict
     if verdict == "interrupted":
         run.set_state("interrupted", message=outcome.message)
         print(f"launch: {redact(outcome.message or 'interrupted')}; the run dir is marked interrupted; "
@@ -57,7 +59,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
         return EXIT_OVER_BUDGET
     if verdict != "within_budget":
         run.set_state("failed", message="ranks missing from the report")
-        print(f"launch: error: ranks {report['missing_ranks']} wrote no memory file", file=sys.stderr)
+        print(f"launch: error: ranks {report.missing_ranks} wrote no memory file", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     run.set_state("completed")
     return EXIT_OK
@@ -80,11 +82,11 @@ def _job_auto_fallback(run: RunDir) -> int:
         return 0
 
 
-def describe_failure(run: RunDir, outcome: Outcome, report: dict | None = None) -> None:
+def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = None) -> None:
     if outcome.message:
         print(f"launch: error: {redact(outcome.message)}", file=sys.stderr)
     if outcome.ok and report is not None:  # every process exited 0, yet a rank file records a failure
-        bad = [r["rank"] for r in report["ranks"] if r["verdict"] in ("failed", "oom")]
+        bad = [r.rank for r in report.ranks if r.verdict in ("failed", "oom")]
         print(f"launch: error: rank(s) {bad} recorded a failure in ranks/rank-K.json; logs in {run.logs}",
               file=sys.stderr)
     for f in sorted(outcome.failures, key=lambda f: f.rank):
@@ -100,7 +102,7 @@ def other_plan(run: RunDir, plan: Plan, outcome: Outcome) -> Outcome:
     """A failure when a rank records having trained another plan.json than the one planned here (ranks started
     without the launcher's digest to check, e.g. by hand): the report's prediction would not describe them."""
     want = plan_digest(plan_text(plan))
-    other = sorted(r for r, d in run.rank_reports().items() if d.get("plan_sha256") not in (None, want))
+    other = sorted(r for r, d in run.rank_reports().items() if d.plan_sha256 not in (None, want))
     if not other:
         return outcome
     return dataclasses.replace(outcome, ok=False, message=(

@@ -135,8 +135,8 @@ def test_every_cell_is_a_valid_fully_pinned_job(cell):
 
 
 def test_moment_totals_match_each_moment_with_its_phase():
-    rank = {"phases": {"forward": 80, "backward": 100, "optimizer_step": 50}}
-    got = moment_totals({"backward": 90, "backward_end": 70, "step": 55}, rank)
+    phases = {"forward": 80, "backward": 100, "optimizer_step": 50}
+    got = moment_totals({"backward": 90, "backward_end": 70, "step": 55}, phases)
     assert got["backward"]["measured_bytes"] == 100 and got["backward"]["error"] == pytest.approx(-0.1)
     assert got["backward_end"]["measured_phase"] == "backward"
     assert got["step"]["measured_phase"] == "optimizer_step" and got["step"]["error"] == pytest.approx(0.1)

@@ -2,12 +2,14 @@
 
 from types import SimpleNamespace
 
-from benchmarks.plan_quality.run import evaluate_budgets, key
+from benchmarks.plan_quality.run import evaluate_budgets, key, pins, select
+from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF
 
 
-def strat(engine="deepspeed", zero=2, reshard=None, opt="none", par="none", mb=1, ac=False):
+def strat(engine="deepspeed", zero=2, reshard=None, opt="none", par="none", mb=1, ac=False, **levers):
     return SimpleNamespace(engine=engine, zero_stage=zero, fsdp_reshard_after_forward=reshard, offload_optimizer=opt,
-                           offload_params=par, micro_batch_size=mb, activation_checkpointing=ac)
+                           offload_params=par, micro_batch_size=mb, activation_checkpointing=ac,
+                           **{**LEVERS_OFF, **levers})
 
 
 def test_keys_are_distinct_and_readable():
@@ -15,6 +17,28 @@ def test_keys_are_distinct_and_readable():
     assert key(strat(zero=3, opt="cpu", par="cpu", mb=2, ac=True)) == "z3-optcpu-parcpu-mb2-ac"
     assert key(strat("fsdp", None, True)) == "fsdp-mb1"
     assert key(strat("fsdp", None, False)) == "fsdpnr-mb1"
+    # Lever variants are distinct candidates, and a run pins every lever so it measures that candidate.
+    assert key(strat("fsdp", None, True, mb=2, ac=True, checkpoint_every=2, loss_chunks=8,
+                     optimizer_in_backward=True)) == "fsdp-mb2-ac2-lc8-oib"
+    assert set(LEVER_FIELDS) <= set(pins(strat(loss_chunks=8))) and pins(strat(loss_chunks=8))["loss_chunks"] == 8
+
+
+def test_selection_covers_every_value_of_every_axis_at_its_fastest():
+    cands = {}
+    for s, t in [(strat("fsdp", None, True, mb=2), 1.0), (strat("fsdp", None, True, mb=1), 1.5),
+                 (strat("fsdp", None, True, mb=2, loss_chunks=8), 1.1),
+                 (strat("fsdp", None, True, mb=1, loss_chunks=8), 1.6),
+                 (strat(zero=2, mb=2), 2.0), (strat(zero=2, mb=1), 3.0),
+                 (strat(zero=2, mb=2, ac=True, checkpoint_every=2), 4.0),
+                 (strat(zero=2, mb=2, ac=True), 5.0), (strat(zero=3, mb=2), 9.0)]:
+        cands[key(s)] = {"strategy": s, "predicted_step_time_s": t, "fits": True}
+    cands["z3-mb1"] = {"strategy": strat(zero=3, mb=1), "predicted_step_time_s": 0.1, "fits": False}
+    budget = {"candidates": cands}
+    assert select(budget, quick=True) == {"fsdp-mb2", "fsdp-mb2-lc8", "fsdp-mb1", "fsdp-mb1-lc8"}
+    chosen = select(budget, quick=False)
+    # The fastest rivals, plus the fastest of ZeRO-3 and of each checkpointing interval; never a misfit.
+    assert {"z3-mb2", "z2-mb2-ac2", "z2-mb2-ac"} <= chosen and "z3-mb1" not in chosen
+    assert "z2-mb1" not in chosen  # micro-batch 1's fastest is fsdp-mb1, already in
 
 
 def test_ratio_best_and_breaches():

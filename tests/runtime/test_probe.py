@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from launcher.rankreport import RankReport
 from launcher.runtime import memory_probe, read_jsonl
 from launcher.runtime.probe import MemoryProbe
 
@@ -34,16 +35,16 @@ def test_adamw_state_is_two_fp32_copies_of_the_params(tmp_path):
         probe.track(model, opt)
         run_steps(probe, model, opt)
     report = probe.write()
-    after = report["after_step_by_category"]
+    after = report.after_step_by_category
     step_counters = 4 * len(list(model.parameters()))  # AdamW keeps one fp32 'step' scalar per param
     assert after["optimizer"] == 2 * 4 * n + step_counters
     assert after["params"] == 4 * n and after["grads"] == 0
-    peak = report["peak_by_category"]
-    assert report["measured_peak_bytes"] == sum(peak.values())
-    assert set(report["phases"]) >= {"forward", "backward", "optimizer_step"}
-    assert report["phase_breakdown"]["backward"]["grads"] > 0
-    assert report["phase_breakdown"]["forward"]["activations"] > 0
-    assert report["peak_rss_bytes"] > 0
+    peak = report.peak_by_category
+    assert report.measured_peak_bytes == sum(peak.values())
+    assert set(report.phases) >= {"forward", "backward", "optimizer_step"}
+    assert report.phase_breakdown["backward"]["grads"] > 0
+    assert report.phase_breakdown["forward"]["activations"] > 0
+    assert report.peak_rss_bytes > 0
 
 
 def test_rank_report_and_step_log_are_written(tmp_path):
@@ -54,8 +55,9 @@ def test_rank_report_and_step_log_are_written(tmp_path):
         probe.track(model, opt)
         run_steps(probe, model, opt, steps=3)
     probe.record(eval_loss=0.5)
-    probe.write(status="completed")
+    written = probe.write(status="completed")
     report = json.loads((tmp_path / "ranks" / "rank-0.json").read_text())
+    assert RankReport.from_json(report) == written  # the file reads back as the probe's typed report
     for key in ("rank", "local_rank", "host", "device", "world_size", "phases", "measured_peak_bytes",
                 "peak_by_category", "peak_rss_bytes", "final_loss", "first_loss", "steps_done", "status", "error"):
         assert key in report
@@ -75,7 +77,7 @@ def test_cap_raises_out_of_memory_at_the_crossing_op():
             probe.track(model, opt)
             run_steps(probe, model, opt)
     details = probe.oom_details()
-    assert details["phase"] == "forward" and details["crossed_at_bytes"] > probe.enforce_bytes
+    assert details.phase == "forward" and details.crossed_at_bytes > probe.enforce_bytes
 
 
 def test_frozen_parameters_are_tracked_without_hooks():
@@ -87,7 +89,7 @@ def test_frozen_parameters_are_tracked_without_hooks():
         probe.track(model, opt)
         run_steps(probe, model, opt, steps=1)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert probe.report(status="completed")["after_step_by_category"]["optimizer"] == 2 * 4 * trainable + 8
+    assert probe.report(status="completed").after_step_by_category["optimizer"] == 2 * 4 * trainable + 8
 
 
 def test_label_and_relabel_move_bytes_between_categories():
@@ -99,7 +101,7 @@ def test_label_and_relabel_move_bytes_between_categories():
         snap = probe.report(status="running")
         moved = probe.relabel("other", "buffers")
     assert moved == 1024
-    assert snap["measured_peak_bytes"] >= 1024
+    assert snap.measured_peak_bytes >= 1024
 
 
 def test_init_phase_allocations_count_as_other_until_labelled():
@@ -107,7 +109,7 @@ def test_init_phase_allocations_count_as_other_until_labelled():
     with probe:
         with probe.phase("init"):
             w = torch.randn(100)
-        assert probe.report(status="running")["phase_breakdown"]["init"]["other"] == 400
+        assert probe.report(status="running").phase_breakdown["init"]["other"] == 400
         probe.track(params=[w])
         assert probe.tracker.total_bytes() == 400
 
@@ -148,9 +150,9 @@ def test_cpu_ranks_report_tensor_bytes_as_their_basis(tmp_path):
     with probe:
         run_steps(probe, model, torch.optim.AdamW(model.parameters(), foreach=False), steps=1)
     rep = probe.report(status="completed")
-    assert rep["basis"] == "cpu_tensor_bytes"
-    assert rep["measured_peak_bytes"] == max(probe.tracker.phase_peak_bytes.values()) > 0
-    assert "outside_allocator_bytes" not in rep
+    assert rep.basis == "cpu_tensor_bytes"
+    assert rep.measured_peak_bytes == max(probe.tracker.phase_peak_bytes.values()) > 0
+    assert rep.outside_allocator_bytes is None and "outside_allocator_bytes" not in rep.to_json()
 
 
 @pytest.mark.gpu
@@ -170,10 +172,10 @@ def test_cuda_phases_are_reserved_plus_what_lives_outside_the_allocator(tmp_path
             probe.step_done(step, loss.item(), tokens=8)
     rep = probe.report(status="completed")
     free, total = torch.cuda.mem_get_info(0)
-    assert rep["basis"] == "cuda_reserved_plus_context"
+    assert rep.basis == "cuda_reserved_plus_context"
     # The CUDA context alone is hundreds of MiB; nothing else runs on the rank's GPU.
-    assert 50 * 2**20 < rep["outside_allocator_bytes"] <= total - free
-    for phase, peak in rep["phases"].items():
-        assert peak == probe.cuda_phase_reserved[phase] + rep["outside_allocator_bytes"]
-        assert rep["phases_allocated"][phase] <= probe.cuda_phase_reserved[phase]
-    assert rep["measured_peak_bytes"] >= rep["max_memory_reserved_bytes"] >= rep["max_memory_allocated_bytes"] > 0
+    assert 50 * 2**20 < rep.outside_allocator_bytes <= total - free
+    for phase, peak in rep.phases.items():
+        assert peak == probe.cuda_phase_reserved[phase] + rep.outside_allocator_bytes
+        assert rep.phases_allocated[phase] <= probe.cuda_phase_reserved[phase]
+    assert rep.measured_peak_bytes >= rep.max_memory_reserved_bytes >= rep.max_memory_allocated_bytes > 0
