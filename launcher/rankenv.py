@@ -55,6 +55,17 @@ def default_extensions_dir() -> Path:
     return Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"
 
 
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+"""Where torch's cpp_extension (DeepSpeed's op builder) compiles and finds ops."""
+
+
+def extensions_dir() -> str:
+    """The compiled-ops cache the ranks use: $TORCH_EXTENSIONS_DIR where the user chose one, else the default.
+    The one place the rule lives: the launcher hands it to the ranks (session.prepare.rank_env) and a process that
+    builds ops itself sets it (set_extensions_dir)."""
+    return os.environ.get(EXTENSIONS_ENV, str(default_extensions_dir()))
+
+
 def load_plan(path: str | os.PathLike | None = None):
     """The run's Plan, from ``path`` or from the file named by $LAUNCHER_PLAN."""
     from launcher.planner.plan import Plan
@@ -111,4 +122,5 @@ def rank_info() -> tuple[int, int, int]:
 
 def set_extensions_dir() -> str:
     """Point TORCH_EXTENSIONS_DIR at the shared cache unless the user chose one; call before importing deepspeed."""
-    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
+    os.environ[EXTENSIONS_ENV] = chosen = extensions_dir()
+    return chosen

@@ -53,8 +53,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
-    if best.strategy.optimizer_in_backward:
-        reasons.append(in_backward_reason(req))
+    math_notes = [in_backward_reason(req)] if best.strategy.optimizer_in_backward else []
+    reasons += math_notes
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -72,7 +72,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(activation_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
-        precision_reason=req.precision_reason, levers=decide(req, best),
+        precision_reason=req.precision_reason, levers=decide(req, best), math_notes=math_notes,
     )
 
 

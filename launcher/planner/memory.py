@@ -21,13 +21,11 @@ them into moments, a breakdown and a peak. All inputs are plain numbers; nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
 from launcher.planner.memo import spec_for
-from launcher.planner.plan import Buckets, Strategy, checkpointed
+from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -65,31 +63,6 @@ def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -
                                head_weight_grad_bytes=head_weight_grad_bytes(m.vocab_size, m.hidden_size, w,
                                                                              causal and not m.lora_params),
                                source=f"Korthikanti et al. 2022 ({attention} attention)")
-
-
-@dataclass(kw_only=True, slots=True)
-class MemoryEstimate:
-    """The memory model's answer for one strategy."""
-
-    breakdown: dict[str, int]
-    """Device bytes per rank by category, at the predicted peak."""
-    peak_bytes: int
-    """Predicted peak device bytes per rank (the breakdown's sum)."""
-    host_bytes_per_node: int
-    """Host RAM bytes per node: offloaded state and pinned buffers of every rank, or the weight load."""
-    nvme_bytes_per_node: int
-    """NVMe bytes per node for offloaded optimizer state and parameters."""
-    peak_moment: str = "backward"
-    """Which moment is the peak: backward (activations), backward_end (gradient reduce) or step (optimizer)."""
-    basis: str = "cpu_tensor_bytes"
-    """What peak_bytes counts (launcher.planner.cuda_overhead.Basis): tensor bytes on CPU ranks, reserved plus
-    context on CUDA, the thing that OOMs there."""
-    overhead: dict[str, int] = field(default_factory=dict)
-    """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
-    cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
-    moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at every moment (backward, backward_end, step), reserve included: what each
-    measured phase is compared with (benchmarks/accuracy)."""
 
 
 def head_weight_grad_bytes(vocab_size: int, hidden_size: int, dtype_bytes: float, trainable: bool) -> float:

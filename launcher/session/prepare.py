@@ -19,6 +19,7 @@ from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
     ENFORCE_ENV,
+    EXTENSIONS_ENV,
     GRAD_ACCUM_ENV,
     GRAD_CKPT_ENV,
     MICRO_BATCH_ENV,
@@ -26,7 +27,7 @@ from launcher.rankenv import (
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
-    default_extensions_dir,
+    extensions_dir,
     plan_digest,
 )
 from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
@@ -73,7 +74,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
-    env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
+    env[EXTENSIONS_ENV] = extensions_dir()
     return env
 
 

@@ -70,7 +70,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
     try:
         plan = plan_job(job, force=opts.force)
     except NoPlanError as e:
-        raise e.with_suggestions(cluster_hints(job, e.short_of)) from None
+        raise e.with_hints(cluster_hints(job, e.short_of)) from None
     if opts.resume:
         job, plan = resume_plan(opts, job, plan)
     check_runnable(job, plan, opts)
