@@ -6,7 +6,7 @@ Sources, cited where each term is computed:
   [Kort]  Korthikanti et al., arXiv:2205.05198, eq. (1): sbh(34 + 5as/h) bytes per layer, 2sbh with full recompute.
   [ZInf]  ZeRO-Infinity, arXiv:2104.07857 §3: activation checkpoints 2·b·s·h·layers/ci bytes.
 
-The peak is the largest of four moments, as measured on real ranks (benchmarks/accuracy):
+The peak is the largest of these moments, as measured on real ranks (benchmarks/accuracy):
   backward start  the states that persist through a micro-step plus every saved activation and the loss's
                   temporaries (gradients of this micro-step do not exist yet);
   gradient reduce ZeRO-1/2: the reduce bucket, allocated at the first gradient hook while the blocks'
@@ -14,7 +14,9 @@ The peak is the largest of four moments, as measured on real ranks (benchmarks/a
                   gathered with its gradient;
   optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies;
   init            rank 0 loading the weights (launcher.worker.loading): on CPU ranks, where host memory is the
-                  device, the whole checkpoint it reads counts, and a LoRA or short-sequence run can peak there.
+                  device, the whole checkpoint it reads counts, and a LoRA or short-sequence run can peak there;
+  export          CPU ranks only: rank 0's host copy of the model written at the end (launcher.worker.export),
+                  beside the state the step leaves.
 Each engine's states, weight load and init bytes come from its spec (launcher.engines); this module turns
 them into moments, a breakdown and a peak. All inputs are plain numbers; nothing here touches a device.
 """
