@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from launcher.config.problem import Problem
+
 EXIT_OK = 0
 EXIT_TRAINING_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -25,27 +29,33 @@ class ConfigError(LauncherError):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, problems: list[str] | str):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
+    def __init__(self, problems: list[str | Problem] | str | Problem):
+        # As given: typed (launcher.config.problem.Problem) where a rule over the job's fields found them.
+        self.found: list[str | Problem] = [problems] if isinstance(problems, (str, Problem)) else list(problems)
+        self.problems = [str(p) for p in self.found]
         super().__init__("\n".join(self.problems))
 
 
 class NoPlanError(LauncherError):
-    """No candidate fits the budget: why (``reasons``), and what would (``suggestions``), kept as given.
+    """No candidate fits the budget: the search's typed answer and the job fields behind it, worded only by the
+    CLI (launcher.cli.render.no_fit_lines); ``str()`` is the first words alone.
 
-    The search's answer (launcher.planner.advice.NoFit); ``short_of`` is the resource the smallest candidate
-    overruns: device, host_ram or nvme. The message is the reasons, then "what would fit:" and one "  - " line
-    per suggestion.
+    ``no_fit`` is a launcher.planner.advice.NoFit (not imported here: the planner imports this module);
+    ``hints`` are the job fields behind a host-RAM or NVMe refusal (launcher.session.checks.cluster_hints).
     """
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, reasons: list[str], suggestions: list[str], *, short_of: str = "device"):
-        self.reasons = list(reasons)
-        self.suggestions = list(suggestions)
-        self.short_of = short_of
-        super().__init__("\n".join([*self.reasons, "what would fit:", *(f"  - {s}" for s in self.suggestions)]))
+    def __init__(self, no_fit: Any, hints: list[Problem] | tuple[Problem, ...] = ()):
+        self.no_fit = no_fit
+        self.hints = list(hints)
+        super().__init__("no plan fits the budget")
 
-    def with_suggestions(self, more: list[str]) -> NoPlanError:
-        """The same answer with ``more`` suggestions after the search's own."""
-        return NoPlanError(self.reasons, self.suggestions + more, short_of=self.short_of)
+    @property
+    def short_of(self) -> str:
+        """The resource the smallest candidate overruns: device, host_ram or nvme."""
+        return self.no_fit.short_of
+
+    def with_hints(self, more: list[Problem]) -> NoPlanError:
+        """The same answer with ``more`` hints after the ones it has."""
+        return NoPlanError(self.no_fit, self.hints + list(more))

@@ -76,13 +76,13 @@ class LiveView(threading.Thread):
     """The live view's thread: a rich table per rank, redrawn on a terminal (mode "tty"), or StepLines' plain
     lines (mode "lines"), until stop()."""
 
-    def __init__(self, run_dir: Path, world_size: int, total_steps: int | None, *, mode: str,
+    def __init__(self, run_dir: Path, world_size: int, max_steps: int | None, *, mode: str,
                  budget_bytes: int | None = None):
         super().__init__(daemon=True)
-        self.run_dir, self.world_size, self.total_steps, self.mode = run_dir, world_size, total_steps, mode
+        self.run_dir, self.world_size, self.mode = run_dir, world_size, mode
         self.budget_bytes = budget_bytes
         self._stop_event = threading.Event()
-        self.lines = StepLines(run_dir, world_size, total_steps, budget_bytes=budget_bytes)
+        self.lines = StepLines(run_dir, world_size, max_steps, budget_bytes=budget_bytes)
 
     def stop(self) -> None:
         """End the view after one last update, waiting up to 2 s for the thread."""
@@ -98,11 +98,11 @@ class LiveView(threading.Thread):
         t = Table(title=f"run {self.run_dir.name}", expand=False)
         for col in ("rank", "state", "step", "progress", "loss", "tok/s", "mem", "peak"):
             t.add_column(col, justify="right" if col not in ("state", "progress") else "left")
+        total = self.lines.total() or 0
         for row in rank_rows(self.run_dir, self.world_size):
             step = row.get("step")
-            total = self.total_steps or 0
             bar = ProgressBar(total=max(total, 1), completed=min(step or 0, total), width=20) if total else "-"
-            t.add_row(str(row["rank"]), row["state"], f"{step}/{self.total_steps or '?'}" if step else "-", bar,
+            t.add_row(str(row["rank"]), row["state"], f"{step}/{total or '?'}" if step else "-", bar,
                       f"{row['loss']:.4f}" if "loss" in row else "-",
                       f"{row['tokens_per_s']:.0f}" if "tokens_per_s" in row else "-",
                       format_bytes(row["mem_current_bytes"]) if "mem_current_bytes" in row else "-",
@@ -110,8 +110,8 @@ class LiveView(threading.Thread):
         return t
 
     def run(self) -> None:
-        """The thread: redraw the table every 0.5 s ("tty") or print new step lines every second ("lines"),
-        until stopped."""
+        """The thread: redraw the table every 0.5 s ("tty") or print new step lines every second ("lines") until
+        stopped."""
         if self.mode == "tty":
             from rich.console import Console
             from rich.live import Live
@@ -131,10 +131,11 @@ class StepLines:
     are already reduced over the ranks), each step printed once, only steps this view saw written (a resumed
     run's earlier steps are not printed again)."""
 
-    def __init__(self, run_dir: Path, world_size: int, total_steps: int | None, *, budget_bytes: int | None = None,
+    def __init__(self, run_dir: Path, world_size: int, max_steps: int | None, *, budget_bytes: int | None = None,
                  since: float | None = None):
-        self.run_dir, self.world_size, self.total_steps, self.budget_bytes = (run_dir, world_size, total_steps,
-                                                                              budget_bytes)
+        self.run_dir, self.world_size, self.max_steps, self.budget_bytes = run_dir, world_size, max_steps, budget_bytes
+        """max_steps: the job's train.max_steps; None for a train.epochs job, whose total_steps rank 0 records
+        once it knows its data (total())."""
         self.since = time.time() if since is None else since
         self._offset, self._inode = 0, None
         self._last_step = 0
@@ -163,9 +164,9 @@ class StepLines:
         return [r for r in rows if isinstance(r.get("step"), int) and r.get("time", self.since) >= self.since]
 
     def total(self) -> int | None:
-        """The job's step count, or (train.epochs) the one rank 0 recorded once it knew its data."""
-        if self.total_steps:
-            return self.total_steps
+        """The run's total_steps: train.max_steps, or (train.epochs) the count rank 0 recorded once it knew its data."""
+        if self.max_steps:
+            return self.max_steps
         try:
             data = json.loads((self.run_dir / "ranks" / "rank-0.json").read_text())
             return RankReport.from_json({"rank": 0, **data}).total_steps

@@ -8,8 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from launcher.cache import profile_file
 from launcher.calibrate.profiles import hardware_path
 from launcher.config.job import Job
+from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
 from launcher.precision import GPU_BF16_MIN_CAPABILITY, Bf16Support
@@ -56,8 +58,8 @@ def auto_profile_name(gpu: str | None, where: str = "cluster.hardware") -> str:
     name = profile_for_gpu_name(gpu)
     if name is None:
         cards = ", ".join(n for n in PROFILES if n != "cpu")
-        raise ConfigError(f"{where}: auto found a {gpu!r}, which has no profile; set {where} to the card closest to "
-                          f"it in memory and speed ({cards})")
+        raise ConfigError(Problem(where, f"auto found a {gpu!r}, which has no profile; set {where} to the card "
+                                  f"closest to it in memory and speed ({cards})"))
     return name
 
 
@@ -68,11 +70,10 @@ def hardware_profile(job: Job) -> HardwareProfile:
     if name == "auto":
         name = auto_profile_name(detect_gpu_name())
     if name not in PROFILES:
-        raise ConfigError(f"cluster.hardware: {name!r} is not a known profile; use one of {', '.join(PROFILES)} or auto")
+        raise ConfigError(Problem("cluster.hardware", f"{name!r} is not a known profile; use one of "
+                                  f"{', '.join(PROFILES)} or auto"))
     profile = PROFILES[name]
-    calib = hardware_path(name)
-    if os.environ.get("LAUNCHER_PROFILE_FILE"):
-        calib = Path(os.environ["LAUNCHER_PROFILE_FILE"])
+    calib = profile_file() or hardware_path(name)
     if calib.is_file():
         profile = profile.with_overrides(json.loads(calib.read_text()).get("hardware", {}))
     return profile

@@ -17,6 +17,7 @@ from launcher.cache import cache_dir, write_cache
 from launcher.calibrate.profiles import activations_path
 from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
+from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES, config_file_problems
@@ -188,24 +189,23 @@ SEQ_LINEAR = ("each per-token constant is linear in the sequence length, exactly
 """Why a shipped probe pair stands in for a probe at a length between them."""
 
 
-def request_problems(job: Job) -> list[str]:
+def request_problems(job: Job) -> list[Problem]:
     """The plan request's rules that need no model: the hardware profile, the budget against its card, and the
     global batch against the ranks. The loader runs them beside the job's own rules, so one error lists all."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     try:
         profile = hardware_profile(job)
-    except ConfigError as e:
-        problems += e.problems
+    except ConfigError as e:  # cluster.hardware names no profile (launcher.machine raises it typed)
+        problems += e.found
         profile = None
     budget = job.budget_bytes
     # An absurd or tiny budget already has its own message; "more than the card" would only repeat it.
     if profile is not None and profile.memory_bytes and budget is not None and not check_budget(budget) \
             and budget > profile.memory_bytes:
         asked, card = format_bytes_apart(budget, profile.memory_bytes)
-        problems.append(
-            f"budget: {asked} is more than {article(profile.name)} {profile.name} holds ({card}); give at most the "
-            "card's memory or set cluster.hardware"
-        )
+        problems.append(Problem(
+            "budget", f"{asked} is more than {article(profile.name)} {profile.name} holds ({card}); give at most the "
+            "card's memory or set cluster.hardware", reads=("cluster.hardware",)))
     if profile is not None and profile.device_is_host and budget is not None and not check_budget(budget):
         # A CPU rank's memory is the node's RAM, as a GPU rank's is its card: a budget past it is refused alike.
         ram = job.cluster.host_ram_per_node_bytes
@@ -213,16 +213,15 @@ def request_problems(job: Job) -> list[str]:
         ram = ram or host_ram_bytes()
         if budget > ram:
             asked, have = format_bytes_apart(budget, ram)
-            problems.append(
-                f"budget: {asked} per CPU rank is more than {where} ({have}); give at most the node's RAM "
-                "(--budget), or set cluster.host_ram_per_node for the nodes the ranks run on"
-            )
+            problems.append(Problem(
+                "budget", f"{asked} per CPU rank is more than {where} ({have}); give at most the node's RAM "
+                "(--budget), or set cluster.host_ram_per_node for the nodes the ranks run on",
+                reads=("cluster.hardware", "cluster.host_ram_per_node")))
     if profile is not None and profile.device_is_host and job.train.attn_implementation == "flash_attention_2":
         # The flash-attn kernels exist only for CUDA: transformers would refuse at the first rank's model build.
-        problems.append(
-            f"train.attn_implementation: 'flash_attention_2' needs CUDA, and these ranks run on CPU "
-            f"(cluster.hardware: {profile.name}); use sdpa (the default) or eager"
-        )
+        problems.append(Problem(
+            "train.attn_implementation", f"'flash_attention_2' needs CUDA, and these ranks run on CPU "
+            f"(cluster.hardware: {profile.name}); use sdpa (the default) or eager", reads=("cluster.hardware",)))
     gbs = job.train.global_batch_size
     if job.gpus is not None and job.gpus > 0 and job.nodes > 0 and gbs > 0:
         # The search's own rule, said here so it joins the other problems.

@@ -40,15 +40,25 @@ def main(argv: list[str]) -> None:
 
 
 def exit_rank(code: int) -> None:
-    """End a rank process with ``code``. After a failure a peer may be gone, and interpreter teardown
-    (process-group destructors, DeepSpeed's atexit hooks) can block on it until torchrun kills us; the rank report
-    is already written, so a failed rank leaves through os._exit."""
+    """End a rank process with ``code``, never through the interpreter's own teardown.
+
+    After a failure a peer may be gone, and teardown (process-group destructors, DeepSpeed's atexit hooks) can
+    block on it until torchrun kills us; the rank report is already written, so a failed rank leaves at once.
+    A finished rank runs the atexit handlers (a user script's among them: a tracker's final sync, a log flush),
+    then leaves before C++ static destruction: a gloo rank whose process group was destroyed was seen to abort
+    there ("terminate called without an active exception", SIGABRT after a clean run; seen once, on a 2-rank
+    Slurm run of the suite), which turned a finished run into a failed one."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if code:
-        os._exit(code)
-    sys.exit(0)
+    if not code:
+        import atexit
+        import logging
 
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

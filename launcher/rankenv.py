@@ -1,10 +1,17 @@
-"""The contract between the launcher and its ranks: environment variable names and the control file's name.
+"""The contract between the launcher and its ranks: the environment variables and the control file the launcher
+sets, and the readers a rank (or a user's --script) gets them back through.
 
-Defined here, in a module that imports nothing of the launcher's (hashlib only), so the CLI, the session, the backends and the sbatch emitter can
-name them without importing launcher.runtime (which pulls torch)."""
+Light on purpose (errors only; the plan's dataclasses load inside load_plan), so the CLI, the session, the
+backends and the sbatch emitter can name these without importing launcher.runtime (which pulls torch)."""
+
+from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
+
+from launcher.errors import EXIT_OOM, ConfigError  # noqa: F401  (EXIT_OOM: re-exported for scripts)
 
 PLAN_ENV = "LAUNCHER_PLAN"
 """Path of the run's plan.json."""
@@ -46,3 +53,76 @@ def default_extensions_dir() -> Path:
     """Where compiled DeepSpeed ops are cached unless TORCH_EXTENSIONS_DIR says otherwise:
     <repo>/.cache/torch_extensions (repo = parent of launcher/), shared by the launcher's ranks and the tests."""
     return Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"
+
+
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+"""Where torch's cpp_extension (DeepSpeed's op builder) compiles and finds ops."""
+
+
+def extensions_dir() -> str:
+    """The compiled-ops cache the ranks use: $TORCH_EXTENSIONS_DIR where the user chose one, else the default.
+    The one place the rule lives: the launcher hands it to the ranks (session.prepare.rank_env) and a process that
+    builds ops itself sets it (set_extensions_dir)."""
+    return os.environ.get(EXTENSIONS_ENV, str(default_extensions_dir()))
+
+
+def load_plan(path: str | os.PathLike | None = None):
+    """The run's Plan, from ``path`` or from the file named by $LAUNCHER_PLAN."""
+    from launcher.planner.plan import Plan
+
+    path = path or os.environ.get(PLAN_ENV)
+    if not path:
+        raise ConfigError(
+            f"${PLAN_ENV} is not set; start this script through the launcher, or export {PLAN_ENV}=RUN_DIR/plan.json"
+        )
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{PLAN_ENV}={path}: no such file; point it at the run dir's plan.json") from None
+    check_plan_digest(raw, path)
+    return Plan.from_json(json.loads(raw))
+
+
+def check_plan_digest(raw: bytes, path: str | os.PathLike) -> str:
+    """The plan's sha256; ConfigError when $LAUNCHER_PLAN_SHA256 names another one. The launcher sets it to the
+    plan.json it wrote for this attempt: a rank that read a file replaced since (another `launch plan --out`
+    into the run dir, an edit) would train a plan the launcher neither checked nor reports."""
+    got = plan_digest(raw)
+    want = os.environ.get(PLAN_DIGEST_ENV, "").strip().lower()
+    if want and got != want:
+        raise ConfigError(
+            f"{path}: this plan.json is not the one the launcher wrote for this run (sha256 {got[:12]}..., "
+            f"${PLAN_DIGEST_ENV} says {want[:12]}...): it was replaced after the launch; nothing was trained. "
+            "Relaunch (launch ... --run-dir DIR --overwrite) and do not write into a run dir while it runs")
+    return got
+
+
+def run_dir() -> Path | None:
+    """The run dir the launcher gave this rank ($LAUNCHER_RUN_DIR); None outside a launched run."""
+    d = os.environ.get(RUN_DIR_ENV)
+    return Path(d) if d else None
+
+
+def enforce_bytes() -> int | None:
+    """The per-rank cap the launcher set with --enforce, bytes; None without one, ConfigError when unparsable."""
+    raw = os.environ.get(ENFORCE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(float(raw))
+    except ValueError:
+        raise ConfigError(f"{ENFORCE_ENV}={raw!r} is not a byte count; set it to an integer such as 16000000000") from None
+    if n <= 0:
+        raise ConfigError(f"{ENFORCE_ENV}={raw!r} must be positive; unset it to run without a cap")
+    return n
+
+
+def rank_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's variables; (0, 0, 1) outside torchrun."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def set_extensions_dir() -> str:
+    """Point TORCH_EXTENSIONS_DIR at the shared cache unless the user chose one; call before importing deepspeed."""
+    os.environ[EXTENSIONS_ENV] = chosen = extensions_dir()
+    return chosen

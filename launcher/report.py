@@ -116,8 +116,9 @@ def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: b
         predicted_peak_bytes=predicted_on_basis(plan, basis) if basis != "mixed" else plan.estimate.peak_bytes,
         predicted_breakdown=dict(plan.estimate.breakdown),
         plan=plan.strategy.label(),
-        # The plan's own words for what the optimizer step in backward turned off (clipping), if it was used.
-        math_notes=[r for r in plan.reasons if r.startswith("optimizer step in backward")],
+        # What the plan turned off in the training math (clipping, under the optimizer step in backward): its own
+        # field, never picked out of the reasons by their words.
+        math_notes=list(plan.math_notes),
         world_size=expected_ranks,
         missing_ranks=missing,
         ranks=rows,

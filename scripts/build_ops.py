@@ -24,7 +24,7 @@ DeepSpeed's comm start on CPU ranks outside the launcher's engine (accelerate's 
 
 
 def main() -> int:
-    from launcher.runtime.env import set_extensions_dir
+    from launcher.rankenv import set_extensions_dir
 
     where = set_extensions_dir()  # before deepspeed is imported: it reads the variable once
     from deepspeed.accelerator import get_accelerator

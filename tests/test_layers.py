@@ -18,7 +18,8 @@ FORBIDDEN = {
     **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
        for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.model", "launcher.units",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report",
-                   "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport")},
+                   "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport",
+                   "launcher.variants")},
     "launcher.backends": ("launcher.cli", "launcher.session"),
     "launcher.session": ("launcher.cli",),
     "launcher.runtime": ("launcher.backends", "launcher.cli", "launcher.session"),
@@ -163,7 +164,8 @@ ENGINE_HOMES = ("launcher/engines/", "launcher/worker/engines/")
 
 
 def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
-    """Every `x == "deepspeed"`, `x != "fsdp"`, `x in ("deepspeed", ...)` outside ENGINE_HOMES, as path:line."""
+    """Every `x == "deepspeed"`, `x != "fsdp"`, `x in ("deepspeed", ...)`, `case "fsdp":` and dict keyed by an engine's
+    name (`{"deepspeed": a, "fsdp": b}[x]`) outside ENGINE_HOMES, as path:line."""
     from launcher.engines import ENGINES
 
     names = set(ENGINES)
@@ -181,7 +183,9 @@ def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
         if rel.startswith(ENGINE_HOMES):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)):
+            if ((isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)))
+                    or (isinstance(node, ast.MatchValue) and named(node.value))  # case "deepspeed":
+                    or (isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys))):
                 found.append(f"{rel}:{node.lineno}")
     return found
 
@@ -192,12 +196,42 @@ def test_engine_names_are_compared_only_inside_the_engines():
 
 
 @pytest.mark.parametrize("line", ['x = plan.strategy.engine == "fsdp"', 'y = "deepspeed" != s.engine',
-                                  'z = s.engine in ("deepspeed",)'])
+                                  'z = s.engine in ("deepspeed",)', 'w = {"fsdp": 1, "deepspeed": 2}[s.engine]',
+                                  'match s.engine:\n    case "fsdp":\n        pass'])
 def test_an_engine_name_comparison_is_caught(tmp_path, line):
     import shutil
 
     root = tmp_path / "launcher"
     shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
     target = root / "session" / "prepare.py"
+    first = len(target.read_text().splitlines()) + 3
     target.write_text(target.read_text() + "\n\n" + line + "\n")
-    assert f"launcher/session/prepare.py:{len(target.read_text().splitlines())}" in engine_name_comparisons(root)
+    hits = {int(f.rsplit(":", 1)[1]) for f in engine_name_comparisons(root) if f.startswith("launcher/session/prepare.py:")}
+    assert hits & set(range(first, len(target.read_text().splitlines()) + 1))
+
+
+def engine_module_imports(root: Path = PACKAGE) -> list[str]:
+    """Modules outside ENGINE_HOMES that import one engine's module (launcher.engines.<name> or
+    launcher.worker.engines.<name>): type checks such as isinstance(engine, FsdpEngine) or calls to one engine's
+    helpers branch on the engine as surely as comparing its name does."""
+    from launcher.engines import ENGINES
+
+    homes = tuple(h.rstrip("/").replace("/", ".") for h in ENGINE_HOMES)
+    own = {f"{home}.{name}" for home in homes for name in ENGINES}
+    return sorted(f"{mod} imports {dep}" for mod, deps in import_graph(root).items()
+                  if not mod.startswith(homes) for dep in deps & own)
+
+
+def test_only_the_engines_import_an_engine_module():
+    assert engine_module_imports() == []
+
+
+def test_an_engine_module_import_is_caught(tmp_path):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "worker" / "export.py"
+    target.write_text(target.read_text() + "\n\ndef f(engine):\n    from launcher.worker.engines.fsdp import FsdpEngine\n"
+                      "    return isinstance(engine, FsdpEngine)\n")
+    assert engine_module_imports(root) == ["launcher.worker.export imports launcher.worker.engines.fsdp"]

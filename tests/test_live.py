@@ -80,6 +80,16 @@ def test_lines_skip_steps_written_before_the_view_and_read_the_total_of_an_epoch
     assert "step 2/40  loss 6.0000" in capsys.readouterr().out
 
 
+def test_table_of_an_epochs_run_counts_to_the_total_rank0_recorded(tmp_path):
+    """train.epochs: no max_steps; the table shows the total_steps rank 0 wrote, not '?' and no bar."""
+    run = fake_run(tmp_path)
+    (run / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 8}))
+    console = Console(record=True, width=140, color_system=None)
+    console.print(LiveView(run, 3, None, mode="tty").table())
+    text = console.export_text()
+    assert "3/8" in text and "━" in text
+
+
 def test_modes(monkeypatch):
     assert view_mode(quiet=True, verbose=False) == "off"
     # pytest captures stdout, so this is the "not a terminal" case: CI, nohup and pipes get the step lines.

@@ -97,10 +97,11 @@ def measured_moment(rank: RankReport | None, moment: str) -> tuple[str | None, i
 
 
 MOMENT_PHASES = {"backward": ("forward", "backward"), "backward_end": ("backward",), "step": ("optimizer_step",),
-                 "init": ("init",)}
+                 "init": ("init",), "export": ("export",)}
 """Which measured phase peaks each planner moment is judged against: the backward start (loss temporaries are
 made in forward) against the larger of forward and backward, the gradient reduce / end of backward against the
-backward phase, the optimizer step against its own phase, rank 0's weight load against the init phase."""
+backward phase, the optimizer step against its own phase, rank 0's weight load against the init phase, rank 0's
+end-of-run export (CPU ranks only) against the export phase."""
 
 
 def moment_totals(moment_bytes: dict[str, int], phases: dict[str, int]) -> dict[str, dict]:

@@ -163,7 +163,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         *summary_table(rows),
         "",
         "## Every moment the planner predicts, against the matching measured phase", "",
-        "The planner's peak is the largest of four moments (`plan.json` `moment_bytes`). The gradient-reduce "
+        "The planner's peak is the largest of its moments (`plan.json` `moment_bytes`). The gradient-reduce "
         "moment is compared with the backward phase's peak, which also holds the backward start, so there it is "
         "a lower bound by design (a negative error is expected where the backward start is larger). The weight-"
         "load moment models rank 0 reading the weights, not the engine's set-up that follows in the same init "
@@ -194,10 +194,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
             "**Bold** peak phase: the run's peak fell outside forward/backward/optimizer_step.", "",
             ]
     out += ["", "## Which planner terms are off", "",
-            "The planner takes the peak as the largest of four moments (memory.py): the backward start (states, "
+            "The planner takes the peak as the largest of its moments (memory.py): the backward start (states, "
             "saved activations, logits and loss temporaries), the gradient reduce (ZeRO-1/2's bucket, ZeRO-3's and "
             "FSDP2's end of backward), the optimizer step (states plus the step's gradients and fp32 copies) and "
-            "rank 0's weight load (on CPU ranks the checkpoint it reads). "
+            "rank 0's weight load (on CPU ranks the checkpoint it reads), and on CPU ranks rank 0's end-of-run export. "
             "Two are compared here with the matching measured phase: the backward start against the larger of the "
             "forward and backward phase peaks, the step against the optimizer_step phase peak "
             "(`benchmarks/accuracy/moments.py`).",

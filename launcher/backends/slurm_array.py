@@ -18,8 +18,8 @@ from launcher.backends.slurm_task import SlurmTask
 from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.rundir import slug
 from launcher.runreport import read_report
-from launcher.sweep import Variant
 from launcher.units import format_bytes
+from launcher.variants import Variant
 
 SEVERITY = (EXIT_TRAINING_FAILED, EXIT_INTERRUPTED, EXIT_OVER_BUDGET, EXIT_BAD_INPUT)
 VERDICTS = {EXIT_OK: "ok", EXIT_TRAINING_FAILED: "failed", EXIT_OVER_BUDGET: "OVER budget",

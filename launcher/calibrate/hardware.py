@@ -138,7 +138,7 @@ def deepspeed_adam_ready() -> str | None:
     Loading JIT-builds the op if needed (minutes) under a lock file in the shared extensions cache; a
     calibration must neither wait behind someone else's build nor be cut off holding that lock.
     """
-    from launcher.runtime.env import set_extensions_dir
+    from launcher.rankenv import set_extensions_dir
 
     root = Path(set_extensions_dir()) / "cpu_adam"
     if not (root / "cpu_adam.so").is_file():

@@ -30,9 +30,9 @@ def export(args: argparse.Namespace) -> int:
 
     if args.step is not None and args.step < 1:
         raise ConfigError(f"--step {args.step}: steps count from 1; give a step that has a checkpoint")
-    from launcher.runtime import env
+    from launcher import rankenv
 
-    env.set_extensions_dir()
+    rankenv.set_extensions_dir()
     from launcher.worker.export_offline import export_checkpoint
 
     out, record = export_checkpoint(args.run_dir, step=args.step, merge=args.merge, out=args.out)

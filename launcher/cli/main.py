@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except LauncherError as e:
-        for line in str(e).splitlines():
+        from launcher.cli.render import error_lines
+
+        for line in error_lines(e):
             print(f"launch: error: {line}" if not line.startswith("  ") else line, file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, dir_path, job_from_args
-from launcher.cli.render import render_plan, render_slurm_resources
+from launcher.cli.render import no_fit_reasons, no_fit_suggestions, render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
@@ -47,7 +47,7 @@ def model_desc(job: Job) -> str:
 
 def no_fit_json(e: NoPlanError) -> dict:
     """`launch plan --json`'s answer when nothing fits: status no_fit with reasons and suggestions."""
-    return {"status": "no_fit", "reasons": e.reasons, "suggestions": e.suggestions}
+    return {"status": "no_fit", "reasons": no_fit_reasons(e.no_fit), "suggestions": no_fit_suggestions(e)}
 
 
 def export_files(out: Path, plan: Plan, job: Job, *, script: str | None = None) -> dict[str, str]:

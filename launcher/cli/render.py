@@ -11,6 +11,8 @@ from launcher.emit.slurm_params import (
     SlurmResources,
 )
 from launcher.engines import engine_spec
+from launcher.errors import LauncherError, NoPlanError
+from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import LeverDecision, Plan, Rejected
 from launcher.units import GiB, MiB, format_bytes
@@ -112,6 +114,61 @@ def rejected_reason(r: Rejected, plan: Plan) -> str:
     if not r.need_bytes:
         return f"{what} short; would step at {speed}"
     return f"{what}: needs {format_bytes(r.need_bytes)}, has {format_bytes(r.have_bytes)}; would step at {speed}"
+
+
+def no_fit_reasons(no_fit: NoFit) -> list[str]:
+    """Why no plan fits: what was tried and the smallest footprint."""
+    return [f"no plan fits {format_bytes(no_fit.budget_bytes)} per GPU on {no_fit.world_size} GPUs ({no_fit.tried} "
+            f"candidates tried); smallest footprint: {format_bytes(no_fit.smallest_peak_bytes)} with "
+            f"{no_fit.smallest_label} ({no_fit.smallest.describe()})"]
+
+
+def suggestion_change(s: Suggestion) -> str:
+    """The change a suggestion makes, in the job file's and the CLI's words."""
+    if s.change == "budget":
+        budget = format_bytes(s.value)
+        card = f" ({s.card} holds {format_bytes(s.card_bytes)})" if s.card else ""
+        return f"a budget of {budget} per GPU{card} (--budget {budget.replace(' ', '')})"
+    if s.change == "unpin":
+        return f"unpinning {', '.join(s.names)}"
+    if s.change == "gpus":
+        return f"{s.world_size} GPUs, {s.value} per node (--gpus {s.value})"
+    if s.change == "nodes":
+        return f"{s.value} nodes of {s.gpus_per_node} GPUs, {s.world_size} in all (--nodes {s.value})"
+    if s.change == "nvme":
+        return "NVMe offload (set cluster.nvme_path and nvme_free)"
+    if s.change == "seq_len":
+        return f"a shorter sequence: max_seq_len {s.value} (--seq-len {s.value})"
+    if s.change == "lora":
+        return (f"LoRA (train.lora: {{r: {s.lora_rank}, target_modules: [{', '.join(s.names)}]}}, ~{s.value:,} "
+                "trainable)")
+    if s.change == "micro_batch":
+        return "a smaller micro-batch"
+    return f"more host RAM per node: {format_bytes(s.value)} (cluster.host_ram_per_node)"
+
+
+def suggestion_line(s: Suggestion) -> str:
+    """One suggestion: the change, then the plan the re-plan found (strategy, peak per GPU, seconds per step)."""
+    nvme = f", {format_bytes(s.nvme_bytes_per_node)} of NVMe per node" if s.change == "nvme" else ""
+    return (f"{suggestion_change(s)}: {s.label}, peak {format_bytes(s.peak_bytes)} per GPU, "
+            f"{s.step_time_s:.3g} s/step{nvme}")
+
+
+def no_fit_suggestions(e: NoPlanError) -> list[str]:
+    """What would fit, one line each: the search's suggestions, then the job fields behind the refusal."""
+    lines = [suggestion_line(s) for s in e.no_fit.suggestions] or [
+        "nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence"]
+    return lines + [str(h) for h in e.hints]
+
+
+def no_fit_lines(e: NoPlanError) -> list[str]:
+    """The no-plan answer as printed: the reasons, then "what would fit:" and one "  - " line per suggestion."""
+    return [*no_fit_reasons(e.no_fit), "what would fit:", *(f"  - {s}" for s in no_fit_suggestions(e))]
+
+
+def error_lines(e: LauncherError) -> list[str]:
+    """An error's lines for the user: a no-plan answer worded from its typed values, any other as it says."""
+    return no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines()
 
 
 LEVER_NAMES = {

@@ -66,12 +66,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """The parsed flags as the session's RunOptions."""
+    from launcher.cli.render import error_lines
+
     return RunOptions(
         run_dir=args.run_dir, overwrite=args.overwrite, resume=args.resume, force=args.force, enforce=args.enforce,
         memory_snapshot=args.memory_snapshot, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
         script=args.script, script_args=list(getattr(args, "script_args", None) or []),
         hang_timeout_s=args.hang_timeout, checkpoint_on_interrupt=args.checkpoint_on_interrupt,
         checkpoint_timeout_s=args.checkpoint_timeout, wait=args.wait, quiet=args.quiet, verbose=args.verbose,
+        error_lines=error_lines,
     )
 
 

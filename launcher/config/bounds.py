@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.config.problem import Problem
 from launcher.units import KB, MB
 
 # -- text ------------------------------------------------------------------------------------------------------------
@@ -78,14 +79,14 @@ NODES = 2**16
 """Nodes: the largest training clusters have ~100k GPUs, 12.5k nodes of 8; 65536 is 5x."""
 
 
-def over(where: str, value: int, limit: int, unit: str, why: str, fix: str) -> str | None:
-    """The one-line refusal of ``value`` past ``limit``, or None within it."""
+def over(where: str, value: int, limit: int, unit: str, why: str, fix: str) -> Problem | None:
+    """The refusal of ``value`` past ``limit`` (``where``: the field), or None within it."""
     if value <= limit:
         return None
-    return f"{where}: {value} {unit} is over the {limit} launcher plans for ({why}); {fix}"
+    return Problem(where, f"{value} {unit} is over the {limit} launcher plans for ({why}); {fix}")
 
 
-def job_problems(job: Any) -> list[str]:
+def job_problems(job: Any) -> list[Problem]:
     """The job's numbers against the bounds: sequence, batch, micro-batch, ranks, the inline architecture, LoRA.
 
     Runs beside the job's other rules (config.jobfile.check_job), before anything reads a model or plans.
@@ -199,5 +200,5 @@ def config_problems(config: Any, where: str = "model") -> list[str]:
                                f"{fix} (is this config.json the model's own?)")
                 if problem:
                     seen.add(key)
-                    problems.append(problem)
+                    problems.append(str(problem))
     return problems

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from launcher.config import bounds
 from launcher.config.datasource import FILE_SUFFIXES, looks_like_hub_id
 from launcher.config.job import InlineArch, Job
 from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value, show
+from launcher.config.problem import Problem
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
 from launcher.units import GB, MB, format_bytes
@@ -70,7 +70,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
 
 def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | None = None, *,
                   sets: list[tuple[str, Any]] | None = None, for_run: bool = True,
-                  checks: Callable[[Job], list[str]] | None = None) -> Job:
+                  checks: Callable[[Job], list[Problem]] | None = None) -> Job:
     """Typed Job from plain data plus dotted overrides; every problem in one ConfigError.
 
     ``sets`` are KEY=VALUE overrides from the command line (None is a value there: key=null); ``overrides``
@@ -98,7 +98,7 @@ def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | 
         rules = check_job(job, for_run=for_run)
         if checks is not None and job.sweep is None:  # a sweep's variants change gpus and batch: each is checked
             rules += checks(job)
-        problems += [p for p in rules if not _judges(p, built.failed)]
+        problems += [p for p in rules if not p.judges(built.failed)]
     if problems:
         raise ConfigError(problems)
     return job  # type: ignore[return-value]
@@ -132,14 +132,9 @@ def resolve_paths(job: Job) -> None:
         pass
 
 
-def _judges(problem: str, failed: list[str]) -> bool:
-    """Whether a rule's message names a field whose value was already refused (its default stood in)."""
-    return any(re.search(rf"(?<![\w.]){re.escape(path)}(?!\w)", problem) for path in failed)
-
-
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None, *,
              sets: list[tuple[str, Any]] | None = None, for_run: bool = True,
-             checks: Callable[[Job], list[str]] | None = None) -> Job:
+             checks: Callable[[Job], list[Problem]] | None = None) -> Job:
     """The typed Job from a job file (job_from_data, relative paths against the file's directory); every problem in
     one ConfigError."""
     return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides, sets=sets, for_run=for_run,
@@ -152,64 +147,68 @@ def data_path(job: Job) -> Path:
     return p if p.is_absolute() else Path(job.base_dir) / p
 
 
-def _positive(problems: list[str], where: str, value, fix: str) -> None:
+def _positive(problems: list[Problem], where: str, value, fix: str) -> None:
     if value is not None and value <= 0:
-        problems.append(f"{where}: {value!r} must be greater than 0; {fix}")
+        problems.append(Problem(where, f"{value!r} must be greater than 0; {fix}"))
 
 
-def check_arch(arch: InlineArch, max_seq_len: int) -> list[str]:
+def check_arch(arch: InlineArch, max_seq_len: int) -> list[Problem]:
     """What transformers would refuse (or crash on) when it builds the model, said before any planning."""
-    p: list[str] = []
+    p: list[Problem] = []
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
                  "max_position_embeddings"):
         _positive(p, f"model.{name}", getattr(arch, name), f"give {name} as a whole number, e.g. 64")
     if p:
         return p
     if arch.hidden_size % arch.num_heads:
-        p.append(f"model.hidden_size: {arch.hidden_size} is not divisible by model.num_heads {arch.num_heads}; "
-                 f"use a multiple of {arch.num_heads} (e.g. {arch.num_heads * max(1, arch.hidden_size // arch.num_heads)})")
+        p.append(Problem("model.hidden_size", f"{arch.hidden_size} is not divisible by model.num_heads "
+                         f"{arch.num_heads}; use a multiple of {arch.num_heads} "
+                         f"(e.g. {arch.num_heads * max(1, arch.hidden_size // arch.num_heads)})",
+                         reads=("model.num_heads",)))
     if arch.num_kv_heads is not None and arch.num_heads % arch.num_kv_heads:
-        p.append(f"model.num_kv_heads: {arch.num_kv_heads} does not divide model.num_heads {arch.num_heads}; "
-                 f"use a divisor of {arch.num_heads} (grouped-query attention shares each KV head evenly)")
+        p.append(Problem("model.num_kv_heads", f"{arch.num_kv_heads} does not divide model.num_heads "
+                         f"{arch.num_heads}; use a divisor of {arch.num_heads} (grouped-query attention shares each "
+                         "KV head evenly)", reads=("model.num_heads",)))
     if max_seq_len > arch.max_position_embeddings:
-        p.append(f"data.max_seq_len: {max_seq_len} is longer than model.max_position_embeddings "
-                 f"{arch.max_position_embeddings}; use --seq-len {arch.max_position_embeddings} or raise "
-                 "max_position_embeddings")
+        p.append(Problem("data.max_seq_len", f"{max_seq_len} is longer than model.max_position_embeddings "
+                         f"{arch.max_position_embeddings}; use --seq-len {arch.max_position_embeddings} or raise "
+                         "max_position_embeddings", reads=("model.max_position_embeddings",)))
     return p
 
 
-def check_data_path(job: Job) -> list[str]:
-    """Problems with data.path (unknown suffix, missing, unreadable, no records), one line each; [] when fine or when it
-    names a directory or hub dataset, whose rows are checked before launch."""
+def check_data_path(job: Job) -> list[Problem]:
+    """The problem with data.path, if any (unknown suffix, missing, unreadable, no records); [] too when it names a
+    directory or hub dataset, whose rows are checked before launch."""
     try:
         dp = data_path(job)
         if dp.is_dir() or (looks_like_hub_id(job.data.path) and not dp.exists()):
             return []  # a save_to_disk dir or a cached hub dataset: the rows are checked before launch (session)
         if dp.suffix.lower() not in DATA_SUFFIXES:
-            return [f"data.path: {job.data.path!r} must end in .jsonl, .json, .csv, .parquet or .arrow, or name a "
-                    "save_to_disk directory or a hub dataset id; convert the data to JSONL"]
+            return [Problem("data.path", f"{job.data.path!r} must end in .jsonl, .json, .csv, .parquet or .arrow, or "
+                            "name a save_to_disk directory or a hub dataset id; convert the data to JSONL")]
         if not dp.is_file():
-            return [f"data.path: {str(dp)!r} does not exist; check the path "
-                    "(relative paths start at the job file's directory)"]
+            return [Problem("data.path", f"{str(dp)!r} does not exist; check the path "
+                            "(relative paths start at the job file's directory)")]
         if not _has_records(dp):
-            return [f"data.path: {str(dp)!r} holds no examples; add at least one record"]
+            return [Problem("data.path", f"{str(dp)!r} holds no examples; add at least one record")]
     except (OSError, RuntimeError, ValueError) as e:  # a name too long, an unknown ~user, a NUL byte, unreadable
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-        return [f"data.path: {show(job.data.path)} cannot be read ({why}); give the path of a readable JSONL file"]
+        return [Problem("data.path", f"{show(job.data.path)} cannot be read ({why}); give the path of a readable "
+                        "JSONL file")]
     return []
 
 
-def check_job(job: Job, *, for_run: bool = True) -> list[str]:
+def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
     """Rules that span fields or touch the file system; returns every problem found.
 
     Planning reads neither the length of training nor the data, so without ``for_run`` those are not required.
     """
-    p: list[str] = []
+    p: list[Problem] = []
     if not job.name.strip():
-        p.append("name: '' must not be empty; give the job a name, e.g. name: my-finetune")
+        p.append(Problem("name", "'' must not be empty; give the job a name, e.g. name: my-finetune"))
     elif len(job.name) > bounds.NAME_CHARS:
-        p.append(f"name: {show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job name may "
-                 "hold (run dirs and file names are built from it); give a shorter name")
+        p.append(Problem("name", f"{show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job "
+                         "name may hold (run dirs and file names are built from it); give a shorter name"))
     p += check_job_name(job.name)
     p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
@@ -227,35 +226,39 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     per_node = job.cluster.gpus_per_node
     if job.gpus and per_node and job.gpus > per_node:
         # gpus is per node: planning 16 on an 8-GPU node would export a world no node can hold.
-        p.append(f"gpus: {job.gpus} per node is more than cluster.gpus_per_node {per_node}; use --gpus {per_node} "
-                 f"--nodes {-(-job.gpus * (job.nodes or 1) // per_node)}, or fix cluster.gpus_per_node")
+        p.append(Problem("gpus", f"{job.gpus} per node is more than cluster.gpus_per_node {per_node}; use --gpus "
+                         f"{per_node} --nodes {-(-job.gpus * (job.nodes or 1) // per_node)}, or fix "
+                         "cluster.gpus_per_node", reads=("cluster.gpus_per_node", "nodes")))
     _positive(p, "slurm.timeout_min", job.slurm.timeout_min, "use e.g. timeout_min: 60")
     for name in ("warmup_steps", "eval_every_steps", "checkpoint_every_steps", "seed"):
         v = getattr(job.train, name)
         if v < 0:
-            p.append(f"train.{name}: {v!r} must not be negative; use 0 or more")
+            p.append(Problem(f"train.{name}", f"{v!r} must not be negative; use 0 or more"))
     clip = job.train.max_grad_norm
     if clip is not None and not (math.isfinite(clip) and clip >= 0):
-        p.append(f"train.max_grad_norm: {clip!r} must be a finite number >= 0; use e.g. 1.0, or 0 (or null) to "
-                 "turn gradient clipping off")
+        p.append(Problem("train.max_grad_norm", f"{clip!r} must be a finite number >= 0; use e.g. 1.0, or 0 (or "
+                         "null) to turn gradient clipping off"))
     if job.auto_fallback < 0:
-        p.append(f"auto_fallback: {job.auto_fallback!r} must not be negative; use 0 (off) or the number of retries")
+        p.append(Problem("auto_fallback", f"{job.auto_fallback!r} must not be negative; use 0 (off) or the number of "
+                         "retries"))
     if for_run and job.train.max_steps is None and job.train.epochs is None:
-        p.append("train.max_steps: missing; give train.max_steps (e.g. 100) or train.epochs (e.g. 1)")
+        p.append(Problem("train.max_steps", "missing; give train.max_steps (e.g. 100) or train.epochs (e.g. 1)",
+                         reads=("train.epochs",)))
     if job.train.max_steps is not None and job.train.epochs is not None:
-        p.append("train.epochs: given together with train.max_steps; keep one of them")
+        p.append(Problem("train.epochs", "given together with train.max_steps; keep one of them",
+                         reads=("train.max_steps",)))
     if not 0.0 <= job.data.eval_fraction <= 0.5:
-        p.append(f"data.eval_fraction: {job.data.eval_fraction!r} must be between 0 and 0.5; use e.g. 0.1")
+        p.append(Problem("data.eval_fraction", f"{job.data.eval_fraction!r} must be between 0 and 0.5; use e.g. 0.1"))
     if not 0.0 <= job.strategy.safety_margin < 0.5:
-        p.append(f"strategy.safety_margin: {job.strategy.safety_margin!r} must be in [0, 0.5); use e.g. 0.05")
+        p.append(Problem("strategy.safety_margin", f"{job.strategy.safety_margin!r} must be in [0, 0.5); use e.g. 0.05"))
     if job.train.lora is not None:
         lo = job.train.lora
         _positive(p, "train.lora.r", lo.r, "use e.g. r: 8")
         _positive(p, "train.lora.alpha", lo.alpha, "use e.g. alpha: 16")
         if not lo.target_modules:
-            p.append("train.lora.target_modules: [] must name at least one module; e.g. [q_proj, v_proj]")
+            p.append(Problem("train.lora.target_modules", "[] must name at least one module; e.g. [q_proj, v_proj]"))
         if not 0.0 <= lo.dropout < 1.0:
-            p.append(f"train.lora.dropout: {lo.dropout!r} must be in [0, 1); use e.g. 0.05")
+            p.append(Problem("train.lora.dropout", f"{lo.dropout!r} must be in [0, 1); use e.g. 0.05"))
     p += lever_problems(job)
     if job.budget_bytes is not None:
         p += check_budget(job.budget_bytes)
@@ -263,13 +266,13 @@ def check_job(job: Job, *, for_run: bool = True) -> list[str]:
     if isinstance(job.model, InlineArch):
         p += check_arch(job.model, job.data.max_seq_len)
     elif not job.model.strip() or "\x00" in job.model:
-        p.append(f"model: {job.model!r} names no model; give a local model dir, a bundled name such as "
-                 "gpt2-124m, a hub id, or an inline architecture")
+        p.append(Problem("model", f"{job.model!r} names no model; give a local model dir, a bundled name such as "
+                         "gpt2-124m, a hub id, or an inline architecture"))
     else:
         try:
             Path(job.model).expanduser()
         except RuntimeError as e:  # '~nosuchuser/model'
-            p.append(f"model: {job.model!r} cannot be expanded ({e}); give an absolute path or a hub id")
+            p.append(Problem("model", f"{job.model!r} cannot be expanded ({e}); give an absolute path or a hub id"))
     _positive(p, "data.num_labels", job.data.num_labels, "leave it out to count the labels in the data")
     if for_run:
         p += check_data_path(job)
@@ -284,47 +287,49 @@ MATH_LEVER_FIELDS = {"low_memory_optimizer": None, "pure_bf16": "pure_bf16", "ql
 (None: the field's value is the word, e.g. adamw8bit)."""
 
 
-def lever_problems(job: Job) -> list[str]:
+def lever_problems(job: Job) -> list[Problem]:
     """The lever pins and permissions must agree (launcher.planner.levers chooses among what they leave)."""
     pins, allow, out = job.strategy, job.train.allow_levers, []
     if len(set(allow)) != len(allow):
-        out.append(f"train.allow_levers: {allow!r} names a lever twice; list each once")
+        out.append(Problem("train.allow_levers", f"{allow!r} names a lever twice; list each once"))
     for name, word in MATH_LEVER_FIELDS.items():
         v = getattr(pins, name)
         if v in (None, False, "none"):
             continue
         word = word or str(v)
         if word not in allow:
-            out.append(f"strategy.{name}: {v!r} changes the training math, which this job does not allow; add "
-                       f"{word} to train.allow_levers, or leave strategy.{name} out")
+            out.append(Problem(f"strategy.{name}", f"{v!r} changes the training math, which this job does not allow; "
+                               f"add {word} to train.allow_levers, or leave strategy.{name} out",
+                               reads=("train.allow_levers",)))
     if pins.qlora and job.train.lora is None:
-        out.append("strategy.qlora: true quantizes the frozen base of a LoRA run, but this job has no train.lora; "
-                   "add train.lora, or leave strategy.qlora out")
+        out.append(Problem("strategy.qlora", "true quantizes the frozen base of a LoRA run, but this job has no "
+                           "train.lora; add train.lora, or leave strategy.qlora out", reads=("train.lora",)))
     if pins.pure_bf16 and job.train.precision != "bf16":
-        out.append(f"strategy.pure_bf16: true keeps weights, gradients and optimizer states in bf16, but "
-                   f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "
-                   "strategy.pure_bf16 out")
+        out.append(Problem("strategy.pure_bf16", f"true keeps weights, gradients and optimizer states in bf16, but "
+                           f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "
+                           "strategy.pure_bf16 out", reads=("train.precision",)))
     if pins.optimizer_in_backward and job.train.precision == "fp16":
-        out.append("strategy.optimizer_in_backward: true steps each parameter in backward, but fp16 needs loss "
-                   "scaling, which checks every gradient for overflow before any step; use train.precision: bf16 "
-                   "or fp32, or leave strategy.optimizer_in_backward out")
+        out.append(Problem("strategy.optimizer_in_backward", "true steps each parameter in backward, but fp16 needs "
+                           "loss scaling, which checks every gradient for overflow before any step; use "
+                           "train.precision: bf16 or fp32, or leave strategy.optimizer_in_backward out",
+                           reads=("train.precision",)))
     if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
-        out.append(f"strategy.checkpoint_every: {pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} (1 "
-                   "checkpoints every block); use e.g. 2, or leave it out")
+        out.append(Problem("strategy.checkpoint_every", f"{pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} "
+                           "(1 checkpoints every block); use e.g. 2, or leave it out"))
     if pins.loss_chunks is not None and not 0 <= pins.loss_chunks <= LEVER_COUNT_MAX:
-        out.append(f"strategy.loss_chunks: {pins.loss_chunks!r} must be 0 (whole logits) to {LEVER_COUNT_MAX}; use "
-                   "e.g. 8, or leave it out")
+        out.append(Problem("strategy.loss_chunks", f"{pins.loss_chunks!r} must be 0 (whole logits) to "
+                           f"{LEVER_COUNT_MAX}; use e.g. 8, or leave it out"))
     return out
 
 
-def check_budget(budget_bytes: int, where: str = "budget") -> list[str]:
-    """A problem line when a per-GPU budget in bytes is implausible (under 16 MB or over 10 TB, likely a unit slip)."""
+def check_budget(budget_bytes: int, where: str = "budget") -> list[Problem]:
+    """The problem with a per-GPU budget in bytes that is implausible (under 16 MB or over 10 TB: a unit slip)."""
     if budget_bytes < 16 * MB:
-        return [f"{where}: {format_bytes(budget_bytes)} is below 16 MB, too small to hold any model; "
-                "did you mean GB (e.g. --budget 16GB)?"]
+        return [Problem(where, f"{format_bytes(budget_bytes)} is below 16 MB, too small to hold any model; "
+                        "did you mean GB (e.g. --budget 16GB)?")]
     if budget_bytes > 10_000 * GB:
-        return [f"{where}: {format_bytes(budget_bytes)} per GPU is absurd (no accelerator has 10 TB); "
-                "give the per-GPU budget, e.g. --budget 80GB"]
+        return [Problem(where, f"{format_bytes(budget_bytes)} per GPU is absurd (no accelerator has 10 TB); "
+                        "give the per-GPU budget, e.g. --budget 80GB")]
     return []
 
 

@@ -86,20 +86,30 @@ class _Problems(list):
         self.append(f"{where}: {show(value)} {rule}; {fix}")
 
 
-def _plain_problem(value: Any) -> str | None:
-    """Why a free-form value is not plain finite YAML data (a cycle, or too large once aliases expand), or None."""
+class _NotPlain(ValueError):
+    """Why a free-form value is not plain data (the message), and its fix."""
+
+    def __init__(self, why: str, fix: str):
+        super().__init__(why)
+        self.fix = fix
+
+
+def _plain_problem(value: Any, where: str) -> tuple[str, str] | None:
+    """Why a free-form value is not plain finite YAML data (a cycle, or too large once aliases expand), and the
+    fix; None when it is."""
     sizes: dict[int, int] = {}
     on_path: set[int] = set()
+    aliases = "write the value out without aliases"
 
     def size(v: Any, depth: int) -> int:
         if isinstance(v, str) and len(v) > bounds.STRING_CHARS:
-            raise ValueError(f"holds a string of {len(v)} characters, over the {bounds.STRING_CHARS} a job's "
-                             "strings may hold")
+            raise _NotPlain(f"holds a string of {len(v)} characters, over the {bounds.STRING_CHARS} a job's "
+                            "strings may hold", f"shorten the string in {where}")
         if not isinstance(v, (list, dict)):
             return 1
         key = id(v)
         if key in on_path or depth > 50:
-            raise ValueError("refers to itself (a YAML alias inside its own anchor) or nests over 50 levels")
+            raise _NotPlain("refers to itself (a YAML alias inside its own anchor) or nests over 50 levels", aliases)
         if key in sizes:  # a shared alias: counted again, walked once
             return sizes[key]
         on_path.add(key)
@@ -108,13 +118,13 @@ def _plain_problem(value: Any) -> str | None:
         on_path.discard(key)
         sizes[key] = n
         if n > PLAIN_NODES_LIMIT:
-            raise ValueError(f"expands to over {PLAIN_NODES_LIMIT} values (YAML aliases)")
+            raise _NotPlain(f"expands to over {PLAIN_NODES_LIMIT} values (YAML aliases)", aliases)
         return n
 
     try:
         size(value, 0)
-    except ValueError as e:
-        return str(e)
+    except _NotPlain as e:
+        return str(e), e.fix
     return None
 
 
@@ -226,11 +236,9 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
     if tp is object:
         if isinstance(value, str):  # a free-form value that is a plain string: the string rule, said the same way
             return _convert(str, value, where, problems)
-        why = _plain_problem(value)
-        if why:
-            fix = f"shorten the string in {where}" if why.startswith("holds a string") else \
-                "write the value out without aliases"
-            problems.add(where, value, why, fix)
+        found = _plain_problem(value, where)
+        if found:
+            problems.add(where, value, *found)
             return None
         return value
     raise TypeError(f"unsupported config type {tp!r} at {where}")

@@ -15,6 +15,7 @@ import unicodedata
 
 from launcher.config.job import SlurmConfig
 from launcher.config.load import show
+from launcher.config.problem import Problem
 
 NAME_MAX_CHARS = 256
 """Longest partition, account or QOS name taken (sinfo / sacctmgr names are short words)."""
@@ -57,43 +58,43 @@ def control_char(text: str) -> str | None:
     return None
 
 
-def one_line_problem(where: str, value: str, fix: str) -> str | None:
-    """A problem line when ``value`` holds a control character (newline, CR, tab, NUL, escape, ...)."""
+def one_line_problem(where: str, value: str, fix: str) -> Problem | None:
+    """A problem when ``value`` holds a control character (newline, CR, tab, NUL, escape, ...)."""
     bad = control_char(value)
     if bad is None:
         return None
-    return (f"{where}: {show(value)} holds {bad}, and a value that reaches an #SBATCH line or a shell script "
-            f"must be one line of printable text; {fix}")
+    return Problem(where, f"{show(value)} holds {bad}, and a value that reaches an #SBATCH line or a shell script "
+                   f"must be one line of printable text; {fix}")
 
 
-def check_shell_path(path: object, where: str) -> list[str]:
+def check_shell_path(path: object, where: str) -> list[Problem]:
     """A directory path that an emitted script names (the run dir, --out): one line of printable text."""
     bad = one_line_problem(where, str(path), "choose a path without control characters")
     return [bad] if bad else []
 
 
-def check_job_name(name: str) -> list[str]:
+def check_job_name(name: str) -> list[Problem]:
     """The job name reaches the script's header and Slurm's job name (slugged): no control characters."""
     bad = one_line_problem("name", name, "give the job a one-line name, e.g. name: my-finetune")
     return [bad] if bad else []
 
 
-def _setup_problems(lines: list) -> list[str]:
+def _setup_problems(lines: list) -> list[Problem]:
     p = []
     for i, line in enumerate(lines):
         if not isinstance(line, str):
-            p.append(f"slurm.setup[{i}]: {show(line)} must be one shell line (a string); quote it")
+            p.append(Problem(f"slurm.setup[{i}]", f"{show(line)} must be one shell line (a string); quote it"))
             continue
         bad = control_char(line.replace("\t", " "))  # raw shell by design: only line breaks and hidden text are refused
         if bad:
-            p.append(f"slurm.setup[{i}]: {show(line)} holds {bad}; each item is one shell line, so split it "
-                     "into several items")
+            p.append(Problem(f"slurm.setup[{i}]", f"{show(line)} holds {bad}; each item is one shell line, so split "
+                             "it into several items"))
     return p
 
 
-def check_slurm_values(cfg: SlurmConfig) -> list[str]:
-    """Every value of the slurm: section that reaches a script or submitit, checked for its syntax; one line each."""
-    p: list[str] = []
+def check_slurm_values(cfg: SlurmConfig) -> list[Problem]:
+    """Every value of the slurm: section that reaches a script or submitit, checked for its syntax; one each."""
+    p: list[Problem] = []
     for name, (pattern, rule) in NAME_RULES.items():
         value = getattr(cfg, name)
         if value is None:
@@ -103,55 +104,55 @@ def check_slurm_values(cfg: SlurmConfig) -> list[str]:
         if bad:
             p.append(bad)
         elif len(value) > NAME_MAX_CHARS:
-            p.append(f"{where}: {show(value)} is {len(value)} characters, over {NAME_MAX_CHARS}; give {rule}")
+            p.append(Problem(where, f"{show(value)} is {len(value)} characters, over {NAME_MAX_CHARS}; give {rule}"))
         elif not pattern.fullmatch(value):
-            p.append(f"{where}: {show(value)} is not {rule}; use the name `sinfo -s` or `sacctmgr show "
-                     f"{'assoc' if name == 'account' else name}` lists")
+            p.append(Problem(where, f"{show(value)} is not {rule}; use the name `sinfo -s` or `sacctmgr show "
+                             f"{'assoc' if name == 'account' else name}` lists"))
     if cfg.constraint is not None:
         c = cfg.constraint
         bad = one_line_problem("slurm.constraint", c, "write the features on one line, e.g. a100&ib")
         if bad:
             p.append(bad)
         elif len(c) > VALUE_MAX_CHARS:
-            p.append(f"slurm.constraint: {show(c)} is {len(c)} characters, over {VALUE_MAX_CHARS}; "
-                     "name fewer features")
+            p.append(Problem("slurm.constraint", f"{show(c)} is {len(c)} characters, over {VALUE_MAX_CHARS}; "
+                             "name fewer features"))
         elif not CONSTRAINT.fullmatch(c) or not _balanced(c):
-            p.append(f"slurm.constraint: {show(c)} is not a Slurm constraint (features of letters, digits, '_', "
-                     "'-', '.', ':' joined by & | , with [] () *N !, no spaces); e.g. a100&ib or [rack1|rack2]")
+            p.append(Problem("slurm.constraint", f"{show(c)} is not a Slurm constraint (features of letters, digits, "
+                             "'_', '-', '.', ':' joined by & | , with [] () *N !, no spaces); e.g. a100&ib or "
+                             "[rack1|rack2]"))
     if cfg.timeout_min is not None and cfg.timeout_min > TIMEOUT_MAX_MIN:
-        p.append(f"slurm.timeout_min: {cfg.timeout_min!r} minutes is over a year ({TIMEOUT_MAX_MIN}); give "
-                 "minutes (e.g. 240), or leave it out to derive it from the plan")
+        p.append(Problem("slurm.timeout_min", f"{cfg.timeout_min!r} minutes is over a year ({TIMEOUT_MAX_MIN}); "
+                         "give minutes (e.g. 240), or leave it out to derive it from the plan"))
     p += _setup_problems(cfg.setup)
     for raw, value in cfg.additional_parameters.items():
         p += _extra_problems(str(raw), value)
     return p
 
 
-def _extra_problems(raw: str, value: object) -> list[str]:
+def _extra_problems(raw: str, value: object) -> list[Problem]:
     where = f"slurm.additional_parameters.{raw}"
     bad_key = control_char(raw)
     if bad_key or len(raw) > KEY_MAX_CHARS or not KEY.fullmatch(raw):
-        shown = f"slurm.additional_parameters: key {show(raw)}"
         why = f"holds {bad_key}" if bad_key else (f"is {len(raw)} characters, over {KEY_MAX_CHARS}"
                                                    if len(raw) > KEY_MAX_CHARS else "is not an option name")
-        return [f"{shown} {why}; a key is an sbatch long option without the dashes (letters, digits, '_', '-'), "
-                "e.g. reservation"]
+        return [Problem("slurm.additional_parameters", f"key {show(raw)} {why}; a key is an sbatch long option "
+                        "without the dashes (letters, digits, '_', '-'), e.g. reservation")]
     if isinstance(value, float) and not math.isfinite(value):
-        return [f"{where}: {value!r} must be a finite number; give the value Slurm expects"]
+        return [Problem(where, f"{value!r} must be a finite number; give the value Slurm expects")]
     if not isinstance(value, str):
         return []  # numbers, true, and the wrong types check_additional names
     bad = one_line_problem(where, value, "give the value on one line")
     if bad:
         return [bad]
     if len(value) > VALUE_MAX_CHARS:
-        return [f"{where}: {show(value)} is {len(value)} characters, over {VALUE_MAX_CHARS}; shorten it"]
+        return [Problem(where, f"{show(value)} is {len(value)} characters, over {VALUE_MAX_CHARS}; shorten it")]
     key = raw.replace("-", "_")
     if key in TIME_KEYS and not SLURM_TIME.fullmatch(value):
-        return [f"{where}: {show(value)} is not a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
-                "D-HH:MM:SS); e.g. 90 or 1-12:00:00"]
+        return [Problem(where, f"{show(value)} is not a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                        "D-HH:MM:SS); e.g. 90 or 1-12:00:00")]
     if key in MEM_KEYS and not SLURM_MEM.fullmatch(value):
-        return [f"{where}: {show(value)} is not a Slurm memory size (a whole number with K, M, G or T); "
-                "e.g. 8G"]
+        return [Problem(where, f"{show(value)} is not a Slurm memory size (a whole number with K, M, G or T); "
+                        "e.g. 8G")]
     return []
 
 

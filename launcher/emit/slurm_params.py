@@ -65,7 +65,7 @@ def _key(k: str) -> str:
 
 def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = None) -> list[str]:
     """Every problem with the slurm: section, one line each (field, value, rule, fix)."""
-    p: list[str] = check_slurm_values(cfg)  # syntax and control characters; setup lines are raw shell
+    p = [str(x) for x in check_slurm_values(cfg)]  # syntax and control characters; setup lines are raw shell
     if cfg.timeout_min is not None and cfg.timeout_min < 1:
         p.append(f"slurm.timeout_min: {cfg.timeout_min!r} must be at least 1 (Slurm's unit is minutes); e.g. 60")
     elif cfg.signal_delay_s < 0:
@@ -244,7 +244,7 @@ def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] 
     ``resources`` (a sweep's combined allocation) replaces what ``slurm_resources(job, plan)`` would derive.
     """
     cfg = job.slurm
-    problems = check_job_name(job.name) + check_slurm(cfg, sbatch_options=sbatch_options)
+    problems = [str(x) for x in check_job_name(job.name)] + check_slurm(cfg, sbatch_options=sbatch_options)
     if problems:
         raise ConfigError(problems)
     res = resources or slurm_resources(job, plan)

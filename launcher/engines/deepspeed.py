@@ -294,15 +294,17 @@ class DeepSpeedSpec(EngineSpec):
         builds in fp32 (4Ψ), casts to the working dtype on the host, and deepspeed.initialize flattens the
         trainable parameters into a copy (wΨ_t) beside the model (wΨ)."""
         m, w, n = inp.model, BYTES[inp.precision], inp.world_size
-        host = 1.0 if inp.hardware.device_is_host else 0.0
+        device_is_host = inp.hardware.device_is_host
         if (s.zero_stage or 0) >= 3:
             # Offloaded parameters are partitioned into host memory: on a GPU not on the device at this moment.
-            on_device = 0.0 if s.offload_params != "none" and not host else 1.0
-            return host * m.checkpoint_bytes + on_device * w * m.num_params / n + w * m.largest_layer_params
-        if not inp.hardware.device_is_host:
+            partition_on_device = s.offload_params == "none" or device_is_host
+            checkpoint = m.checkpoint_bytes if device_is_host else 0.0
+            partition = w * m.num_params / n if partition_on_device else 0.0
+            return checkpoint + partition + w * m.largest_layer_params
+        if not device_is_host:
             return cuda_init_bytes(inp, s)
         build = 4 * m.num_params + untied_head_bytes(m)
-        return max(host * build, w * m.num_params + w * m.trainable_params)
+        return max(build, w * m.num_params + w * m.trainable_params)
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         """Host bytes per node while loading: fp32 weights (4Ψ), or under ZeRO-3 the checkpoint plus one fp32 copy of

@@ -173,8 +173,7 @@ class FsdpSpec(EngineSpec):
         if inp.hardware.device_is_host:
             consumed = 4 * sum(nf4[:nf4.index(max(nf4)) + 1]) if nf4 else 0.0
             return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
-        on_device = 0.0 if s.offload_params != "none" else 1.0
-        return on_device * shards + quantizing
+        return (shards if s.offload_params == "none" else 0.0) + quantizing
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         """Host bytes per node while loading: rank 0's fp32 model (4Ψ); the other ranks receive their shards."""

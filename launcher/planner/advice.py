@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.config.job import StrategyConfig
 from launcher.errors import ConfigError
@@ -11,7 +12,6 @@ from launcher.model.lora import LORA_RANK, lora_suggestion
 from launcher.planner.candidates import pinned
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Problem, Resource, Scored, search
-from launcher.units import format_bytes
 
 
 def _fits_with(req: PlanRequest, **changes) -> Scored | None:
@@ -34,11 +34,6 @@ def _round_up(x: float, digits: int = 3) -> int:
     """``x`` rounded up to ``digits`` significant figures, so the printed figure is never below what fits."""
     scale = 10 ** max(0, len(str(int(x))) - digits)
     return -(-int(x) // scale) * scale
-
-
-def _outcome(hit: Scored) -> str:
-    e = hit.estimate
-    return f"{hit.strategy.label()}, peak {format_bytes(e.peak_bytes)} per GPU, {e.step_time_s:.3g} s/step"
 
 
 def smallest_budget(req: PlanRequest) -> tuple[int, Scored] | None:
@@ -65,26 +60,58 @@ def smallest_budget(req: PlanRequest) -> tuple[int, Scored] | None:
     return (budget, hit) if hit else None
 
 
+Change = Literal["budget", "unpin", "gpus", "nodes", "nvme", "seq_len", "lora", "micro_batch", "host_ram"]
+"""What one suggestion changes: the per-GPU budget, the job's pins, GPUs per node, nodes, NVMe offload, the
+sequence length, LoRA in place of full fine-tuning, the pinned micro-batch, or host RAM per node."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Suggestion:
-    """One change that makes the job fit, and the plan the re-plan then found."""
+    """One change that makes the job fit, and the plan the re-plan then found (launch words it: cli/render)."""
 
-    change: str
-    """The change, in the job file's and the CLI's words."""
-    outcome: str
-    """The plan it gets: strategy, peak per GPU, seconds per step (and NVMe per node where it swaps)."""
-
-    def describe(self) -> str:
-        """The change and the plan it gets, as one suggestion line."""
-        return f"{self.change}: {self.outcome}"
+    change: Change
+    """What it changes (see Change)."""
+    value: int = 0
+    """budget: bytes per GPU; gpus: GPUs per node; nodes: nodes; seq_len: tokens; lora: trainable parameters;
+    host_ram: bytes per node; 0 for the others."""
+    world_size: int = 0
+    """gpus, nodes: the GPUs in all after the change."""
+    gpus_per_node: int = 0
+    """nodes: GPUs per node (unchanged)."""
+    names: tuple[str, ...] = ()
+    """unpin: the pinned strategy fields it frees; lora: the modules it adapts."""
+    lora_rank: int = 0
+    """lora: the adapters' rank r."""
+    card: str = ""
+    """budget: the hardware profile whose card caps it ("" when the profile has no card memory)."""
+    card_bytes: int = 0
+    """budget: what that card holds, bytes."""
+    label: str
+    """The plan the re-plan found, as Strategy.label() writes it."""
+    peak_bytes: int
+    """Its predicted peak per GPU, bytes."""
+    step_time_s: float
+    """Its predicted seconds per step."""
+    nvme_bytes_per_node: int = 0
+    """nvme: the NVMe it swaps per node, bytes."""
+    replan: dict = field(default_factory=dict, compare=False, hash=False)
+    """The request with this change is ``dataclasses.replace(req, **replan)``: what was re-planned."""
 
 
 @dataclass(kw_only=True, slots=True)
 class NoFit:
     """Why nothing fits, and the changes that would: the search's answer when there is no plan."""
 
-    reasons: list[str]
-    """What was tried and the smallest footprint, one sentence each."""
+    budget_bytes: int
+    """The per-GPU budget asked for, bytes."""
+    world_size: int
+    """GPUs in all."""
+    tried: int
+    """Candidates scored."""
+    smallest_label: str
+    """The candidate with the smallest predicted peak, as Strategy.label() writes it."""
+    smallest_peak_bytes: int
+    """Its predicted peak per GPU, bytes."""
     smallest: Problem
     """Why the smallest candidate does not fit: the resource it overruns (device, host RAM, NVMe)."""
     suggestions: list[Suggestion] = field(default_factory=list)
@@ -95,12 +122,6 @@ class NoFit:
         """The resource the smallest candidate overruns (device, host RAM or NVMe)."""
         return self.smallest.resource
 
-    def suggestion_lines(self) -> list[str]:
-        """One line per suggested change, or one line saying no single change is within reach."""
-        if not self.suggestions:
-            return ["nothing within reach by one change; combine more GPUs with LoRA or a shorter sequence"]
-        return [s.describe() for s in self.suggestions]
-
 
 def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> NoFit:
     """The smallest footprint, and what would make the job fit.
@@ -109,62 +130,55 @@ def explain_no_fit(req: PlanRequest, scored: list[Scored]) -> NoFit:
     change that then fits is offered, with the plan it gets (strategy, peak, step time).
     """
     smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
-    no_fit = NoFit(reasons=[
-        f"no plan fits {format_bytes(req.budget_bytes)} per GPU on {req.world_size} GPUs "
-        f"({len(scored)} candidates tried); smallest footprint: {format_bytes(smallest.estimate.peak_bytes)} "
-        f"with {smallest.strategy.label()} ({smallest.problem.describe()})",
-    ], smallest=smallest.problem)
+    no_fit = NoFit(budget_bytes=req.budget_bytes, world_size=req.world_size, tried=len(scored),
+                   smallest_label=smallest.strategy.label(), smallest_peak_bytes=smallest.estimate.peak_bytes,
+                   smallest=smallest.problem)
 
-    def offer(text: str, hit: Scored | None, extra: str = "") -> bool:
+    def offer(change: Change, replan: dict, found: Scored | None = None, **what) -> bool:
+        hit = found or _fits_with(req, **replan)
         if hit is not None:
-            no_fit.suggestions.append(Suggestion(change=text, outcome=f"{_outcome(hit)}{extra}"))
+            e = hit.estimate
+            no_fit.suggestions.append(Suggestion(
+                change=change, label=hit.strategy.label(), peak_bytes=e.peak_bytes, step_time_s=e.step_time_s,
+                nvme_bytes_per_node=e.nvme_bytes_per_node if change == "nvme" else 0, replan=replan, **what))
         return hit is not None
 
     found = smallest_budget(req)
     if found:
         budget, hit = found
-        card = (f" ({req.hardware.name} holds {format_bytes(req.hardware.memory_bytes)})"
-                if req.hardware.memory_bytes else "")
-        offer(f"a budget of {format_bytes(budget)} per GPU{card} (--budget {format_bytes(budget).replace(' ', '')})",
-              hit)
+        offer("budget", {"budget_bytes": budget}, hit, value=budget, card=req.hardware.name if req.hardware.memory_bytes
+              else "", card_bytes=req.hardware.memory_bytes or 0)
     pins = pinned(req.pins)
     if pins:
-        free = dataclasses.replace(req, pins=StrategyConfig(safety_margin=req.pins.safety_margin))
-        offer(f"unpinning {', '.join(pins)}", _fits_with(free))
+        offer("unpin", {"pins": StrategyConfig(safety_margin=req.pins.safety_margin)}, names=tuple(pins))
     for gpus in GPUS_PER_NODE_STEPS:
         world = gpus * req.nodes
         if gpus > req.gpus_per_node and req.global_batch_size % world == 0 and offer(
-                f"{world} GPUs, {gpus} per node (--gpus {gpus})", _fits_with(req, gpus_per_node=gpus)):
+                "gpus", {"gpus_per_node": gpus}, value=gpus, world_size=world):
             break
     for nodes in NODE_STEPS:
         world = req.gpus_per_node * nodes
         if nodes > req.nodes and req.global_batch_size % world == 0 and offer(
-                f"{nodes} nodes of {req.gpus_per_node} GPUs, {world} in all (--nodes {nodes})",
-                _fits_with(req, nodes=nodes)):
+                "nodes", {"nodes": nodes}, value=nodes, world_size=world, gpus_per_node=req.gpus_per_node):
             break
     if req.nvme_free_bytes is None:
-        hit = _fits_with(req, nvme_free_bytes=10**15)
-        if hit:
-            offer("NVMe offload (set cluster.nvme_path and nvme_free)", hit,
-                  f", {format_bytes(hit.estimate.nvme_bytes_per_node)} of NVMe per node")
+        offer("nvme", {"nvme_free_bytes": 10**15})
     # Only shorter than now, and the current length is within the position table (checked by candidates()):
     # never a sequence past the model's context.
     seq = req.seq_len // 2
-    while seq >= 16 and not offer(f"a shorter sequence: max_seq_len {seq} (--seq-len {seq})",
-                                  _fits_with(req, seq_len=seq)):
+    while seq >= 16 and not offer("seq_len", {"seq_len": seq}, value=seq):
         seq //= 2
     m = req.model
     if m.trainable_params == m.num_params:
         targets, lora = lora_suggestion(m)
-        offer(f"LoRA (train.lora: {{r: {LORA_RANK}, target_modules: [{', '.join(targets)}]}}, ~{lora:,} trainable)",
-              _fits_with(req, model=dataclasses.replace(m, trainable_params=lora, lora_params=lora)))
+        offer("lora", {"model": dataclasses.replace(m, trainable_params=lora, lora_params=lora)}, value=lora,
+              names=tuple(targets), lora_rank=LORA_RANK)
     if req.pins.micro_batch_size not in (None, 1):
-        offer("a smaller micro-batch", _fits_with(req, pins=dataclasses.replace(req.pins, micro_batch_size=None)))
+        offer("micro_batch", {"pins": dataclasses.replace(req.pins, micro_batch_size=None)})
     if req.host_ram_per_node_bytes is not None:
         short = sorted((c for c in scored if c.problem and c.problem.resource == "host_ram"),
                        key=lambda c: c.estimate.host_bytes_per_node)
         for c in short[:1]:
             need = _round_up(c.estimate.host_bytes_per_node)
-            offer(f"more host RAM per node: {format_bytes(need)} (cluster.host_ram_per_node)",
-                  _fits_with(req, host_ram_per_node_bytes=need))
+            offer("host_ram", {"host_ram_per_node_bytes": need}, value=need)
     return no_fit

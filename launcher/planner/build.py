@@ -37,11 +37,14 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         dominant = max(b.step_time_terms, key=b.step_time_terms.get)
         reasons.append(f"step time is dominated by {dominant} ({b.step_time_terms[dominant]:.3g} s)")
         moments = b.moment_bytes
-        if moments and max(moments, key=moments.get) == "init":
-            training = max(v for k, v in moments.items() if k != "init")
-            reasons.append(f"the peak is rank 0 loading the weights, {format_bytes(moments['init'])} (the checkpoint "
-                           f"it reads counts where host memory is the device), above training's "
-                           f"{format_bytes(training)}")
+        peak_at = max(moments, key=moments.get) if moments else None
+        if peak_at in ("init", "export"):
+            training = format_bytes(max(v for k, v in moments.items() if k not in ("init", "export")))
+            reasons.append(
+                f"the peak is rank 0 loading the weights, {format_bytes(moments['init'])} (the checkpoint it reads "
+                f"counts where host memory is the device), above training's {training}" if peak_at == "init" else
+                f"the peak is rank 0's end-of-run export copy, {format_bytes(moments['export'])} (host memory, the "
+                f"device on CPU ranks), above training's {training}")
         hw = req.hardware
         if req.precision == "bf16" and hw.flops_bf16 < hw.flops_fp32:
             # CPUs without AMX / AVX512-BF16 emulate bf16 matmuls (~13x slower): `launch calibrate` measures it.
@@ -50,8 +53,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
-    if best.strategy.optimizer_in_backward:
-        reasons.append(in_backward_reason(req))
+    math_notes = [in_backward_reason(req)] if best.strategy.optimizer_in_backward else []
+    reasons += math_notes
     if req.precision_reason:
         reasons.append(req.precision_reason)
     reasons += activation_reasons(activation_constants(req))
@@ -69,7 +72,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(activation_constants(req))}, status=status,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
-        precision_reason=req.precision_reason, levers=decide(req, best),
+        precision_reason=req.precision_reason, levers=decide(req, best), math_notes=math_notes,
     )
 
 

@@ -6,7 +6,7 @@ Sources, cited where each term is computed:
   [Kort]  Korthikanti et al., arXiv:2205.05198, eq. (1): sbh(34 + 5as/h) bytes per layer, 2sbh with full recompute.
   [ZInf]  ZeRO-Infinity, arXiv:2104.07857 §3: activation checkpoints 2·b·s·h·layers/ci bytes.
 
-The peak is the largest of four moments, as measured on real ranks (benchmarks/accuracy):
+The peak is the largest of these moments, as measured on real ranks (benchmarks/accuracy):
   backward start  the states that persist through a micro-step plus every saved activation and the loss's
                   temporaries (gradients of this micro-step do not exist yet);
   gradient reduce ZeRO-1/2: the reduce bucket, allocated at the first gradient hook while the blocks'
@@ -14,21 +14,20 @@ The peak is the largest of four moments, as measured on real ranks (benchmarks/a
                   gathered with its gradient;
   optimizer step  the states plus the full step's gradients and the optimizer's fp32 working copies;
   init            rank 0 loading the weights (launcher.worker.loading): on CPU ranks, where host memory is the
-                  device, the whole checkpoint it reads counts, and a LoRA or short-sequence run can peak there.
+                  device, the whole checkpoint it reads counts, and a LoRA or short-sequence run can peak there;
+  export          CPU ranks only: rank 0's host copy of the model written at the end (launcher.worker.export),
+                  beside the state the step leaves.
 Each engine's states, weight load and init bytes come from its spec (launcher.engines); this module turns
 them into moments, a breakdown and a peak. All inputs are plain numbers; nothing here touches a device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from launcher.engines import engine_spec
-from launcher.engines.deepspeed import deepspeed_states
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
 from launcher.planner.memo import spec_for
-from launcher.planner.plan import Buckets, Strategy, checkpointed
+from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpointed
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -66,31 +65,6 @@ def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -
                                head_weight_grad_bytes=head_weight_grad_bytes(m.vocab_size, m.hidden_size, w,
                                                                              causal and not m.lora_params),
                                source=f"Korthikanti et al. 2022 ({attention} attention)")
-
-
-@dataclass(kw_only=True, slots=True)
-class MemoryEstimate:
-    """The memory model's answer for one strategy."""
-
-    breakdown: dict[str, int]
-    """Device bytes per rank by category, at the predicted peak."""
-    peak_bytes: int
-    """Predicted peak device bytes per rank (the breakdown's sum)."""
-    host_bytes_per_node: int
-    """Host RAM bytes per node: offloaded state and pinned buffers of every rank, or the weight load."""
-    nvme_bytes_per_node: int
-    """NVMe bytes per node for offloaded optimizer state and parameters."""
-    peak_moment: str = "backward"
-    """Which moment is the peak: backward (activations), backward_end (gradient reduce) or step (optimizer)."""
-    basis: str = "cpu_tensor_bytes"
-    """What peak_bytes counts (launcher.planner.cuda_overhead.Basis): tensor bytes on CPU ranks, reserved plus
-    context on CUDA, the thing that OOMs there."""
-    overhead: dict[str, int] = field(default_factory=dict)
-    """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
-    cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
-    moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at every moment (backward, backward_end, step), reserve included: what each
-    measured phase is compared with (benchmarks/accuracy)."""
 
 
 def head_weight_grad_bytes(vocab_size: int, hidden_size: int, dtype_bytes: float, trainable: bool) -> float:
@@ -210,8 +184,8 @@ def export_host_bytes(m: ModelStats, precision: str) -> float:
 
 
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
-    """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward, step,
-    backward end or init), the allocator and CUDA overheads, and the host and NVMe bytes per node."""
+    """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward,
+    backward end, step, init, and on CPU ranks the export), the CUDA overheads, and host and NVMe bytes per node."""
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
@@ -232,20 +206,25 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
     }
     if inp.hardware.device_is_host:
+        # Rank 0's export copy at the end of the run (launcher.worker.export) is host memory, and on CPU ranks the
+        # host is what the rank is measured in: a moment of its own, beside the training state as the step leaves
+        # it (the working copies resharded, as at the step; the step's own temporaries, if any, counted too).
+        moments["export"] = moments["step"] + export_host_bytes(m, inp.precision)
         moments["step"] += st.host_step_extra
-    # Offloaded state on CPU ranks is added to every training moment below (on_device); the load is before it.
+    # Offloaded state on CPU ranks is added to every training moment below (offloaded_on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
     moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
     moment = max(moments, key=moments.get)
     breakdown = {
         "params": st.params,
-        "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
+        "grads": st.grads + {"step": st.step_extra, "export": st.step_extra,
+                             "backward_end": st.backward_end_extra}.get(moment, 0.0),
         "optimizer": st.optimizer,
         "buffers": 0.0,
         "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
         "logits": head if moment == "backward" else 0.0,
     }
-    if not (moment == "backward_end" or (moment == "step" and st.step_frees_buffers)):
+    if not (moment == "backward_end" or (moment in ("step", "export") and st.step_frees_buffers)):
         breakdown[st.buffers_category] += st.buffers
     if moment == "backward":
         breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
@@ -253,14 +232,17 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     if hw.device_is_host:
         # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
         breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
+    if moment == "export":  # the gathered copy is parameters (categories.py), beside the training state
+        breakdown["params"] += export_host_bytes(m, inp.precision)
     if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
         breakdown = dict.fromkeys(breakdown, 0.0) | {"params": loading}
     tensors = sum(breakdown.values())
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)
     breakdown["reserve"] = sum(overhead.values())
-    on_device = st.host if hw.device_is_host else 0.0
-    moment_bytes = {k: int(v + on_device + sum(cuda_overhead(hw, v + on_device, inp.world_size).values()))
+    offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
+    moment_bytes = {k: int(v + offloaded_on_device + sum(cuda_overhead(hw, v + offloaded_on_device,
+                                                                       inp.world_size).values()))
                     for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     peak = sum(breakdown.values())
@@ -271,17 +253,18 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     load = spec.load_bytes_per_node(inp, s)
-    host = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
+    host_bytes = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
     # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
-    host = max(host + export_host_bytes(m, inp.precision), load)
-    return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host),
+    host_bytes = max(host_bytes + export_host_bytes(m, inp.precision), load)
+    return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host_bytes),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
                           basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
-    """DeepSpeed-estimator-comparable model states per rank (no activations, no timing of the peak)."""
-    return int(deepspeed_states(inp, s, buckets).model_states)
+    """Model states per rank (no activations, no timing of the peak); for DeepSpeed, comparable with DeepSpeed's
+    own estimators."""
+    return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
 __all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",

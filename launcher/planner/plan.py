@@ -134,28 +134,46 @@ LEVERS_OFF = {"checkpoint_every": 1, "loss_chunks": 0, "activation_offload": Fal
 
 
 @dataclass(kw_only=True, slots=True)
-class Estimate:
-    """The memory model's and cost model's figures for one strategy."""
+class MemoryEstimate:
+    """The memory model's answer for one strategy (launcher.planner.memory.estimate_memory)."""
 
     breakdown: dict[str, int]
-    """Bytes per rank by category (params, grads, optimizer, activations, logits, buffers, reserve)."""
+    """Device bytes per rank by category at the predicted peak (params, grads, optimizer, activations, logits,
+    buffers, reserve)."""
     peak_bytes: int
-    """Predicted peak bytes per rank."""
+    """Predicted peak device bytes per rank (the breakdown's sum)."""
     host_bytes_per_node: int
-    """Host RAM the run needs per node, bytes."""
+    """Host RAM bytes per node: offloaded state and pinned buffers of every rank, or the weight load."""
     nvme_bytes_per_node: int
-    """NVMe bytes the run needs per node."""
+    """NVMe bytes per node for offloaded optimizer state and parameters."""
+    peak_moment: str = "backward"
+    """Which moment is the peak: backward (activations), backward_end (gradient reduce), step (optimizer) or
+    init (the weight load); not in plan.json, so "backward" where a plan is read back."""
+    basis: str = "cpu_tensor_bytes"
+    """What peak_bytes counts (launcher.planner.cuda_overhead.Basis): cpu_tensor_bytes (CPU ranks) or
+    cuda_reserved_plus_context (CUDA ranks: reserved plus context, the thing that OOMs there)."""
+    overhead: dict[str, int] = field(default_factory=dict)
+    """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
+    cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
+    moment_bytes: dict[str, int] = field(default_factory=dict)
+    """Predicted bytes per rank at every moment (backward, backward_end, step, init), reserve included: what each
+    measured phase is compared with (benchmarks/accuracy); the peak is the largest."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Estimate(MemoryEstimate):
+    """The memory model's figures for one strategy (the MemoryEstimate it extends) and the cost model's."""
+
     step_time_s: float
     """Predicted seconds per optimizer step."""
     step_time_terms: dict[str, float] = field(default_factory=dict)
     """Seconds by term: compute, communication, offload."""
-    basis: str = "cpu_tensor_bytes"
-    """What peak_bytes counts: cpu_tensor_bytes (CPU ranks) or cuda_reserved_plus_context (CUDA ranks)."""
-    overhead: dict[str, int] = field(default_factory=dict)
-    """CUDA-only terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve, cuda_context,
-    nccl_buffers."""
-    moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at each moment (backward, backward_end, step, init), bytes; the peak is the largest."""
+
+    @classmethod
+    def of(cls, memory: MemoryEstimate, step_time_terms: dict[str, float]) -> Estimate:
+        """The memory model's answer with the cost model's terms; the step time is their sum."""
+        fields = {f.name: getattr(memory, f.name) for f in dataclasses.fields(MemoryEstimate)}
+        return cls(**fields, step_time_s=sum(step_time_terms.values()), step_time_terms=step_time_terms)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -178,14 +196,13 @@ class Rejected:
     """device: the largest category of its predicted peak."""
 
     @classmethod
-    def from_json(cls, d: dict) -> Rejected:
-        """A plan.json entry; one written before the typed fields carries only a reason sentence."""
-        if "why" in d:
-            return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-        reason = str(d.get("reason", ""))
-        why = ("slower" if reason.startswith("fits") else "host_ram" if reason.startswith("host RAM")
-               else "nvme" if reason.startswith("NVMe") else "device")
-        return cls(label=d["label"], why=why, peak_bytes=d["peak_bytes"], step_time_s=d["step_time_s"])
+    def from_json(cls, d: dict) -> Rejected | None:
+        """A plan.json entry; None for one written before the typed fields (it carries only a reason sentence,
+        which is not parsed back into a why: nothing reads a loaded plan's alternatives, only `launch plan`
+        words them, from the plan it has just made)."""
+        if "why" not in d:
+            return None
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 Why = Literal["needed_to_fit", "faster", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
@@ -276,6 +293,9 @@ class Plan:
     """Why this precision: set by the job, or what train.precision: auto found on the devices (no unit)."""
     levers: list[LeverDecision] = field(default_factory=list)
     """Each lever beyond sharding: used or not, and why (launcher.planner.lever_choice)."""
+    math_notes: list[str] = field(default_factory=list)
+    """What the plan turns off in the job's training math, a sentence each (also among the reasons): the optimizer
+    step in backward and clipping. The report repeats them (launcher.report)."""
 
     def to_json(self) -> dict:
         """The plan as plan.json's dict: the strategy's fields, the estimate, the request's numbers and the reasons."""
@@ -323,6 +343,7 @@ class Plan:
             "largest_layer_params": self.largest_layer_params,
             "block_class": self.block_class,
             "levers": [d.to_json() for d in self.levers],
+            "math_notes": list(self.math_notes),
         }
 
     @classmethod
@@ -344,9 +365,10 @@ class Plan:
             usable_bytes=d["usable_bytes"], world_size=d["world_size"], nodes=d["nodes"],
             gpus_per_node=d["gpus_per_node"], global_batch_size=d["global_batch_size"], seq_len=d["seq_len"],
             precision=d["precision"], hardware=d["hardware"], reasons=d.get("reasons", []),
-            rejected=[Rejected.from_json(r) for r in d.get("rejected", [])], pinned=d.get("pinned", []),
+            rejected=[r for r in map(Rejected.from_json, d.get("rejected", [])) if r is not None],
+            pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
-            levers=[LeverDecision.from_json(x) for x in d.get("levers", [])],
+            levers=[LeverDecision.from_json(x) for x in d.get("levers", [])], math_notes=d.get("math_notes", []),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.config.job import StrategyConfig
+from launcher.config.problem import Problem
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.terms import ActivationConstants
@@ -67,13 +68,13 @@ def micro_batches(req: PlanRequest) -> list[int]:
     return [d for d in range(1, per_rank + 1) if per_rank % d == 0]
 
 
-def batch_problem(global_batch_size: int, world_size: int) -> str | None:
-    """The global batch must split evenly over the data-parallel ranks: it is never changed to fit."""
+def batch_problem(global_batch_size: int, world_size: int) -> Problem | None:
+    """The global batch must split evenly over the data-parallel ranks (gpus x nodes): it is never changed to fit."""
     if global_batch_size % world_size == 0:
         return None
     example = world_size * max(1, round(global_batch_size / world_size))
-    return (f"train.global_batch_size: {global_batch_size} is not divisible by {world_size} GPUs; use a multiple of "
-            f"{world_size} (e.g. {example}) or another --gpus")
+    return Problem("train.global_batch_size", f"{global_batch_size} is not divisible by {world_size} GPUs; use a "
+                   f"multiple of {world_size} (e.g. {example}) or another --gpus", reads=("gpus", "nodes"))
 
 
 def context_problem(m: ModelStats, seq_len: int) -> str | None:

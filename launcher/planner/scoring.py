@@ -121,10 +121,7 @@ class _Scorer:
         req = self.req
         mem = estimate_memory(self.inp, s, buckets)
         terms = step_time_terms(self.inp, s, buckets.reduce_bucket_size)
-        est = Estimate(breakdown=mem.breakdown, peak_bytes=mem.peak_bytes,
-                       host_bytes_per_node=mem.host_bytes_per_node, nvme_bytes_per_node=mem.nvme_bytes_per_node,
-                       step_time_s=sum(terms.values()), step_time_terms=terms, basis=mem.basis,
-                       overhead=mem.overhead, moment_bytes=mem.moment_bytes)
+        est = Estimate.of(mem, terms)
         problem = None
         if mem.peak_bytes > req.usable_bytes:
             problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,

@@ -36,8 +36,7 @@ def make_plan(req: PlanRequest) -> Plan:
         if req.force and len(layouts) == 1:
             smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
             return build_plan(req, smallest, [], pins, status="forced")
-        no_fit = explain_no_fit(req, scored)
-        raise NoPlanError(no_fit.reasons, no_fit.suggestion_lines(), short_of=no_fit.short_of)
+        raise NoPlanError(explain_no_fit(req, scored))
     return build_plan(req, best, scored, pins, status="fits", total=found.total)
 
 

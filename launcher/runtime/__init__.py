@@ -11,8 +11,7 @@ Users' own training scripts can call these too::
     report = probe.write()        # RUN_DIR/ranks/rank-K.json; a launcher.rankreport.RankReport
 """
 
-from launcher.runtime.control import CheckpointRequests
-from launcher.runtime.env import (
+from launcher.rankenv import (
     DS_CONFIG_ENV,
     ENFORCE_ENV,
     EXIT_OOM,
@@ -22,6 +21,7 @@ from launcher.runtime.env import (
     load_plan,
     set_extensions_dir,
 )
+from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.files import JsonlLog, atomic_write_json, read_jsonl
 from launcher.runtime.probe import TRAINING_PHASES, MemoryProbe, memory_probe
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from launcher import rankenv
 from launcher.rankreport import OomDetails, RankReport
-from launcher.runtime import env
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
 from launcher.units import format_bytes
@@ -72,13 +72,13 @@ class MemoryProbe:
         enforce_bytes: int | None = None,
         track_categories: bool | None = None,
     ):
-        self.rank, self.local_rank, self.world_size = env.rank_info()
+        self.rank, self.local_rank, self.world_size = rankenv.rank_info()
         if device is None:
             device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
         if track_categories is None:
-            track_categories = not self.is_cuda or os.environ.get(env.TRACK_ENV) == "1"
+            track_categories = not self.is_cuda or os.environ.get(rankenv.TRACK_ENV) == "1"
         self.track_categories = track_categories
         self.enforce_bytes = enforce_bytes
         self.run_dir = Path(run_dir) if run_dir else None
@@ -96,7 +96,7 @@ class MemoryProbe:
         self._oom_raised = False
         self.after_step_snap: dict | None = None
         self._t_step = time.perf_counter()
-        self.snapshot = self.is_cuda and os.environ.get(env.SNAPSHOT_ENV) == "1" and self.run_dir is not None
+        self.snapshot = self.is_cuda and os.environ.get(rankenv.SNAPSHOT_ENV) == "1" and self.run_dir is not None
         """Record the CUDA allocator's history from start() through the first step (launch --memory-snapshot)."""
         self.step_log = JsonlLog(self.run_dir / "steps" / f"rank-{self.rank}.jsonl") if self.run_dir else None
 
@@ -378,7 +378,7 @@ def memory_probe(
     """A probe for this rank; the run dir and cap default to $LAUNCHER_RUN_DIR and $LAUNCHER_ENFORCE_BYTES."""
     return MemoryProbe(
         device=device,
-        run_dir=run_dir if run_dir is not None else env.run_dir(),
-        enforce_bytes=enforce_bytes if enforce_bytes is not None else env.enforce_bytes(),
+        run_dir=run_dir if run_dir is not None else rankenv.run_dir(),
+        enforce_bytes=enforce_bytes if enforce_bytes is not None else rankenv.enforce_bytes(),
         track_categories=track_categories,
     )

@@ -26,8 +26,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from launcher.errors import EXIT_INTERRUPTED
+from launcher.rankenv import EXIT_OOM
 from launcher.runtime import probe as probe_mod
-from launcher.runtime.env import EXIT_OOM
 from launcher.runtime.probe import error_tail, memory_probe
 
 SCRIPT_PHASE = "script"

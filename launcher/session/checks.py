@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from launcher.config.job import Job
+from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import latest_checkpoint_tag
@@ -97,20 +98,20 @@ def check_nvme(job: Job, plan: Plan) -> list[str]:
     return []
 
 
-def cluster_hints(job: Job, short_of: str) -> list[str]:
+def cluster_hints(job: Job, short_of: str) -> list[Problem]:
     """The job fields behind a host-RAM or NVMe refusal (``short_of``: the resource the smallest candidate
     overruns, NoPlanError.short_of), for a no-plan answer that names only the resource."""
     if short_of == "host_ram":
         have = job.cluster.host_ram_per_node_bytes
-        return [f"cluster.host_ram_per_node: {format_bytes(have)} is less than the offload needs; raise it"
-                if have else "cluster.host_ram_per_node: this machine's RAM is less than the offload needs; "
-                "run where there is more, or offload less"]
+        return [Problem("cluster.host_ram_per_node", f"{format_bytes(have)} is less than the offload needs; raise it"
+                        if have else "this machine's RAM is less than the offload needs; run where there is more, "
+                        "or offload less")]
     if short_of == "nvme":
         free = job.cluster.nvme_free_bytes
-        return [f"cluster.nvme_free: {format_bytes(free)} is less than the NVMe offload needs; free space at "
-                "cluster.nvme_path or point it at a larger drive" if free else
-                f"cluster.nvme_path: {job.cluster.nvme_path!r} has less free space than the NVMe offload "
-                "needs; free space there or point it at a larger drive"]
+        return [Problem("cluster.nvme_free", f"{format_bytes(free)} is less than the NVMe offload needs; free space "
+                        "at cluster.nvme_path or point it at a larger drive") if free else
+                Problem("cluster.nvme_path", f"{job.cluster.nvme_path!r} has less free space than the NVMe offload "
+                        "needs; free space there or point it at a larger drive")]
     return []
 
 

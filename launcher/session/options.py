@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def own_lines(e: Exception) -> list[str]:
+    """An error's lines as its message says them (RunOptions.error_lines' default)."""
+    return str(e).splitlines()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,3 +49,6 @@ class RunOptions:
     """No live view and no step lines."""
     verbose: bool = False
     """Plain step lines even on a terminal (a console that is not one gets them anyway)."""
+    error_lines: Callable[[Exception], list[str]] = own_lines
+    """How an error that leaves a sweep variant unplanned is worded: the CLI passes launcher.cli.render.error_lines
+    (a no-plan answer is typed, and only the CLI words it); the default is the error's own message."""

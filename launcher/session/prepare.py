@@ -19,6 +19,7 @@ from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
     ENFORCE_ENV,
+    EXTENSIONS_ENV,
     GRAD_ACCUM_ENV,
     GRAD_CKPT_ENV,
     MICRO_BATCH_ENV,
@@ -26,7 +27,7 @@ from launcher.rankenv import (
     PLAN_ENV,
     RUN_DIR_ENV,
     SNAPSHOT_ENV,
-    default_extensions_dir,
+    extensions_dir,
     plan_digest,
 )
 from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
@@ -59,7 +60,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
-        # The ranks refuse a plan.json other than the one written for this attempt (launcher.runtime.env).
+        # The ranks refuse a plan.json other than the one written for this attempt (launcher.rankenv).
         PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -75,7 +76,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
-    env["TORCH_EXTENSIONS_DIR"] = os.environ.get("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
+    env[EXTENSIONS_ENV] = extensions_dir()
     return env
 
 
@@ -127,11 +128,6 @@ def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
     run.write_yaml("job.yaml", job_to_data(job))
     write_plan_outputs(run.path, plan, job)
     return run
-
-
-def total_steps(job: Job) -> int | None:
-    """The step count the live view shows before the ranks report one: train.max_steps, or None."""
-    return job.train.max_steps
 
 
 def total_time_of(job: Job, plan: Plan):

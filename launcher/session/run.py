@@ -25,7 +25,6 @@ from launcher.session.prepare import (
     prepare_run_dir,
     resume_plan,
     say_total_time,
-    total_steps,
 )
 
 
@@ -71,7 +70,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
     try:
         plan = plan_job(job, force=opts.force)
     except NoPlanError as e:
-        raise e.with_suggestions(cluster_hints(job, e.short_of)) from None
+        raise e.with_hints(cluster_hints(job, e.short_of)) from None
     if opts.resume:
         job, plan = resume_plan(opts, job, plan)
     check_runnable(job, plan, opts)
@@ -101,7 +100,7 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 
-    view = LiveView(run_dir.path, plan.world_size, total_steps(job), mode=view_mode(opts.quiet, opts.verbose),
+    view = LiveView(run_dir.path, plan.world_size, job.train.max_steps, mode=view_mode(opts.quiet, opts.verbose),
                     budget_bytes=plan.budget_bytes)
     backend.on_start = started(job, plan, run_dir, opts, view)
     try:

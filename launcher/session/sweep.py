@@ -13,6 +13,7 @@ import contextlib
 import io
 import sys
 import time
+from collections.abc import Callable
 
 from launcher.backends.slurm import job_outcome, print_state, slurm_record, task_for, wait_jobs
 from launcher.backends.slurm_array import array_exit_code, submit_array, summary_table, variant_dir
@@ -25,14 +26,16 @@ from launcher.planner.plan import Plan
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.checks import check_runnable
 from launcher.session.finish import finish
-from launcher.session.options import RunOptions
+from launcher.session.options import RunOptions, own_lines
 from launcher.session.prepare import launch_spec, write_plan_outputs
-from launcher.sweep import Variant, expand
 from launcher.units import format_bytes
+from launcher.variants import Variant, expand
 
 
-def plan_variants(job: Job, variants: list[Variant], *, force: bool = False):
-    """(planned [(variant, job, plan)], unplanned [(variant, reason)]); each variant planned for itself."""
+def plan_variants(job: Job, variants: list[Variant], *, force: bool = False,
+                  error_lines: Callable[[Exception], list[str]] = own_lines):
+    """(planned [(variant, job, plan)], unplanned [(variant, reason)]); each variant planned for itself, a reason
+    worded by ``error_lines`` (RunOptions.error_lines)."""
     from launcher.plan_inputs import plan_job, request_problems
 
     base = job_to_data(job)
@@ -46,7 +49,7 @@ def plan_variants(job: Job, variants: list[Variant], *, force: bool = False):
             executor_parameters(vjob, plan)
             planned.append((v, vjob, plan))
         except LauncherError as e:
-            unplanned.append((v, " / ".join(str(e).splitlines())))
+            unplanned.append((v, " / ".join(error_lines(e))))
     return planned, unplanned
 
 
@@ -59,7 +62,7 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
     if opts.script or opts.node_rank or opts.rdzv_endpoint:
         raise ConfigError("sweep: --script, --node-rank and --rdzv-endpoint do not apply to an array; drop them")
     variants = expand({"grid": job.sweep.grid, "list": job.sweep.list})
-    planned, unplanned = plan_variants(job, variants, force=opts.force)
+    planned, unplanned = plan_variants(job, variants, force=opts.force, error_lines=opts.error_lines)
     for v, reason in unplanned:
         print(f"launch: variant {v.index} ({v.name}) not submitted: {reason}", file=sys.stderr)
     if not planned:

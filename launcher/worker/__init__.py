@@ -1,4 +1,4 @@
-"""The per-rank training worker: ``python -m launcher.worker RUN_DIR`` under torchrun.
+"""The per-rank training worker: what ``python -m launcher.rank_entry RUN_DIR`` runs under torchrun.
 
 It reads RUN_DIR/job.yaml, plan.json and ds_config.json, trains with the planned
 engine, and writes RUN_DIR/ranks/rank-K.json, RUN_DIR/steps/rank-K.jsonl and

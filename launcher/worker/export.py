@@ -7,8 +7,7 @@ RUN_DIR/model/export.json   what was exported: step, source, engine, dtype, form
 
 Gathering (collective, every rank calls; rank 0 alone keeps host copies):
   DeepSpeed ZeRO-3  one module's own parameters at a time (zero.GatheredParameters), copied to rank 0's host.
-  FSDP2             get_model_state_dict(full_state_dict, cpu_offload): one parameter all-gathered at a time,
-                    kept on rank 0's host only.
+  FSDP2             one tensor all-gathered at a time (DTensor.full_tensor), cast on rank 0 into its host copy.
   ZeRO-0/1/2        the module is replicated: rank 0 copies its own parameters to the host.
 Offline (``launch export``): one process reads the checkpoint files, no ranks: DeepSpeed's
 get_fp32_state_dict_from_zero_checkpoint (ZeRO-1/2/3), DCP's loader for FSDP2's ``dcp/`` dir.
@@ -80,14 +79,40 @@ def gather_zero3(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> di
 
 
 def gather_fsdp(model: nn.Module, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
-    """FSDP2: DCP's full state dict, gathered one parameter at a time into rank 0's host memory."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    """FSDP2: one tensor at a time all-gathered (DTensor.full_tensor, a collective every rank joins in the same
+    order) and cast at once into rank 0's host copy in the saved dtype.
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return None
+    Rank 0 holds the saved model plus one gathered tensor in the kept dtype (docs/export.md; the planner's
+    export_host_bytes). DCP's get_model_state_dict(full_state_dict, cpu_offload) would first gather the whole model
+    in the kept dtype (fp32 shards: 4 bytes per parameter) and cast after, the saved copy beside it. Tied weights
+    (one Parameter under two names) are gathered once; an adapter-only export gathers the adapter alone."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+    from torch.distributed.tensor import DTensor
+
     keep = kept_names(model) if adapter_only else None
-    return {k: _cast(v, dtype) for k, v in sd.items() if keep is None or k in keep}
+    # Which Parameter object each state-dict name is: the same on every rank, so every rank skips the same
+    # tied duplicates and the gathers stay matched.
+    owner = {n.replace(_CHECKPOINT_PREFIX, ""): id(p) for n, p in model.named_parameters(remove_duplicate=False)}
+    rank0 = dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    first: dict[int, str] = {}
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            name = key.replace(_CHECKPOINT_PREFIX, "")
+            if keep is not None and name not in keep:
+                continue
+            pid = owner.get(name)
+            if pid is not None and pid in first:
+                if rank0:
+                    out[name] = out[first[pid]]
+                continue
+            if pid is not None:
+                first[pid] = name
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            if rank0:
+                out[name] = _cast(full, dtype)
+            del full
+    return out if rank0 else None
 
 
 def kept_names(model: nn.Module) -> set[str]:
@@ -117,18 +142,6 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # the adapter was trained against.
         t = t.get_original_weight()
     return t.to("cpu", dtype, copy=True) if t.is_floating_point() else t.to("cpu", copy=True)
-
-
-def gather(engine, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
-    """The trained weights on rank 0's host (None on the other ranks). Collective."""
-    from launcher.worker.engines.fsdp import FsdpEngine
-
-    if isinstance(engine, FsdpEngine):
-        return gather_fsdp(engine.model, dtype, adapter_only)
-    module = engine.engine.module
-    if engine.stage == 3:
-        return gather_zero3(module, dtype, adapter_only)
-    return gather_replicated(module, dtype, adapter_only)
 
 
 # -- writing (rank 0, or the one process of `launch export`) -------------------------------------------------------
@@ -239,7 +252,7 @@ def export_at_end(trainer, out: Path | None = None) -> None:
     merge = bool(lora is not None and lora.merge)
     out = out or trainer.run_dir / "model"
     with trainer.probe.phase("export"):
-        sd = gather(trainer.engine, dtype, adapter_only=lora is not None and not merge)
+        sd = trainer.engine.gather_weights(dtype, adapter_only=lora is not None and not merge)
         if trainer.rank == 0:
             info = {"source": "end of run", "step": trainer.probe.step, "engine": trainer.engine.name,
                     "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}

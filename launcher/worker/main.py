@@ -1,4 +1,4 @@
-"""Entry point of ``python -m launcher.worker RUN_DIR``: read the run dir, train, report, exit with a code."""
+"""The worker's main (``python -m launcher.rank_entry RUN_DIR`` runs it): read the run dir, train, report, exit with a code."""
 
 from __future__ import annotations
 
@@ -11,26 +11,29 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from launcher import rankenv
 from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError
 from launcher.planner.plan import Plan
-from launcher.runtime import env
 from launcher.runtime.probe import error_tail, memory_probe
 
 RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 """Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet."""
 
 
-def rank_process_env() -> None:
+def rank_process_env(run_dir: Path) -> None:
     """The one seam where a rank process sets its own environment, first thing in main() (importing this module
-    changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported) and
-    RANK_PROCESS_ENV (before huggingface_hub reads them at its import)."""
-    env.set_extensions_dir()
+    changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported),
+    RANK_PROCESS_ENV (before huggingface_hub reads them at its import), and the run dir and plan the runtime's
+    readers (launcher.rankenv) find, as they would under the launcher."""
+    rankenv.set_extensions_dir()
     for name, value in RANK_PROCESS_ENV.items():
         os.environ.setdefault(name, value)
+    os.environ[rankenv.RUN_DIR_ENV] = str(run_dir)
+    os.environ.setdefault(rankenv.PLAN_ENV, str(run_dir / "plan.json"))
 
-USAGE = "usage: python -m launcher.worker RUN_DIR   (started by torchrun on every rank)"
+USAGE = "usage: python -m launcher.rank_entry RUN_DIR   (started by torchrun on every rank)"
 
 
 def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
@@ -44,7 +47,7 @@ def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
     if not Path(job.data.path).is_absolute():
         job.data.path = str((run_dir / job.data.path).resolve())
     raw = (run_dir / "plan.json").read_bytes()
-    digest = env.check_plan_digest(raw, run_dir / "plan.json")
+    digest = rankenv.check_plan_digest(raw, run_dir / "plan.json")
     plan = Plan.from_json(json.loads(raw))
     ds_path = run_dir / "ds_config.json"
     ds_config = json.loads(ds_path.read_text()) if ds_path.exists() else None
@@ -83,13 +86,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    rank_process_env()
+    run_dir = Path(argv[0]).resolve()
+    rank_process_env(run_dir)
     from launcher.worker.loop import Trainer
 
-    run_dir = Path(argv[0]).resolve()
-    os.environ[env.RUN_DIR_ENV] = str(run_dir)
-    os.environ.setdefault(env.PLAN_ENV, str(run_dir / "plan.json"))
-    _, local_rank, _ = env.rank_info()
+    _, local_rank, _ = rankenv.rank_info()
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     probe = memory_probe(device=device, run_dir=run_dir)
     status, code, error = "failed", 1, None
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> int:
     except BaseException as e:  # noqa: BLE001 - every failure must leave a rank report behind
         error = error_tail(e)
         if is_oom(e):
-            status, code = "oom", env.EXIT_OOM
+            status, code = "oom", rankenv.EXIT_OOM
             probe.record(oom=probe.oom_details())
         elif isinstance(e, LauncherError):
             code, error = e.exit_code, str(e)

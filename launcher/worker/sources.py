@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.config.datasource import download_line, looks_like_hub_id
 from launcher.errors import ConfigError
+from launcher.model.offline import hub_offline
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -137,8 +138,7 @@ def _train_split(dd, where: str):
 def _from_hub(repo_id: str) -> list[dict]:
     """A hub dataset, offline: the snapshot ``huggingface-cli download --repo-type dataset ID`` left in the hub
     cache (read as a local folder: its data files, split by name), else a copy ``load_dataset`` prepared before."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    hub_offline()  # before datasets' import reads HF_DATASETS_OFFLINE
     from datasets import DatasetDict, load_dataset
     from huggingface_hub import snapshot_download
 

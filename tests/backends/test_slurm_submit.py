@@ -135,6 +135,9 @@ def test_sweep_plans_each_variant_and_reports_the_unplannable(tmp_path, data_fil
     assert [v["name"] for v in rec["variants"]] == ["lr=0.0001,seed=0", "lr=0.0001,seed=1", "lr=0.0003,seed=0",
                                                     "lr=0.0003,seed=1"]
     assert rec["unplanned"][0]["index"] == 4 and rec["unplanned"][0]["reason"]
+    # The no-plan answer is typed; the CLI's words (RunOptions.error_lines) reach the sweep whole, on one line.
+    reason = rec["unplanned"][0]["reason"]
+    assert reason.startswith("no plan fits 16.00 MB per GPU on 1 GPUs") and " / what would fit: / " in reason
     v1 = tmp_path / "arr" / "variants" / "1-lr-0.0001-seed-1"
     assert yaml.safe_load((v1 / "job.yaml").read_text())["train"]["seed"] == 1
     assert "sweep" not in yaml.safe_load((v1 / "job.yaml").read_text()) or \

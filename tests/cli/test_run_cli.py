@@ -134,6 +134,11 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     assert (plan["engine"], plan["fsdp_reshard_after_forward"], plan["activation_checkpointing"]) == ("fsdp", True, True)
     assert (tmp_path / "run" / "fsdp.yaml").is_file()
     run = tmp_path / "run"
+    # Rank 0 gathers one tensor at a time straight into its saved copy (launcher.worker.export.gather_fsdp), within
+    # the plan's export moment on CPU ranks; gathering the whole fp32 model first (DCP's full state dict) and
+    # casting after held 2x the model beside the training state.
+    rank0 = json.loads((run / "ranks" / "rank-0.json").read_text())
+    assert rank0["phases"]["export"] <= plan["moment_bytes"]["export"]
     check_exported(run, tmp_path / "offline")
     assert (run / "model" / "tokenizer.json").is_file() and (run / "model" / "tokenizer_config.json").is_file()
     # The encoder differs from the pretrained one it started from.

@@ -111,6 +111,39 @@ def test_a_value_refused_for_its_type_is_not_judged_again(write_job):
     assert problems[2].startswith("train.lr: -1.0 must be greater than 0")
 
 
+def test_a_rule_that_read_a_refused_field_is_dropped_by_its_fields_not_its_words(write_job):
+    """The batch rule reads gpus and nodes (gpus x nodes ranks) though its line names only GPUs: with nodes
+    refused, its default stood in, so judging the batch against it would be a second, false problem."""
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"gpus": 3, "nodes": "two"}), checks=request_problems)
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith("nodes: 'two' must be an integer")
+
+
+def test_a_refused_field_named_only_in_a_rules_words_does_not_hide_it(write_job):
+    """Filtering reads a Problem's field and reads, never its text: a line that mentions train.lr in its fix
+    is still said when train.lr was refused; one that read train.lr is not."""
+    from launcher.config.problem import Problem
+
+    def checks(job):
+        return [Problem("budget", "x is too much; lower it, or train.lr"),
+                Problem("train.warmup_steps", "y is too long for this lr", reads=("train.lr",))]
+
+    with pytest.raises(ConfigError) as e:
+        load_job(write_job(**{"train.lr": "fast"}), checks=checks)
+    assert e.value.problems[1:] == ["budget: x is too much; lower it, or train.lr"], e.value.problems
+    assert e.value.problems[0].startswith("train.lr: 'fast'")
+
+
+def test_problem_judges_a_refused_field_and_the_fields_inside_it():
+    from launcher.config.problem import Problem
+
+    p = Problem("strategy.qlora", "true needs a LoRA run", reads=("train.lora",))
+    assert p.judges(["train.lora"]) and p.judges(["strategy"]) and p.judges(["strategy.qlora"])
+    assert not p.judges(["train.lora.r", "train.lr", "strategy.q", "train.l"])
+    assert Problem("slurm.setup[0]", "bad").judges(["slurm.setup"])
+    assert str(p) == "strategy.qlora: true needs a LoRA run"
+
+
 def test_an_inline_model_names_its_bad_field(write_job, data_file):
     model = {"family": "gpt2", "hidden_size": "wide", "num_layers": 2, "num_heads": 4}
     with pytest.raises(ConfigError) as e:

@@ -7,7 +7,7 @@ import pytest
 from launcher.planner.cost import communication, step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants
-from launcher.planner.plan import Strategy
+from launcher.planner.plan import Plan, Strategy
 from tests.planner.conftest import llama_stats
 
 P = 6_738_415_616
@@ -272,3 +272,6 @@ def test_the_step_in_backward_is_chosen_only_to_fit_and_the_plan_says_clipping_i
     decision = next(d for d in tight.levers if d.lever == "optimizer_in_backward")
     assert decision.used and decision.why == "needed_to_fit"
     assert not any(r.startswith("optimizer step in backward") for r in roomy.reasons)
+    # The report repeats it from the plan's typed field (plan.json math_notes), not from the reasons' words.
+    assert tight.math_notes == said and roomy.math_notes == []
+    assert Plan.from_json(tight.to_json()).math_notes == said

@@ -22,3 +22,30 @@ def test_lora_gathers_the_adapter_alone():
 def test_the_node_counts_the_export_on_top_of_what_its_ranks_hold():
     # ZeRO-3 on GPUs without offload: nothing else is on the host at the end, so the node's host RAM is the export.
     assert load_host_bytes("deepspeed", 3) == export_host_bytes(LLAMA_405B, "bf16")
+
+
+def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
+    # Where the host is the device, rank 0's export copy is measured with the rank: a 7B full fine-tune with short
+    # sequences peaks there, and the plan's peak (the sum of its breakdown) is that moment.
+    from launcher.planner.hardware import PROFILES
+    from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
+    from launcher.planner.plan import LEVERS_OFF, Strategy
+    from launcher.planner.search import PlanRequest, size_buckets
+    from tests.planner.test_advice import llama_stats
+
+    m = llama_stats(num_params=6_738_415_616, blocks=32, h=4096, inter=11008, vocab=32000)
+    hw = PROFILES["cpu"]
+    inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision="bf16",
+                       optimizer="adamw", hardware=hw, activations=analytic_constants(m, "bf16"))
+    s = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True,
+                 **LEVERS_OFF)
+    req = PlanRequest(model=m, gpus_per_node=2, nodes=1, budget_bytes=10**12, seq_len=16, global_batch_size=2,
+                      precision="bf16", optimizer="adamw", hardware=hw)
+    est = estimate_memory(inp, s, size_buckets(req))
+    mb = est.moment_bytes
+    assert abs(mb["export"] - mb["step"] - export_host_bytes(m, "bf16")) <= 1
+    assert est.peak_moment == "export" and abs(est.peak_bytes - mb["export"]) <= 8
+    # On GPUs the copy is host RAM only: no device moment.
+    gpu = estimate_memory(dataclasses.replace(inp, hardware=PROFILES["h100-80gb"]), s, size_buckets(req))
+    assert "export" not in gpu.moment_bytes

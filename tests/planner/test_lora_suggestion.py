@@ -48,5 +48,5 @@ def test_no_fit_message_suggests_the_family_targets(request_for, llama7b, family
     with pytest.raises(NoPlanError) as e:
         make_plan(request_for(model=model, gpus_per_node=1, global_batch_size=8, budget_bytes=40 * 10**9,
                               host_ram_per_node_bytes=32 * 10**9))
-    targets = ", ".join(FAMILIES[family][2])
-    assert f"LoRA (train.lora: {{r: {LORA_RANK}, target_modules: [{targets}]}}" in str(e.value)
+    (lora,) = [s for s in e.value.no_fit.suggestions if s.change == "lora"]
+    assert (lora.names, lora.lora_rank) == (tuple(FAMILIES[family][2]), LORA_RANK)

@@ -10,7 +10,7 @@ from launcher.planner.cost import step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants
 from launcher.planner.plan import Strategy
-from launcher.planner.search import make_plan, score
+from launcher.planner.search import make_plan
 from launcher.planner.terms import (
     LOW_BIT_STEP_COPIES,
     optimizer_state_bytes,
@@ -124,8 +124,11 @@ def test_the_planner_keeps_adamw_when_it_fits(request_for):
 
 
 def test_the_planner_uses_an_allowed_low_memory_optimizer_only_to_fit(request_for):
+    from launcher.planner.search import evaluate
+
     base = _cpu_request(request_for, budget_bytes=10**10)
-    adamw_peaks = [sc.estimate.peak_bytes for sc in (score(base, s) for s in _fsdp_strategies(base))]
+    # Every candidate the search scores without permission is AdamW (a budget nothing meets: offload included).
+    adamw_peaks = [sc.estimate.peak_bytes for sc in evaluate(_cpu_request(request_for, budget_bytes=10**6))]
     # A budget just below the smallest AdamW plan: only a low-memory optimizer fits.
     budget = int(min(adamw_peaks) / (1 - base.pins.safety_margin)) - 1
     tight = _cpu_request(request_for, budget_bytes=budget, allow_levers=("adamw8bit", "adamw4bit", "adafactor"))

@@ -396,3 +396,23 @@ def test_chunked_loss_keeps_one_piece_of_the_logits_and_the_head_weight_gradient
                                   head_weight_grad_bytes=2 * c.head_weight_grad_bytes)
     assert chunked_head_bytes(doubled, doubled.head_bytes_per_token, tokens, k) == pytest.approx(
         2 * chunked_head_bytes(c, c.head_bytes_per_token, tokens, k))
+
+
+def test_the_scored_estimate_is_the_memory_models_answer_whole(request_for):
+    """Estimate extends MemoryEstimate: every field of the memory model's answer reaches the scored estimate
+    (peak_moment too, which a field-by-field copy left out), with the cost model's terms beside it."""
+    from launcher.planner.cost import step_time_terms
+    from launcher.planner.memory import estimate_memory
+    from launcher.planner.plan import MemoryEstimate
+    from launcher.planner.scoring import memory_inputs, score
+
+    req = request_for(budget_bytes=24 * 10**9)
+    plan_strategy = Strategy(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None,
+                             offload_optimizer="cpu", offload_params="none", micro_batch_size=1,
+                             grad_accum_steps=8, activation_checkpointing=True)
+    c = score(req, plan_strategy)
+    mem = estimate_memory(memory_inputs(req), plan_strategy, c.buckets)
+    for f in dataclasses.fields(MemoryEstimate):
+        assert getattr(c.estimate, f.name) == getattr(mem, f.name), f.name
+    terms = step_time_terms(memory_inputs(req), plan_strategy, c.buckets.reduce_bucket_size)
+    assert c.estimate.step_time_terms == terms and c.estimate.step_time_s == sum(terms.values())

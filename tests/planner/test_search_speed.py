@@ -85,11 +85,11 @@ def exhaustive_plan(req):
 
 
 def outcome(req, monkeypatch=None):
-    """plan.json, or the no-fit error's lines."""
+    """plan.json, or the no-fit answer (its numbers and every suggestion's)."""
     try:
         return make_plan(req).to_json()
     except NoPlanError as e:
-        return str(e)
+        return e.no_fit
 
 
 def assert_same_as_exhaustive(req, monkeypatch):

@@ -39,6 +39,25 @@ def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_pat
     run.unlock()
 
 
+def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypatch):
+    """The ranks' TORCH_EXTENSIONS_DIR and a process that builds ops itself both come from rankenv.extensions_dir:
+    the user's choice, else the default (changed here, both follow)."""
+    import launcher.rankenv
+    from launcher.config.jobfile import load_job
+    from launcher.rankenv import set_extensions_dir
+    from launcher.session.prepare import rank_env
+
+    monkeypatch.setattr(launcher.rankenv, "default_extensions_dir", lambda: tmp_path / "ops")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
+    run = RunDir.create(tmp_path / "fresh")
+    assert rank_env(run, plan, load_job(planned / "job.yaml"), enforce=False)["TORCH_EXTENSIONS_DIR"] == \
+        str(tmp_path / "ops") == set_extensions_dir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert set_extensions_dir() == str(tmp_path / "mine")
+    run.unlock()
+
+
 def test_load_plan_refuses_a_plan_json_replaced_after_the_launch(planned, monkeypatch):
     path = planned / "plan.json"
     monkeypatch.setenv(PLAN_DIGEST_ENV, hashlib.sha256(path.read_bytes()).hexdigest())

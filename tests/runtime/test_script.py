@@ -7,11 +7,13 @@ from tests.cli.test_run_cli import job_file, launch
 
 # A plain torch script: nothing from the launcher; it only holds argv[1] floats and takes three SGD steps.
 PLAIN = """
-import os, sys
+import atexit, os, sys
 import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
+# A script's own exit hook (a tracker's final sync, say) runs when its rank finishes (rank_entry.exit_rank).
+atexit.register(lambda: open(os.path.join(os.environ["LAUNCHER_RUN_DIR"], f"atexit-{os.environ['RANK']}"), "w").close())
 hold = torch.ones(int(sys.argv[1]))  # 4 bytes per element, kept for the whole run
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -46,6 +48,7 @@ def test_a_plain_script_is_measured_and_judged_without_a_launcher_import(tmp_pat
         assert [s["step"] for s in steps] == [1, 2, 3] and r["steps_done"] == 3
         log = (tmp_path / "ok" / "logs" / f"rank-{rank}.log").read_text()
         assert f"plan: {plan['micro_batch_size']} {plan['grad_accum_steps']} no {plan['grad_accum_steps']}" in log, log
+    assert (tmp_path / "ok" / "atexit-0").is_file() and (tmp_path / "ok" / "atexit-1").is_file()
     report = json.loads((tmp_path / "ok" / "report.json").read_text())
     assert report["within_budget"] is True and report["basis"] == "cpu_tensor_bytes", report
     assert "every rank within budget" in res.stdout

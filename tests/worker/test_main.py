@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.runtime.env import ENFORCE_ENV, EXIT_OOM, RUN_DIR_ENV
+from launcher.rankenv import ENFORCE_ENV, EXIT_OOM, RUN_DIR_ENV
 from launcher.worker.main import main
 from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
@@ -67,12 +67,14 @@ def test_importing_the_worker_sets_no_environment_and_main_sets_it_first():
     import sys
 
     code = ("import os, sys\n"
-            "for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'TOKENIZERS_PARALLELISM', 'TORCH_EXTENSIONS_DIR'):\n"
+            "for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'TOKENIZERS_PARALLELISM', 'TORCH_EXTENSIONS_DIR',\n"
+            "          'LAUNCHER_RUN_DIR'):\n"
             "    os.environ.pop(k, None)\n"
             "import launcher.worker.main as m\n"
             "assert 'HF_HUB_OFFLINE' not in os.environ and 'TORCH_EXTENSIONS_DIR' not in os.environ\n"
             "assert 'huggingface_hub' not in sys.modules and 'deepspeed' not in sys.modules\n"
-            "m.rank_process_env()\n"
-            "assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['TORCH_EXTENSIONS_DIR']\n")
+            "m.rank_process_env(m.Path('/nonexistent/run'))\n"
+            "assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['TORCH_EXTENSIONS_DIR']\n"
+            "assert os.environ['LAUNCHER_RUN_DIR'] == '/nonexistent/run'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

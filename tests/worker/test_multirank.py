@@ -17,10 +17,16 @@ from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
 def torchrun(run_dir, timeout_s=120):
+    """The ranks as the launcher starts them (launcher.rank_entry); their output is in logs/, so a failed run's
+    stderr carries rank 0's log tail."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "launcher.worker", str(run_dir)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+           "-m", "launcher.rank_entry", str(run_dir)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    log = run_dir / "logs" / "rank-0.log"
+    if res.returncode and log.is_file():
+        res.stderr += "\n--- logs/rank-0.log ---\n" + log.read_text()[-3000:]
+    return res
 
 
 def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):

@@ -95,6 +95,11 @@ class Engine(Protocol):
         """The current learning rate."""
         ...
 
+    def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        """The trained weights in ``dtype`` on rank 0's host, None on the other ranks (collective: every rank
+        calls it); ``adapter_only``: the trainable tensors alone. The export (launcher.worker.export) writes them."""
+        ...
+
     def save(self, root: Path, tag: str) -> None:
         """Save this rank's part of the engine's state (model, optimizer, schedule) under root/tag."""
         ...

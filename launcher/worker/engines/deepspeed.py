@@ -3,9 +3,10 @@
 ZeRO-3 builds the model inside zero.Init (through transformers' HfDeepSpeedConfig):
 each parameter is partitioned as soon as it is created, and pretrained weights are
 copied in one gathered tensor at a time, so the device holds its partitions plus one
-tensor, never the whole model. (transformers still reads the checkpoint's state dict
-into host memory on every rank; on CPU ranks, where host is the device, that full
-fp32 copy shows in the init-phase peak.) Under ZeRO-0/1/2 rank 0 builds the model and the
+tensor, never the whole model. (transformers reads the checkpoint's values into rank 0's
+host memory only, the other ranks its keys and shapes on meta: modeling_utils, map_location
+"cpu" on rank 0; on CPU ranks, where host is the device, that copy shows in rank 0's init-phase
+peak.) Under ZeRO-0/1/2 rank 0 builds the model and the
 other ranks receive it by broadcast onto their devices (launcher.worker.loading); deepspeed.initialize casts it.
 """
 
@@ -105,6 +106,17 @@ def flatten_room(accelerator, room_bytes: int, used_bytes: Callable[[], int]) ->
             del accelerator.available_memory
 
 
+def skip_shm_comm_op() -> None:
+    """Mark DeepSpeed's shared-memory all-reduce op unusable, the one write to DeepSpeed's globals on a rank.
+
+    On CPU DeepSpeed builds (or loads) that kernel when its communication starts (deepspeed/comm/torch.py
+    build_shm_op, which asks deepspeed.ops.__compatible_ops__ first); only its inference_all_reduce uses it, never
+    training, so a rank saves the build and the load."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedEngine:
     """The rank side of DeepSpeed ZeRO: deepspeed.initialize on the run's ds_config.json, behind the step contract."""
 
@@ -123,11 +135,8 @@ class DeepSpeedEngine:
     def init_process_group(backend: str) -> None:
         """Form the process group through deepspeed.init_distributed (its CPU shared-memory kernel skipped)."""
         import deepspeed
-        import deepspeed.ops
 
-        # On CPU DeepSpeed builds (or loads) a shared-memory all-reduce kernel at comm start; only its
-        # inference_all_reduce uses it, never training, so skip it and save the build and the load.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        skip_shm_comm_op()
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
@@ -267,6 +276,14 @@ class DeepSpeedEngine:
     def lr(self) -> float:
         """The current learning rate."""
         return float(self.engine.get_lr()[0])
+
+    def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        """The trained weights in ``dtype`` on rank 0's host (None elsewhere; every rank calls it): ZeRO-3's
+        partitions gathered, ZeRO-0/1/2's replica copied by rank 0 (adapter_only: the trainable tensors alone)."""
+        from launcher.worker.export import gather_replicated, gather_zero3
+
+        gather = gather_zero3 if self.stage == 3 else gather_replicated  # ZeRO-0/1/2: the module is replicated
+        return gather(self.engine.module, dtype, adapter_only)
 
     def save(self, root: Path, tag: str) -> None:
         """Save DeepSpeed's checkpoint files under root/tag (the launcher writes its own "latest" afterwards)."""

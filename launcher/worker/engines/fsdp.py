@@ -345,6 +345,13 @@ class FsdpEngine:
         """The current learning rate."""
         return float(self.schedulers[0].get_last_lr()[0])
 
+    def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        """The trained weights in ``dtype`` on rank 0's host, gathered from the shards (None elsewhere; every rank
+        calls it)."""
+        from launcher.worker.export import gather_fsdp
+
+        return gather_fsdp(self.model, dtype, adapter_only)
+
     def save(self, root: Path, tag: str) -> None:
         """Save model and optimizer shards with torch.distributed.checkpoint under root/tag/dcp, and (rank 0) the
         schedule and micro-batch count in engine.pt."""
