@@ -27,6 +27,7 @@ from launcher.planner.terms import (
     optimizer_step_temp_bytes,
     over_links,
     ring,
+    stochastic_rounds,
     untied_head_bytes,
 )
 
@@ -84,8 +85,9 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # A low-memory optimizer's working copies of the one tensor it steps (launcher.planner.terms).
     # (With the step in backward those copies come and go inside backward, one parameter at a time.)
     if not s.optimizer_in_backward:
-        st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
-                                                   or s.offload_params == "cpu")
+        st.step_temp = optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
+                                                 or s.offload_params == "cpu")
+        st.step_extra += st.step_temp
     # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
     # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
@@ -124,13 +126,19 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # they were stepped and freed unit by unit, and the root's own step in its hook comes after its copy-in, the
     # larger instant (its buffers then: the fp32 reduce input and output, 4 + 4/n, under w + 4).
     waiting_grads = 0.0 if s.optimizer_in_backward else pb * (m.trainable_params - root_trainable) / n
+    if s.optimizer_in_backward and stochastic_rounds(inp, s) and inp.hardware.device_is_host:
+        # Pure bf16's eager stochastically rounded step holds SR_STEP_COPIES fp32 copies of the tensor it steps:
+        # in the root's hook they meet its reduce input and output (the largest tensor, the vocabulary table, is
+        # the root's; on CUDA the compiled step holds none).
+        in_hook = (pb + pb / n) * unit + optimizer_step_temp_bytes(inp, s, n, on_host=True)
+        reduce_temp = max(reduce_temp, in_hook)
     st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
         st.host = st.params + st.grads + st.optimizer
         st.host_step_extra = st.step_extra
-        st.params = st.grads = st.optimizer = st.step_extra = 0.0
+        st.params = st.grads = st.optimizer = st.step_extra = st.step_temp = 0.0
     return st
 
 
@@ -284,6 +292,10 @@ class FsdpSpec(EngineSpec):
             # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
             notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
             notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
+            # The rank side's step (launcher.worker.engines.optimizers.stochastic_round_adam).
+            notes.append("  The plan's AdamW rounds stochastically: build torchao.optim._AdamW(params, lr, "
+                         "weight_decay=..., bf16_stochastic_round=True);")
+            notes.append("  torch's AdamW rounds to nearest and drops updates under half a bf16 spacing of the weight.")
         if plan.strategy.optimizer_in_backward:
             # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
             notes += ["The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",

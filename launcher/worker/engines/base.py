@@ -129,16 +129,23 @@ def lr_lambda(warmup_steps: int):
     return factor
 
 
-def build_optimizer(train: TrainConfig, params, low_memory: str = "none") -> torch.optim.Optimizer:
+def build_optimizer(train: TrainConfig, params, low_memory: str = "none", *,
+                    pure_bf16: bool = False, salt: int = 0) -> torch.optim.Optimizer:
     """The job's optimizer over ``params``; foreach=False so no multi-tensor temporaries inflate the peak.
 
     ``low_memory``: the plan's Strategy.low_memory_optimizer, in place of train.optimizer when not "none"
-    (launcher.worker.engines.optimizers)."""
+    (launcher.worker.engines.optimizers). ``pure_bf16``: the plan's Strategy.pure_bf16, whose Adam and AdamW
+    round the bf16 weights stochastically (optimizers.stochastic_round_adam; ``salt``: this optimizer's index
+    among one-parameter optimizers, so theirs draw different rounding bits)."""
     params = list(params)
     if low_memory != "none":
         from launcher.worker.engines.optimizers import low_memory_optimizer
 
         return low_memory_optimizer(low_memory, train, params, betas=ADAM_BETAS, eps=ADAM_EPS)
+    if pure_bf16 and train.optimizer in ("adam", "adamw"):
+        from launcher.worker.engines.optimizers import stochastic_round_adam
+
+        return stochastic_round_adam(train, params, betas=ADAM_BETAS, eps=ADAM_EPS, salt=salt)
     if train.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=train.weight_decay,
                                  foreach=False)

@@ -195,7 +195,8 @@ class FsdpEngine:
         if self.pure_bf16:
             # Pure bf16 (LitGPT's "bf16-true"): the sharded parameters themselves are bf16, so gradients are
             # reduced in bf16 and AdamW's states, allocated like the parameter (zeros_like), are bf16 too: no fp32
-            # master anywhere. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
+            # master anywhere. Adam and AdamW round the new weights stochastically (build_optimizer's pure_bf16),
+            # so updates under half a bf16 ulp are not lost. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
             # tied weights stay tied; on the meta model rank 0's fp32 state dict is then copied into bf16 shards.
             for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)
@@ -239,7 +240,7 @@ class FsdpEngine:
             self.setup_optimizer_in_backward(trainable, train)
             probe.use_fsdp_tracker(model, None)  # FSDPMemTracker follows one optimizer; the states count as other
             return
-        self.optimizer = build_optimizer(train, trainable, self.low_memory_optimizer)
+        self.optimizer = build_optimizer(train, trainable, self.low_memory_optimizer, pure_bf16=self.pure_bf16)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
         self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]
         if self.precision == "fp16":
@@ -263,8 +264,8 @@ class FsdpEngine:
                   "to clip to", file=sys.stderr, flush=True)
         self.max_grad_norm = 0.0
         by_param = {}
-        for p in params:
-            opt = build_optimizer(train, [p])
+        for i, p in enumerate(params):
+            opt = build_optimizer(train, [p], pure_bf16=self.pure_bf16, salt=i)
             by_param[p] = opt
             self.optimizers.append(opt)
             self.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train.warmup_steps)))
