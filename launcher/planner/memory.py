@@ -211,10 +211,12 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     }
     if inp.hardware.device_is_host:
         # Rank 0's export copy at the end of the run (launcher.worker.export) is host memory, and on CPU ranks the
-        # host is what the rank is measured in: a moment of its own, beside the training state as the step leaves
-        # it (the working copies resharded, as at the step; the optimizer's own working copies freed when its
-        # step returned, measured: pure bf16's 10.25 fp32 copies are not there at the export).
-        moments["export"] = moments["step"] - st.step_temp + export_host_bytes(m, inp.precision)
+        # host is what the rank is measured in: a moment of its own, beside the state that outlives the step --
+        # the step's gradients and working copies are gone (zero_grad(set_to_none=True); measured on
+        # EXPORT_VALIDATION: FSDP2's resident state there is the parameter shards and Adam's states, 55.2 MB), and
+        # so are the working copies the step frees (FSDP2's resharded root).
+        moments["export"] = persistent - (st.buffers if st.step_frees_buffers else 0.0) \
+            + export_host_bytes(m, inp.precision)
         moments["step"] += st.host_step_extra
     # Offloaded state on CPU ranks is added to every training moment below (offloaded_on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
@@ -226,8 +228,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         """Device bytes per category at ``moment`` (before the CUDA reserve)."""
         bd = {
             "params": st.params,
-            "grads": st.grads + {"step": st.step_extra, "export": st.step_extra - st.step_temp,
-                                 "backward_end": st.backward_end_extra}.get(moment, 0.0),
+            "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
             "optimizer": st.optimizer,
             "buffers": 0.0,
             "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks)

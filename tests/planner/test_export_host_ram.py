@@ -25,8 +25,8 @@ def test_the_node_counts_the_export_on_top_of_what_its_ranks_hold():
 
 
 def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
-    # Where the host is the device, rank 0's export copy is measured with the rank: a 7B full fine-tune with short
-    # sequences peaks there, and the plan's peak (the sum of its breakdown) is that moment.
+    # Where the host is the device, rank 0's export copy is measured with the rank: a 7B fp32 full fine-tune with
+    # short sequences peaks there, and the plan's peak (the sum of its breakdown) is that moment.
     from launcher.planner.hardware import PROFILES
     from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
     from launcher.planner.plan import LEVERS_OFF, Strategy
@@ -35,20 +35,22 @@ def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
 
     m = llama_stats(num_params=6_738_415_616, blocks=32, h=4096, inter=11008, vocab=32000)
     hw = PROFILES["cpu"]
-    inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision="bf16",
-                       optimizer="adamw", hardware=hw, activations=analytic_constants(m, "bf16"))
+    inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision="fp32",
+                       optimizer="adamw", hardware=hw, activations=analytic_constants(m, "fp32"))
     s = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
                  offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True,
                  **LEVERS_OFF)
     req = PlanRequest(model=m, gpus_per_node=2, nodes=1, budget_bytes=10**12, seq_len=16, global_batch_size=2,
-                      precision="bf16", optimizer="adamw", hardware=hw)
+                      precision="fp32", optimizer="adamw", hardware=hw)
     est = estimate_memory(inp, s, size_buckets(req))
     mb = est.moment_bytes
-    # The state as the step leaves it: AdamW's working copies (States.step_temp) are gone by then.
+    # The state that outlives the step: its gradients and AdamW's working copies are gone by then, and FSDP2's
+    # root is resharded (measured on EXPORT_VALIDATION's FSDP2 cell: shards plus Adam's states).
     from launcher.engines.fsdp import fsdp_states
 
-    copies = fsdp_states(inp, s).step_temp
-    assert copies > 0 and abs(mb["export"] - (mb["step"] - copies) - export_host_bytes(m, "bf16")) <= 1
+    st = fsdp_states(inp, s)
+    kept = st.params + st.grads + st.optimizer + (0.0 if st.step_frees_buffers else st.buffers)
+    assert st.step_extra > 0 and abs(mb["export"] - kept - export_host_bytes(m, "fp32")) <= 1
     assert est.peak_moment == "export" and abs(est.peak_bytes - mb["export"]) <= 8
     # Training's own largest moment keeps its breakdown: the OOM ladder corrects a training OOM on it
     # (launcher.fallback), which the export's breakdown (no activations) would not let it do.

@@ -241,7 +241,10 @@ def test_fsdp2_step_in_backward_holds_no_gradient_for_a_step(precision):
     # The optimizer state, made lazily at the first step inside the first backward, is in every moment already.
     assert eb.moment_bytes["step"] == b.params + b.optimizer
     assert ea.moment_bytes["backward"] == eb.moment_bytes["backward"]
-    assert eb.peak_bytes < ea.peak_bytes  # a 16-token run peaks at the end of backward or the step
+    # A 16-token run's training peaks at the end of backward or the step (on CPU ranks its export can top both).
+    from launcher.planner.memory import TRAINING_MOMENTS
+
+    assert max(eb.moment_bytes[k] for k in TRAINING_MOMENTS) < max(ea.moment_bytes[k] for k in TRAINING_MOMENTS)
 
 
 def _estimate(stage, gpus, micro_batch=1, opt="none"):
