@@ -129,7 +129,7 @@ class Cell:
 LEVER_WORDS = {
     "loss_chunks": lambda v: f"ce{v}", "checkpoint_every": lambda v: f"k{v}", "activation_offload": lambda v: "aoff",
     "optimizer_in_backward": lambda v: "oib", "low_memory_optimizer": lambda v: str(v),
-    "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora",
+    "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora", "checkpoint_policy": lambda v: f"sac{v}",
 }
 """How each lever shows in a cell's name."""
 
@@ -250,6 +250,15 @@ LEVER_VALIDATION: tuple[Cell, ...] = (
 )
 """The levers' validation split: run once, at the end, to judge the lever terms where nothing was tuned."""
 
+SAC_VALIDATION: tuple[Cell, ...] = (
+    # Op-level selective checkpointing (Strategy.checkpoint_policy "ops"), decided and committed (2026-11-25 23:10
+    # UTC) before its memory term existed: run once when the term is final. Development used tiny llama only.
+    _c("fsdp", "llama6", "causal_lm", "fp32", True, 2, 512, checkpoint_policy="ops"),
+    _c("fsdp", "llama6", "causal_lm", "fp32", True, 1, 1024, checkpoint_policy="ops", checkpoint_every=2),
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", True, 1, 768, checkpoint_policy="ops"),
+)
+"""Op-level selective checkpointing's validation split (out of sample, run once)."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -258,7 +267,7 @@ def full_matrix() -> list[Cell]:
 
 def every_cell() -> list[Cell]:
     """The matrix, both validation splits and the levers' cells."""
-    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION]
+    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *SAC_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -266,7 +275,7 @@ def sides_of_all() -> dict[str, str]:
     "lever-dev" or "lever-validation"."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
-            **{c.name: "lever-validation" for c in LEVER_VALIDATION}}
+            **{c.name: "lever-validation" for c in (*LEVER_VALIDATION, *SAC_VALIDATION)}}
 
 
 def _side(name: str, salt: int) -> str:
