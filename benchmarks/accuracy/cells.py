@@ -231,6 +231,8 @@ LEVER_DEV: tuple[Cell, ...] = (
     _c("z2", "gpt2s", "causal_lm", "fp32", False, 2, 256, low_memory_optimizer="adamw8bit"),
     _c("fsdp", "llama", "causal_lm", "bf16", False, 1, 256, pure_bf16=True),
     _c("fsdp", "llama", "causal_lm", "fp32", False, 2, 256, lora=True, qlora=True),
+    _c("fsdp", "llama", "causal_lm", "fp32", True, 1, 512, checkpoint_policy="ops"),
+    _c("fsdp", "llama", "causal_lm", "fp32", True, 2, 256, checkpoint_policy="ops", checkpoint_every=2),
 )
 """Lever cells the implementation was developed and checked against (seen)."""
 
