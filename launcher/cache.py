@@ -32,6 +32,7 @@ def profile_file() -> Path | None:
 
 
 def write_cache(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` atomically; a cache that cannot be written is skipped silently."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(data))

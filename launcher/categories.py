@@ -38,10 +38,12 @@ OFFLOADED_STATES = ("params", "grads", "optimizer")
 
 
 def predicted_bytes(breakdown: dict[str, int], group: str) -> int:
+    """A compared category's predicted bytes: the sum of its keys in a plan's breakdown (CATEGORY_GROUPS)."""
     return sum(int(breakdown.get(k, 0)) for k in CATEGORY_GROUPS[group][0])
 
 
 def measured_bytes(breakdown: dict[str, int], group: str) -> int:
+    """A compared category's measured bytes: the sum of its keys in a rank's tracker breakdown (CATEGORY_GROUPS)."""
     return sum(int(breakdown.get(k, 0)) for k in CATEGORY_GROUPS[group][1])
 
 

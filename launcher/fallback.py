@@ -54,6 +54,7 @@ class Measurement:
     step: int | None = None
 
     def describe(self) -> str:
+        """What the failed attempt measured, as one clause: the rank's OOM (phase, step) or its peak."""
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
         if self.kind == "oom":
             where = f" in {self.phase}" if self.phase else ""
@@ -72,10 +73,13 @@ class Correction:
     """Applied to the whole corrected peak for what the categories do not explain."""
 
     def apply(self, est: Estimate) -> int:
+        """A plan's corrected peak, bytes: each category group's predicted bytes scaled by its ratio, then
+        the whole by the uniform factor."""
         extra = sum((r - 1.0) * predicted_bytes(est.breakdown, g) for g, r in self.ratios.items())
         return int((est.peak_bytes + extra) * self.uniform)
 
     def describe(self) -> str:
+        """The factors above 1 as "group xR", for the ladder's message; says so when none is."""
         parts = [f"{g} x{r:.2f}" for g, r in self.ratios.items() if r > 1.0]
         if self.uniform > 1.0:
             parts.append(f"all x{self.uniform:.2f}")

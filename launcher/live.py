@@ -54,6 +54,8 @@ def last_line(path: Path) -> dict | None:
 
 
 def rank_rows(run_dir: Path, world_size: int) -> list[dict]:
+    """One row per rank for the live table: its state (starting, training, or its rank file's status) and its latest
+    step line's fields."""
     rows = []
     for r in range(world_size):
         final = run_dir / "ranks" / f"rank-{r}.json"
@@ -71,6 +73,9 @@ def rank_rows(run_dir: Path, world_size: int) -> list[dict]:
 
 
 class LiveView(threading.Thread):
+    """The live view's thread: a rich table per rank, redrawn on a terminal (mode "tty"), or StepLines' plain
+    lines (mode "lines"), until stop()."""
+
     def __init__(self, run_dir: Path, world_size: int, max_steps: int | None, *, mode: str,
                  budget_bytes: int | None = None):
         super().__init__(daemon=True)
@@ -80,11 +85,13 @@ class LiveView(threading.Thread):
         self.lines = StepLines(run_dir, world_size, max_steps, budget_bytes=budget_bytes)
 
     def stop(self) -> None:
+        """End the view after one last update, waiting up to 2 s for the thread."""
         self._stop_event.set()
         if self.is_alive():  # a view never started (a Slurm job not followed) has nothing to join
             self.join(timeout=2)
 
     def table(self):
+        """The rich table: per rank its state, step of total with a bar, loss, tokens/s, current and peak memory."""
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
@@ -103,6 +110,8 @@ class LiveView(threading.Thread):
         return t
 
     def run(self) -> None:
+        """The thread: redraw the table every 0.5 s ("tty") or print new step lines every second ("lines") until
+        stopped."""
         if self.mode == "tty":
             from rich.console import Console
             from rich.live import Live
@@ -165,11 +174,13 @@ class StepLines:
             return None
 
     def peak_bytes(self) -> int | None:
+        """The highest peak memory any rank's latest step line reports, bytes; None before any."""
         peaks = [r["mem_peak_bytes"] for r in (last_line(self.run_dir / "steps" / f"rank-{k}.jsonl")
                                                for k in range(self.world_size)) if r and "mem_peak_bytes" in r]
         return max(peaks) if peaks else None
 
     def format(self, row: dict, total: int | None, peak: int | None) -> str:
+        """One plain line for a step row: step/total, loss, lr, tokens/s, peak against the budget, and the ETA."""
         step = row["step"]
         parts = [f"step {step}/{total or '?'}"]
         if "loss" in row:

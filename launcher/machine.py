@@ -64,6 +64,8 @@ def auto_profile_name(gpu: str | None, where: str = "cluster.hardware") -> str:
 
 
 def hardware_profile(job: Job) -> HardwareProfile:
+    """The job's hardware profile (cluster.hardware, or the detected card for auto), with the calibrated figures from
+    `launch calibrate` ($LAUNCHER_PROFILE_FILE, else the cache's profiles dir) applied when there are any."""
     name = job.cluster.hardware
     if name == "auto":
         name = auto_profile_name(detect_gpu_name())
@@ -78,12 +80,14 @@ def hardware_profile(job: Job) -> HardwareProfile:
 
 
 def host_ram_bytes() -> int:
+    """This machine's total RAM, bytes."""
     import psutil
 
     return int(psutil.virtual_memory().total)
 
 
 def nvme_free_bytes(job: Job) -> int | None:
+    """Free bytes at cluster.nvme_path (or the job's cluster.nvme_free_bytes); None without an NVMe path."""
     if job.cluster.nvme_path is None:
         return None
     if job.cluster.nvme_free_bytes is not None:

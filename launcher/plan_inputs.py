@@ -232,6 +232,8 @@ def request_problems(job: Job) -> list[Problem]:
 
 
 def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
+    """The planner's request for a job: its rules checked (ConfigError with every problem), precision auto decided,
+    the model introspected, the hardware profile and activation constants read."""
     problems = []
     if job.gpus is None:
         problems.append("gpus: missing; pass --gpus N (GPUs, or CPU ranks, per node)")
@@ -262,4 +264,5 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
 
 
 def plan_job(job: Job, *, force: bool = False) -> Plan:
+    """The plan for a job (plan_request, then the search); NoPlanError when nothing fits."""
     return make_plan(plan_request(job, force=force))

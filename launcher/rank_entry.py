@@ -23,6 +23,7 @@ def redirect_output(run_dir: Path, rank: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """One rank: output to its log, then the built-in worker or the user's --script; exits with its code."""
     run_dir = Path(argv[0])
     rank = int(os.environ.get("RANK", "0"))
     redirect_output(run_dir, rank)

@@ -98,11 +98,13 @@ def check_plan_digest(raw: bytes, path: str | os.PathLike) -> str:
 
 
 def run_dir() -> Path | None:
+    """The run dir the launcher gave this rank ($LAUNCHER_RUN_DIR); None outside a launched run."""
     d = os.environ.get(RUN_DIR_ENV)
     return Path(d) if d else None
 
 
 def enforce_bytes() -> int | None:
+    """The per-rank cap the launcher set with --enforce, bytes; None without one, ConfigError when unparsable."""
     raw = os.environ.get(ENFORCE_ENV, "").strip()
     if not raw:
         return None

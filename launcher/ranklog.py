@@ -116,6 +116,8 @@ def wait_settled(*logs: Path, timeout_s: float = 2.0) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """The redactor process: copy stdin to the log file with secret values replaced, holding the log's lock until
+    end of file; signals are ignored so no byte is lost."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # end only at end of file, with every byte written
     fd = open_log(Path(argv[0]))

@@ -32,10 +32,12 @@ class OomDetails:
     """torch.cuda.memory_summary at the OOM (CUDA ranks)."""
 
     def to_json(self) -> dict:
+        """The details as the rank file's "oom" dict, fields that are None left out."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @classmethod
     def from_json(cls, d: dict) -> OomDetails:
+        """Details read from a rank file; unknown keys are ignored, a missing phase or step reads as unknown / 0."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{"phase": "unknown", "step": 0, **{k: v for k, v in d.items() if k in known}})
 
@@ -165,6 +167,8 @@ class RankReport:
     """Layout version of this file."""
 
     def to_json(self) -> dict:
+        """The report as ranks/rank-K.json's dict: optional fields only when set, the extra fields merged in at the
+        top."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -43,6 +43,7 @@ within_budget (0: every rank completed, measured, and stayed within the budget).
 
 
 def run_verdict(rows: list[RankRow], missing: list[int], *, interrupted: bool = False, failed: bool = False) -> str:
+    """report.json's verdict (RUN_VERDICTS) from the ranks' rows, the ranks without a file, and how it ended."""
     verdicts = {r.verdict for r in rows}
     if interrupted:
         return "interrupted"
@@ -125,6 +126,7 @@ def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: b
 
 
 def over_budget_message(report: RunReport) -> str | None:
+    """One sentence on the rank furthest over the budget and the category that grew most; None when none is over."""
     worst = [r for r in report.ranks if r.measured_peak_bytes > r.budget_bytes]
     if not worst:
         return None
@@ -136,6 +138,8 @@ def over_budget_message(report: RunReport) -> str | None:
 
 
 def render_report(report: RunReport) -> str:
+    """The report as printed: one line per rank (predicted, measured, budget, headroom, verdict, largest category),
+    then missing ranks, evaluation and the verdict."""
     head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<11} largest"
     lines = [head]
     for r in report.ranks:

@@ -81,6 +81,7 @@ def secret_values(environ: dict[str, str] | None = None) -> list[str]:
 
 
 def redact(text: str, secrets: list[str] | None = None) -> str:
+    """``text`` with every secret value (default: the environment's, secret_values) replaced by the redaction mark."""
     for value in secret_values() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, REDACTED)
@@ -182,6 +183,7 @@ def slug(name: str) -> str:
 
 
 def default_run_dir(job_name: str, root: Path = Path("runs")) -> Path:
+    """runs/<job slug>-<local date-time>: the run dir when --run-dir is not given."""
     return root / f"{slug(job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -195,6 +197,7 @@ def contents(path: Path) -> list[str]:
 
 
 def few(names: list[str], n: int = 4) -> str:
+    """The first ``n`` names joined, with "and K more" for the rest: for messages."""
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
@@ -252,23 +255,30 @@ def latest_checkpoint_tag(checkpoint_dir: Path) -> str | None:
 
 @dataclass(slots=True)
 class RunDir:
+    """A run directory: its layout (ranks/, steps/, logs/, checkpoint/, control/), its lock, redacted writes, state
+    and the readers of the rank files."""
+
     path: Path
     _lock_fd: int | None = field(default=None, repr=False)
 
     @property
     def ranks(self) -> Path:
+        """ranks/: each rank's final memory file, rank-K.json."""
         return self.path / "ranks"
 
     @property
     def steps(self) -> Path:
+        """steps/: each rank's step lines, rank-K.jsonl."""
         return self.path / "steps"
 
     @property
     def logs(self) -> Path:
+        """logs/: each rank's redacted output, rank-K.log."""
         return self.path / "logs"
 
     @property
     def checkpoint(self) -> Path:
+        """checkpoint/: the training checkpoints a resume starts from."""
         return self.path / "checkpoint"
 
     @property
@@ -278,9 +288,11 @@ class RunDir:
 
     @property
     def control(self) -> Path:
+        """control/: requests to the ranks (a checkpoint request file)."""
         return self.path / "control"
 
     def rank_log(self, rank: int) -> Path:
+        """The log file of rank ``rank``."""
         return self.logs / f"rank-{rank}.log"
 
     @classmethod
@@ -334,6 +346,7 @@ class RunDir:
 
     @classmethod
     def open(cls, path: Path) -> RunDir:
+        """An existing run dir (it must hold plan.json), without taking its lock; ConfigError otherwise."""
         path = Path(path)
         if not (path / "plan.json").is_file():
             raise ConfigError(f"RUN_DIR: {str(path)!r} holds no plan.json; give a directory made by `launch`")
@@ -360,6 +373,7 @@ class RunDir:
         self._lock_fd = fd
 
     def unlock(self) -> None:
+        """Release the run dir's lock if this process holds it."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -419,13 +433,16 @@ class RunDir:
         return kept
 
     def write_json(self, name: str, data) -> Path:
+        """Write ``data`` as indented JSON, secret values redacted, atomically; returns the path."""
         data = json.loads(json.dumps(data, default=str))  # plain data first, so every string can be redacted
         return atomic_write(self.path / name, json.dumps(redact_data(data), indent=2) + "\n")
 
     def write_text(self, name: str, text: str) -> Path:
+        """Write ``text`` with secret values redacted, atomically; returns the path."""
         return atomic_write(self.path / name, redact(text))
 
     def write_yaml(self, name: str, data) -> Path:
+        """Write ``data`` as YAML (keys in order), secret values redacted, atomically; returns the path."""
         return atomic_write(self.path / name, yaml.safe_dump(redact_data(data), sort_keys=False))
 
     def redact_logs(self) -> list[Path]:
@@ -463,9 +480,11 @@ class RunDir:
         return dest
 
     def read_json(self, name: str):
+        """A JSON file of the run dir, parsed."""
         return json.loads((self.path / name).read_text())
 
     def set_state(self, state: str, **extra) -> None:
+        """Update state.json: the new state, the time, and ``extra`` fields over what it held."""
         current = {}
         if (self.path / "state.json").is_file():
             current = self.read_json("state.json")
@@ -473,10 +492,12 @@ class RunDir:
         self.write_json("state.json", current)
 
     def state(self) -> dict:
+        """state.json's contents; {} before it exists."""
         p = self.path / "state.json"
         return json.loads(p.read_text()) if p.is_file() else {}
 
     def rank_files(self) -> list[Path]:
+        """The rank memory files ranks/rank-K.json, by rank."""
         return sorted(self.ranks.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
 
     def rank_reports(self, since: float | None = None) -> dict[int, RankReport]:

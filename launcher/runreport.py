@@ -82,10 +82,12 @@ class RankRow:
     """Optimizer steps the rank did."""
 
     def to_json(self) -> dict:
+        """The row as report.json's dict."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> RankRow:
+        """A row read from report.json; rows written before ``measured`` and ``verdict`` existed get them derived."""
         row = cls(**_known(cls, d))
         if "measured" not in d:  # rows before the field
             row.measured = row.measured_peak_bytes > 0
@@ -121,10 +123,12 @@ class RunOutcome:
     """The ranks that exited non-zero."""
 
     def to_json(self) -> dict:
+        """The outcome as report.json's dict."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> RunOutcome:
+        """An outcome read from report.json, its rank failures included; unknown keys are ignored."""
         known = _known(cls, d)
         known["failures"] = [RankFailure(**_known(RankFailure, f)) for f in d.get("failures", [])]
         return cls(**{"ok": False, **known})
@@ -194,6 +198,7 @@ class Attempt:
     """Why the ladder stopped after it, when it stopped for lack of memory (written only then)."""
 
     def to_json(self) -> dict:
+        """The attempt as report.json's dict (``stopped`` only when set)."""
         out = dataclasses.asdict(self)
         if self.stopped is None:
             del out["stopped"]
@@ -201,6 +206,7 @@ class Attempt:
 
     @classmethod
     def from_json(cls, d: dict) -> Attempt:
+        """An attempt read from report.json, with its strategy, OOM and next rung; unknown keys are ignored."""
         known = _known(cls, d)
         known["strategy"] = Strategy(**{f.name: d["strategy"][f.name] for f in dataclasses.fields(Strategy)
                                         if f.name in d["strategy"]})
@@ -269,6 +275,7 @@ class RunReport:
     """Layout version of this file."""
 
     def to_json(self) -> dict:
+        """The report as report.json's dict: optional fields only when set, ranks and attempts as their own dicts."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -24,6 +24,8 @@ FIXED_PREFIXES = ("slurm", "launcher", "sweep", "gpus", "nodes", "cluster.gpus_p
 
 @dataclass(frozen=True, slots=True)
 class Variant:
+    """One job of a sweep: its position, its name and the overrides it applies to the base job."""
+
     index: int
     name: str
     """Short human name from the overrides, e.g. 'lr=0.0001,seed=0'."""
@@ -42,6 +44,7 @@ def _fmt(value: object) -> str:
 
 
 def variant_name(overrides: dict[str, object]) -> str:
+    """A short name from the overrides (last key parts where distinct), e.g. 'lr=0.0001,seed=0'; 'base' without any."""
     keys = list(overrides)
     return ",".join(f"{_short(k, keys)}={_fmt(v)}" for k, v in overrides.items()) or "base"
 

@@ -252,6 +252,15 @@ LEVER_VALIDATION: tuple[Cell, ...] = (
 )
 """The levers' validation split: run once, at the end, to judge the lever terms where nothing was tuned."""
 
+PURE_BF16_SR_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-25 22:45 UTC) before pure bf16's stochastically rounded step and its memory
+    # term (terms.SR_STEP_COPIES) ran on any rank: out of sample for that term. A model and length no pure-bf16
+    # cell used, and the step in backward with pure bf16 (the rounding copies in the root's gradient hook).
+    _c("fsdp", "llama6", "causal_lm", "bf16", False, 1, 128, pure_bf16=True),
+    _c("fsdp", "gpt2s", "causal_lm", "bf16", True, 2, 384, pure_bf16=True, optimizer_in_backward=True),
+)
+"""The stochastic-rounding validation split: run once, after the change, to judge its step term."""
+
 SAC_VALIDATION: tuple[Cell, ...] = (
     # Op-level selective checkpointing (Strategy.checkpoint_policy "ops"), decided and committed (2026-11-25 23:10
     # UTC) before its memory term existed: run once when the term is final. Development used tiny llama only.
@@ -268,16 +277,20 @@ def full_matrix() -> list[Cell]:
 
 
 def every_cell() -> list[Cell]:
-    """The matrix, both validation splits and the levers' cells."""
-    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *SAC_VALIDATION]
+    """The matrix, the validation splits and the levers' cells."""
+    return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
+            *SAC_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
-    "lever-dev" or "lever-validation"."""
+    "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding) or "sac-validation"
+    (op-level selective checkpointing)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
-            **{c.name: "lever-validation" for c in (*LEVER_VALIDATION, *SAC_VALIDATION)}}
+            **{c.name: "lever-validation" for c in LEVER_VALIDATION},
+            **{c.name: "sr-validation" for c in PURE_BF16_SR_VALIDATION},
+            **{c.name: "sac-validation" for c in SAC_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

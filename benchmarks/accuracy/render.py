@@ -69,12 +69,15 @@ def summary_table(rows: list[dict]) -> list[str]:
 MOMENT_TITLES = {"backward": "backward start vs max(forward, backward) phase",
                  "backward_end": "gradient reduce / end of backward vs backward phase",
                  "step": "optimizer step vs optimizer_step phase",
-                 "init": "weights loading (rank 0) vs init phase"}
-SIDES = ("lever-validation", "validation", "validation-1", "held-out", "fit", "lever-dev")
+                 "init": "weights loading (rank 0) vs init phase",
+                 "export": "end-of-run export (rank 0, CPU ranks) vs export phase"}
+SIDES = ("lever-validation", "sr-validation", "sac-validation", "validation", "validation-1", "held-out", "fit", "lever-dev")
 """The splits, the out-of-sample one first (cells.sides_of_all)."""
 SIDE_LABELS = {"validation": "**validation**", "validation-1": "validation-1 (seen)",
                "held-out": "held-out (seen)", "fit": "fit (in-sample)",
-               "lever-validation": "**lever validation**", "lever-dev": "lever development (seen)"}
+               "lever-validation": "**lever validation**", "lever-dev": "lever development (seen)",
+               "sr-validation": "**pure bf16 rounding validation**",
+               "sac-validation": "**op-level selective checkpointing validation**"}
 
 
 def moment_table(rows: list[dict]) -> list[str]:

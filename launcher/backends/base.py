@@ -11,6 +11,8 @@ from launcher.rundir import RunDir
 
 @dataclass(kw_only=True, slots=True)
 class RankFailure:
+    """One rank that exited non-zero: which, with what code, on which host."""
+
     rank: int
     exitcode: int
     """Process exit code; launcher.errors.EXIT_OOM (75) means the rank ran out of memory."""
@@ -64,5 +66,6 @@ class Backend(abc.ABC):
         followed, ended)."""
 
     def started(self, job_id: str = "") -> None:
+        """Tell the session (on_start) that the ranks are on their way; a backend calls it once."""
         if self.on_start is not None:
             self.on_start(job_id)

@@ -29,6 +29,8 @@ DUMP_WAIT_S = 5.0
 
 
 def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | None = None) -> list[str]:
+    """torchrun's arguments for this node: standalone on one node, else c10d rendezvous at spec.rdzv_endpoint; then the
+    rank entry module (or the user's --script) on the run dir."""
     argv = ["--nproc-per-node", str(spec.gpus_per_node), "--max-restarts", "0",
             "--monitor-interval", str(MONITOR_INTERVAL_S)]
     if signals_to_handle:
@@ -68,6 +70,7 @@ def rank_processes() -> dict[int, object]:
 
 
 def alive(proc) -> bool:
+    """True while a psutil process exists and is not a zombie (checked without reaping it)."""
     import psutil
 
     try:
@@ -162,6 +165,7 @@ class Watchdog(threading.Thread):
         self._cpu: dict[int, float] = {}
 
     def stop(self) -> None:
+        """Stop watching (the run ended); after firing, this also calls off its own stop of the run."""
         self._stop_event.set()
 
     def _file_signals(self, r: int) -> tuple:
@@ -176,6 +180,7 @@ class Watchdog(threading.Thread):
         return tuple(out)
 
     def steps_done(self, r: int) -> int:
+        """Step lines rank ``r`` has written to steps/rank-K.jsonl so far (0 when there is no file)."""
         p = self.run_dir.steps / f"rank-{r}.jsonl"
         try:
             with p.open("rb") as f:
@@ -200,6 +205,7 @@ class Watchdog(threading.Thread):
             self._cpu[r] = cpu
 
     def run(self) -> None:
+        """The thread: poll every second until stopped, and fire once no rank has progressed for timeout_s."""
         start = time.time()
         last: dict[int, float] = {}
         while not self._stop_event.wait(1.0):
@@ -211,6 +217,8 @@ class Watchdog(threading.Thread):
                 return
 
     def fire(self, idle_s: float) -> None:
+        """Declare a hang: abort this node's ranks for their stacks, set ``fired`` to the message naming the rank that
+        did not arrive, and stop the run if the agent does not within 10 s."""
         self.triggered.set()
         steps = {r: self.steps_done(r) for r in range(self.world_size)}
         stacks = self.dump_stacks()
@@ -222,6 +230,8 @@ class Watchdog(threading.Thread):
             self.stop_run()
 
     def dump_stacks(self) -> dict[int, RankStack]:
+        """SIGABRT this node's ranks (no core files), wait for their faulthandler dumps, and parse the main
+        thread's stack from each log; ranks without a dump are left out."""
         import psutil
 
         procs = rank_processes()
@@ -294,10 +304,12 @@ class InterruptCheckpoint:
         self._timer: threading.Timer | None = None
 
     def install(self) -> None:
+        """Take over SIGINT and SIGTERM, keeping the previous handlers for restore()."""
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
+        """Cancel the grace timer and put the previous signal handlers back."""
         if self._timer is not None:
             self._timer.cancel()
         for sig, handler in self._previous.items():
@@ -327,6 +339,9 @@ class InterruptCheckpoint:
 
 
 class LocalBackend(Backend):
+    """The ranks on this machine through torchrun (one node, or this node's part of a multi-node rendezvous), with the
+    hang watchdog and checkpoint-on-interrupt."""
+
     name = "local"
 
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:

@@ -62,6 +62,7 @@ def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report
 
 
 def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> SlurmRecord:
+    """The slurm.json record of a submission: job ids, submitit folder, nodes and time limit from the plan and job."""
     return SlurmRecord(kind=kind, job_id=job_ids[0].split("_")[0] if job_ids else None, job_ids=job_ids,
                        submitit_folder=str(folder), submitted_at=time.time(), nodes=plan.nodes,
                        gpus_per_node=plan.gpus_per_node, timeout_min=slurm_resources(job, plan).time_min,
@@ -79,6 +80,7 @@ class SlurmBackend(Backend):
         self.job, self.plan, self.follow, self.report = job, plan, follow, report
 
     def submit(self, run: RunDir, task: SlurmTask):
+        """Submit ``task`` through submitit, write slurm.json and mark the run submitted; returns the submitit job."""
         params = executor_parameters(self.job, self.plan)
         ex = make_executor(run.path / "submitit", params, max_requeues=self.job.slurm.max_requeues)
         sjob = ex.submit(task)
@@ -88,6 +90,7 @@ class SlurmBackend(Backend):
         return sjob
 
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+        """Submit the job; with follow, wait for it to end and return its outcome, else return at once (pending)."""
         sjob = self.submit(run, task_for(run, self.job, self.plan, spec, self.report))
         self.started(sjob.job_id)
         if not self.follow:
@@ -156,11 +159,13 @@ def job_outcome(sjob) -> Outcome:
 
 
 def task_paths(sjob, task: int):
+    """submitit's file paths (result pickle, logs) of one task of a submitted job."""
     from submitit.core.utils import JobPaths
 
     return JobPaths(sjob.paths.folder, job_id=sjob.job_id, task_id=task)
 
 
 def print_state(sjob, state: str) -> None:
+    """Print a job's Slurm state with the time to stderr while following it (not UNKNOWN: sacct has not seen it yet)."""
     if state and state != "UNKNOWN":  # UNKNOWN: sacct has not seen the job yet
         print(f"[{time.strftime('%H:%M:%S')}] slurm job {sjob.job_id}: {state}", file=sys.stderr, flush=True)

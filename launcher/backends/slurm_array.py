@@ -27,6 +27,8 @@ VERDICTS = {EXIT_OK: "ok", EXIT_TRAINING_FAILED: "failed", EXIT_OVER_BUDGET: "OV
 
 
 def array_exit_code(codes: list[int]) -> int:
+    """The sweep's exit code from its variants': the most severe of failed, interrupted, over budget, not planned;
+    else the first other non-zero code, else 0."""
     for code in SEVERITY:
         if code in codes:
             return code
@@ -42,6 +44,7 @@ def submit_array(folder: Path, params: dict, tasks: list[SlurmTask], *, max_requ
 
 
 def variant_dir(root: Path, v: Variant) -> Path:
+    """A variant's run dir under the sweep's root: variants/<index>-<slug of name>."""
     return root / "variants" / f"{v.index}-{slug(v.name)}"
 
 
@@ -60,6 +63,8 @@ def variant_row(run_dir: Path) -> dict:
 
 
 def summary_table(root: Path) -> str:
+    """The sweep's table, one line per variant (job, plan, peak, verdict, final loss), unplanned ones with their
+    reason; read from sweep.json and each variant's run dir."""
     sweep = json.loads((root / "sweep.json").read_text())
     lines = [f"{'variant':<28} {'job':>10}  {'plan':<34} {'peak':>10}  {'verdict':<12} {'final loss':>10}"]
     for v in sweep["variants"]:

@@ -33,6 +33,7 @@ class RendezvousError(LauncherError):
 
 
 def scontrol(argv: list[str]) -> str:
+    """scontrol's stdout for ``argv``; RendezvousError when it is missing, hangs (30 s) or fails."""
     try:
         out = subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
@@ -52,6 +53,7 @@ def port_for(job_id: str | int) -> int:
 
 
 def head_host(nodelist: str, run: Runner = scontrol) -> str:
+    """The first host of the job's node list: where the c10d rendezvous runs."""
     if not nodelist:
         raise RendezvousError("SLURM_JOB_NODELIST is empty: not inside a Slurm allocation?")
     hosts = run(["show", "hostnames", nodelist]).split()
@@ -90,10 +92,12 @@ class NodeView:
 
     @property
     def endpoint(self) -> str:
+        """The c10d rendezvous endpoint, head_addr:port."""
         return f"{self.head_addr}:{self.port}"
 
 
 def node_view(env: Mapping[str, str], *, gpus_per_node: int, run: Runner = scontrol) -> NodeView:
+    """This node's view of the job from its Slurm environment: node rank, head host and address, port, world size."""
     nodelist = env.get("SLURM_JOB_NODELIST", "")
     head = head_host(nodelist, run)
     nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
@@ -192,6 +196,7 @@ def check_shape(env: Mapping[str, str], *, nodes: int, gpus_per_node: int, world
 
 
 def views_dir(run_dir: Path, view: NodeView) -> Path:
+    """Where the nodes publish their views for one job attempt: RUN_DIR/rdzv/<job>-<attempt>."""
     return run_dir / "rdzv" / f"{view.job_id}-{view.attempt}"
 
 

@@ -97,10 +97,12 @@ class SlurmRecord:
     """Layout version of this file."""
 
     def to_json(self) -> dict:
+        """The record as slurm.json's dict."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> SlurmRecord:
+        """A record read from slurm.json; unknown keys are ignored, a newer schema is a ValueError."""
         if int(d.get("schema", 1)) > SLURM_RECORD_SCHEMA:
             raise ValueError(f"slurm.json schema {d['schema']} is newer than this launcher reads "
                              f"({SLURM_RECORD_SCHEMA}); upgrade launcher")
@@ -117,6 +119,7 @@ class SlurmRecord:
 
 
 def read_slurm_json(run_dir: Path) -> SlurmRecord:
+    """The run dir's slurm.json; ConfigError when it is missing or unreadable."""
     p = Path(run_dir) / SLURM_JSON
     if not p.is_file():
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} holds no {SLURM_JSON}; give the run dir of a job submitted "
@@ -129,10 +132,12 @@ def read_slurm_json(run_dir: Path) -> SlurmRecord:
 
 
 def is_active(state: str) -> bool:
+    """True while a job in this Slurm state may still run (pending, running, requeued, ...; an empty state counts)."""
     return state.split(" ")[0] in ACTIVE or not state
 
 
 def sacct_command(job_ids: list[str]) -> list[str]:
+    """The sacct command line listing these jobs' allocations and steps, requeued runs included."""
     # -D keeps the records of earlier runs of a requeued job; --parsable2 has no trailing '|'.
     return ["sacct", "-D", "--parsable2", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
 
@@ -159,6 +164,7 @@ def _run(argv: list[str]) -> str:
 
 
 def sacct_rows(job_ids: list[str], run: Callable[[list[str]], str] = _run) -> list[dict[str, str]]:
+    """sacct's rows for these jobs (none without job ids)."""
     return parse_sacct(run(sacct_command(job_ids))) if job_ids else []
 
 
@@ -176,6 +182,7 @@ def allocation_rows(rows: list[dict[str, str]], job_id: str) -> list[dict[str, s
 
 
 def step_rows(rows: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
+    """The step records (<job>.<step>) among sacct rows of one job."""
     return [r for r in rows if r.get("JobID", "").startswith(job_id + ".")]
 
 
@@ -191,6 +198,7 @@ def current_state(rows: list[dict[str, str]], job_id: str) -> str:
 
 
 def restarts(rows: list[dict[str, str]], job_id: str) -> int:
+    """How many times the job was requeued, by its REQUEUED allocation records."""
     return sum(1 for r in allocation_rows(rows, job_id) if r.get("State", "").startswith("REQUEUED"))
 
 
@@ -212,6 +220,7 @@ def submitit_results(folder: Path, job_id: str, num_tasks: int) -> list[str]:
 
 
 def submitit_logs(folder: Path, job_id: str, task: int = 0) -> tuple[Path, Path]:
+    """(stdout, stderr) paths of one task's submitit logs."""
     from submitit.core.utils import JobPaths
 
     paths = JobPaths(folder, job_id=job_id, task_id=task)
@@ -219,6 +228,7 @@ def submitit_logs(folder: Path, job_id: str, task: int = 0) -> tuple[Path, Path]
 
 
 def read_requeues(run_dir: Path) -> list[dict]:
+    """The run dir's requeues.jsonl rows (one per checkpoint-and-requeue decision), unreadable lines skipped."""
     p = Path(run_dir) / "requeues.jsonl"
     if not p.is_file():
         return []

@@ -68,6 +68,7 @@ class SlurmTask:
 
     @property
     def world_size(self) -> int:
+        """Ranks in the job: nodes x GPUs per node."""
         return self.nodes * self.gpus_per_node
 
     # -- the job -------------------------------------------------------------------------------------------
@@ -173,6 +174,8 @@ class SlurmTask:
 
     # -- submitit's checkpoint hook (USR2, node 0's main process) ------------------------------------------
     def checkpoint(self):
+        """submitit's hook on Slurm's pre-timeout or preemption signal: ask the ranks to checkpoint, wait, record the
+        decision in requeues.jsonl, and return the resubmission (None when completed or out of requeues)."""
         from submitit.helpers import DelayedSubmission
 
         run = RunDir(Path(self.run_dir))
@@ -267,6 +270,7 @@ def checkpoint_budget_s(signal_delay_s: int) -> float:
 
 
 def job_end_time() -> float | None:
+    """The job's end time from scontrol, seconds since the epoch; None outside Slurm or when it cannot be read."""
     from launcher.backends.slurm_rdzv import scontrol
 
     job_id = os.environ.get("SLURM_JOB_ID")
@@ -309,6 +313,7 @@ def wait_for_ranks(run: RunDir, world_size: int, since: float, budget_s: float, 
 
 
 def record_requeue(run: RunDir, row: dict) -> None:
+    """Append one row to the run dir's requeues.jsonl (private file)."""
     with open_private(run.path / "requeues.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 

@@ -45,6 +45,8 @@ class Sample:
 
 @dataclass(kw_only=True, slots=True)
 class FitResult:
+    """The activation constants after a fit, which were fitted, the prior they were pulled to, and per-sample errors."""
+
     constants: dict[str, float]
     """All numeric constants after the fit (unfitted ones at the prior)."""
     fitted: list[str]
@@ -54,6 +56,8 @@ class FitResult:
     """Per sample: measured, predicted before and after, relative errors."""
 
     def summary(self) -> dict[str, float]:
+        """Median, maximum and RMS absolute relative errors of the activation-group and peak predictions, before and
+        after the fit."""
         out = {}
         for key in ("act_err_before", "act_err_after", "peak_err_before", "peak_err_after"):
             vals = [abs(r[key]) for r in self.rows if r[key] is not None]
@@ -65,6 +69,7 @@ class FitResult:
 
 
 def predict(sample: Sample, constants: dict[str, float]) -> float:
+    """The sample's predicted activation-group bytes under ``constants`` (linear: base plus coefficient x constant)."""
     return sample.base_bytes + sum(x * constants.get(k, 0.0) for k, x in sample.coefficients.items())
 
 

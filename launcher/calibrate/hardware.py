@@ -32,6 +32,8 @@ MAX_REPS = 200
 
 @dataclass(kw_only=True, slots=True)
 class CalibrationOptions:
+    """How `launch calibrate` measures the hardware: ranks, device, threads per rank, quick mode."""
+
     ranks: int = 2
     """Local ranks measured at once (torchrun's --nproc-per-node)."""
     device: str = "cpu"
@@ -44,6 +46,8 @@ class CalibrationOptions:
 
 @dataclass(kw_only=True, slots=True)
 class Calibration:
+    """What a hardware calibration measured: HardwareProfile values, the raw figures and how long it took."""
+
     values: dict[str, float]
     """HardwareProfile field -> measured value."""
     details: dict[str, object] = field(default_factory=dict)
@@ -92,6 +96,7 @@ def agreed_reps(torch, dist, device, fn: Callable[[], object], sync: Callable[[]
 
 
 def matmul_flops(torch, dtype, n: int, device, sync, box_s: float) -> float:
+    """FLOP/s of an n x n matmul in ``dtype`` on ``device``, timed over about ``box_s`` seconds."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     return 2.0 * n**3 / _timed(lambda: a @ b, sync, box_s)
@@ -113,6 +118,8 @@ def allreduce(torch, dist, device, sync, sizes_bytes: list[int], box_s: float) -
 
 
 def host_copy(torch, device, sync, nbytes: int, box_s: float) -> dict[str, float]:
+    """Host link bandwidth, bytes/s: pinned device-to-host and host-to-device copies on CUDA ("bw" the slower), a
+    host memory copy on CPU."""
     numel = nbytes // 4
     if device.type == "cuda":
         host = torch.empty(numel, dtype=torch.float32).pin_memory()
@@ -294,6 +301,7 @@ def _measure(rank: int, world: int, port: int, opts: CalibrationOptions, progres
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the calibration's own process group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -347,6 +355,7 @@ def measure(opts: CalibrationOptions, timeout_s: float = 600.0) -> Calibration:
 
 
 def summarize(per_rank: dict[int, dict], opts: CalibrationOptions, seconds: float) -> Calibration:
+    """The Calibration from every rank's figures: medians over ranks, CPU Adam summed over the node's ranks."""
     ranks = [per_rank[r] for r in sorted(per_rank)]
 
     def med(get) -> float:

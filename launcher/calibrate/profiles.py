@@ -21,14 +21,17 @@ from launcher.planner.memory import ActivationConstants
 
 
 def profiles_dir() -> Path:
+    """Where calibrated profiles are kept: <cache>/profiles."""
     return cache_dir() / "profiles"
 
 
 def hardware_path(profile: str) -> Path:
+    """The calibrated hardware file of a profile."""
     return profiles_dir() / f"{profile}.json"
 
 
 def activations_path(model_type: str, profile: str) -> Path:
+    """The fitted activation constants file of a model type on a profile."""
     return profiles_dir() / f"activations-{model_type}-{profile}.json"
 
 
@@ -38,6 +41,7 @@ def _write_json(path: Path, data: dict) -> Path:
 
 
 def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second: the files' timestamps."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -58,6 +62,8 @@ def numeric_fields() -> list[str]:
 
 
 def save_activations(model_type: str, profile: str, constants: dict[str, float], provenance: dict) -> Path:
+    """Write fitted activation constants (numeric fields only) and, beside them, a .fit.json with when, where and
+    from what; returns the constants file's path."""
     path = activations_path(model_type, profile)
     _write_json(path, {k: float(v) for k, v in constants.items() if k in numeric_fields()})
     _write_json(path.with_suffix(".fit.json"), {"fitted_at": now_iso(), "host": socket.gethostname(), **provenance})

@@ -49,10 +49,12 @@ def rank_records(run_dir: Path) -> list[RankReport]:
 
 
 def constants_dict(c: ActivationConstants) -> dict[str, float]:
+    """The constants' numeric fields as a dict."""
     return {k: float(getattr(c, k)) for k in numeric_fields()}
 
 
 def with_constants(c: ActivationConstants, values: dict[str, float]) -> ActivationConstants:
+    """A copy with ``values`` applied, marked as fitted (source "fit")."""
     return dataclasses.replace(c, **values, source="fit")
 
 

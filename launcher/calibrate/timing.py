@@ -19,6 +19,8 @@ MIN_INTERVALS = 2
 
 @dataclass(kw_only=True, slots=True)
 class StepSample:
+    """One finished run's step time: measured on rank 0 against the cost model's terms other than the engine's."""
+
     run: str
     profile: str
     engine: str
@@ -29,10 +31,12 @@ class StepSample:
 
     @property
     def residual_s(self) -> float:
+        """Measured minus modeled seconds per step: this run's estimate of the engine's fixed overhead."""
         return self.measured_s - self.modeled_s
 
 
 def measured_step_s(run_dir: Path) -> float | None:
+    """Median seconds between consecutive step lines of rank 0; None with fewer than MIN_INTERVALS intervals."""
     path = run_dir / "steps" / "rank-0.jsonl"
     if not path.is_file():
         return None
@@ -42,6 +46,7 @@ def measured_step_s(run_dir: Path) -> float | None:
 
 
 def step_sample(run_dir: Path) -> StepSample | None:
+    """A run dir's StepSample; None when it has too few steps, no plan.json, an unknown engine or no step-time terms."""
     plan_file = run_dir / "plan.json"
     measured = measured_step_s(run_dir)
     if measured is None or not plan_file.is_file():

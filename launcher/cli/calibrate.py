@@ -21,6 +21,7 @@ EPILOG = """examples:
 
 
 def add_parser(sub) -> None:
+    """Register `launch calibrate` and its flags on the verbs' subparsers."""
     p = sub.add_parser("calibrate", help="measure this machine, or refit activation constants from finished runs",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hardware", default="auto",
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`launch calibrate`: refit from run dirs (--from), else measure this machine's hardware; the exit code."""
     if args.runs:
         return refit(args)
     return measure_hardware(args)
@@ -67,6 +69,7 @@ def _profile_name(requested: str) -> tuple[str, str]:
 
 
 def measure_hardware(args: argparse.Namespace) -> int:
+    """Measure this machine on local ranks and write the profile's calibrated figures; the exit code."""
     from launcher.calibrate.hardware import CalibrationOptions, measure, ranks_threads
     from launcher.calibrate.profiles import save_hardware
     from launcher.planner.hardware import PROFILES
@@ -107,6 +110,8 @@ def _fmt(v: float) -> str:
 
 
 def refit(args: argparse.Namespace) -> int:
+    """Refit the engines' step overheads and the activation constants from finished run dirs, per model type and
+    profile; a fit that makes the median peak error worse is not written without --force."""
     from launcher.calibrate.fit import fit
     from launcher.calibrate.profiles import numeric_fields, save_activations
     from launcher.calibrate.runs import samples_from_run

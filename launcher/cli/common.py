@@ -35,6 +35,7 @@ def _positive_int(text: str) -> int:
 
 
 def non_negative_int(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
     try:
         v = int(text)
     except ValueError:
@@ -45,6 +46,7 @@ def non_negative_int(text: str) -> int:
 
 
 def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds, 0 or more (0: off)."""
     try:
         v = float(text)
     except ValueError:
@@ -76,6 +78,8 @@ class RanksPerNode(argparse.Action):
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The flags `run` and `plan` share: the job file with KEY=VALUE overrides, ranks, budget, nodes, sequence,
+    batch, hardware and the other job overrides."""
     p.add_argument("job", help="the job file (YAML); KEY=VALUE after it sets any job key, e.g. train.lr=1e-4 "
                                "strategy.zero_stage=3 (values read as YAML, checked as the file is)")
     p.add_argument("--gpus", type=_positive_int, action=RanksPerNode,

@@ -14,6 +14,8 @@ import sys
 
 
 def main() -> None:
+    """The `launch` console script: run the CLI and exit with its code, quietly on a closed pipe (141) and with
+    argparse's codes for --help and usage errors."""
     from launcher.cli.main import main as launch_main
     from launcher.errors import EXIT_BROKEN_PIPE
 

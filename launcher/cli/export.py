@@ -14,6 +14,7 @@ Layout, dtypes and memory: docs/export.md.
 
 
 def add_parser(sub) -> None:
+    """Register `launch export` and its flags on the verbs' subparsers."""
     p = sub.add_parser("export", help="write a Hugging Face model dir (or LoRA adapter) from a run's checkpoint",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="the run dir (its checkpoint/ holds the engine's files)")
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
+    """`launch export`: write the Hugging Face model dir (or LoRA adapter) of a run's checkpoint; the exit code."""
     from launcher.errors import ConfigError
 
     if args.step is not None and args.step < 1:

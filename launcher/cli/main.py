@@ -38,6 +38,7 @@ class LaunchParser(argparse.ArgumentParser):
         self.json_errors = json_errors  # answer usage errors with the bad_input JSON object too
 
     def error(self, message: str):
+        """Print a usage error as the bad_input JSON object too when --json asked for it; then argparse's exit 2."""
         if self.json_errors:
             import json
 
@@ -46,6 +47,7 @@ class LaunchParser(argparse.ArgumentParser):
 
 
 def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
+    """The `launch` parser with every verb's subparser (usage errors as JSON when ``json_errors``)."""
     from launcher.cli import calibrate, export, manage, plan, run
 
     parser = LaunchParser(prog="launch", description=DESCRIPTION, json_errors=json_errors,
@@ -82,6 +84,7 @@ def attach_negative_values(argv: list[str]) -> list[str]:
 
 
 def version() -> str:
+    """The installed launcher's version, or a note that it is not installed."""
     import importlib.metadata
 
     try:
@@ -122,6 +125,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default sys.argv; a bare job file means `run`), run the verb and return its exit code;
+    LauncherError becomes its "launch: error:" lines and exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("launch: error: no job file given; use launch [run|plan] JOB.yaml --gpus N --budget SIZE "

@@ -52,6 +52,7 @@ CANCEL_EPILOG = """examples:
 
 
 def add_parser(sub) -> None:
+    """Register `launch status`, `launch logs` and `launch cancel` on the verbs' subparsers."""
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("status", help="state of a run (local or Slurm): step/total, loss, peak memory vs budget, per rank",
                        epilog=STATUS_EPILOG, formatter_class=fmt)
@@ -92,11 +93,13 @@ def job_status(run_dir: Path, rec: SlurmRecord, rows: list[dict]) -> dict:
 
 
 def node_of(run_dir: Path, task: int) -> str | None:
+    """The node name that ran Slurm task ``task``, from its latest rendezvous view; None without one."""
     views = sorted((run_dir / "rdzv").glob(f"*/node-{task}.json"), key=lambda p: p.stat().st_mtime)
     return json.loads(views[-1].read_text()).get("node_name") if views else None
 
 
 def collect_status(run_dir: Path) -> dict:
+    """A Slurm run's status from slurm.json and sacct: the job (or each array variant) with its state."""
     rec = read_slurm_json(run_dir)
     if rec.kind != "array":
         return job_status(run_dir, rec, sacct_rows(rec.job_ids))
@@ -112,6 +115,8 @@ def collect_status(run_dir: Path) -> dict:
 
 
 def render_status(st: dict) -> str:
+    """A Slurm run's status (collect_status) as text: job state, requeues, run state, progress and ranks, or the
+    array's variant table."""
     if st["kind"] == "array":
         from launcher.backends.slurm_array import summary_table
 
@@ -145,6 +150,7 @@ def render_status(st: dict) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
+    """`launch status`: a local or Slurm run's state as text or JSON; the exit code."""
     if is_local(args.run_dir):
         st = local_status(args.run_dir)
         print(json.dumps(st, indent=2, default=str) if args.json else render_local_status(st))
@@ -175,6 +181,7 @@ def _read(path: Path) -> dict:
 
 
 def world_of(run_dir: Path) -> int:
+    """A run's rank count: plan.json's world_size, else the rank logs present."""
     plan = _read(run_dir / "plan.json")
     if plan.get("world_size"):
         return int(plan["world_size"])
@@ -224,6 +231,7 @@ def _first_line(path: Path) -> dict | None:
 
 
 def local_status(run_dir: Path) -> dict:
+    """A local run's status: state ("stopped" when the launch that owned it is gone), progress, ranks, verdict."""
     from launcher.rundir import LIVE_STATES, launch_alive
 
     state = _read(run_dir / "state.json")
@@ -243,6 +251,7 @@ def local_status(run_dir: Path) -> dict:
 
 
 def render_progress(p: dict) -> str:
+    """The "progress:" line: step of total, last loss, peak memory so far against the budget, ETA."""
     total = p.get("total_steps")
     parts = [f"step {p['step']}/{total or '?'}" + (f" ({p['step'] / total:.0%})" if total else "")]
     if isinstance(p.get("loss"), (int, float)):
@@ -257,6 +266,7 @@ def render_progress(p: dict) -> str:
 
 
 def render_local_status(st: dict) -> str:
+    """A local run's status (local_status) as text."""
     pid = f" (launch pid {st['pid']})" if st.get("pid") else ""
     attempt = f", attempt {st['attempt']}" if st.get("attempt") else ""
     lines = [f"local run {st['run_dir']}: {st['state']}{pid}{attempt}"]
@@ -279,6 +289,8 @@ def render_local_status(st: dict) -> str:
 
 # -- logs -----------------------------------------------------------------------------------------------------
 def log_files(run_dir: Path, rec: SlurmRecord, rank: int | None) -> list[tuple[str, Path]]:
+    """(label, path) of a Slurm run's rank logs (one rank or all) and each task's submitit stdout and stderr;
+    ConfigError for an array root or a rank out of range."""
     if rec.kind == "array":
         names = [v.run_dir for v in rec.variants]
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} is an array; give one variant's run dir: {', '.join(names)}")
@@ -295,6 +307,7 @@ def log_files(run_dir: Path, rec: SlurmRecord, rank: int | None) -> list[tuple[s
 
 
 def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a file (reading only its end), or a note that it is not written yet."""
     if not path.is_file():
         return "(not written yet)"
     with path.open("rb") as f:
@@ -305,6 +318,7 @@ def tail(path: Path, lines: int) -> str:
 
 
 def local_log_files(run_dir: Path, rank: int | None) -> list[tuple[str, Path]]:
+    """(label, path) of a local run's rank logs, one rank or all; ConfigError for a rank out of range."""
     world = world_of(run_dir)
     if rank is not None and not 0 <= rank < world:
         raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
@@ -320,6 +334,7 @@ def local_active(run_dir: Path) -> bool:
 
 
 def logs(args: argparse.Namespace) -> int:
+    """`launch logs`: the tails of a run's logs, secret values redacted, and with --follow new lines until it ends."""
     from launcher.rundir import redact, secret_values
 
     if is_local(args.run_dir):
@@ -376,6 +391,8 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord | None, poll_s: float
 
 # -- cancel ---------------------------------------------------------------------------------------------------
 def cancel(args: argparse.Namespace) -> int:
+    """`launch cancel`: scancel a run's Slurm job, wait for it to end (unless --no-wait) and mark the run dirs
+    cancelled; a local run is refused with how to stop it."""
     from submitit.slurm.slurm import SlurmJob
 
     if is_local(args.run_dir):

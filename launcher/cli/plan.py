@@ -24,6 +24,7 @@ EPILOG = """examples:
 
 
 def add_parser(sub) -> None:
+    """Register `launch plan` and its flags on the verbs' subparsers."""
     p = sub.add_parser("plan", help="compute and explain a plan; run nothing", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_args(p)
@@ -38,12 +39,14 @@ def add_parser(sub) -> None:
 
 
 def model_desc(job: Job) -> str:
+    """The model as the plan's text names it: the job's model id, or the inline architecture's family and size."""
     if isinstance(job.model, InlineArch):
         return f"inline {job.model.family} (h={job.model.hidden_size}, layers={job.model.num_layers})"
     return job.model
 
 
 def no_fit_json(e: NoPlanError) -> dict:
+    """`launch plan --json`'s answer when nothing fits: status no_fit with reasons and suggestions."""
     return {"status": "no_fit", "reasons": no_fit_reasons(e.no_fit), "suggestions": no_fit_suggestions(e)}
 
 
@@ -76,6 +79,8 @@ def write_exports(out: Path, plan: Plan, job: Job, *, script: str | None = None)
 
 
 def run(args: argparse.Namespace) -> int:
+    """`launch plan`: plan the job and print it (text or --json), write the exports with --out and the sbatch script
+    with --sbatch; the exit code."""
     try:
         if args.json and args.sbatch and not args.out:
             raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "

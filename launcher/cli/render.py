@@ -44,6 +44,8 @@ def render_total_time(t: TotalTime) -> list[str]:
 
 
 def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | None = None) -> str:
+    """The plan as `launch plan` prints it: ranks and budget, model, batch, strategy, offload, buckets, the predicted
+    peak and its breakdown, host memory, step and total time, then why, each lever's decision and the alternatives."""
     s, e = plan.strategy, plan.estimate
     spec = engine_spec(s.engine)
     engine = spec.title(s, plan.nodes)

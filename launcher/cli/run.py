@@ -19,6 +19,7 @@ EPILOG = """examples:
 
 
 def add_parser(sub) -> None:
+    """Register `launch run` and its flags on the verbs' subparsers."""
     p = sub.add_parser("run", help="plan, run through torchrun (or Slurm), and check every rank's peak memory",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p)
@@ -26,6 +27,8 @@ def add_parser(sub) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `launch run`: the job's (add_job_args) plus run dir, resume, enforcement, multi-node, script,
+    watchdog, interrupt checkpoint, Slurm and output."""
     add_job_args(p)
     p.add_argument("--run-dir", type=dir_path, help="where the run writes (default runs/<name>-<timestamp>)")
     p.add_argument("--overwrite", action="store_true",
@@ -62,6 +65,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
+    """The parsed flags as the session's RunOptions."""
     from launcher.cli.render import error_lines
 
     return RunOptions(
@@ -75,6 +79,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`launch run`: the job with --slurm, --array-parallelism and --auto-fallback applied, run by the session; the
+    exit code."""
     from launcher.session.run import run_job
 
     extra = {"launcher": "slurm"} if args.slurm else {}

@@ -35,6 +35,7 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
 
 
 def load_job_data(path: str | Path) -> dict:
+    """The job file's YAML as a dict; ConfigError when it is empty or not a mapping."""
     data = load_yaml(path)
     if data is None:
         raise ConfigError(f"{path}: the job file is empty; start from examples/minilm-embed.yaml")
@@ -134,11 +135,14 @@ def resolve_paths(job: Job) -> None:
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None, *,
              sets: list[tuple[str, Any]] | None = None, for_run: bool = True,
              checks: Callable[[Job], list[Problem]] | None = None) -> Job:
+    """The typed Job from a job file (job_from_data, relative paths against the file's directory); every problem in
+    one ConfigError."""
     return job_from_data(load_job_data(path), Path(path).resolve().parent, overrides, sets=sets, for_run=for_run,
                          checks=checks)
 
 
 def data_path(job: Job) -> Path:
+    """The job's data.path with ~ expanded, absolute against the job file's directory."""
     p = Path(job.data.path).expanduser()
     return p if p.is_absolute() else Path(job.base_dir) / p
 
@@ -173,6 +177,8 @@ def check_arch(arch: InlineArch, max_seq_len: int) -> list[Problem]:
 
 
 def check_data_path(job: Job) -> list[Problem]:
+    """The problem with data.path, if any (unknown suffix, missing, unreadable, no records); [] too when it names a
+    directory or hub dataset, whose rows are checked before launch."""
     try:
         dp = data_path(job)
         if dp.is_dir() or (looks_like_hub_id(job.data.path) and not dp.exists()):
@@ -325,6 +331,7 @@ def lever_problems(job: Job) -> list[Problem]:
 
 
 def check_budget(budget_bytes: int, where: str = "budget") -> list[Problem]:
+    """The problem with a per-GPU budget in bytes that is implausible (under 16 MB or over 10 TB: a unit slip)."""
     if budget_bytes < 16 * MB:
         return [Problem(where, f"{format_bytes(budget_bytes)} is below 16 MB, too small to hold any model; "
                         "did you mean GB (e.g. --budget 16GB)?")]
@@ -343,6 +350,7 @@ def _has_records(path: Path) -> bool:
 
 
 def job_to_data(job: Job) -> dict:
+    """The job as plain data for the run dir's job.yaml, with data.path made absolute."""
     from launcher.config.load import to_dict
 
     data = to_dict(job)

@@ -49,10 +49,12 @@ def show(value: Any) -> str:
 
 
 def yaml_key(f: dataclasses.Field) -> str:
+    """The field's key in the job file (its "yaml" metadata, else its name)."""
     return f.metadata.get("yaml", f.name)
 
 
 def public_fields(cls: type) -> list[dataclasses.Field]:
+    """The dataclass fields a job file may set: all but those marked internal (e.g. base_dir)."""
     return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
 
 

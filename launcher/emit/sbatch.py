@@ -88,6 +88,8 @@ def _flag(key: str, value: object) -> str:
 
 
 def heredoc(name: str, text: str) -> str:
+    """The sbatch script's lines that write ``text`` to ``name`` in the run dir through a quoted heredoc; ValueError
+    when the text holds the end marker."""
     if any(line == EOF_MARK for line in text.splitlines()):
         raise ValueError(f"{name} contains the line {EOF_MARK}; it cannot be embedded")
     return f"write_file {shlex.quote(name)} <<'{EOF_MARK}'\n{text.rstrip()}\n{EOF_MARK}"

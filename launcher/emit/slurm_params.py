@@ -88,6 +88,8 @@ def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = Non
 
 
 def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str] | None = None) -> list[str]:
+    """Problems with slurm.additional_parameters, one line each: keys the launcher sets itself, keys neither submitit
+    nor sbatch knows (with the nearest valid one), and values that are not a string, number or true."""
     sbatch_options = sbatch_long_options() if sbatch_options is None else sbatch_options
     native = set(submitit_parameters())
     valid = (native | (sbatch_options or set())) - set(OWNED)

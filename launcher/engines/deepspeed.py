@@ -64,10 +64,12 @@ class Partition:
 
     @property
     def grads16(self) -> float:
+        """Working-dtype gradient bytes per rank (partitioned from ZeRO-2 on)."""
         return self.w * self.psi_t / self.shard_grad
 
     @property
     def grads32(self) -> float:
+        """fp32 gradient bytes per rank the optimizer step holds, partitioned from ZeRO-1 on."""
         return 4 * self.psi_t / self.shard_opt  # the "4_grads_32bit" of [DS]
 
 
@@ -83,6 +85,8 @@ def sub_group_elems(inp: MemoryInputs, sub_group_size: int) -> float:
 
 
 def partition(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> Partition:
+    """The Partition a strategy's ZeRO stage gives on this request's ranks: shard counts for optimizer, gradients and
+    parameters, and the elements one optimizer step holds."""
     stage, n = s.zero_stage or 0, inp.world_size
     shard_opt = n if stage >= 1 else 1
     step_elems = (sub_group_elems(inp, buckets.sub_group_size) if stage == 3
@@ -250,6 +254,9 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
 
 
 class DeepSpeedSpec(EngineSpec):
+    """DeepSpeed ZeRO stages 0-3 with CPU and NVMe offload: its layouts, memory and cost terms, fallback rungs and
+    ds_config.json (launcher.emit.deepspeed); the rank side is launcher.worker.engines.deepspeed.DeepSpeedEngine."""
+
     name = NAME
     rank_engine = "DeepSpeedEngine"
     overhead_field = "deepspeed_step_overhead_s"
@@ -258,6 +265,7 @@ class DeepSpeedSpec(EngineSpec):
     levers = frozenset({"loss_chunks", "checkpoint_every", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
         out = []
         for zero in STAGES:
             out += [Candidate(engine=NAME, zero_stage=zero, offload_optimizer=opt, offload_params=par)
@@ -276,6 +284,7 @@ class DeepSpeedSpec(EngineSpec):
         return opts
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        """ZeRO's model states per rank (deepspeed_states: [ZeRO Table 1] with DeepSpeed's buffers)."""
         return deepspeed_states(inp, s, buckets)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
@@ -298,6 +307,8 @@ class DeepSpeedSpec(EngineSpec):
         return max(build, w * m.num_params + w * m.trainable_params)
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Host bytes per node while loading: fp32 weights (4Ψ), or under ZeRO-3 the checkpoint plus one fp32 copy of
+        the largest layer per rank of the node (zero.Init)."""
         m = inp.model
         if (s.zero_stage or 0) >= 3:
             # zero.Init: each rank copies in one parameter at a time [DS: "4nL·f with zero.Init"], after
@@ -306,6 +317,7 @@ class DeepSpeedSpec(EngineSpec):
         return 4 * m.num_params
 
     def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        """Ranks the optimizer step is divided over, as the cost model counts them: every rank."""
         return inp.world_size
 
     def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -329,6 +341,8 @@ class DeepSpeedSpec(EngineSpec):
         return over_links(inp, volume, calls)
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Seconds per step of the host optimizer step and its transfers, plus the offloaded parameters' copies (PCIe,
+        and NVMe for the node's ranks) on every micro-step."""
         m, hw, n, w = inp.model, inp.hardware, inp.world_size, BYTES[inp.precision]
         accum = s.grad_accum_steps
         offload = 0.0
@@ -341,6 +355,8 @@ class DeepSpeedSpec(EngineSpec):
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        """The fallback ladder's changes: a higher ZeRO stage, optimizer offload (stage >= 2), parameter
+        offload (stage 3), or further out to NVMe."""
         stage = s.zero_stage or 0
         if rung == "sharding":
             return [dataclasses.replace(s, zero_stage=z) for z in range(stage + 1, 4)]
@@ -368,9 +384,11 @@ class DeepSpeedSpec(EngineSpec):
         raise ValueError(f"unknown rung {rung!r}")
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """ds_config.json for the run dir."""
         return {"ds_config.json": json.dumps(ds_config(plan, job), indent=2) + "\n"}
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """ds_config.json: the ranks read it too."""
         return self.config_files(plan, job)
 
     def export_files(self, plan: Plan, job: Job) -> dict[str, str]:
@@ -381,6 +399,8 @@ class DeepSpeedSpec(EngineSpec):
         return {HF_EXPORT: json.dumps(hf_ds_config(plan, job), indent=2) + "\n"}
 
     def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        """accelerate's DeepSpeed config pointing at the ds_config.json in ``config_dir``; ValueError without
+        ``config_dir``."""
         # accelerate reads the concrete ds_config.json: it would fill the HF variant's "auto" precision and
         # accumulation with its own defaults (no mixed precision, 1), not the plan's.
         if config_dir is None:
@@ -393,10 +413,13 @@ class DeepSpeedSpec(EngineSpec):
         return str((Path(config_dir) / "ds_config.json").resolve())
 
     def accelerate_title(self, s: Strategy) -> str:
+        """"DeepSpeed ZeRO-<stage>", accelerate.yaml's header."""
         return f"DeepSpeed ZeRO-{s.zero_stage}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        """What a script launched with this accelerate.yaml must do (launcher.emit.exports.deepspeed_notes)."""
         return deepspeed_notes(self._ds_file(config_dir))
 
     def title(self, s: Strategy, nodes: int) -> str:
+        """"DeepSpeed ZeRO-<stage>", as launch plan prints it."""
         return f"DeepSpeed ZeRO-{s.zero_stage}"

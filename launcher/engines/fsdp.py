@@ -27,6 +27,7 @@ from launcher.planner.terms import (
     optimizer_step_temp_bytes,
     over_links,
     ring,
+    stochastic_rounds,
     untied_head_bytes,
 )
 
@@ -84,8 +85,9 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # A low-memory optimizer's working copies of the one tensor it steps (launcher.planner.terms).
     # (With the step in backward those copies come and go inside backward, one parameter at a time.)
     if not s.optimizer_in_backward:
-        st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
-                                                   or s.offload_params == "cpu")
+        st.step_temp = optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
+                                                 or s.offload_params == "cpu")
+        st.step_extra += st.step_temp
     # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
     # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
@@ -124,17 +126,26 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # they were stepped and freed unit by unit, and the root's own step in its hook comes after its copy-in, the
     # larger instant (its buffers then: the fp32 reduce input and output, 4 + 4/n, under w + 4).
     waiting_grads = 0.0 if s.optimizer_in_backward else pb * (m.trainable_params - root_trainable) / n
+    if s.optimizer_in_backward and stochastic_rounds(inp, s) and inp.hardware.device_is_host:
+        # Pure bf16's eager stochastically rounded step holds SR_STEP_COPIES fp32 copies of the tensor it steps:
+        # in the root's hook they meet its reduce input and output (the largest tensor, the vocabulary table, is
+        # the root's; on CUDA the compiled step holds none).
+        in_hook = (pb + pb / n) * unit + optimizer_step_temp_bytes(inp, s, n, on_host=True)
+        reduce_temp = max(reduce_temp, in_hook)
     st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
         st.host = st.params + st.grads + st.optimizer
         st.host_step_extra = st.step_extra
-        st.params = st.grads = st.optimizer = st.step_extra = 0.0
+        st.params = st.grads = st.optimizer = st.step_extra = st.step_temp = 0.0
     return st
 
 
 class FsdpSpec(EngineSpec):
+    """FSDP2 (fully_shard) with full or hybrid sharding, resharding after forward or not, and CPU offload: its layouts,
+    memory and cost terms, fallback rungs and fsdp.yaml; the rank side is launcher.worker.engines.fsdp.FsdpEngine."""
+
     name = NAME
     rank_engine = "FsdpEngine"
     overhead_field = "fsdp_step_overhead_s"
@@ -144,6 +155,7 @@ class FsdpSpec(EngineSpec):
                         "checkpoint_every", "checkpoint_policy", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+        """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
         groups = ("full", "hybrid") if nodes > 1 else ("full",)
         # CPUOffloadPolicy moves params, grads and optimizer together: both offloaded, or neither.
@@ -152,6 +164,7 @@ class FsdpSpec(EngineSpec):
                 for group in groups for reshard in (True, False) for off in ("none", "cpu")]
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
+        """FSDP2's model states per rank (fsdp_states; the buckets do not apply)."""
         return fsdp_states(inp, s)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
@@ -171,11 +184,13 @@ class FsdpSpec(EngineSpec):
         return (shards if s.offload_params == "none" else 0.0) + quantizing
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Host bytes per node while loading: rank 0's fp32 model (4Ψ); the other ranks receive their shards."""
         # Rank 0 builds in fp32 on its host; the others build on meta and receive their shards
         # (set_model_state_dict(broadcast_from_rank0)).
         return 4 * inp.model.num_params
 
     def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
+        """The ranks a parameter is sharded over (fsdp_shard_ranks): all, or one node's under hybrid sharding."""
         return fsdp_shard_ranks(inp, s)
 
     def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -213,10 +228,13 @@ class FsdpSpec(EngineSpec):
         return s.grad_accum_steps * passes * touched / hw.memory_bw
 
     def optimizer_on_host(self, s: Strategy) -> bool:
+        """True with CPU offload (CPUOffloadPolicy): then the optimizer steps on the host."""
         # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
         return s.offload_optimizer != "none" or s.offload_params == "cpu"
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """Seconds per step of the host optimizer step over this rank's shard, plus with CPU offload the fp32 shards
+        copied to the device before each all-gather on every micro-step."""
         m, hw = inp.model, inp.hardware
         offload = 0.0
         if self.optimizer_on_host(s):
@@ -232,6 +250,8 @@ class FsdpSpec(EngineSpec):
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
+        """The fallback ladder's changes: reshard after forward, then CPU offload of everything; no parameter-only or
+        NVMe rung."""
         if rung == "sharding":
             return [] if s.fsdp_reshard_after_forward else [dataclasses.replace(s, fsdp_reshard_after_forward=True)]
         if rung == "optimizer_offload":
@@ -244,27 +264,38 @@ class FsdpSpec(EngineSpec):
         raise ValueError(f"unknown rung {rung!r}")
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """fsdp.yaml for the run dir."""
         return {"fsdp.yaml": fsdp_yaml_text(plan, job)}
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
+        """None: the ranks read plan.json."""
         return {}  # the ranks read plan.json; fsdp.yaml documents the same settings
 
     def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
+        """fsdp.yaml's accelerate section: accelerate's FSDP2 config for the plan."""
         return fsdp_config(plan, job)["accelerate"]
 
     def accelerate_title(self, s: Strategy) -> str:
+        """"FSDP2", accelerate.yaml's header."""
         return "FSDP2"
 
     def accelerate_env(self, plan: Plan) -> str:
+        """The plan's gradient accumulation as ACCELERATE_GRADIENT_ACCUMULATION_STEPS."""
         # accelerate reads FSDP's accumulation only from its environment.
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+        """What a script launched with this accelerate.yaml must do, and what pure bf16, the optimizer step in
+        backward or a low-memory optimizer add to it."""
         notes = list(FSDP_NOTES)
         if plan.strategy.pure_bf16:
             # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
             notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
             notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
+            # The rank side's step (launcher.worker.engines.optimizers.stochastic_round_adam).
+            notes.append("  The plan's AdamW rounds stochastically: build torchao.optim._AdamW(params, lr, "
+                         "weight_decay=..., bf16_stochastic_round=True);")
+            notes.append("  torch's AdamW rounds to nearest and drops updates under half a bf16 spacing of the weight.")
         if plan.strategy.optimizer_in_backward:
             # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
             notes += ["The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",
@@ -280,6 +311,7 @@ class FsdpSpec(EngineSpec):
         return notes
 
     def title(self, s: Strategy, nodes: int) -> str:
+        """The sharding in FSDP's words (FULL_SHARD / SHARD_GRAD_OP, HYBRID_SHARD), as launch plan prints it."""
         words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
                             else "SHARD_GRAD_OP (keep params after forward)")
         if s.fsdp_sharding == "hybrid":

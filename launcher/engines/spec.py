@@ -112,6 +112,7 @@ class EngineSpec:
         return 0.0
 
     def step_overhead_s(self, hw: HardwareProfile) -> float:
+        """The engine's fixed seconds per optimizer step, from the hardware profile's ``overhead_field``."""
         return float(getattr(hw, self.overhead_field))
 
     # -- fallback ------------------------------------------------------------------------------------------------
@@ -137,6 +138,7 @@ class EngineSpec:
         raise NotImplementedError
 
     def accelerate_title(self, s: Strategy) -> str:
+        """The engine as accelerate.yaml's header names it."""
         raise NotImplementedError
 
     def accelerate_env(self, plan: Plan) -> str:

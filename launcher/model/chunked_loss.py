@@ -78,6 +78,7 @@ class ChunkedLossHead(nn.Linear):
     loss_chunks: int
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The chunked causal-LM loss (a 0-dim tensor) while loss_labels holds labels; the plain logits otherwise."""
         labels = _LABELS.get()
         if labels is None:
             return super().forward(hidden)

@@ -19,6 +19,9 @@ from launcher.errors import ConfigError
 
 @dataclass(kw_only=True, slots=True)
 class ModelStats:
+    """A model's sizes and shape as the planner needs them (parameters, trainable, largest layer, blocks, widths,
+    checkpoint bytes), read on the meta device (introspect), cached or shipped in bundled_stats.json."""
+
     model_type: str
     """transformers model_type: gpt2, llama, bert, ..."""
     task: str
@@ -85,10 +88,12 @@ class ModelStats:
         return self.num_params - self.expert_params + self.expert_params * self.experts_per_token // self.num_experts
 
     def to_json(self) -> dict:
+        """The stats as plain data for the cache (from_json reads it back)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> ModelStats:
+        """Stats read from the cache or bundled_stats.json; TypeError when a field is missing (the caller rebuilds)."""
         missing = {f.name for f in dataclasses.fields(cls)} - set(d)
         if missing:  # written before these fields existed: the caller rebuilds it
             raise TypeError(f"model stats lack {sorted(missing)}")

@@ -45,6 +45,8 @@ def task_loss(task: str, forward: Forward, batch: dict[str, torch.Tensor], *, lo
 
 
 def contrastive_loss(forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """In-batch-negatives contrastive loss (MultipleNegativesRankingLoss) over mean-pooled, normalized embeddings of
+    texts and their positives, scaled by SIMILARITY_SCALE."""
     # One forward over texts and positives together: half the collectives, same activations.
     ids = torch.cat([batch["input_ids"], batch["pair_input_ids"]])
     mask = torch.cat([batch["attention_mask"], batch["pair_attention_mask"]])

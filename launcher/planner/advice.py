@@ -119,6 +119,7 @@ class NoFit:
 
     @property
     def short_of(self) -> Resource:
+        """The resource the smallest candidate overruns (device, host RAM or NVMe)."""
         return self.smallest.resource
 
 

@@ -54,6 +54,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
     math_notes = [in_backward_reason(req)] if best.strategy.optimizer_in_backward else []
+    if best.strategy.pure_bf16:
+        math_notes.append(pure_bf16_reason(req))
     reasons += math_notes
     if req.precision_reason:
         reasons.append(req.precision_reason)
@@ -83,6 +85,16 @@ def in_backward_reason(req: PlanRequest) -> str:
                 "is not applied, since each parameter steps before the global norm of all gradients exists; pin "
                 "strategy.optimizer_in_backward: false to keep it")
     return "optimizer step in backward: no clipping is lost (train.max_grad_norm is off)"
+
+
+def pure_bf16_reason(req: PlanRequest) -> str:
+    """How pure bf16's step rounds (launcher.worker.engines.build_optimizer): stochastically for Adam/AdamW."""
+    if req.optimizer in ("adam", "adamw"):
+        return ("pure bf16: no fp32 master; the step rounds each new bf16 weight stochastically (torchao's "
+                "bf16_stochastic_round), so updates under half a bf16 spacing of the weight are kept in expectation, "
+                "not lost")
+    return (f"pure bf16: no fp32 master; {req.optimizer}'s step rounds to nearest (no stochastic rounding for it), "
+            "so updates under half a bf16 spacing of the weight are lost")
 
 
 def activation_reasons(c: ActivationConstants) -> list[str]:

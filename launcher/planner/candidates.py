@@ -22,6 +22,8 @@ def layouts(req: PlanRequest) -> list[Candidate]:
 
 
 def candidates(req: PlanRequest) -> list[Strategy]:
+    """Every strategy the search scores: each admitted layout x micro-batch (dividing the per-rank batch) x the lever
+    settings its engine offers. Raises ConfigError when the batch, context or pins admit none."""
     p = req.pins
     problem = batch_problem(req.global_batch_size, req.world_size) or context_problem(req.model, req.seq_len)
     if problem:

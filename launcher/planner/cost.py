@@ -14,8 +14,8 @@ offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [
             activation offload moves the saved activations out in forward and back in backward, not overlapped.
 dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
             bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
-optimizer = what a low-memory optimizer's step adds over AdamW's (launcher.planner.terms.optimizer_step_s); present
-            only in plans that use one.
+optimizer = what a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over AdamW's
+            (launcher.planner.terms.optimizer_step_s); present only in plans that use one.
 engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
 in bwd    = the optimizer step in backward does the step's work inside backward, the same arithmetic on the same
             shards, plus one optimizer call per trainable tensor (IN_BACKWARD_CALL_S each).
@@ -27,7 +27,7 @@ from __future__ import annotations
 from launcher.planner.memo import spec_for
 from launcher.planner.memory import offloaded_activation_bytes
 from launcher.planner.plan import Strategy
-from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s
+from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
 
 IN_BACKWARD_CALL_S = 1e-4
 """Seconds one more optimizer.step() call costs with the optimizer step in backward (a per-parameter optimizer
@@ -79,7 +79,7 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     exposed_comm = comm * (1.0 - hw.comm_overlap)
     terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
              "engine": spec.step_overhead_s(hw)}
-    if s.low_memory_optimizer != "none":
+    if s.low_memory_optimizer != "none" or stochastic_rounds(inp, s):
         terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),
                                               on_host=hw.device_is_host or spec.optimizer_on_host(s))
     return terms

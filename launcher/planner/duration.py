@@ -21,6 +21,7 @@ def steps_per_epoch(train_examples: int, *, world_size: int, samples_per_step: i
 
 
 def epoch_steps(epochs: float, steps_in_epoch: int) -> int:
+    """Optimizer steps for `epochs` (may be fractional) passes of `steps_in_epoch` steps, rounded up, at least 1."""
     return max(1, math.ceil(epochs * steps_in_epoch))
 
 
@@ -44,6 +45,7 @@ class TotalTime:
 
     @property
     def too_long(self) -> bool:
+        """True when the predicted total is known and past the job's warning threshold."""
         return self.total_s is not None and self.warn_after_s is not None and self.total_s > self.warn_after_s
 
     def describe(self) -> str:

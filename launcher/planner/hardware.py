@@ -16,6 +16,9 @@ from launcher.units import GB, GiB, MiB
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class HardwareProfile:
+    """One accelerator type's constants (memory, FLOP/s, link and host bandwidths, fixed overheads) that the memory
+    and cost models read; `launch calibrate` can override them per machine."""
+
     name: str
     memory_bytes: int
     """Device memory of one accelerator, bytes."""
@@ -67,6 +70,7 @@ class HardwareProfile:
         return self.compute_capability is not None and self.compute_capability >= 9.0
 
     def with_overrides(self, values: dict) -> HardwareProfile:
+        """A copy with the fields named in `values` replaced (a calibration's figures); unknown keys are ignored."""
         known = {f.name for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known})
 

@@ -47,6 +47,7 @@ class LeverSetting:
     qlora: bool = LEVERS_OFF["qlora"]
 
     def fields(self) -> dict[str, object]:
+        """The setting as Strategy keyword arguments: activation_checkpointing and every LEVER_FIELDS field."""
         return {"activation_checkpointing": self.activation_checkpointing,
                 **{name: getattr(self, name) for name in LEVER_FIELDS}}
 

@@ -59,6 +59,7 @@ class TracedMemo:
         self.misses = 0
 
     def call(self, key: tuple, fn: Callable, s: Strategy, *rest):
+        """``fn(s, *rest)``, from the memo when an earlier strategy read the same values (mutable answers copied)."""
         tables = self._tables.get(key)
         if tables is not None:
             for _, values_of, answers in tables:
@@ -134,19 +135,24 @@ class MemoSpec:
         return getattr(self._spec, name)
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets):
+        """The engine's per-rank memory states (EngineSpec.states), memoized per bucket sizes."""
         key = ("states", self._spec.name, *(getattr(buckets, f) for f in Buckets.__slots__))
         return self._memo.call(key, self._states, s, inp, buckets)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
+        """The engine's device bytes while the model is built and loaded (EngineSpec.init_bytes), memoized."""
         return self._memo.call(("init", self._spec.name), self._init, s, inp)
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
+        """The engine's host bytes per node while loading the weights (EngineSpec.load_bytes_per_node), memoized."""
         return self._memo.call(("load", self._spec.name), self._load, s, inp)
 
     def communication(self, inp: MemoryInputs, s: Strategy, bucket_elems: int):
+        """The engine's collectives per step (EngineSpec.communication), memoized per bucket size in elements."""
         return self._memo.call(("comm", self._spec.name, bucket_elems), self._comm, s, inp, bucket_elems)
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
+        """The engine's offload seconds per step (EngineSpec.offload_s), memoized."""
         return self._memo.call(("offload", self._spec.name), self._offload, s, inp)
 
     # The strategy first, as TracedMemo.call passes it.

@@ -76,10 +76,12 @@ class Strategy:
 
     @property
     def fsdp_hybrid(self) -> bool:
+        """True for FSDP2's hybrid sharding (shard within a node, replicate across nodes)."""
         # Only FSDP2 strategies carry a shard group (None for every other engine).
         return self.fsdp_sharding == "hybrid"
 
     def label(self) -> str:
+        """The short description plans and reports print, e.g. "ZeRO-3 +opt->cpu, mb=2x4, AC"."""
         # By the fields each engine fills (a ZeRO stage, or FSDP2's resharding), not by the engine's name.
         if self.zero_stage is not None:
             s = f"ZeRO-{self.zero_stage}"
@@ -237,10 +239,12 @@ class LeverDecision:
     """Predicted step time with the other value minus the plan's, seconds."""
 
     def to_json(self) -> dict:
+        """The decision as plan.json's dict (from_json reads it back)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> LeverDecision:
+        """A decision read from plan.json; keys it does not know are ignored."""
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
@@ -299,6 +303,7 @@ class Plan:
     step in backward and clipping. The report repeats them (launcher.report)."""
 
     def to_json(self) -> dict:
+        """The plan as plan.json's dict: the strategy's fields, the estimate, the request's numbers and the reasons."""
         s = self.strategy
         return {
             "engine": s.engine,
@@ -348,6 +353,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict) -> Plan:
+        """A plan read from plan.json; fields added later take their defaults when an older file lacks them."""
         # Fields with a default were added later; a plan.json written before them still loads.
         strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)
                                if f.name in d or f.default is dataclasses.MISSING})

@@ -53,14 +53,17 @@ class PlanRequest:
 
     @property
     def world_size(self) -> int:
+        """Ranks in the job: GPUs per node x nodes."""
         return self.gpus_per_node * self.nodes
 
     @property
     def usable_bytes(self) -> int:
+        """The per-device budget less the safety margin (strategy.safety_margin), bytes: what a plan may predict."""
         return int(self.budget_bytes * (1.0 - self.pins.safety_margin))
 
 
 def micro_batches(req: PlanRequest) -> list[int]:
+    """The micro-batch sizes the search may try: every divisor of the per-rank batch, ascending."""
     per_rank = req.global_batch_size // req.world_size
     return [d for d in range(1, per_rank + 1) if per_rank % d == 0]
 

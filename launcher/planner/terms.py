@@ -33,6 +33,17 @@ ADAM_STEP_COPIES = 2
 LOW_BIT_CPU_STEP_RATIO = 7.0
 """Eager low-bit AdamW's step over torch's single-tensor AdamW on CPU, measured 6.4 (4-bit) and 7.4 (8-bit) on
 2.4M parameters."""
+SR_STEP_COPIES = 10.25
+"""Pure bf16's stochastically rounded Adam/AdamW step (launcher.worker.engines.optimizers.stochastic_round_adam:
+torchao adam.py single_param_adam with BF16_STOCHASTIC_ROUND) run eagerly: fp32-sized tensors of the parameter it
+holds at once, beside the parameter, its gradient and the bf16 states. Counted down the source for a bf16 tensor:
+p_f32, grad_f32, exp_avg_f32, exp_avg_sq_f32 and denom stay live to the end (5; the update's own peak is 7), and
+quant_utils._fp32_to_bf16_sr then adds the int32 random bits, the low and the high halves (3), and inside
+torch.where the bool condition (1/4), the rounded-up bits and the result (2): 10.25. Measured 10.25 (MemTracker,
+2^20 elements, torch 2.13, torchao 0.18)."""
+SR_CPU_STEP_RATIO = 9.0
+"""The eager stochastically rounded step over torch's single-tensor AdamW on bf16 tensors, on CPU: measured 9.3
+(2.1M elements in four tensors, one thread, best of 25 steps each; 11-17 on a loaded host)."""
 MASTER_BYTES = 4  # fp32 master copy kept by mixed precision [ZeRO §3: "fp32 copy of parameters"]
 PURE_BF16_BYTES = 2
 """Pure bf16 (Strategy.pure_bf16, LitGPT's "bf16-true"): the bytes per element of the kept parameters, their
@@ -96,15 +107,21 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's Adam/AdamW
     (torch's single-tensor step, foreach=False): two, the square root and the quotient of its denominator
     (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
-    2.0 on FSDP2's fp32 cells); SGD none. Engines that step their own flat partitions (DeepSpeed) count their step
-    apart.
+    2.0 on FSDP2's fp32 cells); SGD none. Pure bf16's Adam/AdamW rounds stochastically through torchao's step:
+    SR_STEP_COPIES on the host, none on CUDA (compiled). Engines that step their own flat partitions (DeepSpeed)
+    count their step apart.
     """
     opt = s.low_memory_optimizer
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
+    if stochastic_rounds(inp, s):
+        # Eager on the host; on CUDA torchao compiles single_param_adam into fused kernels, as for the low-bit
+        # states, which hold none. The tensor stepped is a trainable one: under LoRA an adapter, not the largest
+        # (frozen) module, so no more than the trainable parameters in all (10 fp32 copies of a frozen vocabulary
+        # table would swamp a LoRA plan).
+        trainable = min(inp.model.largest_layer_params, max(1, inp.model.trainable_params))
+        return SR_STEP_COPIES * 4 * math.ceil(trainable / shard_ranks) if on_host else 0.0
     if opt == "none":
-        # Pure bf16: its states and so its copies are bf16.
-        copy = largest * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
-        return ADAM_STEP_COPIES * copy if inp.optimizer in ("adam", "adamw") else 0.0
+        return ADAM_STEP_COPIES * largest if inp.optimizer in ("adam", "adamw") else 0.0
     if opt == "adafactor":
         return largest
     if opt in LOW_BIT_STATE and on_host:
@@ -113,16 +130,29 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
 
 
 def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_host: bool) -> float:
-    """Seconds a low-memory optimizer's step adds over the job's AdamW on the device, for this rank's shard.
+    """Seconds a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over the job's AdamW
+    on the device, for this rank's shard.
 
     On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO times torch's AdamW, whose rate is
     cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
-    (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0.
+    (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
+    bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
+    and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0.
     """
     hw = inp.hardware
-    if s.low_memory_optimizer not in LOW_BIT_STATE or not on_host:
+    if not on_host:
+        return 0.0
+    if stochastic_rounds(inp, s):
+        return (SR_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    if s.low_memory_optimizer not in LOW_BIT_STATE:
         return 0.0
     return (LOW_BIT_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+
+
+def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
+    """Whether the plan's step is pure bf16's stochastically rounded Adam/AdamW (the rank side's build_optimizer):
+    always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step."""
+    return s.pure_bf16 and s.low_memory_optimizer == "none" and inp.optimizer in ("adam", "adamw")
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:
@@ -224,6 +254,9 @@ class States:
     """The breakdown category ``buffers`` is shown under (launcher.categories: gathered parameters are params)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
+    step_temp: float = 0.0
+    """The part of step_extra that lives only inside optimizer.step (the optimizer's working copies): gone once the
+    step returns, so not in the state the export moment starts from."""
     backward_extra: float = 0.0
     """Bytes next to the saved activations at the backward start: ZeRO-3's gathered weights, or a ZeRO-1/2 reduce
     bucket kept from the previous micro-step."""

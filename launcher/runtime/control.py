@@ -19,12 +19,16 @@ from launcher.rankenv import CONTROL_FILE  # rank 0 removes it once the checkpoi
 
 
 class CheckpointRequests:
+    """A rank's checkpoint requests: a signal (SIGUSR2, SIGTERM) or RUN_DIR/control/checkpoint sets them; the
+    ranks agree at a step boundary (agreed) and act together."""
+
     def __init__(self, run_dir: str | os.PathLike | None):
         self.control_file = Path(run_dir) / "control" / CONTROL_FILE if run_dir else None
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
 
     def install(self, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
+        """Handle ``signals`` by noting the request (a second SIGTERM exits at once), keeping the old handlers."""
         for sig in signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 

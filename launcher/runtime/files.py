@@ -25,18 +25,21 @@ class JsonlLog:
         self._f = None
 
     def append(self, row: dict) -> None:
+        """Append one row as a JSON line and flush it (the file is opened 0600 on first use)."""
         if self._f is None:
             self._f = open_private(self.path, "a")  # kept open for the run, closed in close(); 0600 (fsutil)
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
 
     def close(self) -> None:
+        """Close the file; a later append opens it again."""
         if self._f is not None:
             self._f.close()
             self._f = None
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The rows of a JSONL file; [] when it does not exist."""
     p = Path(path)
     if not p.exists():
         return []

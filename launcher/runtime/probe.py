@@ -33,6 +33,7 @@ TRAINING_PHASES = ("forward", "backward", "optimizer_step")
 
 
 def peak_rss_bytes() -> int:
+    """This process's peak resident set size, bytes (Linux: ru_maxrss is in KiB)."""
     # Linux reports ru_maxrss in KiB.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -108,6 +109,8 @@ class MemoryProbe:
         self.stop()
 
     def start(self) -> None:
+        """Start measuring: take over from an outer probe, sample the CUDA context, apply the --enforce cap and the
+        snapshot recording on CUDA, and enter the category tracker where it is on."""
         global OUTER
         if OUTER is not None and OUTER is not self:
             OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
@@ -133,6 +136,7 @@ class MemoryProbe:
         self.tracker = tracker
 
     def stop(self) -> None:
+        """Leave the category tracker, if one is active."""
         if self.tracker is not None and self.tracker._depth > 0:
             self.tracker.__exit__(None, None, None)
 
@@ -163,11 +167,14 @@ class MemoryProbe:
             self.tracker.label(tensors, category)
 
     def relabel(self, old: str, new: str) -> int:
+        """Move every live tensor labelled ``old`` to category ``new``; the bytes moved (0 without a tracker)."""
         return self.tracker.relabel(old, new) if self.tracker is not None else 0
 
     # -- phases -----------------------------------------------------------------------------------------------
     @contextmanager
     def phase(self, name: str):
+        """Context manager: measure the enclosed code as phase ``name`` (its own peak), then return to the outer phase
+        and check the cap."""
         prev = self.phase_name
         self.phase_name = name
         if self.tracker is not None:
@@ -221,6 +228,7 @@ class MemoryProbe:
 
     # -- numbers ----------------------------------------------------------------------------------------------
     def current_bytes(self) -> int:
+        """Bytes in use now: allocated on CUDA, tracked tensors on CPU."""
         if self.is_cuda:
             return torch.cuda.memory_allocated(self.device)
         return self.tracker.total_bytes() if self.tracker is not None else 0
@@ -237,6 +245,7 @@ class MemoryProbe:
         return dict(self.tracker.phase_peak_bytes) if self.tracker is not None else {}
 
     def peak_bytes(self) -> int:
+        """The highest phase peak so far on the verdict's basis, bytes."""
         peaks = self.phase_peaks()
         return max(peaks.values(), default=0)
 
@@ -282,6 +291,8 @@ class MemoryProbe:
         return path
 
     def restart_step_clock(self) -> None:
+        """Start the step timer now, just before the first training step, so that step's time leaves out the setup
+        and baseline evaluation before it."""
         self._t_step = time.perf_counter()
 
     def record(self, **fields) -> None:
@@ -289,6 +300,8 @@ class MemoryProbe:
         self.fields.update(fields)
 
     def report(self, *, status: str, error: str | None = None) -> RankReport:
+        """The rank's memory report (ranks/rank-K.json): phase peaks, peak by category, CUDA figures, the recorded
+        fields, status and error."""
         peaks = self.phase_peaks()
         t = self.tracker
         out = RankReport(
@@ -350,6 +363,7 @@ class MemoryProbe:
 
 
 def error_tail(exc: BaseException, max_chars: int = 4000) -> str:
+    """The end of an exception's formatted traceback, at most ``max_chars``: for a rank report's error field."""
     text = "".join(traceback.format_exception(exc))
     return text[-max_chars:]
 

@@ -50,6 +50,7 @@ _RAW_OF_CATEGORY = {
 
 
 def raw_name(key: object) -> str:
+    """The name of a tracker's memory type: an enum member's value, else str of the key."""
     return getattr(key, "value", str(key))
 
 
@@ -64,6 +65,7 @@ def by_category(dev_snap: dict | None) -> dict[str, int]:
 
 
 def raw_breakdown(dev_snap: dict | None) -> dict[str, int]:
+    """A raw per-device snapshot as bytes per tracker memory type (its total left out)."""
     return {raw_name(k): int(v) for k, v in (dev_snap or {}).items() if k != _TOTAL_KEY}
 
 

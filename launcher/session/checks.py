@@ -17,12 +17,15 @@ from launcher.units import format_bytes
 
 
 def cuda_available() -> bool:
+    """True when this machine has an NVIDIA or AMD GPU (detect_gpu_name finds one)."""
     from launcher.machine import detect_gpu_name
 
     return detect_gpu_name() is not None
 
 
 def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None:
+    """Refuse (ConfigError) what the plan cannot run here: fp16 on CPU ranks, --memory-snapshot without CUDA,
+    --enforce on a forced over-budget plan, and for a local run missing NVMe space or flash-attn."""
     if plan.precision == "fp16" and plan.hardware == "cpu":
         raise ConfigError("train.precision: 'fp16' is refused on CPU ranks (no fp16 kernels); use bf16 or fp32")
     if opts is not None and opts.memory_snapshot and job.launcher == "local" \
@@ -49,6 +52,7 @@ def plan_attention(job: Job, plan: Plan) -> str | None:
 
 
 def package_installed(name: str) -> bool:
+    """True when the module ``name`` can be imported here (found, not imported)."""
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
@@ -112,6 +116,7 @@ def cluster_hints(job: Job, short_of: str) -> list[Problem]:
 
 
 def check_fallback(job: Job, opts: RunOptions) -> None:
+    """Refuse --auto-fallback where the ladder cannot work: on Slurm, several nodes, or with --resume."""
     if not job.auto_fallback:
         return
     if job.launcher == "slurm" or job.nodes > 1 or opts.node_rank > 0:

@@ -83,6 +83,8 @@ def _job_auto_fallback(run: RunDir) -> int:
 
 
 def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = None) -> None:
+    """Print why the run failed to stderr: the backend's message, ranks whose file records a failure, and each failed
+    rank's exit (OOM or code) with the last 15 lines of its log."""
     if outcome.message:
         print(f"launch: error: {redact(outcome.message)}", file=sys.stderr)
     if outcome.ok and report is not None:  # every process exited 0, yet a rank file records a failure

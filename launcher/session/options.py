@@ -14,6 +14,9 @@ def own_lines(e: Exception) -> list[str]:
 
 @dataclass(kw_only=True, slots=True)
 class RunOptions:
+    """What `launch run` was asked besides the job file: run dir handling, budget enforcement, the node's part in a
+    multi-node run, the user's script, following and output."""
+
     run_dir: Path | None = None
     """Where the run writes; None: runs/<name>-<timestamp>."""
     overwrite: bool = False

@@ -55,6 +55,8 @@ def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
 
 
 def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = False) -> dict[str, str]:
+    """The environment every rank gets: the run dir, plan.json and its digest, the engine's config files, the budget
+    cap (enforce) and snapshot switches, and offline, thread and compile-cache settings."""
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
@@ -117,6 +119,8 @@ def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
 
 
 def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
+    """Create (or reopen) the run dir and write job.yaml, plan.json and the engine's configs into it; with --resume
+    it must already hold a checkpoint."""
     path = opts.run_dir or default_run_dir(job.name)
     if opts.resume and not latest_checkpoint_tag(Path(path) / "checkpoint"):  # before anything is created
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
@@ -151,6 +155,8 @@ def say_total_time(job: Job, plan: Plan) -> None:
 
 
 def announce(plan: Plan, run_dir: RunDir, attempt: int | None = None) -> None:
+    """Print the plan's one-line summary (strategy, predicted peak of the budget in GB, run dir), with the ladder's
+    attempt number."""
     head = f"attempt {attempt}: " if attempt else ""
     print(f"{head}plan: {plan.strategy.label()}, predicted peak per rank "
           f"{plan.estimate.peak_bytes / 1e9:.3f} GB of {plan.budget_bytes / 1e9:.3f} GB; run dir {run_dir.path}",
@@ -158,6 +164,8 @@ def announce(plan: Plan, run_dir: RunDir, attempt: int | None = None) -> None:
 
 
 def launch_spec(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir) -> LaunchSpec:
+    """What the backend starts on this node: ranks, rendezvous, the user's script, the rank environment, the hang
+    timeout and the interrupt grace."""
     return LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=opts.node_rank,
                       rdzv_endpoint=opts.rdzv_endpoint, script=str(Path(opts.script).resolve()) if opts.script else None,
                       script_args=list(opts.script_args),

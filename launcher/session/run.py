@@ -81,6 +81,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
 
 
 def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
+    """The backend the job names: SlurmBackend (its parameters checked now, before a run dir exists) or LocalBackend."""
     if job.launcher == "slurm":
         from launcher.backends.slurm import SlurmBackend
         from launcher.emit.slurm_params import executor_parameters
@@ -137,6 +138,7 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
 
 
 def slurm_time_min(job: Job, plan: Plan) -> int:
+    """The Slurm time limit the plan's job asks for, minutes."""
     from launcher.emit.slurm_params import slurm_resources
 
     return slurm_resources(job, plan).time_min

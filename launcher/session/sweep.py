@@ -54,6 +54,8 @@ def plan_variants(job: Job, variants: list[Variant], *, force: bool = False,
 
 
 def run_sweep(job: Job, opts: RunOptions) -> int:
+    """Plan every variant of the job's sweep and submit the plannable ones as one Slurm array under one root run dir;
+    returns the exit code (with --wait, the variants' combined code)."""
     if job.launcher != "slurm":
         raise ConfigError("sweep: a sweep runs as a Slurm array; add --slurm (or launcher: slurm), or remove sweep: "
                           "to run one job")

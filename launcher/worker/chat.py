@@ -29,6 +29,8 @@ def chat_template(tok) -> str:
 
 
 def render(tok, messages: list[dict], *, add_generation_prompt: bool) -> str:
+    """A conversation as text through the tokenizer's chat template (ChatML for the byte tokenizer), with the
+    assistant's generation prompt when asked."""
     if isinstance(tok, ByteTokenizer):
         from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -62,6 +64,8 @@ def conversation_segments(tok, messages: list[dict], context: list[dict] | None 
 
 
 def row_segments(tok, row: dict, fmt: str) -> Segments:
+    """A messages or prompt-completion row as (text, trained) segments; a plain-text completion gets the EOS token
+    appended, as TRL does."""
     if fmt == "messages":
         return conversation_segments(tok, row["messages"])
     prompt, completion = row["prompt"], row["completion"]

@@ -29,6 +29,9 @@ from launcher.runtime.files import atomic_write_json
 
 @dataclass(kw_only=True, slots=True)
 class TrainerState:
+    """trainer_state.json: where training stands at a checkpoint (steps, data position, world) and which engine's
+    files the tag holds."""
+
     global_step: int
     """Optimizer steps completed."""
     micro_steps: int
@@ -46,10 +49,12 @@ class TrainerState:
 
 
 def tag_for(step: int) -> str:
+    """The checkpoint tag of a step: step-00000012."""
     return f"step-{step:08d}"
 
 
 def rng_state() -> dict:
+    """This rank's torch, Python, numpy (and CUDA) RNG states, for its checkpoint."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -57,6 +62,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore RNG states saved by rng_state (CUDA's only where both have CUDA)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

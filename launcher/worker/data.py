@@ -96,14 +96,17 @@ class Stream:
 
     @property
     def shard_size(self) -> int:
+        """Examples in each rank's shard (the sampler pads the last ones)."""
         return math.ceil(self.num_examples / self.world_size)
 
     @property
     def samples_per_step(self) -> int:
+        """Examples one optimizer step takes per rank: micro-batch x accumulation."""
         return self.micro_batch_size * self.grad_accum_steps
 
     @property
     def steps_per_epoch(self) -> int:
+        """Whole optimizer steps in one pass over the rank's shard."""
         # The planner's total-time prediction counts epochs with the same rule.
         return steps_in_epoch(self.num_examples, world_size=self.world_size, samples_per_step=self.samples_per_step)
 
@@ -148,6 +151,8 @@ def eval_counted(n: int, *, micro_batch_size: int, world_size: int, rank: int) -
 
 
 def total_steps(*, max_steps: int | None, epochs: float | None, steps_per_epoch: int) -> int:
+    """The run's optimizer steps: train.max_steps, else train.epochs over the data (rounded up); ConfigError when
+    neither is given or one is out of range."""
     if max_steps is not None:
         if max_steps < 1:
             raise ConfigError(f"train.max_steps: {max_steps} must be at least 1")

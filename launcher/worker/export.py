@@ -45,6 +45,7 @@ def export_dtype(precision: str) -> torch.dtype:
 
 
 def is_lora_model(model: nn.Module) -> bool:
+    """True for a peft model (LoRA adapters on a base)."""
     return hasattr(model, "peft_config")
 
 
@@ -182,6 +183,7 @@ def _fix_config(out: Path, dtype: torch.dtype) -> None:
 
 
 def save_tokenizer(tokenizer, out: Path) -> bool:
+    """Save the tokenizer's files into ``out``; False when it has none (the byte tokenizer)."""
     if tokenizer is None or not hasattr(tokenizer, "save_pretrained"):
         return False  # the byte tokenizer of random-weight runs has no files (launcher.worker.tokenizer)
     tokenizer.save_pretrained(str(out))

@@ -45,6 +45,8 @@ def check_out(out: Path) -> None:
 
 
 def read_deepspeed(root: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
+    """A DeepSpeed checkpoint tag's full fp32 state dict on the CPU: ZeRO-0's module states, or the ZeRO-1/2/3
+    partitions gathered by DeepSpeed's zero_to_fp32."""
     if zero_stage == 0:
         files = sorted((root / tag).glob("mp_rank_*_model_states.pt"))
         if not files:

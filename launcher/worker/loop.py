@@ -32,6 +32,7 @@ from launcher.worker.tokcache import tokenized
 
 
 def seed_all(seed: int) -> None:
+    """Seed Python's, numpy's and torch's RNGs."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -143,6 +144,9 @@ def step_log_line(row: dict, total_steps: int, budget_bytes: int) -> str:
 
 
 class Trainer:
+    """One rank's training run: data, model through the engine, the step loop with logging, evaluation, checkpoints
+    and resume, all measured by the memory probe."""
+
     def __init__(self, *, job: Job, plan: Plan, engine, run_dir: Path, device: torch.device, probe: MemoryProbe):
         self.job, self.plan, self.engine, self.device, self.probe = job, plan, engine, device, probe
         self.run_dir = run_dir
@@ -188,6 +192,8 @@ class Trainer:
         self.n_eval = len(self.eval_data["input_ids"]) if self.eval_data else 0
 
     def build(self) -> None:
+        """Build the model (seeded, so rank 0's init is every rank's), hand it to the engine's setup, and record its
+        sizes in the probe."""
         job, plan = self.job, self.plan
         seed_all(job.train.seed)  # rank 0's random init is the one every rank gets
         # The engine decides whether rank 0 alone builds the model (one host copy per job; the others build on
@@ -247,6 +253,8 @@ class Trainer:
         return int(t[0])
 
     def resume(self) -> int:
+        """Resume from the latest complete checkpoint, if any, and stamp this attempt; returns the step to
+        continue after (0 when starting over)."""
         self.attempt = self._find_attempt()
         self.step_stamp = {"attempt": self.attempt}
         if os.environ.get(ATTEMPT_ENV) is not None and os.environ.get("SLURM_JOB_ID"):
@@ -276,6 +284,8 @@ class Trainer:
         return state.global_step
 
     def save(self, step: int) -> str:
+        """Save a checkpoint of ``step`` (engine files, trainer state) in the probe's checkpoint phase;
+        returns its tag."""
         with self.probe.phase("checkpoint"):
             state = checkpoint.TrainerState(
                 global_step=step,
@@ -386,6 +396,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
+        """Mean loss over the eval split, averaged over ranks (seq_cls: accuracy recorded too); None without
+        eval data."""
         if not self.eval_data:
             return None
         n = next(iter(self.eval_data.values())).shape[0]

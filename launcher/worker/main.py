@@ -62,6 +62,7 @@ def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
 
 
 def init_distributed(engine, device: torch.device) -> None:
+    """Form the process group through the engine: NCCL on CUDA (after choosing this rank's GPU), gloo on CPU."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -80,6 +81,8 @@ def is_oom(exc: BaseException | None) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """A rank of the built-in worker on a run dir: load and check the plan, train, and always write the rank's
+    memory report; the exit code (EXIT_OOM on out of memory)."""
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2

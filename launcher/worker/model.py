@@ -19,10 +19,12 @@ __all__ = ["apply_lora", "build", "count_params", "model_dir", "to_device", "tok
 
 
 def model_dir(job: Job) -> Path | None:
+    """The job's local model directory (resolve_model_dir); None for an inline architecture."""
     return None if isinstance(job.model, InlineArch) else resolve_model_dir(job.model, job.base_dir)
 
 
 def tokenizer_for(job: Job):
+    """The job's tokenizer: the model dir's own, else a byte tokenizer over the model's vocabulary."""
     return load_tokenizer(model_dir(job), model_config(job).vocab_size)
 
 
@@ -85,4 +87,5 @@ def count_params(model: nn.Module) -> tuple[int, int]:
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch's tensors copied to ``device`` (non-blocking)."""
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

@@ -23,6 +23,8 @@ from launcher.worker.tokenizer import encode_texts
 
 @dataclass(kw_only=True, slots=True)
 class Recipe:
+    """A task's training recipe: how rows become tensors, the loss and tokens of a batch, and the evaluation step."""
+
     task: str
     """causal_lm, seq_cls or sentence_embedding."""
     data: DataConfig
@@ -117,6 +119,7 @@ class Recipe:
 
 
 def make_recipe(task: str, data: DataConfig) -> Recipe:
+    """The Recipe for a task (causal_lm, seq_cls or sentence_embedding); ConfigError for another."""
     if task not in ("causal_lm", "seq_cls", "sentence_embedding"):
         raise ConfigError(f"task: {task!r} has no recipe; use causal_lm, seq_cls or sentence_embedding")
     return Recipe(task=task, data=data, sequences_per_example=2 if task == "sentence_embedding" else 1)

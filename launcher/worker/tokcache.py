@@ -31,6 +31,8 @@ Tensors = dict[str, torch.Tensor]
 
 
 def tokenizer_fingerprint(tok) -> str:
+    """A hash of what in the tokenizer decides its ids: class, size, chat template, EOS and pad tokens, and
+    the backend's full definition (else its name)."""
     if isinstance(tok, ByteTokenizer):
         return f"byte:{tok.vocab_size}"
     backend = getattr(tok, "backend_tokenizer", None)
@@ -40,6 +42,7 @@ def tokenizer_fingerprint(tok) -> str:
 
 
 def cache_key(recipe, tok, rows: list[dict], seq_len: int) -> str:
+    """The tokenized-data cache key: a hash of the rows, the tokenizer and every setting that changes the tensors."""
     h = hashlib.sha256()
     for row in rows:
         h.update(json.dumps(row, sort_keys=True, default=str).encode())
@@ -54,6 +57,7 @@ def cache_key(recipe, tok, rows: list[dict], seq_len: int) -> str:
 
 
 def encode_chunked(recipe, tok, rows: list[dict], seq_len: int, *, progress: bool, desc: str) -> Tensors:
+    """Encode ``rows`` through the recipe CHUNK_ROWS at a time (with a progress bar when asked) and join the tensors."""
     if not rows:
         return {}
     chunks = range(0, len(rows), CHUNK_ROWS)

@@ -41,6 +41,7 @@ class ByteTokenizer:
         return ids[:max_len]
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``; special and out-of-range ids are dropped, bad UTF-8 replaced."""
         raw = bytes((i - self.offset) for i in ids if self.offset <= i < self.offset + 256)
         return raw.decode("utf-8", errors="replace")
 
@@ -49,6 +50,7 @@ class ByteTokenizer:
 
 
 def has_tokenizer_files(model_dir: Path | None) -> bool:
+    """True when the model dir ships tokenizer files."""
     return model_dir is not None and any((model_dir / f).exists() for f in TOKENIZER_FILES)
 
 

@@ -193,3 +193,11 @@ def test_pure_bf16_reduces_in_bf16_and_says_the_params_are_bf16():
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, f["param_dtype"]), reduce_dtype=getattr(torch, f["reduce_dtype"]))
     assert mp.param_dtype == mp.reduce_dtype == torch.bfloat16
     assert "pure_bf16" not in fsdp_config(fsdp_plan(dict(precision="bf16")), make_job())["fsdp2"]
+
+
+def test_pure_bf16_notes_tell_the_script_to_round_stochastically(tmp_path):
+    from launcher.engines import ENGINES
+
+    notes = " ".join(ENGINES["fsdp"].accelerate_notes(fsdp_plan(dict(precision="bf16"), pure_bf16=True), tmp_path))
+    assert "bf16_stochastic_round=True" in notes
+    assert "stochastic" not in " ".join(ENGINES["fsdp"].accelerate_notes(fsdp_plan(dict(precision="bf16")), tmp_path))

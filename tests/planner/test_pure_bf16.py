@@ -11,6 +11,7 @@ from launcher.planner.levers import options
 from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Strategy
 from launcher.planner.search import size_buckets
+from launcher.planner.terms import SR_CPU_STEP_RATIO, SR_STEP_COPIES, optimizer_step_s, optimizer_step_temp_bytes
 
 
 def fsdp(pure: bool, accum: int = 1, offload: str = "none") -> Strategy:
@@ -19,9 +20,9 @@ def fsdp(pure: bool, accum: int = 1, offload: str = "none") -> Strategy:
                     activation_checkpointing=True, pure_bf16=pure)
 
 
-def inputs(model, n: int = 8) -> MemoryInputs:
+def inputs(model, n: int = 8, hw: str = "a100-80gb", optimizer: str = "adamw") -> MemoryInputs:
     return MemoryInputs(model=model, world_size=n, gpus_per_node=n, nodes=1, seq_len=2048, precision="bf16",
-                        optimizer="adamw", hardware=PROFILES["a100-80gb"], activations=analytic_constants(model, "bf16"))
+                        optimizer=optimizer, hardware=PROFILES[hw], activations=analytic_constants(model, "bf16"))
 
 
 @pytest.mark.parametrize("accum", [1, 2])
@@ -31,13 +32,14 @@ def test_fsdp_states_halve_params_grads_and_adam_states(llama7b, accum):
     # fp32 shards 4Ψ/N -> bf16 shards 2Ψ/N; AdamW's two states take the parameter's dtype: 8Ψ/N -> 4Ψ/N.
     assert mixed.params == pytest.approx(4 * psi / n) and pure.params == pytest.approx(2 * psi / n)
     assert mixed.optimizer == pytest.approx(8 * psi / n) and pure.optimizer == pytest.approx(4 * psi / n)
-    # Without accumulation the step's extra is the gradients and AdamW's two denominator copies of the largest
-    # local tensor (terms.ADAM_STEP_COPIES), both in the parameters' dtype.
+    # Without accumulation the step's extra is the gradients and, mixed, AdamW's two fp32 denominator copies of the
+    # largest local tensor (terms.ADAM_STEP_COPIES); pure bf16's stochastically rounded step is compiled and fused
+    # on CUDA and holds none (its host copies: test_the_stochastically_rounded_step_...).
     copies = 2 * llama7b.largest_layer_params / n
     grads = (lambda st: st.grads) if accum > 1 else (lambda st: st.step_extra)
     extra = 0 if accum > 1 else 1
     assert grads(mixed) == pytest.approx(4 * psi / n + extra * 4 * copies)
-    assert grads(pure) == pytest.approx(2 * psi / n + extra * 2 * copies)
+    assert grads(pure) == pytest.approx(2 * psi / n)
     # The gathered working copies are bf16 either way.
     assert pure.buffers == mixed.buffers
 
@@ -71,3 +73,79 @@ def test_lora_base_is_held_in_the_working_dtype_not_fp32(llama7b):
     assert st.params == pytest.approx((4 * 4_000_000 + 2 * (lora.num_params - 4_000_000)) / 8)
     fp32 = dataclasses.replace(inputs(lora), precision="fp32")
     assert fsdp_states(fp32, fsdp(False)).params == pytest.approx(4 * lora.num_params / 8)
+
+
+def test_the_stochastically_rounded_step_holds_fp32_copies_on_the_host_only(llama7b):
+    """Pure bf16 steps Adam/AdamW through torchao's single_param_adam with stochastic rounding: run eagerly (CPU
+    ranks, or a host-resident shard) it holds SR_STEP_COPIES fp32 copies of the local tensor; compiled on CUDA
+    none. SGD keeps torch's step (no copies)."""
+    n, local = 8, 4 * -(-llama7b.largest_layer_params // 8)
+    pure = fsdp(True)
+    assert SR_STEP_COPIES == 10.25  # counted down single_param_adam and _fp32_to_bf16_sr (terms.py)
+    assert optimizer_step_temp_bytes(inputs(llama7b, hw="cpu"), pure, n, on_host=True) == SR_STEP_COPIES * local
+    assert optimizer_step_temp_bytes(inputs(llama7b), pure, n, on_host=False) == 0
+    assert optimizer_step_temp_bytes(inputs(llama7b, hw="cpu", optimizer="sgd"), pure, n, on_host=True) == 0
+    # CPU ranks: the step moment gains them beside the bf16 gradients.
+    st = fsdp_states(inputs(llama7b, hw="cpu"), pure)
+    assert st.step_extra == pytest.approx(2 * llama7b.num_params / n + SR_STEP_COPIES * local)
+    # Under LoRA the stepped tensors are adapters: no more than the trainable parameters, not the frozen table.
+    lora = dataclasses.replace(llama7b, trainable_params=4_000_000, lora_params=4_000_000)
+    assert optimizer_step_temp_bytes(inputs(lora, hw="cpu"), pure, n, on_host=True) == SR_STEP_COPIES * 4 * 500_000
+
+
+def test_the_stochastically_rounded_step_costs_time_on_the_host_only(llama7b):
+    shard = llama7b.num_params / 8
+    cpu = inputs(llama7b, hw="cpu")
+    assert SR_CPU_STEP_RATIO > 1
+    assert optimizer_step_s(cpu, fsdp(True), shard, on_host=True) == pytest.approx(
+        (SR_CPU_STEP_RATIO - 1) * shard * 8 / cpu.hardware.cpu_adam_params_per_s)
+    assert optimizer_step_s(inputs(llama7b), fsdp(True), shard, on_host=False) == 0
+    assert optimizer_step_s(cpu, fsdp(False), shard, on_host=True) == 0
+    from launcher.planner.cost import step_time_terms
+
+    assert step_time_terms(cpu, fsdp(True), 10**6)["optimizer"] > 0
+    assert "optimizer" not in step_time_terms(cpu, fsdp(False), 10**6)
+
+
+def test_with_the_step_in_backward_the_root_hook_holds_the_rounding_copies(llama7b):
+    """Optimizer step in backward + pure bf16: the root's hook steps the vocabulary table right after its reduce,
+    so on CPU ranks the end of backward holds its reduce input and output beside the step's fp32 copies."""
+    n = 8
+    oib = dataclasses.replace(fsdp(True), optimizer_in_backward=True, activation_checkpointing=False)
+    cpu, gpu = fsdp_states(inputs(llama7b, hw="cpu"), oib), fsdp_states(inputs(llama7b), oib)
+    local = 4 * -(-llama7b.largest_layer_params // n)
+    assert cpu.step_extra == gpu.step_extra == 0  # no step-time gradient or step
+    # The root's reduce copy-in (2 + 2 bytes per element of the unit, bf16 in and out) against, in its hook, the
+    # reduce input and output (2 + 2/n) and the copies: on CUDA the copy-in alone.
+    unit = max(llama7b.non_block_params, llama7b.block_params)
+    in_hook = (2 + 2 / n) * unit + SR_STEP_COPIES * local
+    assert in_hook > 4 * unit
+    assert cpu.backward_end_extra - gpu.backward_end_extra == pytest.approx(in_hook - 4 * unit)
+
+
+@pytest.mark.parametrize(("optimizer", "said"), [("adamw", "rounds each new bf16 weight stochastically"),
+                                                 ("sgd", "rounds to nearest")])
+def test_the_plan_says_how_the_pure_bf16_step_rounds(request_for, optimizer, said):
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.search import make_plan
+
+    kw = dict(allow_levers=("pure_bf16",), optimizer=optimizer)
+    pure = make_plan(request_for(**kw, pins=StrategyConfig(engine="fsdp", pure_bf16=True)))
+    assert pure.strategy.pure_bf16
+    notes = [n for n in pure.math_notes if n.startswith("pure bf16")]
+    assert len(notes) == 1 and said in notes[0] and notes[0] in pure.reasons
+    mixed = make_plan(request_for(**kw, pins=StrategyConfig(engine="fsdp", pure_bf16=False)))
+    assert not any(n.startswith("pure bf16") for n in mixed.math_notes)
+
+
+def test_the_export_moment_starts_from_the_state_the_step_leaves_not_its_working_copies(llama7b, request_for):
+    """Rank 0's end-of-run export (CPU ranks) comes after the last step returned: the step's fp32 working copies are
+    gone (measured on the pure-bf16 dev cell: export phase 40.9 MB = shards + states + the gathered copy, while the
+    step phase held 43 MB of rounding copies more)."""
+    from launcher.planner.memory import export_host_bytes
+
+    inp, n = inputs(llama7b, hw="cpu"), 8
+    est = estimate_memory(inp, fsdp(True), size_buckets(request_for()))
+    copies = SR_STEP_COPIES * 4 * -(-llama7b.largest_layer_params // n)
+    step, export = est.moment_bytes["step"], est.moment_bytes["export"]
+    assert export == pytest.approx(step - copies + export_host_bytes(llama7b, "bf16"), abs=2)

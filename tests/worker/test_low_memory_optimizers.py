@@ -90,3 +90,127 @@ def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, s
         train_step(engine)
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k].full_tensor(), sb[k].full_tensor()) for k in sa)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam"])
+def test_pure_bf16_steps_adam_with_torchaos_stochastic_rounding(optimizer):
+    from torchao.optim.adam import _AdamBase
+
+    train = TrainConfig(global_batch_size=1, lr=3e-3, weight_decay=0.1, optimizer=optimizer)
+    ps = [torch.nn.Parameter(p.detach().bfloat16()) for p in _params((64, 64), (64,))]
+    opt = build_optimizer(train, ps, pure_bf16=True)
+    assert isinstance(opt, _AdamBase) and opt.bf16_stochastic_round and opt.is_adamw == (optimizer == "adamw")
+    g = opt.param_groups[0]
+    assert float(g["lr"]) == pytest.approx(train.lr)
+    assert (g["betas"], g["eps"], g["weight_decay"], g["amsgrad"]) == (ADAM_BETAS, ADAM_EPS, 0.1, False)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()  # eager on CPU
+    # No quantized state: the moments are plain tensors in the parameters' bf16 (the memory model's 4 bytes).
+    assert all(type(opt.state[p][k]) is torch.Tensor and opt.state[p][k].dtype == torch.bfloat16
+               for p in ps for k in ("exp_avg", "exp_avg_sq"))
+    # Without pure bf16, or with SGD, the job's torch optimizer as before.
+    assert type(build_optimizer(train, ps)) is (torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam)
+    sgd = TrainConfig(global_batch_size=1, lr=3e-3, optimizer="sgd")
+    assert type(build_optimizer(sgd, ps, pure_bf16=True)) is torch.optim.SGD
+
+
+def test_stochastic_rounding_keeps_in_expectation_the_updates_rounding_to_nearest_loses():
+    # Weights 1.0, where bf16's spacing is 2^-7 (2^-8 just below): AdamW's first steps move each weight by lr
+    # (m/sqrt(v) = 1 for a constant gradient), 1e-3, under half a spacing. torch's AdamW on the bf16 weights rounds
+    # every step back to 1.0; the stochastically rounded step lands on either neighbour with the odds that make
+    # its mean the fp32 result.
+    train = TrainConfig(global_batch_size=1, lr=1e-3, weight_decay=0.0)
+    steps, n = 20, 32768
+    torch.manual_seed(0)
+    nearest = torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
+    sr = torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
+    exact = torch.nn.Parameter(torch.ones(n))
+    opts = [build_optimizer(train, [nearest]), build_optimizer(train, [sr], pure_bf16=True),
+            build_optimizer(train, [exact])]
+    for _ in range(steps):
+        for p, opt in zip((nearest, sr, exact), opts, strict=True):
+            p.grad = torch.ones_like(p)
+            opt.step()
+    assert torch.equal(nearest, torch.ones_like(nearest))  # every update lost
+    target = float(exact.detach().mean())
+    assert target == pytest.approx(1 - steps * train.lr, rel=1e-4)
+    assert float(sr.detach().float().mean()) == pytest.approx(target, abs=2e-4)  # kept: 0.98, to 1 % of the way
+    assert len(torch.unique(sr)) > 1  # by rounding each weight up or down, not by one deterministic value
+
+
+def test_stochastic_rounding_draws_the_same_bits_on_replicas_whatever_their_random_state():
+    # The worker seeds each rank apart (dropout); hybrid sharding's replicas of a shard must still round it alike,
+    # or they drift apart. Two optimizers over equal weights and gradients, from different global random states,
+    # round alike step after step; another salt (a different one-parameter optimizer) rounds differently.
+    train = TrainConfig(global_batch_size=1, lr=1e-3, weight_decay=0.0)
+
+    def run(rank_seed: int, salt: int = 0) -> torch.Tensor:
+        torch.manual_seed(rank_seed)
+        p = torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16))
+        opt = build_optimizer(train, [p], pure_bf16=True, salt=salt)
+        for _ in range(3):
+            p.grad = torch.ones_like(p)
+            opt.step()
+        return p.detach()
+
+    a, b = run(1), run(2)
+    assert torch.equal(a, b) and len(torch.unique(a)) > 1
+    assert not torch.equal(a, run(1, salt=1))
+    # The step leaves the caller's random stream (dropout's) where it was.
+    p = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    opt = build_optimizer(train, [p], pure_bf16=True)
+    p.grad = torch.ones_like(p)
+    state = torch.get_rng_state()
+    opt.step()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backward, tmp_path, single_rank,
+                                                                       examples_data):
+    # FSDP2's bf16 DTensor shards step through the stochastically rounding AdamW (one per parameter with the step
+    # in backward); DCP saves its bf16 states, and the resumed engine rounds with the same bits (rounding_seed
+    # reads the restored step count), so it steps exactly as the one that saved.
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torchao.optim.adam import _AdamBase
+
+    from launcher.config.job import Job
+    from launcher.config.load import from_dict
+    from launcher.runtime import memory_probe
+    from launcher.worker import checkpoint
+    from launcher.worker.model import build
+    from launcher.worker.recipes import make_recipe
+    from tests.worker.run_dirs import tiny_gpt2_job
+    from tests.worker.test_checkpoint import train_step
+
+    dist.init_process_group("gloo")
+    job = from_dict(Job, tiny_gpt2_job(str(examples_data / "causal.jsonl")))
+
+    def engine() -> FsdpEngine:
+        torch.manual_seed(0)
+        model = build(job, make_recipe(job.task, job.data), seq_len=32, hf_checkpointing=False)
+        e = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                       activation_checkpointing=False, precision="bf16", grad_accum_steps=1,
+                       device=torch.device("cpu"), pure_bf16=True, optimizer_in_backward=in_backward)
+        e.setup(model, job.train, memory_probe(device="cpu", track_categories=False))
+        return e
+
+    a, b = engine(), engine()
+    assert all(isinstance(opt, _AdamBase) and opt.bf16_stochastic_round for opt in a.optimizers)
+    assert len(a.optimizers) == (len(list(a.model.parameters())) if in_backward else 1)
+    before = {k: v.full_tensor().clone() for k, v in a.model.state_dict().items()}
+    train_step(a)
+    after = a.model.state_dict()
+    assert all(isinstance(v, DTensor) and v.dtype == torch.bfloat16 for v in after.values())
+    assert len(after) > 10 and all(not torch.equal(before[k], after[k].full_tensor()) for k in after)  # all stepped
+    state = checkpoint.TrainerState(global_step=1, micro_steps=1, samples_per_rank=2, world_size=1,
+                                    samples_per_step_per_rank=2, engine="fsdp", first_loss=7.0)
+    tag = checkpoint.save(a, tmp_path, state)
+    checkpoint.load(b, tmp_path, tag, world_size=1, samples_per_step_per_rank=2)
+    for e in (a, b):
+        torch.manual_seed(5)
+        train_step(e)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k].full_tensor(), sb[k].full_tensor()) for k in sa)

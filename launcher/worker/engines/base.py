@@ -39,6 +39,9 @@ ZeRO use the same 1e-6."""
 
 
 class Engine(Protocol):
+    """The interface the training loop drives every engine through (the step contract above); DeepSpeedEngine and
+    FsdpEngine implement it."""
+
     name: str
     model: torch.nn.Module
     """The module to call for forward passes (an engine wrapper or the sharded model)."""
@@ -63,11 +66,18 @@ class Engine(Protocol):
         """Called in a formed process group, before the model is built: settles ``rank0_load``."""
         ...
 
-    def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None: ...
+    def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None:
+        """Take the built model: fill the other ranks where rank 0 alone loaded, wrap or shard it, and build the
+        optimizer and schedule from ``train``."""
+        ...
 
-    def forward(self, **inputs): ...
+    def forward(self, **inputs):
+        """The model's output for one micro-batch."""
+        ...
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor) -> None:
+        """Gradients of loss / grad_accum_steps (loss-scaled under fp16)."""
+        ...
 
     def step(self) -> bool:
         """Finish one micro-batch; at an accumulation boundary clip, step, schedule, zero-grad and return True."""
@@ -77,18 +87,26 @@ class Engine(Protocol):
         """The pre-clip global gradient norm of the last optimizer step; None when clipping is off."""
         ...
 
-    def train(self, mode: bool = True) -> None: ...
+    def train(self, mode: bool = True) -> None:
+        """Switch the model to training (True) or evaluation (False) mode."""
+        ...
 
-    def lr(self) -> float: ...
+    def lr(self) -> float:
+        """The current learning rate."""
+        ...
 
     def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
         """The trained weights in ``dtype`` on rank 0's host, None on the other ranks (collective: every rank
         calls it); ``adapter_only``: the trainable tensors alone. The export (launcher.worker.export) writes them."""
         ...
 
-    def save(self, root: Path, tag: str) -> None: ...
+    def save(self, root: Path, tag: str) -> None:
+        """Save this rank's part of the engine's state (model, optimizer, schedule) under root/tag."""
+        ...
 
-    def load(self, root: Path, tag: str) -> None: ...
+    def load(self, root: Path, tag: str) -> None:
+        """Load what save wrote under root/tag."""
+        ...
 
 
 def clip_setting(max_grad_norm: float | None) -> float:
@@ -111,16 +129,23 @@ def lr_lambda(warmup_steps: int):
     return factor
 
 
-def build_optimizer(train: TrainConfig, params, low_memory: str = "none") -> torch.optim.Optimizer:
+def build_optimizer(train: TrainConfig, params, low_memory: str = "none", *,
+                    pure_bf16: bool = False, salt: int = 0) -> torch.optim.Optimizer:
     """The job's optimizer over ``params``; foreach=False so no multi-tensor temporaries inflate the peak.
 
     ``low_memory``: the plan's Strategy.low_memory_optimizer, in place of train.optimizer when not "none"
-    (launcher.worker.engines.optimizers)."""
+    (launcher.worker.engines.optimizers). ``pure_bf16``: the plan's Strategy.pure_bf16, whose Adam and AdamW
+    round the bf16 weights stochastically (optimizers.stochastic_round_adam; ``salt``: this optimizer's index
+    among one-parameter optimizers, so theirs draw different rounding bits)."""
     params = list(params)
     if low_memory != "none":
         from launcher.worker.engines.optimizers import low_memory_optimizer
 
         return low_memory_optimizer(low_memory, train, params, betas=ADAM_BETAS, eps=ADAM_EPS)
+    if pure_bf16 and train.optimizer in ("adam", "adamw"):
+        from launcher.worker.engines.optimizers import stochastic_round_adam
+
+        return stochastic_round_adam(train, params, betas=ADAM_BETAS, eps=ADAM_EPS, salt=salt)
     if train.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=train.weight_decay,
                                  foreach=False)

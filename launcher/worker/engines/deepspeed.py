@@ -118,10 +118,13 @@ def skip_shm_comm_op() -> None:
 
 
 class DeepSpeedEngine:
+    """The rank side of DeepSpeed ZeRO: deepspeed.initialize on the run's ds_config.json, behind the step contract."""
+
     name = "deepspeed"
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> DeepSpeedEngine:
+        """The engine for a DeepSpeed plan, its ds_config.json checked against it; ConfigError without one."""
         if ds_config is None:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
@@ -130,6 +133,7 @@ class DeepSpeedEngine:
 
     @staticmethod
     def init_process_group(backend: str) -> None:
+        """Form the process group through deepspeed.init_distributed (its CPU shared-memory kernel skipped)."""
         import deepspeed
 
         skip_shm_comm_op()
@@ -166,6 +170,8 @@ class DeepSpeedEngine:
             self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
 
     def setup(self, model: torch.nn.Module, train: TrainConfig, probe) -> None:
+        """Fill the other ranks from rank 0 where only it loaded, then deepspeed.initialize with the job's optimizer
+        and warm-up schedule (unless ds_config names its own optimizer)."""
         import deepspeed
 
         check_clipping(self.ds_config, train)
@@ -240,13 +246,16 @@ class DeepSpeedEngine:
                 m.register_forward_pre_hook(hook)
 
     def forward(self, **inputs):
+        """The DeepSpeed engine's forward on one micro-batch."""
         return self.engine(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """DeepSpeed's backward: it divides by the accumulation steps and applies the loss scale itself."""
         # DeepSpeed divides by gradient_accumulation_steps and applies the loss scale itself.
         self.engine.backward(loss)
 
     def step(self) -> bool:
+        """DeepSpeed's step after every micro-batch (it acts at the accumulation boundary); True at the boundary."""
         # At the boundary engine.step() unscales, clips to gradient_clipping (= train.max_grad_norm, checked in
         # setup), steps the optimizer (skipped on fp16 overflow), steps the scheduler and zeroes the gradients.
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -254,28 +263,35 @@ class DeepSpeedEngine:
         return boundary
 
     def grad_norm(self):
+        """ZeRO's global gradient norm before clipping; None when ds_config does not clip."""
         if not self.ds_config.get("gradient_clipping"):
             return None
         # ZeRO's norm before clipping, over every rank's partition (a tensor or a float by DeepSpeed version).
         return self.engine.get_global_grad_norm()
 
     def train(self, mode: bool = True) -> None:
+        """Switch the model to training (True) or evaluation (False) mode."""
         self.engine.train(mode)
 
     def lr(self) -> float:
+        """The current learning rate."""
         return float(self.engine.get_lr()[0])
 
     def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        """The trained weights in ``dtype`` on rank 0's host (None elsewhere; every rank calls it): ZeRO-3's
+        partitions gathered, ZeRO-0/1/2's replica copied by rank 0 (adapter_only: the trainable tensors alone)."""
         from launcher.worker.export import gather_replicated, gather_zero3
 
         gather = gather_zero3 if self.stage == 3 else gather_replicated  # ZeRO-0/1/2: the module is replicated
         return gather(self.engine.module, dtype, adapter_only)
 
     def save(self, root: Path, tag: str) -> None:
+        """Save DeepSpeed's checkpoint files under root/tag (the launcher writes its own "latest" afterwards)."""
         # Our own "latest" marker is written after every rank finished; DeepSpeed's would come too early.
         self.engine.save_checkpoint(str(root), tag=tag, save_latest=False)
 
     def load(self, root: Path, tag: str) -> None:
+        """Load DeepSpeed's checkpoint root/tag with optimizer and schedule; RuntimeError when there is none."""
         path, _ = self.engine.load_checkpoint(
             str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )

@@ -61,6 +61,9 @@ def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) ->
 
 
 class FsdpEngine:
+    """The rank side of FSDP2: fully_shard per block (and the root) with the plan's sharding, offload, precision and
+    levers, the optimizer over the shards, behind the step contract."""
+
     name = "fsdp"
     hf_checkpointing = False
     """FSDP wraps each block in checkpoint_wrapper itself (setup)."""
@@ -69,6 +72,7 @@ class FsdpEngine:
 
     @classmethod
     def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
+        """The engine for an FSDP2 plan, configured from its strategy, precision and levers (ds_config is not used)."""
         s = plan.strategy
         engine = cls(
             reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
@@ -91,6 +95,7 @@ class FsdpEngine:
 
     @staticmethod
     def init_process_group(backend: str) -> None:
+        """Form the default process group with ``backend`` unless one exists."""
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
 
@@ -157,11 +162,14 @@ class FsdpEngine:
         """Set by before_build: rank 0 holds the real model and the others a meta one (launcher.worker.loading)."""
 
     def before_build(self) -> None:
+        """Settle rank0_load: whether rank 0 alone loads the weights and the others build on meta."""
         from launcher.worker.loading import loads_on_rank0_only
 
         self.rank0_load = loads_on_rank0_only()
 
     def setup(self, model: nn.Module, train: TrainConfig, probe) -> None:
+        """Shard the model (checkpoint-wrapped blocks, QLoRA's NF4 weights, offload and mixed-precision policies),
+        fill the shards from rank 0 where it alone loaded, and build the optimizer(s), schedule and fp16 scaler."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -197,7 +205,8 @@ class FsdpEngine:
         if self.pure_bf16:
             # Pure bf16 (LitGPT's "bf16-true"): the sharded parameters themselves are bf16, so gradients are
             # reduced in bf16 and AdamW's states, allocated like the parameter (zeros_like), are bf16 too: no fp32
-            # master anywhere. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
+            # master anywhere. Adam and AdamW round the new weights stochastically (build_optimizer's pure_bf16),
+            # so updates under half a bf16 ulp are not lost. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
             # tied weights stay tied; on the meta model rank 0's fp32 state dict is then copied into bf16 shards.
             for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)
@@ -241,7 +250,7 @@ class FsdpEngine:
             self.setup_optimizer_in_backward(trainable, train)
             probe.use_fsdp_tracker(model, None)  # FSDPMemTracker follows one optimizer; the states count as other
             return
-        self.optimizer = build_optimizer(train, trainable, self.low_memory_optimizer)
+        self.optimizer = build_optimizer(train, trainable, self.low_memory_optimizer, pure_bf16=self.pure_bf16)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train.warmup_steps))
         self.optimizers, self.schedulers = [self.optimizer], [self.scheduler]
         if self.precision == "fp16":
@@ -265,8 +274,8 @@ class FsdpEngine:
                   "to clip to", file=sys.stderr, flush=True)
         self.max_grad_norm = 0.0
         by_param = {}
-        for p in params:
-            opt = build_optimizer(train, [p])
+        for i, p in enumerate(params):
+            opt = build_optimizer(train, [p], pure_bf16=self.pure_bf16, salt=i)
             by_param[p] = opt
             self.optimizers.append(opt)
             self.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train.warmup_steps)))
@@ -296,15 +305,19 @@ class FsdpEngine:
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
 
     def forward(self, **inputs):
+        """The sharded model's forward on one micro-batch."""
         return self.model(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Backward of loss / grad_accum_steps, loss-scaled under fp16."""
         loss = loss / self.grad_accum_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward()
 
     def step(self) -> bool:
+        """Count the micro-batch; at the accumulation boundary unscale, clip, step, schedule and zero-grad (with the
+        step in backward only the schedules advance); True there."""
         self.micro += 1
         if self.micro % self.grad_accum_steps:
             return False
@@ -328,23 +341,31 @@ class FsdpEngine:
         return True
 
     def optimizer_params(self) -> list[torch.Tensor]:
+        """Every parameter the optimizer(s) step, in their order."""
         return [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
 
     def grad_norm(self) -> torch.Tensor | None:
+        """The pre-clip global norm of the last step; None while clipping is off."""
         return self._grad_norm if self.max_grad_norm > 0 else None
 
     def train(self, mode: bool = True) -> None:
+        """Switch the model to training (True) or evaluation (False) mode."""
         self.model.train(mode)
 
     def lr(self) -> float:
+        """The current learning rate."""
         return float(self.schedulers[0].get_last_lr()[0])
 
     def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
+        """The trained weights in ``dtype`` on rank 0's host, gathered from the shards (None elsewhere; every rank
+        calls it)."""
         from launcher.worker.export import gather_fsdp
 
         return gather_fsdp(self.model, dtype, adapter_only)
 
     def save(self, root: Path, tag: str) -> None:
+        """Save model and optimizer shards with torch.distributed.checkpoint under root/tag/dcp, and (rank 0) the
+        schedule and micro-batch count in engine.pt."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -358,6 +379,7 @@ class FsdpEngine:
             torch.save({"scheduler": self.schedulers[0].state_dict(), "micro": self.micro}, root / tag / "engine.pt")
 
     def load(self, root: Path, tag: str) -> None:
+        """Load what save wrote under root/tag into the sharded model, optimizer(s) and schedules."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

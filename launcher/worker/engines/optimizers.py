@@ -17,6 +17,15 @@ DTensor (_new_buffer). torch's Adafactor does not run on them (its in-place squa
 by DTensor's sharding propagation, torch 2.13), so ShardedAdafactor runs its single-tensor step on the local
 shard and all-reduces over the shard group what spans rows (column means, the row variance's mean and the two
 RMS norms): the same update as on the whole tensor. All of them run on CPU ranks.
+
+Pure bf16 (Strategy.pure_bf16) steps the job's Adam or AdamW with stochastic rounding: torchao's _AdamBase with
+no quantized state (block_size inf, as torchao.optim._AdamW; the states zeros_like the bf16 parameter) and
+bf16_stochastic_round=True. single_param_adam computes the update in fp32 and rounds the new bf16 weight up or
+down with the probability of its distance to each (quant_utils._fp32_to_bf16_sr), so an update under half a bf16
+ulp of the weight, which rounding to nearest drops every step, is kept in expectation. It runs on FSDP2's DTensor
+shards as the low-bit ones do, and eagerly on CPU (_eager). Its random bits come from a seed that replicas of a
+shard share (rounding_seed), so hybrid sharding's replicas stay equal. SGD keeps torch's step (round to nearest):
+torchao has no stochastically rounded SGD.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ class ShardedAdafactor(torch.optim.Adafactor):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One Adafactor step over every parameter with a gradient; returns the closure's loss, if one was given."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -162,3 +172,59 @@ def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, 
     cls = _eager(AdamW8bit if name == "adamw8bit" else AdamW4bit)
     return cls(params, lr=train.lr, betas=betas, eps=eps, weight_decay=train.weight_decay,
                block_size=LOW_BIT_BLOCK[name])
+
+
+def rounding_seed(opt: torch.optim.Optimizer, salt: int) -> int:
+    """The seed of one stochastically rounded step: the same on every replica of a shard, different per shard.
+
+    torchao draws the rounding bits from the global generator, which the worker seeds per rank (distinct dropout
+    masks). Under hybrid sharding the ranks that hold the same shard on different nodes must round it alike, or
+    the replicas drift apart; so each step draws from a seed of (salt, the step count, the shard's coordinates on
+    the mesh's sharded dimensions): ``salt`` tells apart optimizers stepped one at a time (the step in backward).
+    The step count is the optimizer's own state, so a resumed run goes on with the seeds it would have used.
+    """
+    import hashlib
+
+    from torch.distributed.tensor import DTensor, Shard
+
+    p = next((p for g in opt.param_groups for p in g["params"] if p.grad is not None), None)
+    step = int(opt.state[p]["step"]) if p is not None and opt.state[p] else 0
+    coord: tuple[int, ...] = ()
+    if isinstance(p, DTensor):
+        where = p.device_mesh.get_coordinate() or []
+        coord = tuple(where[i] for i, pl in enumerate(p.placements) if isinstance(pl, Shard))
+    digest = hashlib.sha256(f"{salt}:{step}:{coord}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _replica_consistent(cls):
+    """``cls`` whose step rounds with bits from rounding_seed, leaving the caller's random state as it was."""
+
+    class Consistent(cls):
+        rounding_salt = 0
+
+        def step(self, closure=None):
+            seed = rounding_seed(self, self.rounding_salt)
+            cuda = [p.device for g in self.param_groups for p in g["params"] if p.device.type == "cuda"]
+            with torch.random.fork_rng(devices=cuda[:1]):
+                torch.manual_seed(seed)
+                return super().step(closure)
+
+    Consistent.__name__ = Consistent.__qualname__ = cls.__name__
+    return Consistent
+
+
+def stochastic_round_adam(train, params: list, *, betas: tuple[float, float], eps: float,
+                          salt: int = 0) -> torch.optim.Optimizer:
+    """Pure bf16's Adam or AdamW (train.optimizer), with the job's lr and weight decay, rounding stochastically
+    with replica-consistent bits (rounding_seed; ``salt``: this optimizer's index among one-parameter ones)."""
+    if train.optimizer not in ("adam", "adamw"):
+        raise ValueError(f"stochastic rounding: train.optimizer {train.optimizer!r} is not adam or adamw")
+    from torchao.optim.adam import _AdamBase
+
+    # torchao.optim._AdamW is this with is_adamw=True; Adam adds the decay to the gradient (torch.optim.Adam's L2).
+    opt = _replica_consistent(_eager(_AdamBase))(
+        params, train.lr, betas, eps, train.weight_decay, False, block_size=float("inf"),
+        bf16_stochastic_round=True, is_adamw=train.optimizer == "adamw")
+    opt.rounding_salt = salt
+    return opt
