@@ -73,10 +73,16 @@ class Correction:
     """Applied to the whole corrected peak for what the categories do not explain."""
 
     def apply(self, est: Estimate) -> int:
-        """A plan's corrected peak, bytes: each category group's predicted bytes scaled by its ratio, then
-        the whole by the uniform factor."""
-        extra = sum((r - 1.0) * predicted_bytes(est.breakdown, g) for g, r in self.ratios.items())
-        return int((est.peak_bytes + extra) * self.uniform)
+        """A plan's corrected peak, bytes: each category group's predicted bytes at training's largest moment
+        scaled by its ratio, then the whole by the uniform factor; at least the plan's own peak (rank 0's load or
+        export, which a training measurement does not correct)."""
+        return max(self.training_peak(est), est.peak_bytes)
+
+    def training_peak(self, est: Estimate) -> int:
+        """The corrected bytes of training's largest moment alone."""
+        bd = training_breakdown(est)
+        extra = sum((r - 1.0) * predicted_bytes(bd, g) for g, r in self.ratios.items())
+        return int((sum(bd.values()) + extra) * self.uniform)
 
     def describe(self) -> str:
         """The factors above 1 as "group xR", for the ladder's message; says so when none is."""
@@ -104,21 +110,27 @@ class Fallback:
     correction: Correction | None = None
 
 
+def training_breakdown(est: Estimate) -> dict[str, int]:
+    """The breakdown at training's largest moment: the peak's, unless the peak is rank 0's load or export."""
+    return est.training_breakdown or est.breakdown
+
+
 def correction_for(predicted: Estimate, measured: Measurement) -> Correction:
     """Per-category ratios from the measurement, then a uniform factor so the failed strategy's corrected peak
     is at least what was measured (an OOM's breakdown stops where the rank died, so categories under-explain).
     No correction when the measured peak did not exceed the prediction."""
     ratios = dict.fromkeys(CATEGORY_GROUPS, 1.0)
-    if measured.peak_bytes <= predicted.peak_bytes:
+    bd = training_breakdown(predicted)
+    if measured.peak_bytes <= sum(bd.values()):
         # The total was not under-predicted (a forced plan, or an OOM that struck below the prediction): a
         # category above its prediction is offset by another below it, and scaling it alone would over-correct.
         return Correction(ratios=ratios)
     for g in CATEGORY_GROUPS:
-        pred = predicted_bytes(predicted.breakdown, g)
+        pred = predicted_bytes(bd, g)
         meas = measured_bytes(measured.by_category, g)
         ratios[g] = max(1.0, meas / pred) if pred > 0 else 1.0
     c = Correction(ratios=ratios)
-    corrected = c.apply(predicted)
+    corrected = c.training_peak(predicted)
     if corrected > 0 and measured.peak_bytes > corrected:
         c.uniform = measured.peak_bytes / corrected
     return c

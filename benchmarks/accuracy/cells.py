@@ -261,6 +261,16 @@ PURE_BF16_SR_VALIDATION: tuple[Cell, ...] = (
 )
 """The stochastic-rounding validation split: run once, after the change, to judge its step term."""
 
+EXPORT_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-25 23:22 UTC) before either ran: the CPU-rank export moment (memory.py,
+    # rank 0's saved copy beside the state the step leaves) was checked only on plan_quality's tiny GPT-2 and the
+    # MiniLM CLI test. Full fp32 fine-tunes at 32 tokens, where the weights dwarf the activations and the export is
+    # expected to be the peak: FSDP2's one-tensor-at-a-time gather and ZeRO-2's replicated copy.
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", False, 1, 32),
+    _c("z2", "llama6", "causal_lm", "fp32", False, 1, 32),
+)
+"""The export moment's validation split: run once, to judge the moment where it is the peak."""
+
 SAC_VALIDATION: tuple[Cell, ...] = (
     # Op-level selective checkpointing (Strategy.checkpoint_policy "ops"), decided and committed (2026-11-25 23:10
     # UTC) before its memory term existed: run once when the term is final. Development used tiny llama only.
@@ -279,17 +289,18 @@ def full_matrix() -> list[Cell]:
 def every_cell() -> list[Cell]:
     """The matrix, the validation splits and the levers' cells."""
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
-            *SAC_VALIDATION]
+            *EXPORT_VALIDATION, *SAC_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
-    "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding) or "sac-validation"
-    (op-level selective checkpointing)."""
+    "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation" or
+    "sac-validation" (op-level selective checkpointing)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
             **{c.name: "sr-validation" for c in PURE_BF16_SR_VALIDATION},
+            **{c.name: "export-validation" for c in EXPORT_VALIDATION},
             **{c.name: "sac-validation" for c in SAC_VALIDATION}}
 
 

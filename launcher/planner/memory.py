@@ -186,6 +186,10 @@ def export_host_bytes(m: ModelStats, precision: str) -> float:
     return BYTES[precision] * (kept + m.largest_layer_params)
 
 
+TRAINING_MOMENTS = ("backward", "backward_end", "step")
+"""The moments inside a training step (the others: rank 0's weight load, and on CPU ranks its export)."""
+
+
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
     """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward,
     backward end, step, init, and on CPU ranks the export), the CUDA overheads, and host and NVMe bytes per node."""
@@ -220,27 +224,38 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     loading = spec.init_bytes(inp, s)
     moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
     moment = max(moments, key=moments.get)
-    breakdown = {
-        "params": st.params,
-        "grads": st.grads + {"step": st.step_extra, "export": st.step_extra - st.step_temp,
-                             "backward_end": st.backward_end_extra}.get(moment, 0.0),
-        "optimizer": st.optimizer,
-        "buffers": 0.0,
-        "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks) else 0.0,
-        "logits": head if moment == "backward" else 0.0,
-    }
-    if not (moment == "backward_end" or (moment in ("step", "export") and st.step_frees_buffers)):
-        breakdown[st.buffers_category] += st.buffers
-    if moment == "backward":
-        breakdown[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
     hw = inp.hardware
-    if hw.device_is_host:
-        # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
-        breakdown["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
-    if moment == "export":  # the gathered copy is parameters (categories.py), beside the training state
-        breakdown["params"] += export_host_bytes(m, inp.precision)
-    if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
-        breakdown = dict.fromkeys(breakdown, 0.0) | {"params": loading}
+
+    def breakdown_at(moment: str) -> dict[str, float]:
+        """Device bytes per category at ``moment`` (before the CUDA reserve)."""
+        bd = {
+            "params": st.params,
+            "grads": st.grads + {"step": st.step_extra, "export": st.step_extra - st.step_temp,
+                                 "backward_end": st.backward_end_extra}.get(moment, 0.0),
+            "optimizer": st.optimizer,
+            "buffers": 0.0,
+            "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks)
+            else 0.0,
+            "logits": head if moment == "backward" else 0.0,
+        }
+        if not (moment == "backward_end" or (moment in ("step", "export") and st.step_frees_buffers)):
+            bd[st.buffers_category] += st.buffers
+        if moment == "backward":
+            bd[st.backward_extra_category] += st.backward_extra + max(0.0, st.dequant_transient - head)
+        if hw.device_is_host:
+            # CPU ranks: "offloaded" state lives in the same memory the rank is measured in.
+            bd["offloaded"] = st.host + (st.host_step_extra if moment == "step" else 0.0)
+        if moment == "export":  # the gathered copy is parameters (categories.py), beside the training state
+            bd["params"] += export_host_bytes(m, inp.precision)
+        if moment == "init":  # the weights being loaded (on the host, where that is the device); nothing else yet
+            bd = dict.fromkeys(bd, 0.0) | {"params": loading}
+        return bd
+
+    breakdown = breakdown_at(moment)
+    # Where the peak is outside training (rank 0's load or export), training's own largest moment too: the OOM
+    # ladder scales its categories by what a failed attempt measured (launcher.fallback.Correction).
+    training = max(TRAINING_MOMENTS, key=moments.get)
+    training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
     tensors = sum(breakdown.values())
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
     overhead = cuda_overhead(hw, tensors, inp.world_size)
@@ -250,6 +265,9 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                                                                        inp.world_size).values()))
                     for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
+    if training_breakdown:
+        training_breakdown["reserve"] = sum(cuda_overhead(hw, sum(training_breakdown.values()), inp.world_size).values())
+        training_breakdown = {k: int(v) for k, v in training_breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
     # The weight load, as launcher.worker.loading does it: rank 0 alone builds the model on its host (one fp32
@@ -258,12 +276,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # meta-device init; PyTorch torch.distributed.checkpoint.state_dict]. ZeRO-3 builds inside zero.Init, each rank
     # copying in one parameter at a time [DS: "4nL·f with zero.Init", against 4nP·f without].
     load = spec.load_bytes_per_node(inp, s)
-    host_bytes = ranks * peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
+    # CPU ranks: every rank's training peak (rank 0's export copy is added once, below).
+    training_peak = sum(training_breakdown.values()) if training_breakdown else peak
+    host_bytes = ranks * training_peak if hw.device_is_host else ranks * (st.host + st.host_step_extra + pinned)
     # The export at the end (launcher.worker.export) adds rank 0's gathered copy to what the node holds then.
     host_bytes = max(host_bytes + export_host_bytes(m, inp.precision), load)
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host_bytes),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
-                          basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes)
+                          basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes,
+                          training_breakdown=training_breakdown)
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
@@ -272,7 +293,7 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
     return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
-__all__ = ["BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
+__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
            "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
            "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
            "offloaded_activation_bytes",

@@ -161,8 +161,11 @@ class MemoryEstimate:
     """CUDA-only named terms inside breakdown["reserve"], bytes: cublas_workspace, allocator_reserve,
     cuda_context, nccl_buffers (launcher.planner.cuda_overhead)."""
     moment_bytes: dict[str, int] = field(default_factory=dict)
-    """Predicted bytes per rank at every moment (backward, backward_end, step, init), reserve included: what each
-    measured phase is compared with (benchmarks/accuracy); the peak is the largest."""
+    """Predicted bytes per rank at every moment (backward, backward_end, step, init; export on CPU ranks), reserve
+    included: what each measured phase is compared with (benchmarks/accuracy); the peak is the largest."""
+    training_breakdown: dict[str, int] = field(default_factory=dict)
+    """Where the peak is rank 0's weight load or export: the breakdown at training's largest moment (the one a
+    training OOM is corrected on, launcher.fallback); empty where the peak is a training moment."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -330,6 +333,8 @@ class Plan:
             "step_time_terms": dict(self.estimate.step_time_terms),
             # Only a plan the memory model made has moments (a plan.json read back from an older one has none).
             **({"moment_bytes": dict(self.estimate.moment_bytes)} if self.estimate.moment_bytes else {}),
+            **({"training_breakdown": dict(self.estimate.training_breakdown)}
+               if self.estimate.training_breakdown else {}),
             "buckets": dataclasses.asdict(self.buckets),
             "world_size": self.world_size,
             "nodes": self.nodes,
@@ -363,6 +368,7 @@ class Plan:
             step_time_s=d["predicted_step_time_s"], step_time_terms=d.get("step_time_terms", {}),
             basis=d.get("basis", "cpu_tensor_bytes"), overhead=d.get("overhead", {}),
             moment_bytes=d.get("moment_bytes", {}),
+            training_breakdown=d.get("training_breakdown", {}),
         )
         return cls(
             strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),

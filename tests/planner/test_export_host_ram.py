@@ -50,6 +50,12 @@ def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
     copies = fsdp_states(inp, s).step_temp
     assert copies > 0 and abs(mb["export"] - (mb["step"] - copies) - export_host_bytes(m, "bf16")) <= 1
     assert est.peak_moment == "export" and abs(est.peak_bytes - mb["export"]) <= 8
+    # Training's own largest moment keeps its breakdown: the OOM ladder corrects a training OOM on it
+    # (launcher.fallback), which the export's breakdown (no activations) would not let it do.
+    from launcher.planner.memory import TRAINING_MOMENTS
+
+    assert abs(sum(est.training_breakdown.values()) - max(mb[k] for k in TRAINING_MOMENTS)) <= 8
+    assert est.training_breakdown["activations"] > 0 or est.training_breakdown["grads"] > 0
     # On GPUs the copy is host RAM only: no device moment.
     gpu = estimate_memory(dataclasses.replace(inp, hardware=PROFILES["h100-80gb"]), s, size_buckets(req))
     assert "export" not in gpu.moment_bytes
