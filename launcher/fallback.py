@@ -156,8 +156,9 @@ def rung_options(rung: str, s: Strategy, req: PlanRequest) -> list[Strategy]:
         return [_with_micro_batch(s, mb, per_rank) for mb in smaller]
     if rung == "activation_checkpointing":
         # Selective checkpointing (every k-th block) still has full recompute left to try.
-        full = s.activation_checkpointing and s.checkpoint_every == 1
-        return [] if full else [dataclasses.replace(s, activation_checkpointing=True, checkpoint_every=1)]
+        full = s.activation_checkpointing and s.checkpoint_every == 1 and s.checkpoint_policy == "full"
+        return [] if full else [dataclasses.replace(s, activation_checkpointing=True, checkpoint_every=1,
+                                                    checkpoint_policy="full")]
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}")
     return engine_spec(s.engine).rung_options(rung, s, nvme=req.nvme_free_bytes is not None)
@@ -184,6 +185,8 @@ def describe_change(old: Strategy, new: Strategy) -> str:
         parts.append("activation checkpointing on")
     elif new.checkpoint_every != old.checkpoint_every:
         parts.append(f"activation checkpointing every {old.checkpoint_every} -> every {new.checkpoint_every} block")
+    if new.activation_checkpointing and new.checkpoint_policy != old.checkpoint_policy:
+        parts.append(f"checkpoint policy {old.checkpoint_policy} -> {new.checkpoint_policy}")
     if new.zero_stage != old.zero_stage:
         parts.append(f"ZeRO stage {old.zero_stage} -> {new.zero_stage}")
     if new.fsdp_reshard_after_forward != old.fsdp_reshard_after_forward:

@@ -129,7 +129,7 @@ class Cell:
 LEVER_WORDS = {
     "loss_chunks": lambda v: f"ce{v}", "checkpoint_every": lambda v: f"k{v}", "activation_offload": lambda v: "aoff",
     "optimizer_in_backward": lambda v: "oib", "low_memory_optimizer": lambda v: str(v),
-    "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora",
+    "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora", "checkpoint_policy": lambda v: f"sac{v}",
 }
 """How each lever shows in a cell's name."""
 
@@ -231,6 +231,8 @@ LEVER_DEV: tuple[Cell, ...] = (
     _c("z2", "gpt2s", "causal_lm", "fp32", False, 2, 256, low_memory_optimizer="adamw8bit"),
     _c("fsdp", "llama", "causal_lm", "bf16", False, 1, 256, pure_bf16=True),
     _c("fsdp", "llama", "causal_lm", "fp32", False, 2, 256, lora=True, qlora=True),
+    _c("fsdp", "llama", "causal_lm", "fp32", True, 1, 512, checkpoint_policy="ops"),
+    _c("fsdp", "llama", "causal_lm", "fp32", True, 2, 256, checkpoint_policy="ops", checkpoint_every=2),
 )
 """Lever cells the implementation was developed and checked against (seen)."""
 
@@ -278,6 +280,15 @@ EXPORT_VALIDATION_2: tuple[Cell, ...] = (
 )
 """The export moment's second validation split, for the changed term."""
 
+SAC_VALIDATION: tuple[Cell, ...] = (
+    # Op-level selective checkpointing (Strategy.checkpoint_policy "ops"), decided and committed (2026-11-25 23:10
+    # UTC) before its memory term existed: run once when the term is final. Development used tiny llama only.
+    _c("fsdp", "llama6", "causal_lm", "fp32", True, 2, 512, checkpoint_policy="ops"),
+    _c("fsdp", "llama6", "causal_lm", "fp32", True, 1, 1024, checkpoint_policy="ops", checkpoint_every=2),
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", True, 1, 768, checkpoint_policy="ops"),
+)
+"""Op-level selective checkpointing's validation split (out of sample, run once)."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -287,18 +298,20 @@ def full_matrix() -> list[Cell]:
 def every_cell() -> list[Cell]:
     """The matrix, the validation splits and the levers' cells."""
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
-            *EXPORT_VALIDATION, *EXPORT_VALIDATION_2]
+            *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
-    "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding) or "export-validation"."""
+    "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation" or
+    "sac-validation" (op-level selective checkpointing)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
             **{c.name: "sr-validation" for c in PURE_BF16_SR_VALIDATION},
             **{c.name: "export-validation" for c in EXPORT_VALIDATION},
-            **{c.name: "export-validation-2" for c in EXPORT_VALIDATION_2}}
+            **{c.name: "export-validation-2" for c in EXPORT_VALIDATION_2},
+            **{c.name: "sac-validation" for c in SAC_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

@@ -173,6 +173,7 @@ def error_lines(e: LauncherError) -> list[str]:
 
 LEVER_NAMES = {
     "loss_chunks": "chunked cross-entropy", "checkpoint_every": "selective checkpointing (every k-th block)",
+    "checkpoint_policy": "op-level selective checkpointing",
     "activation_offload": "activation offload", "optimizer_in_backward": "optimizer step in backward",
     "low_memory_optimizer": "low-memory optimizer", "pure_bf16": "pure bf16", "qlora": "QLoRA (NF4 base)",
 }

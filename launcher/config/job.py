@@ -22,6 +22,9 @@ FsdpSharding = Literal["full", "hybrid"]
 (HSDP, FSDP1's HYBRID_SHARD)."""
 Family = Literal["gpt2", "llama", "bert"]
 LowMemoryOptimizer = Literal["none", "adamw8bit", "adamw4bit", "adafactor"]
+CheckpointPolicy = Literal["full", "ops"]
+"""What a checkpointed block keeps: its input alone (full recompute) or also the outputs of the ops torchtitan's
+op-level policy saves (launcher.model.sac)."""
 """An optimizer that keeps less state than fp32 Adam (launcher.planner.levers): none keeps the job's optimizer."""
 MathLever = Literal["adamw8bit", "adamw4bit", "adafactor", "pure_bf16", "qlora"]
 """A memory lever that changes the training math, used only when train.allow_levers lists it (docs/levers.md)."""
@@ -174,6 +177,10 @@ class StrategyConfig:
     activation_checkpointing: bool | None = None
     """Recompute blocks' activations in backward (every checkpoint_every-th block)."""
     checkpoint_every: int | None = None
+    checkpoint_policy: CheckpointPolicy | None = None
+    """With activation_checkpointing: full recomputes a checkpointed block from its input; ops also keeps the
+    outputs of its matmuls (every other one) and attention, torchtitan's op-level selective checkpointing, and
+    recomputes the rest (FSDP2 only)."""
     """With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."""
     loss_chunks: int | None = None
     """Chunked cross-entropy: the head and the loss run over this many chunks of tokens, each recomputed in

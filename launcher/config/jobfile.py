@@ -316,6 +316,14 @@ def lever_problems(job: Job) -> list[Problem]:
     if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
         out.append(Problem("strategy.checkpoint_every", f"{pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} "
                            "(1 checkpoints every block); use e.g. 2, or leave it out"))
+    if pins.checkpoint_policy == "ops" and pins.activation_checkpointing is False:
+        out.append(Problem("strategy.checkpoint_policy", "'ops' chooses what a checkpointed block keeps, but "
+                           "strategy.activation_checkpointing is false; set it true, or leave "
+                           "strategy.checkpoint_policy out", reads=("strategy.activation_checkpointing",)))
+    if pins.checkpoint_policy == "ops" and pins.activation_offload:
+        out.append(Problem("strategy.checkpoint_policy", "'ops' keeps op outputs that activation offload's hooks "
+                           "never see, which the plan does not model; leave one of strategy.checkpoint_policy and "
+                           "strategy.activation_offload out", reads=("strategy.activation_offload",)))
     if pins.loss_chunks is not None and not 0 <= pins.loss_chunks <= LEVER_COUNT_MAX:
         out.append(Problem("strategy.loss_chunks", f"{pins.loss_chunks!r} must be 0 (whole logits) to "
                            f"{LEVER_COUNT_MAX}; use e.g. 8, or leave it out"))

@@ -152,7 +152,7 @@ class FsdpSpec(EngineSpec):
     # The optimizer steps FSDP2's DTensor shards: torchao's low-bit AdamW and ShardedAdafactor both run there
     # (launcher.worker.engines.optimizers).
     levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "low_memory_optimizer",
-                        "checkpoint_every", "activation_offload"})
+                        "checkpoint_every", "checkpoint_policy", "activation_offload"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""

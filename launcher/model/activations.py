@@ -18,7 +18,7 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 5
+PROBE_VERSION = 6
 """Part of the cache key: bump when what the probe measures changes."""
 
 
@@ -31,7 +31,7 @@ def _with_blocks(config, blocks: int):
 
 
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
-                           dtype, loss_chunks: int = 0) -> int:
+                           dtype, loss_chunks: int = 0, policy: str = "full") -> int:
     import torch
 
     from launcher.model.build import model_class
@@ -52,7 +52,12 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs: dict = {"use_reentrant": False}
+        if policy == "ops":  # op-level selective checkpointing, the worker's policy (launcher.model.sac)
+            from launcher.model.sac import sac_context
+
+            kwargs["context_fn"] = sac_context
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if job.train.lora is not None:
         # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
         from launcher.model.lora import apply_lora
@@ -120,11 +125,11 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     tokens = max(s_long, 4 * int(config.vocab_size) // 16, 64 * h // 16)
     examples = -(-tokens // s_long)
 
-    def peak(blocks: int, s: int, ac: bool) -> float:
+    def peak(blocks: int, s: int, ac: bool, policy: str = "full") -> float:
         """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
         n = examples * s_long // s
         total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
-                                       checkpointing=ac, dtype=dtype)
+                                       checkpointing=ac, dtype=dtype, policy=policy)
         return total / (n * s)
 
     # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
@@ -140,6 +145,8 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     q1, q2 = peak(1, s_long, True), peak(2, s_long, True)
     ckpt = q2 - q1
     head_ckpt = q1 - ckpt - per_block_long
+    # The same with the op policy (launcher.model.sac): per block its input and the outputs of the saved ops.
+    sac = peak(2, s_long, True, "ops") - peak(1, s_long, True, "ops")
     # What chunked cross-entropy divides (launcher.planner.memory.chunked_head_bytes), from the loss's source
     # (transformers' ForCausalLMLoss, launcher.model.chunked_loss): three fp32 values per logit at the head's
     # backward peak, the log-softmax output, its gradient and the logits' gradient.
@@ -152,6 +159,7 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         block_bytes_per_token=a,
         block_bytes_per_token_per_seq=b,
         ckpt_bytes_per_token=ckpt,
+        sac_bytes_per_token=sac,
         head_bytes_per_token=head,
         head_ckpt_bytes_per_token=head_ckpt,
         probe_seq_len=seq_len,

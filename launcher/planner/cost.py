@@ -1,7 +1,8 @@
 """Seconds per optimizer step for one strategy: the cost model that ranks fitting plans.
 
 compute   = 6·Ψ·tokens FLOPs, plus 2·Ψ_block·tokens per recomputed block [Kaplan et al. 2020; Korthikanti et al.
-            2022 §5] (every block with full recompute, every k-th with checkpoint_every = k)
+            2022 §5] (every block with full recompute, every k-th with checkpoint_every = k); under the op
+            policy only the matmuls it does not save (recomputed_share)
             LoRA skips frozen weight gradients: 4·Ψ·tokens. Ψ is the active parameters:
             a mixture of experts runs each token through top-k of its E experts [Mixtral, arXiv:2401.04088 §2].
             Chunked cross-entropy recomputes the head's forward in backward: +2·h·V per token.
@@ -53,7 +54,7 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
     # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
-    recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m)
+    recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m) * recomputed_share(m, s)
     flops_per_token = fwd_bwd * m.active_params + recompute
     if s.loss_chunks:
         # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
@@ -91,6 +92,22 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     return -(-num_blocks // s.checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(i, k) over i
 
 
+def recomputed_share(m, s: Strategy) -> float:
+    """Share of a checkpointed block's matmul FLOPs its recompute runs again: all of them under full recompute.
+
+    Under the op policy (checkpoint_policy "ops", launcher.model.sac) the outputs of every odd aten.mm in forward
+    order are saved and only the even ones re-run. A Llama-style block (gated MLP, bias-free linears, each an
+    aten.mm) runs q, k, v, o, gate, up, down: k (h·kv·d), o (h²) and up (h·I) re-run. Linears with a bias run as
+    aten.addmm, which the policy does not save (GPT-2's Conv1D, BERT): their recompute is whole.
+    """
+    if s.checkpoint_policy != "ops" or not m.gated_mlp:
+        return 1.0
+    h, inter, kv = m.hidden_size, m.intermediate_size, m.num_kv_heads * m.head_dim
+    attn_q, attn_kv = m.num_heads * m.head_dim * h, kv * h
+    total = 2 * attn_q + 2 * attn_kv + 3 * h * inter
+    return (attn_kv + attn_q + h * inter) / total
+
+
 def active_block_params(m) -> float:
     """Parameters one token runs through in one block: the active ones outside embeddings and head, per block."""
     return max(m.active_params - m.non_block_params, 0) / max(m.num_blocks, 1)
@@ -113,4 +130,4 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
 
 
 __all__ = ["IN_BACKWARD_CALL_S", "Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks",
-           "communication", "step_time_terms"]
+           "communication", "recomputed_share", "step_time_terms"]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.engines import engine_spec
-from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible
+from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible, sac_measured
 from launcher.planner.plan import LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
 
-EXACT = ("loss_chunks", "checkpoint_every", "activation_offload", "optimizer_in_backward")
+EXACT = ("loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload", "optimizer_in_backward")
 """The levers that keep the training math; the others (MATH_LEVERS) need the job's permission."""
 
 
@@ -24,6 +24,8 @@ def _on_value(lever: str, s: Strategy, req: PlanRequest) -> object:
         return LOSS_CHUNKS
     if lever == "checkpoint_every":
         return 2 if s.checkpoint_every == 1 else 1
+    if lever == "checkpoint_policy":
+        return "ops" if s.checkpoint_policy == "full" else "full"
     if lever == "low_memory_optimizer":
         return next((o for o in MATH_LEVERS[lever] if o in req.allow_levers), MATH_LEVERS[lever][0])
     return True
@@ -34,6 +36,8 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
     return {
         "loss_chunks": m.task == "causal_lm",
         "checkpoint_every": s.activation_checkpointing and m.num_blocks > 1,
+        "checkpoint_policy": s.activation_checkpointing and "checkpoint_policy" in engine_spec(s.engine).levers
+        and sac_measured(req),
         "optimizer_in_backward": in_backward_possible(req, s.grad_accum_steps),
         "low_memory_optimizer": req.optimizer in ("adamw", "adam") and not m.lora_params,
         "pure_bf16": req.precision == "bf16",

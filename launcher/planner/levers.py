@@ -38,6 +38,7 @@ class LeverSetting:
     # Each lever's default is its "off" value, defined once in launcher.planner.plan.LEVERS_OFF.
     activation_checkpointing: bool = False
     checkpoint_every: int = LEVERS_OFF["checkpoint_every"]
+    checkpoint_policy: str = LEVERS_OFF["checkpoint_policy"]
     loss_chunks: int = LEVERS_OFF["loss_chunks"]
     activation_offload: bool = LEVERS_OFF["activation_offload"]
     optimizer_in_backward: bool = LEVERS_OFF["optimizer_in_backward"]
@@ -70,6 +71,12 @@ def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
     return grad_accum_steps == 1 and req.precision != "fp16"
 
 
+def sac_measured(req: PlanRequest) -> bool:
+    """Whether the probe measured what a block keeps under the op policy (ActivationConstants.sac_bytes_per_token;
+    the paper's constants and caches from before it do not say): without it the policy is not offered."""
+    return getattr(req.activations, "sac_bytes_per_token", 0.0) > 0
+
+
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
@@ -78,6 +85,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     """
     p, m = req.pins, req.model
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
+    if p.checkpoint_policy == "ops" and p.activation_checkpointing is None:
+        ac = [True]  # the pinned policy is what checkpointed blocks keep: it needs checkpointing
     every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
     axes: dict[str, list] = {
         # Not where the head cannot compute it (ModelStats.chunk_problem: a LoRA-wrapped head, soft-capped logits).
@@ -106,15 +115,22 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
     out = []
     if p.checkpoint_every not in (None, 1) and "checkpoint_every" not in supported:
         return []
+    if p.checkpoint_policy == "ops" and "checkpoint_policy" not in supported:
+        return []  # pinned on, and this engine does not implement it
+    # The op policy only where checkpointing is on (it chooses what a checkpointed block keeps) and measured.
+    policies = ([p.checkpoint_policy] if p.checkpoint_policy is not None
+                else ["full", "ops"] if "checkpoint_policy" in supported and sac_measured(req) else ["full"])
     for on in ac:
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
-        for k, *rest in itertools.product(ks, *axes.values()):
+        for k, policy, *rest in itertools.product(ks, policies if on else ["full"], *axes.values()):
             lv = dict(zip(axes, rest, strict=True))
             if lv["low_memory_optimizer"] != "none" and (lv["optimizer_in_backward"] or lv["pure_bf16"]):
                 continue  # not modelled together: its step copies would sit in backward, or its states in bf16
-            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, **lv))
+            if policy == "ops" and lv["activation_offload"]:
+                continue  # the policy's saved outputs bypass the offload hooks: not modelled together
+            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, checkpoint_policy=policy, **lv))
     return out
 
 
 __all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math",
-           "in_backward_possible", "options"]
+           "in_backward_possible", "options", "sac_measured"]

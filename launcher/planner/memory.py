@@ -101,23 +101,26 @@ tensors of save_on_cpu(pin_memory=True), rounds each request up to a power of tw
 
 
 def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                      checkpointing: bool, checkpoint_every: int = 1) -> tuple[int, int]:
+                      checkpointing: bool, checkpoint_every: int = 1, policy: str = "full") -> tuple[int, int]:
     """(saved, live) bytes of the blocks for one micro-batch: what forward leaves for backward, and one block's
     whole forward (A + B·s per token), live again while a checkpointed block is recomputed.
 
-    A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other block all it saves.
+    A checkpointed block keeps its input [Kort: 2sbh; ZInf], any other block all it saves. Under the op policy
+    (``policy`` "ops", launcher.model.sac) a checkpointed block keeps its input and its saved ops' outputs
+    (sac_bytes_per_token); its recompute rebuilds the rest, so the block is whole again, as under full recompute.
     """
     tokens = micro_batch * seq_len
     block = tokens * (c.block_bytes_per_token + c.block_bytes_per_token_per_seq * seq_len)
     if not checkpointing:
         return int(num_blocks * block), int(block)
-    ckpt = tokens * c.ckpt_bytes_per_token
+    ckpt = tokens * (c.sac_bytes_per_token if policy == "ops" else c.ckpt_bytes_per_token)
     kept = -(-num_blocks // checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(j, k) over j
     return int(kept * ckpt + (num_blocks - kept) * block), int(block)
 
 
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
-                     checkpointing: bool, checkpoint_every: int = 1, loss_chunks: int = 0) -> tuple[int, int]:
+                     checkpointing: bool, checkpoint_every: int = 1, loss_chunks: int = 0,
+                     policy: str = "full") -> tuple[int, int]:
     """(blocks, head) activation bytes of one micro-batch at the backward peak.
 
     Two moments compete. backward start: every block's saved tensors S and the loss's backward (H,
@@ -129,10 +132,10 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
     else the backward start, since a block that keeps everything then follows every checkpointed one. Chosen
     by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so). With
-    ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes).
+    ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes). ``policy``: block_activations.
     """
     tokens = micro_batch * seq_len
-    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
+    saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, policy)
     recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
     head = c.head_ckpt_bytes_per_token if recompute_last else c.head_bytes_per_token
     head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
@@ -194,7 +197,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
     blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing, s.checkpoint_every, s.loss_chunks)
+                                    s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
+                                    s.checkpoint_policy)
     pinned = 0
     if s.activation_offload and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.config.job import Engine, FsdpSharding, LowMemoryOptimizer, Offload, Precision
+from launcher.config.job import CheckpointPolicy, Engine, FsdpSharding, LowMemoryOptimizer, Offload, Precision
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +58,9 @@ class Strategy:
     # written before them reads back as the plan it was.
     checkpoint_every: int = 1
     """With activation_checkpointing: every k-th block is checkpointed (1: all of them), blocks."""
+    checkpoint_policy: CheckpointPolicy = "full"
+    """With activation_checkpointing: what a checkpointed block keeps; ops is op-level selective checkpointing
+    (launcher.model.sac), full its input alone."""
     loss_chunks: int = 0
     """Chunked cross-entropy over this many chunks of tokens, each recomputed in backward; 0: whole logits."""
     activation_offload: bool = False
@@ -92,6 +95,8 @@ class Strategy:
         s += f", mb={self.micro_batch_size}x{self.grad_accum_steps}"
         if self.activation_checkpointing:
             s += ", AC" if self.checkpoint_every == 1 else f", AC every {self.checkpoint_every}"
+            if self.checkpoint_policy == "ops":
+                s += " (ops)"
         return s + "".join(f", {word}" for word in self.lever_words())
 
     def lever_words(self) -> list[str]:
@@ -125,10 +130,10 @@ def checkpointed(index: int, every: int) -> bool:
     return index % every == 0
 
 
-LEVER_FIELDS = ("checkpoint_every", "loss_chunks", "activation_offload", "optimizer_in_backward",
+LEVER_FIELDS = ("checkpoint_every", "checkpoint_policy", "loss_chunks", "activation_offload", "optimizer_in_backward",
                 "low_memory_optimizer", "pure_bf16", "qlora")
 """Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
-LEVERS_OFF = {"checkpoint_every": 1, "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False,
+LEVERS_OFF = {"checkpoint_every": 1, "checkpoint_policy": "full", "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False,
               "low_memory_optimizer": "none", "pure_bf16": False, "qlora": False}
 """Each lever field's "off" value: Strategy's defaults, what a plan.json from before the levers means."""
 

@@ -191,6 +191,10 @@ class ActivationConstants:
     head_weight_grad_bytes: float = 0.0
     """Bytes of one gradient of the output embedding (V·h in the working dtype; 0 when it is frozen, as under
     LoRA), per micro-batch: with chunked cross-entropy two of them exist while the blocks' activations do."""
+    sac_bytes_per_token: float = 0.0
+    """Bytes per token per block kept by op-level selective checkpointing (Strategy.checkpoint_policy "ops",
+    launcher.model.sac): the block input and the outputs of the ops its policy saves. 0: not measured (the paper's
+    constants, an old cache), and the planner does not offer the policy."""
     probe_seq_len: int = 0
     """Sequence length the numbers were measured at (0: derived from the paper)."""
     source: str = "Korthikanti et al. 2022"

@@ -110,3 +110,13 @@ def test_the_probe_of_a_seq_cls_model_warns_nothing(tmp_path):
         warnings.simplefilter("always")
         warnings.warn("Module is None. Skipping PRE_BW hook.", UserWarning, stacklevel=1)
     assert len(caught) == 1
+
+
+def test_the_probe_measures_what_a_block_keeps_under_the_op_policy(tmp_path):
+    # A Llama block's bias-free linears are aten.mm, and the op policy (launcher.model.sac) keeps the outputs of
+    # the odd ones, q (h), v (kv·d), gate (I), down (h), and sdpa's CPU flash kernel's output (h) and logsumexp
+    # (one fp32 per head), beside the block input (h): fp32, bytes per token.
+    c = probe_activations(job(tmp_path), seq_len=128, precision="fp32")
+    h, kv, inter, heads = 64, 2 * 16, 256, 4
+    assert c.sac_bytes_per_token == 4 * (h + h + kv + inter + h + h) + 4 * heads
+    assert c.sac_bytes_per_token < c.block_bytes_per_token

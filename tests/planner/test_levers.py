@@ -91,6 +91,9 @@ def test_a_plan_json_without_lever_fields_reads_back_with_them_off(request_for):
     ({}, {"allow_levers": ["qlora", "qlora"]}, "names a lever twice"),
     ({}, {"allow_levers": ["fp8"]}, "allow_levers"),
     ({"optimizer_in_backward": True}, {"precision": "fp16"}, "fp16 needs loss scaling"),
+    ({"checkpoint_policy": "ops", "activation_checkpointing": False}, {}, "strategy.activation_checkpointing is false"),
+    ({"checkpoint_policy": "ops", "activation_offload": True}, {}, "activation offload's hooks never see"),
+    ({"checkpoint_policy": "selective"}, {}, "checkpoint_policy"),
 ])
 def test_lever_pins_and_permissions_must_agree(strategy, train, message, tmp_path):
     data = {"name": "x", "model": "gpt2-124m", "task": "causal_lm", "data": {"path": "d.jsonl"},

@@ -106,3 +106,54 @@ def test_an_adapter_export_keeps_the_adapters_of_checkpoint_wrapped_blocks():
         blocks[i] = checkpoint_wrapper(blocks[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
     adapters = {k for k in model.state_dict() if "lora_" in k}
     assert len(adapters) == 8 and kept_names(model) == adapters
+
+
+def _llama_job(examples_data) -> Job:
+    data = tiny_gpt2_job(str(examples_data / "causal.jsonl"))
+    data["model"] = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                     "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 128}
+    return from_dict(Job, data)
+
+
+def test_fsdp_op_policy_recomputes_only_the_unsaved_ops_and_the_gradients_are_exact(single_rank, examples_data):
+    """checkpoint_policy ops (launcher.model.sac): the same gradients as no checkpointing, and its recompute in
+    backward re-runs only every second aten.mm of a block (a Llama block: k, o, up of q, k, v, o, gate, up, down),
+    where full recompute re-runs them all."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMm(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.mm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.mm += func == torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    dist.init_process_group("gloo")
+    job = _llama_job(examples_data)
+    recipe = make_recipe(job.task, job.data)
+    ids = torch.randint(3, 1024, (2, 32))
+    grads, backward_mm = {}, {}
+    for ac, policy in ((False, "full"), (True, "full"), (True, "ops")):
+        torch.manual_seed(0)
+        model = build(job, recipe, seq_len=32, hf_checkpointing=False)
+        engine = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
+                            activation_checkpointing=ac, checkpoint_policy=policy, precision="fp32",
+                            grad_accum_steps=1, device=torch.device("cpu"))
+        engine.setup(model, job.train, memory_probe(device="cpu", track_categories=False))
+        loss = engine.forward(input_ids=ids, labels=ids).loss
+        with CountMm() as count:
+            engine.backward(loss)
+        backward_mm[(ac, policy)] = count.mm
+        grads[(ac, policy)] = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
+                               for n, p in engine.model.named_parameters()}
+    base = grads[(False, "full")]
+    for key in ((True, "full"), (True, "ops")):
+        assert grads[key].keys() == base.keys()
+        for name in base:
+            torch.testing.assert_close(grads[key][name], base[name], msg=f"{key} {name}", rtol=0, atol=0)
+    # Two blocks: full recompute re-runs 2 x 6 forward matmuls in backward (not down_proj: non-reentrant
+    # checkpoint stops once the last tensor backward needs is rebuilt), the op policy 2 x 3 (k, o, up).
+    assert backward_mm[(True, "full")] - backward_mm[(False, "full")] == 12
+    assert backward_mm[(True, "ops")] - backward_mm[(False, "full")] == 6

@@ -1,6 +1,7 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard): one FSDP unit per transformer block, then the root.
 
-Activation checkpointing wraps each block (non-reentrant), or every checkpoint_every-th one, before it is sharded.
+Activation checkpointing wraps each block (non-reentrant), or every checkpoint_every-th one, before it is sharded;
+with checkpoint_policy "ops" each wrapped block saves the outputs of the ops launcher.model.sac's policy names.
 Hybrid sharding (HSDP) passes a 2-D mesh (nodes x ranks per node) to fully_shard, which shards over the
 second dimension and all-reduces the shards' gradients over the first.
 At the accumulation boundary the gradients are clipped to train.max_grad_norm over their global norm
@@ -80,6 +81,7 @@ class FsdpEngine:
             offload_optimizer=s.offload_optimizer,
             activation_checkpointing=s.activation_checkpointing,
             checkpoint_every=s.checkpoint_every,
+            checkpoint_policy=s.checkpoint_policy,
             precision=plan.precision,
             grad_accum_steps=s.grad_accum_steps,
             device=device,
@@ -105,6 +107,7 @@ class FsdpEngine:
         offload_optimizer: str,
         activation_checkpointing: bool,
         checkpoint_every: int = 1,
+        checkpoint_policy: str = "full",
         precision: str,
         grad_accum_steps: int,
         device: torch.device,
@@ -141,6 +144,7 @@ class FsdpEngine:
         self.offload = offload_params == "cpu"
         self.activation_checkpointing = activation_checkpointing
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_policy = checkpoint_policy
         self.precision = precision
         self.grad_accum_steps = grad_accum_steps
         self.device = device
@@ -184,10 +188,16 @@ class FsdpEngine:
         if self.activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
+            # The op policy: torch.utils.checkpoint's context_fn, a fresh policy context per checkpointed call.
+            extra = {}
+            if self.checkpoint_policy == "ops":
+                from launcher.model.sac import sac_context
+
+                extra["context_fn"] = sac_context
             for i, block in enumerate(blocks):
                 # Every k-th block from the first, the rule the memory model counts (planner.memory.checkpointed).
                 if checkpointed(i, self.checkpoint_every):
-                    blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+                    blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **extra)
         shape, dim_names = self.mesh_shape()
         mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=dim_names)
         self.shard_group = mesh.get_group(mesh.ndim - 1)  # the ranks that hold one shard each of every gradient
