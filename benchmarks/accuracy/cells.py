@@ -272,7 +272,7 @@ EXPORT_VALIDATION: tuple[Cell, ...] = (
 """The export moment's validation split: run once, to judge the moment where it is the peak."""
 
 EXPORT_VALIDATION_2: tuple[Cell, ...] = (
-    # Decided and committed (2026-11-25 23:40 UTC) after the export moment was changed to start from the state that
+    # Decided and committed (2026-11-25 23:26 UTC) after the export moment was changed to start from the state that
     # outlives the step (EXPORT_VALIDATION showed it over by 37-50 %) and before either cell ran: an untied head
     # gathered last (FSDP2, the Llama's lm_head) and ZeRO-3's module-by-module gather, neither in the first split.
     _c("fsdp", "llama6", "causal_lm", "fp32", False, 1, 32),
