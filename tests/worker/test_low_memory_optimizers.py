@@ -65,7 +65,6 @@ def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, s
 
     from launcher.config.job import Job
     from launcher.config.load import from_dict
-    from launcher.worker import checkpoint
     from tests.worker.run_dirs import tiny_gpt2_job
     from tests.worker.test_checkpoint import fsdp_engine, train_step
 
@@ -81,15 +80,7 @@ def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, s
     a, b = engines
     assert type(a.optimizer).__name__ == {"adamw8bit": "AdamW8bit", "adafactor": "ShardedAdafactor"}[name]
     train_step(a)
-    state = checkpoint.TrainerState(global_step=1, micro_steps=1, samples_per_rank=2, world_size=1,
-                                    samples_per_step_per_rank=2, engine="fsdp", first_loss=7.0)
-    tag = checkpoint.save(a, tmp_path, state)
-    checkpoint.load(b, tmp_path, tag, world_size=1, samples_per_step_per_rank=2)
-    for engine in (a, b):
-        torch.manual_seed(5)
-        train_step(engine)
-    sa, sb = a.model.state_dict(), b.model.state_dict()
-    assert all(torch.equal(sa[k].full_tensor(), sb[k].full_tensor()) for k in sa)
+    assert_resumes_exactly(a, b, tmp_path)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adam"])
@@ -179,7 +170,6 @@ def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backwar
     from launcher.config.job import Job
     from launcher.config.load import from_dict
     from launcher.runtime import memory_probe
-    from launcher.worker import checkpoint
     from launcher.worker.model import build
     from launcher.worker.recipes import make_recipe
     from tests.worker.run_dirs import tiny_gpt2_job
@@ -205,12 +195,20 @@ def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backwar
     after = a.model.state_dict()
     assert all(isinstance(v, DTensor) and v.dtype == torch.bfloat16 for v in after.values())
     assert len(after) > 10 and all(not torch.equal(before[k], after[k].full_tensor()) for k in after)  # all stepped
+    assert_resumes_exactly(a, b, tmp_path)
+
+
+def assert_resumes_exactly(a, b, tmp_path):
+    """Engine ``a`` (stepped once) saved and loaded into ``b``: the next step, same data, gives equal weights."""
+    from launcher.worker import checkpoint
+    from tests.worker.test_checkpoint import train_step
+
     state = checkpoint.TrainerState(global_step=1, micro_steps=1, samples_per_rank=2, world_size=1,
                                     samples_per_step_per_rank=2, engine="fsdp", first_loss=7.0)
     tag = checkpoint.save(a, tmp_path, state)
     checkpoint.load(b, tmp_path, tag, world_size=1, samples_per_step_per_rank=2)
-    for e in (a, b):
+    for engine in (a, b):
         torch.manual_seed(5)
-        train_step(e)
+        train_step(engine)
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k].full_tensor(), sb[k].full_tensor()) for k in sa)
