@@ -251,6 +251,10 @@ class LeverDecision:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
+PLAN_SCHEMA = 1
+"""plan.json's schema version: raised when a field changes meaning or goes (added fields read with defaults)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class Plan:
     """The chosen strategy with its estimate, the request it answers, and the reasons."""
@@ -309,6 +313,7 @@ class Plan:
         """The plan as plan.json's dict: the strategy's fields, the estimate, the request's numbers and the reasons."""
         s = self.strategy
         return {
+            "schema": PLAN_SCHEMA,
             "engine": s.engine,
             "zero_stage": s.zero_stage,
             "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
@@ -358,7 +363,13 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict) -> Plan:
-        """A plan read from plan.json; fields added later take their defaults when an older file lacks them."""
+        """A plan read from plan.json; fields added later take their defaults when an older file lacks them (one
+        without "schema" is schema 1); ConfigError for a plan.json a newer launcher wrote."""
+        if int(d.get("schema", 1)) > PLAN_SCHEMA:
+            from launcher.errors import ConfigError
+
+            raise ConfigError(f"plan.json has schema {d['schema']}, newer than this launcher reads ({PLAN_SCHEMA}): "
+                              "upgrade launcher, or plan again with this one (launch plan ... --out DIR)")
         # Fields with a default were added later; a plan.json written before them still loads.
         strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)
                                if f.name in d or f.default is dataclasses.MISSING})
