@@ -67,6 +67,8 @@ exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, ac
 lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
 lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"
 lever_job levers-adamw8bit-fsdp fsdp gpt2-124m ", low_memory_optimizer: adamw8bit" ", allow_levers: [adamw8bit]"
+lever_job levers-sac-ops-fsdp fsdp llama-1b ", activation_checkpointing: true, checkpoint_policy: ops" ""
+# Pure bf16 steps AdamW with torchao's stochastic rounding (compiled on CUDA).
 lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_levers: [pure_bf16]"
 lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
   ", allow_levers: [qlora], lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"
