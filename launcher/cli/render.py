@@ -58,6 +58,7 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
         f"{s.grad_accum_steps} accumulation x {plan.world_size} ranks, seq {plan.seq_len}, {plan.precision}",
         f"  strategy    {engine}, activation checkpointing "
         + (("on" if s.checkpoint_every == 1 else f"on for 1 block in {s.checkpoint_every}")
+           + (", op-level (torchtitan's policy: attention and every other matmul output kept)" if s.checkpoint_policy == "ops" else "")
            if s.activation_checkpointing else "off"),
         f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
     ]

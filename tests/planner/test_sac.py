@@ -69,3 +69,8 @@ def test_a_pinned_op_policy_plans_and_labels_the_plan(request_for):
     plan = make_plan(request_for(activations=MEASURED, pins=StrategyConfig(engine="fsdp", checkpoint_policy="ops")))
     assert plan.strategy.activation_checkpointing and plan.strategy.checkpoint_policy == "ops"
     assert "(ops)" in plan.strategy.label()
+    # `launch plan`'s strategy line says which checkpointing runs (launcher.cli.render).
+    from launcher.cli.render import render_plan
+
+    line = next(ln for ln in render_plan(plan, "job", "llama").splitlines() if ln.strip().startswith("strategy"))
+    assert "activation checkpointing on" in line and "op-level" in line
