@@ -85,9 +85,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # A low-memory optimizer's working copies of the one tensor it steps (launcher.planner.terms).
     # (With the step in backward those copies come and go inside backward, one parameter at a time.)
     if not s.optimizer_in_backward:
-        st.step_temp = optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
-                                                 or s.offload_params == "cpu")
-        st.step_extra += st.step_temp
+        st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
+                                                   or s.offload_params == "cpu")
     # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
     # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
@@ -138,7 +137,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         # step (measured: a CPU rank's peak is the same with and without the policy).
         st.host = st.params + st.grads + st.optimizer
         st.host_step_extra = st.step_extra
-        st.params = st.grads = st.optimizer = st.step_extra = st.step_temp = 0.0
+        st.params = st.grads = st.optimizer = st.step_extra = 0.0
     return st
 
 

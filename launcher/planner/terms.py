@@ -254,9 +254,6 @@ class States:
     """The breakdown category ``buffers`` is shown under (launcher.categories: gathered parameters are params)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
-    step_temp: float = 0.0
-    """The part of step_extra that lives only inside optimizer.step (the optimizer's working copies): gone once the
-    step returns, so not in the state the export moment starts from."""
     backward_extra: float = 0.0
     """Bytes next to the saved activations at the backward start: ZeRO-3's gathered weights, or a ZeRO-1/2 reduce
     bucket kept from the previous micro-step."""
