@@ -16,10 +16,27 @@ from pathlib import Path
 
 from benchmarks.accuracy.compare import moment_totals
 from benchmarks.accuracy.harness import rank_files, read_json
+from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR
+from launcher.planner.hardware import PROFILES
 from launcher.runreport import read_report
 from launcher.units import format_bytes
 
 CUDA_BASIS = "cuda_reserved_plus_context"
+
+
+def allocated_moments(plan: dict) -> dict[str, int]:
+    """plan.json's moments on the allocated basis: each moment less what lies outside the allocator and less the
+    allocator reserve it was given (memory.py adds cuda_overhead(tensors) per moment; the reserve is the profile's
+    fragmentation share of the moment's tensors). On CUDA the reserved-basis phase peaks cannot tell moments apart
+    (reserved segments stay cached, so every phase after the largest reads the largest); allocated ones can."""
+    ov = plan.get("overhead") or {}
+    hw = PROFILES.get(plan.get("hardware", ""))
+    if not ov or hw is None:
+        return {}
+    outside = sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR)
+    blas = ov.get("cublas_workspace", 0)
+    return {m: int((v - outside - blas) / (1 + hw.fragmentation) + blas)
+            for m, v in (plan.get("moment_bytes") or {}).items()}
 
 
 def run_row(run_dir: Path, returncode: int) -> dict:
@@ -31,7 +48,11 @@ def run_row(run_dir: Path, returncode: int) -> dict:
         return row
     worst = max(report.ranks, key=lambda r: r.measured_peak_bytes)
     rank = rank_files(run_dir).get(worst.rank)
+    ov = plan.get("overhead") or {}
     row.update(
+        allocated_bytes=worst.max_memory_allocated_bytes, reserved_bytes=worst.max_memory_reserved_bytes,
+        outside_bytes=worst.outside_allocator_bytes, predicted_outside_bytes=sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR),
+        allocated_moments=moment_totals(allocated_moments(plan), rank.phases_allocated or {} if rank else {}),
         engine=plan.get("engine"), label=plan.get("label"), world_size=plan.get("world_size"),
         basis=report.basis, within_budget=report.within_budget, worst_rank=worst.rank,
         predicted_peak_bytes=plan.get("predicted_peak_bytes"), measured_peak_bytes=worst.measured_peak_bytes,
@@ -69,7 +90,30 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
         out.append(f"| {r['run']} | {r['label']} | {r['world_size']} | {r['returncode']} | {verdict} | {r['basis']} | "
                    f"{_bytes(r['predicted_peak_bytes'])} | {_bytes(r['measured_peak_bytes'])} (rank "
                    f"{r['worst_rank']}) | {_pct(err)} |")
-    out += ["", "## Predicted vs measured per moment", "",
+    out += ["", "## Where the peak is: allocated, the allocator's cache, outside the allocator", "",
+            "Measured on the worst rank (max_memory_allocated, max_memory_reserved - allocated, device used - "
+            "reserved at its largest) beside the plan's terms (the tensor peak with the cuBLAS workspace; "
+            "allocator_reserve; cuda_context + nccl_buffers).", "",
+            "| run | allocated | reserved - allocated | (share of allocated) | outside allocator | predicted outside |",
+            "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("allocated_bytes") is None:
+            continue
+        cache = r["reserved_bytes"] - r["allocated_bytes"]
+        out.append(f"| {r['run']} | {_bytes(r['allocated_bytes'])} | {_bytes(cache)} | "
+                   f"{cache / r['allocated_bytes']:.1%} | {_bytes(r['outside_bytes'])} | "
+                   f"{_bytes(r['predicted_outside_bytes'])} |")
+    out += ["", "## Predicted vs measured per moment, allocated basis", "",
+            "Each moment of `plan.json` `moment_bytes` less its overhead terms (`allocated_moments`) against the "
+            "measured phase peak of torch.cuda.max_memory_allocated (`phases_allocated`) that benchmarks/accuracy "
+            "judges it by (`MOMENT_PHASES`). A phase peak is its largest moment, so of two moments in one phase "
+            "(backward, backward_end) the smaller reads low.", "",
+            "| run | moment | predicted | measured phase | measured | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for moment, m in (r.get("allocated_moments") or {}).items():
+            out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
+                       f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
+    out += ["", "## Predicted vs measured per moment, verdict basis", "",
             "Each moment of `plan.json` `moment_bytes` against the measured phase peak that benchmarks/accuracy "
             "judges it by (`MOMENT_PHASES`), on the rank that used the most; error = (predicted - measured) / "
             "measured. A phase peak is its largest moment, so of two moments in one phase (backward, backward_end) the "

@@ -249,9 +249,13 @@ def build_model(job: Job, config, *, device: str = "meta", num_labels: int | Non
     cls = model_class(job.task, config)
     d = None if isinstance(job.model, InlineArch) else resolve_model_dir(job.model, job.base_dir)
     has_weights = d is not None and any(d.glob("*.safetensors")) or d is not None and any(d.glob("*.bin"))
+    # fp32 always: the engines cast to the plan's precision and keep the fp32 master it counts. transformers 5
+    # builds in config.dtype ("torch_dtype": "bfloat16" in every Llama/Qwen config) and from_pretrained defaults
+    # to dtype="auto": left alone, FSDP2's trainable shards were bf16, a pure-bf16 run the job never allowed
+    # (found on an H100: llama-1b at 14.3 GB where fp32 masters need ~22 GB; benchmarks/results/gpu.md).
     if device == "meta":
         with torch.device("meta"):
-            return cls.from_config(config)
+            return cls.from_config(config, dtype=torch.float32)
     if load_weights and has_weights:
-        return cls.from_pretrained(str(d), config=config, local_files_only=True)
-    return cls.from_config(config)
+        return cls.from_pretrained(str(d), config=config, local_files_only=True, dtype=torch.float32)
+    return cls.from_config(config, dtype=torch.float32)

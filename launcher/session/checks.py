@@ -176,11 +176,8 @@ def count_train_examples(job: Job) -> tuple[int | None, str]:
     if job.data.packing:
         return None, ("data.packing: the sequences per epoch are known only once the ranks tokenize; give "
                       "train.max_steps for a predicted total")
-    import datasets
-
     from launcher.worker.data import eval_count, read_records
 
-    datasets.disable_progress_bars()
     try:
         n = len(read_records(job.data.path))
     except (ConfigError, OSError) as e:
@@ -191,12 +188,9 @@ def count_train_examples(job: Job) -> tuple[int | None, str]:
 def check_data(job: Job) -> None:
     """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
     row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""
-    import datasets
-
     from launcher.worker.data import read_records
     from launcher.worker.formats import check_rows
 
-    datasets.disable_progress_bars()  # the launcher's stderr holds the plan and errors only
     check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
     if job.data.packing and job.train.attn_implementation != "flash_attention_2":
         print(f"launch: warning: data.packing with attention {job.train.attn_implementation or 'sdpa (default)'}: "

@@ -18,6 +18,15 @@ from launcher.errors import ConfigError
 from launcher.model.offline import hub_offline
 
 
+def _datasets():
+    """The ``datasets`` library, imported only by the readers that need it (a JSON Lines or CSV job never
+    imports it: ~1 s per process), with its progress bars off: the launcher's stderr holds the plan and errors."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets
+
+
 def read_records(path: str | Path) -> list[dict]:
     """Every row of the job's data as a dict: local file, save_to_disk dir, or a cached hub dataset id."""
     raw = str(path)
@@ -89,7 +98,8 @@ def _rows(ds) -> list[dict]:
 
 def _read_parquet(p: Path) -> list[dict]:
     import pyarrow.parquet as pq
-    from datasets import Dataset
+
+    Dataset = _datasets().Dataset
 
     try:
         table = pq.read_table(p)
@@ -100,7 +110,7 @@ def _read_parquet(p: Path) -> list[dict]:
 
 
 def _read_arrow(p: Path) -> list[dict]:
-    from datasets import Dataset
+    Dataset = _datasets().Dataset
 
     try:
         return _rows(Dataset.from_file(str(p), in_memory=False))
@@ -111,7 +121,8 @@ def _read_arrow(p: Path) -> list[dict]:
 
 def _from_disk(p: Path) -> list[dict]:
     """A ``save_to_disk`` directory: a Dataset (state.json) or a DatasetDict (dataset_dict.json, its train split)."""
-    from datasets import DatasetDict, load_from_disk
+    datasets = _datasets()
+    DatasetDict, load_from_disk = datasets.DatasetDict, datasets.load_from_disk
 
     if not ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
         raise ConfigError(f"data.path: {str(p)!r} is a directory without state.json or dataset_dict.json, so not "
@@ -139,7 +150,8 @@ def _from_hub(repo_id: str) -> list[dict]:
     """A hub dataset, offline: the snapshot ``huggingface-cli download --repo-type dataset ID`` left in the hub
     cache (read as a local folder: its data files, split by name), else a copy ``load_dataset`` prepared before."""
     hub_offline()  # before datasets' import reads HF_DATASETS_OFFLINE
-    from datasets import DatasetDict, load_dataset
+    datasets = _datasets()
+    DatasetDict, load_dataset = datasets.DatasetDict, datasets.load_dataset
     from huggingface_hub import snapshot_download
 
     try:

@@ -41,6 +41,17 @@ def test_engines_on_cuda_report_allocated_and_reserved(tmp_path, name, strategy)
         assert r["within_budget"]
 
 
+# A plain CUDA script that allocates argv[1] bytes on its GPU: the plan (the job's tiny model) fits the budget, the
+# script's own tensor does not, so only the --enforce cap stands between it and the card's 80 GB.
+ALLOCATE = """
+import os, sys
+import torch
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+held = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+print("allocated", held.numel(), flush=True)
+"""
+
+
 def test_enforce_caps_each_process_at_the_budget(tmp_path):
     pins = {"engine": "deepspeed", "zero_stage": 0, "offload_optimizer": "none", "offload_params": "none",
             "micro_batch_size": 4, "activation_checkpointing": False}
@@ -48,12 +59,22 @@ def test_enforce_caps_each_process_at_the_budget(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     for r in json.loads((run / "report.json").read_text())["ranks"]:
         assert r["max_memory_reserved_bytes"] <= 8e9
-    # A 4 MB cap cannot hold the CUDA context's first allocations: the allocator raises, the rank reports OOM.
-    res, run = run_pinned(tmp_path, "enforce-oom", pins, "--enforce", "--force", budget="4MB")
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "ran out of memory" in res.stderr
-    rank = json.loads((run / "ranks" / "rank-0.json").read_text())
+    # --enforce with --force is refused up front when the plan itself is over (exit 2): the cap is proven with a
+    # script whose own allocation crosses it. The allocator raises at the cap; the rank reports OOM.
+    script = tmp_path / "allocate.py"
+    script.write_text(ALLOCATE)
+    n = gpus()
+    job = job_file(tmp_path, "enforce-oom", gpus=n, budget="4GB",
+                   train={"global_batch_size": 4 * n, "precision": "bf16", "lr": 3e-3, "max_steps": 8})
+    over = launch(job, "--run-dir", tmp_path / "enforce-oom", "--quiet", "--enforce", "--script", script, "--",
+                  6_000_000_000)
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "ran out of memory" in over.stderr
+    rank = json.loads((tmp_path / "enforce-oom" / "ranks" / "rank-0.json").read_text())
     assert rank["status"] == "oom" and "memory_summary" in json.dumps(rank)
+    # Without the cap the same script runs to its end and the verdict says it went over the budget (exit 3).
+    free = launch(job, "--run-dir", tmp_path / "no-cap", "--quiet", "--script", script, "--", 6_000_000_000)
+    assert free.returncode == 3, free.stdout + free.stderr
 
 
 def test_memory_snapshot_is_written_per_rank(tmp_path):
