@@ -14,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.accuracy.compare import moment_totals
+from benchmarks.accuracy.compare import moment_totals, rel
 from benchmarks.accuracy.harness import rank_files, read_json
+from benchmarks.gpu.splits import GPU_VALIDATION_1, MOMENT_TOLERANCE, OUTSIDE_TOLERANCE, PEAK_TOLERANCE
 from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR
 from launcher.planner.hardware import PROFILES
 from launcher.runreport import read_report
@@ -123,10 +124,31 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
         for moment, m in (r.get("moments") or {}).items():
             out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
                        f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
+    out += judge_split(rows)
     problems = [f"- {r['run']}: {r['problem']}" for r in rows if r.get("problem")]
     if problems:
         out += ["", "## Problems", "", *problems]
     return "\n".join(out) + "\n"
+
+
+def judge_split(rows: list[dict]) -> list[str]:
+    """The GPU_VALIDATION_1 runs among ``rows``, each judged by splits.py's criteria (lines of the page)."""
+    named = [r for r in rows if r["run"] in GPU_VALIDATION_1 and "moments" in r]
+    if not named:
+        return []
+    out = ["", "## Validation split GPU_VALIDATION_1 (benchmarks/gpu/splits.py, named before it ran)", "",
+           "| run | outside: predicted / measured | peak error | worst allocated moment | within the criteria |",
+           "|---|---|---|---|---|"]
+    for r in named:
+        outside = rel(r["predicted_outside_bytes"], r["outside_bytes"])
+        peak = rel(r["predicted_peak_bytes"], r["measured_peak_bytes"])
+        errs = [m["error"] for m in r["allocated_moments"].values() if m["error"] is not None]
+        worst = max(errs, key=abs) if errs else None
+        ok = (outside is not None and abs(outside) <= OUTSIDE_TOLERANCE and peak is not None
+              and abs(peak) <= PEAK_TOLERANCE and worst is not None and abs(worst) <= MOMENT_TOLERANCE)
+        out.append(f"| {r['run']} | {_bytes(r['predicted_outside_bytes'])} / {_bytes(r['outside_bytes'])} "
+                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {'yes' if ok else 'NO'} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
