@@ -44,6 +44,14 @@ GRAD_CKPT_ENV = "LAUNCHER_GRADIENT_CHECKPOINTING"
 """--script runs: '1' when the plan counts on activation checkpointing, else '0'."""
 
 
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+"""PYTORCH_CUDA_ALLOC_CONF for CUDA ranks unless the user set one. The first GPU check (benchmarks/results/gpu.md,
+one H100, default allocator) measured reserved - allocated at 10 % to 35 % of allocated (31 % on a 1.2B Llama with
+op-level SAC): whole cached blocks that a new size cannot reuse. Expandable segments map pages into one segment as
+it grows (PyTorch "CUDA semantics: memory management"; CUDACachingAllocator.cpp, 2 MiB pages), which is what
+torchtitan and torchtune set for their runs and what PyTorch's own OOM message suggests. The planner's
+allocator_reserve (8 %) is then an upper estimate, not yet measured (benchmarks/gpu/splits.py GPU_VALIDATION_1)."""
+
 def plan_digest(data: bytes | str) -> str:
     """The hex sha256 of a plan.json's bytes, as the launcher puts it in PLAN_DIGEST_ENV."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

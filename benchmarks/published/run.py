@@ -10,8 +10,10 @@ command a user would run) and counts the plan's peak on the SAME basis as the pu
   driver_used           -> cuda_reserved_plus_context  (+ CUDA context, NCCL buffers: nvidia-smi / NVML "used")
 
 Where the source measured its own CUDA context (the Hugging Face guide does), that figure is the profile's
-context_bytes for the entry (through LAUNCHER_PROFILE_FILE, the file `launch calibrate` writes); nothing is fitted
-to the published peaks.
+context_bytes for the entry (through LAUNCHER_PROFILE_FILE, the file `launch calibrate` writes); so are two facts of
+the source's run an entry states: `kernels_in_context` (CUDA before 11.7 loads every kernel with the context, so
+the measured context holds them: kernel_bytes 0) and `process_group: false` (one process, no torch.distributed, so
+no NCCL communicator: nccl_comm_bytes 0). Nothing is fitted to the published peaks.
 
     .venv/bin/python benchmarks/published/run.py            # all entries, writes benchmarks/results/published.{md,json}
     .venv/bin/python benchmarks/published/run.py --only hf-  # entries whose id starts with hf-; prints, writes nothing
@@ -153,6 +155,22 @@ def job_for(entry: dict, data_path: Path) -> dict:
             "gpus": c["gpus"], "budget": str(profile.memory_bytes)}
 
 
+def profile_overrides(entry: dict) -> dict:
+    """The hardware-profile fields the entry's own run fixes (its measured context, its kernels and NCCL), as
+    `launch calibrate` would have written them for that machine; {} when it states none."""
+    overrides = {}
+    if entry.get("context_bytes_published"):
+        # The source's own context measurement is this GPU's context, as `launch calibrate` would have written it.
+        overrides["context_bytes"] = int(entry["context_bytes_published"])
+    if entry.get("kernels_in_context"):
+        # Before CUDA 11.7's lazy loading every module loads with the context: the kernels are in its figure.
+        overrides["kernel_bytes"] = 0
+    if entry.get("process_group") is False:
+        # One process without torch.distributed: no NCCL communicator (the launcher's own ranks always create one).
+        overrides.update(nccl_comm_bytes=0, nccl_extra_comm_bytes=0)
+    return overrides
+
+
 def plan_entry(entry: dict, work: Path) -> dict:
     """Run `launch plan --json --force` on the entry's job; return the plan object."""
     data = work / "data.jsonl"
@@ -161,10 +179,10 @@ def plan_entry(entry: dict, work: Path) -> dict:
     job.write_text(yaml.safe_dump(job_for(entry, data), sort_keys=False))
     env = {**os.environ, "LAUNCHER_CACHE": str(CACHE), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     env.pop("LAUNCHER_PROFILE_FILE", None)
-    if entry.get("context_bytes_published"):
-        # The source's own context measurement is this GPU's context, as `launch calibrate` would have written it.
+    overrides = profile_overrides(entry)
+    if overrides:
         prof = work / "profile.json"
-        prof.write_text(json.dumps({"hardware": {"context_bytes": int(entry["context_bytes_published"])}}))
+        prof.write_text(json.dumps({"hardware": overrides}))
         env["LAUNCHER_PROFILE_FILE"] = str(prof)
     res = subprocess.run([str(LAUNCH), "plan", str(job), "--json", "--force"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=900)

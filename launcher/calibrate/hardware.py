@@ -11,6 +11,10 @@ Every figure is in seconds-based units (FLOP/s, bytes/s, params/s, s) and maps o
   block_overhead_s         a GPT-2 block's forward + backward at a tiny size, minus its FLOPs at the measured
                            rate; on CPU under the same MemTracker the ranks run (its per-op hooks are the cost)
   context_bytes            CUDA only: device memory in use after the context exists, outside the allocator
+  kernel_bytes             CUDA only: what the libraries' kernels add outside the allocator once loaded (the
+                           matmuls', then the optimizer's and the block's)
+  nccl_comm_bytes          CUDA only: what the first NCCL communicator adds there (at the first all-reduce)
+  nccl_extra_comm_bytes    CUDA only: what one more communicator adds (a new group's first all-reduce)
 """
 
 from __future__ import annotations
@@ -269,17 +273,32 @@ def _measure(rank: int, world: int, port: int, opts: CalibrationOptions, progres
         clock[0] = now
         progress(f"done {name}")
 
-    if cuda:
+    def outside() -> int:  # device bytes outside the caching allocator now (device-wide: one rank per GPU)
         free, total = torch.cuda.mem_get_info(device)
-        out["context_bytes"] = max(0, total - free - torch.cuda.memory_reserved(device))
+        return max(0, total - free - torch.cuda.memory_reserved(device))
+
+    seen: dict[str, int] = {}
+    if cuda:
+        out["context_bytes"] = seen["context"] = outside()
     n = (1024 if opts.quick else 8192) if cuda else (256 if opts.quick else 512)
     dist.barrier()
     out["flops_fp32"] = matmul_flops(torch, torch.float32, n, device, sync, box)
     out["flops_bf16"] = matmul_flops(torch, torch.bfloat16, n, device, sync, box)
     lap("matmul")
+    if cuda:
+        seen["matmul"] = outside()  # cuBLAS and cuBLASLt loaded (lazily, at the first matmul)
     sizes = [4, 1 << 20, (4 << 20) if opts.quick else (32 << 20)]
     out["allreduce"] = allreduce(torch, dist, device, sync, sizes, box)
     dist.barrier()
+    if cuda:
+        # NCCL creates the default group's communicator at its first collective; then one more group's
+        # (launcher.planner.cuda_overhead [COMM]: engines hold more than one).
+        seen["first_comm"] = outside()
+        group = dist.new_group(list(range(world)))
+        probe = torch.ones(1, device=device)
+        dist.all_reduce(probe, group=group)
+        sync()
+        seen["second_comm"] = outside()
     lap("allreduce")
     out["host_copy"] = host_copy(torch, device, sync, (16 << 20) if opts.quick else (128 << 20), box)
     dist.barrier()
@@ -295,6 +314,13 @@ def _measure(rank: int, world: int, port: int, opts: CalibrationOptions, progres
     out["block"] = {**block, "seq": seq, "hidden": hidden, "tracked": track}
     out["block_overhead_s"] = max(block["per_block_s"] - block_flops / float(out["flops_bf16"]), 1e-6)
     lap("block")
+    if cuda:
+        # Kernels: the matmul libraries, then whatever the optimizer and the block (attention) loaded after the
+        # second communicator; each communicator's bytes between.
+        end = outside()
+        out["kernel_bytes"] = max(0, seen["matmul"] - seen["context"]) + max(0, end - seen["second_comm"])
+        out["nccl_comm_bytes"] = max(0, seen["first_comm"] - seen["matmul"])
+        out["nccl_extra_comm_bytes"] = max(0, seen["second_comm"] - seen["first_comm"])
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -372,7 +398,8 @@ def summarize(per_rank: dict[int, dict], opts: CalibrationOptions, seconds: floa
         "block_overhead_s": med(lambda r: r["block_overhead_s"]),
     }
     if opts.device == "cuda":
-        values["context_bytes"] = int(med(lambda r: r["context_bytes"]))
+        for name in ("context_bytes", "kernel_bytes", "nccl_comm_bytes", "nccl_extra_comm_bytes"):
+            values[name] = int(med(lambda r, name=name: r[name]))
     details = {"ranks": opts.ranks, "threads_per_rank": opts.threads, "device": opts.device,
                "seconds": round(seconds, 2), "per_rank": ranks}
     return Calibration(values=values, details=details, seconds=seconds)

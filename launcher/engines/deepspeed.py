@@ -39,6 +39,9 @@ NAME = "deepspeed"
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
 _OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
+DEEPSPEED_COMMUNICATORS = 2
+"""NCCL communicators a DeepSpeed rank holds: the default group and its clone, DeepSpeed's data-parallel group
+(deepspeed/utils/groups.py _get_data_parallel_group -> _clone_world_group: dist.new_group(range(world_size)))."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -249,7 +252,8 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
         return model + (MASTER_BYTES * m.trainable_params if inp.precision != "fp32" else 0.0)
     flatten_on_device = model + w * m.trainable_params
     room = inp.device_room_bytes or inp.hardware.memory_bytes
-    in_use = flatten_on_device + sum(cuda_overhead(inp.hardware, flatten_on_device, inp.world_size).values())
+    in_use = flatten_on_device + sum(cuda_overhead(inp.hardware, flatten_on_device, inp.world_size,
+                                                   DEEPSPEED_COMMUNICATORS).values())
     return flatten_on_device if in_use <= room else model
 
 
@@ -305,6 +309,11 @@ class DeepSpeedSpec(EngineSpec):
             return cuda_init_bytes(inp, s)
         build = 4 * m.num_params + untied_head_bytes(m)
         return max(build, w * m.num_params + w * m.trainable_params)
+
+    def nccl_communicators(self, s: Strategy) -> int:
+        """The default group and DeepSpeed's data-parallel group, a clone of it (deepspeed/utils/groups.py
+        _get_data_parallel_group -> _clone_world_group: dist.new_group(range(world_size))), at every stage."""
+        return DEEPSPEED_COMMUNICATORS
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         """Host bytes per node while loading: fp32 weights (4Ψ), or under ZeRO-3 the checkpoint plus one fp32 copy of

@@ -182,6 +182,11 @@ class FsdpSpec(EngineSpec):
             return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
         return (shards if s.offload_params == "none" else 0.0) + quantizing
 
+    def nccl_communicators(self, s: Strategy) -> int:
+        """The default group; hybrid sharding's 2-D mesh adds one group per dimension (init_device_mesh creates the
+        replicate and the shard group, launcher.worker.engines.fsdp); a 1-D mesh reuses the default group."""
+        return 3 if s.fsdp_hybrid else 1
+
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         """Host bytes per node while loading: rank 0's fp32 model (4Ψ); the other ranks receive their shards."""
         # Rank 0 builds in fp32 on its host; the others build on meta and receive their shards

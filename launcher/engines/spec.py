@@ -90,6 +90,11 @@ class EngineSpec:
         """Host bytes per node while the weights load."""
         raise NotImplementedError
 
+    def nccl_communicators(self, s: Strategy) -> int:
+        """NCCL communicators a CUDA rank of this engine holds (launcher.planner.cuda_overhead [COMM]): the default
+        process group every rank creates (launcher.worker.main), plus the engine's own groups."""
+        return 1
+
     # -- cost ----------------------------------------------------------------------------------------------------
     def optimizer_shard_ranks(self, inp: MemoryInputs, s: Strategy) -> int:
         """Ranks the optimizer's parameters are divided over."""

@@ -18,6 +18,13 @@ Each term is named and sourced; none is fitted here.
           older GPUs (CUBLAS_WORKSPACE_CONFIG overrides it); it comes from the caching allocator, so it counts as
           allocated. Forward/backward on the default stream plus a second stream (NCCL, FSDP2's copy streams)
           give two workspaces.
+  [LAZY]  The same "Lazy Loading": a library's kernels take device memory once first used, outside the allocator
+          (cuBLAS/cuBLASLt at the first matmul, the attention kernels): the profile's ``kernel_bytes``.
+  [COMM]  Each NCCL communicator holds device memory outside the allocator from its creation, peers or not: the
+          process's first (NCCL's per-process state with it) ``nccl_comm_bytes``, each further one
+          ``nccl_extra_comm_bytes``. How many a rank holds is its engine's (EngineSpec.nccl_communicators): the
+          default process group, plus DeepSpeed's clone of it, plus FSDP2's two hybrid-mesh groups.
+          Measured on an H100 (launcher.planner.hardware, KERNEL_MIB and NCCL_*_MIB).
   [NCCL]  NVIDIA, NCCL User Guide, "Environment Variables: NCCL_BUFFSIZE": the buffer used between a pair of GPUs,
           default 4194304 bytes (4 MiB), per channel per peer; NCCL allocates it with cudaMalloc, outside PyTorch's
           allocator. A ring keeps one per channel towards each of its two neighbours.
@@ -70,11 +77,19 @@ def nccl_buffer_bytes(hw: HardwareProfile, world_size: int) -> int:
     return NCCL_BUFFSIZE_BYTES * nccl_channels(hw) * NCCL_RING_PEERS
 
 
-def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int) -> dict[str, int]:
+def nccl_communicator_bytes(hw: HardwareProfile, communicators: int) -> int:
+    """[COMM] What ``communicators`` NCCL communicators of one process hold outside the allocator."""
+    if communicators <= 0:
+        return 0
+    return int(hw.nccl_comm_bytes + (communicators - 1) * hw.nccl_extra_comm_bytes)
+
+
+def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, communicators: int = 1) -> dict[str, int]:
     """The named terms a CUDA rank adds to its tensor peak; empty on CPU ranks (MemTracker counts tensors only).
 
-    cublas_workspace and allocator_reserve are inside torch.cuda.max_memory_reserved; cuda_context and
-    nccl_buffers are outside the allocator, seen only by the driver.
+    cublas_workspace and allocator_reserve are inside torch.cuda.max_memory_reserved; cuda_context,
+    cuda_kernels, nccl_communicators and nccl_buffers are outside the allocator, seen only by the driver.
+    ``communicators``: the NCCL communicators the rank's engine creates (EngineSpec.nccl_communicators).
     """
     if hw.device_is_host:
         return {}
@@ -82,11 +97,13 @@ def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int) -> 
         "cublas_workspace": cublas_workspace_bytes(hw),
         "allocator_reserve": int(hw.fragmentation * tensor_bytes),
         "cuda_context": int(hw.context_bytes),
+        "cuda_kernels": int(hw.kernel_bytes),
+        "nccl_communicators": nccl_communicator_bytes(hw, communicators),
         "nccl_buffers": nccl_buffer_bytes(hw, world_size),
     }
 
 
-OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers")
+OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_kernels", "nccl_communicators", "nccl_buffers")
 IN_RESERVED_NOT_ALLOCATED = ("allocator_reserve",)
 
 

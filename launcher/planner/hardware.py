@@ -27,6 +27,15 @@ class HardwareProfile:
     measures it as total - free - reserved. cuBLAS workspaces and NCCL buffers are separate terms (cuda_overhead)."""
     fragmentation: float
     """Allocator reserve as a share of the tensor peak (reserved / allocated - 1)."""
+    kernel_bytes: int = 0
+    """Device bytes the libraries' kernels take once loaded, outside the caching allocator, bytes: CUDA loads
+    modules lazily, on a kernel's first use (cuBLAS/cuBLASLt at the first matmul, the attention kernels); a rank
+    that trains has used them all. `launch calibrate` measures it after its matmuls."""
+    nccl_comm_bytes: int = 0
+    """Device bytes outside the allocator that NCCL takes for a process's first communicator (its per-process
+    state and device code with it), before any peer's ring buffers (cuda_overhead's nccl_buffers), bytes."""
+    nccl_extra_comm_bytes: int = 0
+    """Device bytes each further communicator of the process takes (an engine's own process groups), bytes."""
     flops_bf16: float
     """Dense bf16 matmul FLOP/s of one device."""
     flops_fp32: float
@@ -75,10 +84,24 @@ class HardwareProfile:
         return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known})
 
 
+# Measured on one H100 80GB HBM3 (torch 2.11.0+cu130, driver 580.159.04; benchmarks/results/gpu.md "Outside the
+# allocator"), device used - reserved after each stage of benchmarks/gpu/context.py: the context 619 MiB; the first
+# bf16 matmul +130 MiB (cuBLAS, cuBLASLt) and flash attention +18 MiB; init_process_group("nccl") +562 MiB with one
+# rank; and a further communicator 386 MiB (DeepSpeed's runs, which add the clone of the world group,
+# deepspeed/utils/groups.py _clone_world_group, held 1.806 GB outside against FSDP2's 1.402 GB). Every other CUDA
+# profile takes the same figures until `launch calibrate` measures its node: kernel code and NCCL's state depend
+# on the libraries more than on the card.
+KERNEL_MIB = 148
+NCCL_COMM_MIB = 562
+NCCL_EXTRA_COMM_MIB = 386
+
+
 def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw, source, capability,
          context_mib=600) -> HardwareProfile:
     return HardwareProfile(
         name=name, memory_bytes=int(mem_gib * GiB), context_bytes=context_mib * MiB, fragmentation=0.08,
+        kernel_bytes=KERNEL_MIB * MiB, nccl_comm_bytes=NCCL_COMM_MIB * MiB,
+        nccl_extra_comm_bytes=NCCL_EXTRA_COMM_MIB * MiB,
         flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=0.4, intra_node_bw=intra, inter_node_bw=inter,
         host_link_bw=pcie, cpu_adam_params_per_s=1.0e9, nvme_bw=3.0 * GB, memory_bw=memory_bw, source=source,
         compute_capability=capability,

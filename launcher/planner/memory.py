@@ -259,15 +259,17 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
     tensors = sum(breakdown.values())
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
-    overhead = cuda_overhead(hw, tensors, inp.world_size)
+    comms = spec.nccl_communicators(s)
+    overhead = cuda_overhead(hw, tensors, inp.world_size, comms)
     breakdown["reserve"] = sum(overhead.values())
     offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
     moment_bytes = {k: int(v + offloaded_on_device + sum(cuda_overhead(hw, v + offloaded_on_device,
-                                                                       inp.world_size).values()))
+                                                                       inp.world_size, comms).values()))
                     for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     if training_breakdown:
-        training_breakdown["reserve"] = sum(cuda_overhead(hw, sum(training_breakdown.values()), inp.world_size).values())
+        training_breakdown["reserve"] = sum(cuda_overhead(hw, sum(training_breakdown.values()), inp.world_size,
+                                                           comms).values())
         training_breakdown = {k: int(v) for k, v in training_breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node

@@ -19,6 +19,7 @@ from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
     ENFORCE_ENV,
+    EXPANDABLE_SEGMENTS,
     EXTENSIONS_ENV,
     GRAD_ACCUM_ENV,
     GRAD_CKPT_ENV,
@@ -73,6 +74,9 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
         env[SNAPSHOT_ENV] = "1"
     # A rank aborted by the hang watchdog (SIGABRT) writes its Python stack into its log on the way out.
     env["PYTHONFAULTHANDLER"] = "1"
+    # CUDA ranks grow their allocator segments in place instead of caching whole blocks (a user's own setting wins):
+    # launcher.rankenv.EXPANDABLE_SEGMENTS says why. Scripts' ranks get it too; CPU ranks ignore it.
+    env["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE_SEGMENTS)
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.

@@ -16,10 +16,13 @@ from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError
 from launcher.planner.plan import Plan
+from launcher.rankenv import EXPANDABLE_SEGMENTS
 from launcher.runtime.probe import error_tail, memory_probe
 
-RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-"""Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet."""
+RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE_SEGMENTS}
+"""Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet, CUDA's
+caching allocator with expandable segments (before the first CUDA call reads it; CPU ranks ignore it)."""
 
 
 def rank_process_env(run_dir: Path) -> None:

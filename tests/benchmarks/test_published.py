@@ -52,3 +52,17 @@ def test_each_figure_is_compared_on_its_own_basis():
     row = compare(entry, p)
     assert row["predicted_bytes"] == GiB + 1 * MiB
     assert row["error"] == pytest.approx((GiB + MiB - row["published_bytes"]) / row["published_bytes"])
+
+
+def test_an_entrys_own_run_sets_its_context_kernels_and_nccl():
+    """The HF guide's one-process V100 run (CUDA 11.2: every kernel loaded with the 1343 MiB context it measured)
+    has no NCCL communicator and no separately loaded kernels; an entry that states nothing changes nothing."""
+    from benchmarks.published.run import load_entries, profile_overrides
+
+    (hf,) = load_entries("hf-bert-large-fp32-mb4-adam8bit")
+    assert profile_overrides(hf) == {"context_bytes": 1408237568, "kernel_bytes": 0, "nccl_comm_bytes": 0,
+                                     "nccl_extra_comm_bytes": 0}
+    (qwen,) = load_entries("qwen-7b-lora-s512")
+    assert profile_overrides(qwen) == {"nccl_comm_bytes": 0, "nccl_extra_comm_bytes": 0}
+    (titan,) = load_entries("torchtitan-")
+    assert profile_overrides(titan) == {}

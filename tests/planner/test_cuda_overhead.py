@@ -8,6 +8,7 @@ from launcher.planner.cuda_overhead import (
     CUBLAS_WORKSPACE_HOPPER_BYTES,
     CUBLAS_WORKSPACE_OLDER_BYTES,
     NCCL_BUFFSIZE_BYTES,
+    OUTSIDE_ALLOCATOR,
     cuda_overhead,
     peak_on_basis,
     verdict_basis,
@@ -46,6 +47,8 @@ def test_cuda_ranks_are_predicted_on_reserved_plus_context():
         "cublas_workspace": 2 * 32 * MiB,  # Hopper: PyTorch's ":4096:8", compute and communication streams
         "allocator_reserve": int(hw.fragmentation * tensors),
         "cuda_context": hw.context_bytes,
+        "cuda_kernels": hw.kernel_bytes,
+        "nccl_communicators": hw.nccl_comm_bytes,  # FSDP2 on one 1-D mesh: the default group only
         "nccl_buffers": 4 * MiB * 16 * 2,  # NCCL_BUFFSIZE x 16 NVLink channels x 2 ring neighbours
     }
     assert est.breakdown["reserve"] == sum(est.overhead.values())
@@ -93,9 +96,14 @@ def test_overhead_terms_by_hand_on_round_profile_numbers():
     # computes them; here round values give numbers worked by hand: 10% of 1e10 tensor bytes = 1e9 reserve;
     # context 5e8 as set; cuBLAS 2 streams x 32 MiB (Hopper) = 67_108_864; NCCL 4 MiB x 16 NVLink channels x 2 ring
     # neighbours = 134_217_728 (H100's 450 GB/s NVLink is above the 100 GB/s NVLink threshold).
-    hw = dataclasses.replace(PROFILES["h100-80gb"], fragmentation=0.1, context_bytes=500_000_000)
+    # Kernels 1e8 as set; one communicator 5e8, each further one 4e8: DeepSpeed's two, 9e8.
+    hw = dataclasses.replace(PROFILES["h100-80gb"], fragmentation=0.1, context_bytes=500_000_000,
+                             kernel_bytes=100_000_000, nccl_comm_bytes=500_000_000, nccl_extra_comm_bytes=400_000_000)
     assert cuda_overhead(hw, 10**10, 8) == {"cublas_workspace": 67_108_864, "allocator_reserve": 1_000_000_000,
-                                            "cuda_context": 500_000_000, "nccl_buffers": 134_217_728}
+                                            "cuda_context": 500_000_000, "cuda_kernels": 100_000_000,
+                                            "nccl_communicators": 500_000_000, "nccl_buffers": 134_217_728}
+    assert cuda_overhead(hw, 10**10, 8, communicators=2)["nccl_communicators"] == 900_000_000
+    assert cuda_overhead(hw, 10**10, 8, communicators=3)["nccl_communicators"] == 1_300_000_000
     # Twice the tensors, twice the reserve; nothing else moves.
     doubled = cuda_overhead(hw, 2 * 10**10, 8)
     assert doubled["allocator_reserve"] == 2_000_000_000 and doubled["cuda_context"] == 500_000_000
@@ -109,3 +117,21 @@ def test_the_cublas_workspace_follows_the_generation_not_the_name():
     assert cuda_overhead(renamed, 0, 1)["cublas_workspace"] == 2 * CUBLAS_WORKSPACE_HOPPER_BYTES
     assert PROFILES["b200"].hopper_or_later and not PROFILES["a100-80gb"].hopper_or_later
     assert not PROFILES["mi300x"].hopper_or_later and PROFILES["cpu"].compute_capability is None
+
+
+def test_each_engine_counts_the_nccl_communicators_its_rank_creates():
+    """DeepSpeed adds its clone of the world group (groups._clone_world_group); FSDP2's hybrid 2-D mesh its replicate
+    and shard groups; a 1-D mesh reuses the default group. On CPU ranks nothing lies outside the tensors."""
+    from launcher.engines import engine_spec
+
+    s = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
+                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
+    assert engine_spec("fsdp").nccl_communicators(s) == 1
+    assert engine_spec("fsdp").nccl_communicators(dataclasses.replace(s, fsdp_sharding="hybrid")) == 3
+    ds = dataclasses.replace(s, engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None)
+    assert engine_spec("deepspeed").nccl_communicators(ds) == 2
+    hw = PROFILES["h100-80gb"]
+    # The first GPU check's one-rank runs: FSDP2 held 1.402 GB outside the allocator, DeepSpeed 1.806 GB.
+    outside = {n: sum(cuda_overhead(hw, 0, 1, k)[t] for t in OUTSIDE_ALLOCATOR) for n, k in (("fsdp", 1), ("ds", 2))}
+    assert outside["ds"] - outside["fsdp"] == hw.nccl_extra_comm_bytes
+    assert cuda_overhead(PROFILES["cpu"], 10**9, 8, 3) == {}

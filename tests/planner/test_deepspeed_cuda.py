@@ -40,8 +40,11 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
     req = request(llama_stats(), nodes=8, budget=24 * GB)
     m = moments(req, strategy(2))
     assert cuda_init_bytes(memory_inputs(req), strategy(2)) == 2 * llama_stats().num_params
-    assert round(m["init"] / GB, 2) == 15.39  # 13.48 GB + context, cuBLAS, NCCL and allocator reserve
-    assert round(m["step"] / GB, 2) == 18.11
+    # Since the first GPU check each moment also holds 1.15 GB more outside the allocator (the kernels and
+    # DeepSpeed's two NCCL communicators, launcher.planner.cuda_overhead): 13.48 GB + context, cuBLAS, kernels,
+    # NCCL and allocator reserve.
+    assert round(m["init"] / GB, 2) == 16.53
+    assert round(m["step"] / GB, 2) == 19.26
     assert m["init"] < m["step"]
     plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, zero_stage=2)))
     assert plan.strategy.zero_stage == 2 and plan.estimate.peak_bytes <= plan.usable_bytes
@@ -50,9 +53,9 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
 def test_with_room_for_the_copy_deepspeed_flattens_on_the_device():
     # 80 GB: 26.95 GB + overhead fits, so DeepSpeed flattens on the device and the init moment holds both copies.
     req = request(llama_stats(), nodes=8, budget=80 * GB)
-    assert round(moments(req, strategy(2))["init"] / GB, 2) == 29.94
+    assert round(moments(req, strategy(2))["init"] / GB, 2) == 31.09  # 29.94 + 1.15 GB outside the allocator
     # The same for ZeRO-1 (the same optimizer class); a LoRA run's flat copy is only its adapters.
-    assert round(moments(req, strategy(1))["init"] / GB, 2) == 29.94
+    assert round(moments(req, strategy(1))["init"] / GB, 2) == 31.09
 
 
 def test_cpu_ranks_keep_the_measured_init():
@@ -83,11 +86,11 @@ def test_70b_zero3_on_32_h100s_steps_one_sub_group_at_a_time():
     assert sub_group_elems(inp, buckets.sub_group_size) == 1_000_000_000 + 32000 * 8192 // 32
     st = deepspeed_states(inp, strategy(3), buckets)
     assert round(st.step_extra / GB, 2) == 12.10
-    assert round(moments(req, strategy(3))["step"] / GB, 2) == 51.96
+    assert round(moments(req, strategy(3))["step"] / GB, 2) == 53.11  # 51.96 + 1.15 GB outside the allocator
     # The whole partition as one sub-group is what the model counted before: 3 x 4 x 2.156e9 = 25.87 GB.
     whole = dataclasses.replace(buckets, sub_group_size=10**12)
     assert round(deepspeed_states(inp, strategy(3), whole).step_extra / GB, 2) == 25.87
-    assert round(moments(req, strategy(3), whole)["step"] / GB, 2) == 66.83
+    assert round(moments(req, strategy(3), whole)["step"] / GB, 2) == 67.98
 
 
 def test_a_partition_within_one_sub_group_counts_as_before():

@@ -25,7 +25,7 @@ def planned(write_job, tmp_path, capsys):
     return d
 
 
-def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_path):
+def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_path, monkeypatch):
     from launcher.config.jobfile import load_job
     from launcher.session.prepare import plan_text, rank_env, write_plan_outputs
 
@@ -36,6 +36,10 @@ def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_pat
     env = rank_env(run, plan, job, enforce=False)
     assert env[PLAN_DIGEST_ENV] == hashlib.sha256((run.path / "plan.json").read_bytes()).hexdigest()
     assert (run.path / "plan.json").read_text() == plan_text(plan)
+    # Every rank the launcher starts (a --script's too) gets expandable segments unless the user set the allocator.
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert rank_env(run, plan, job, enforce=False)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
     run.unlock()
 
 

@@ -68,13 +68,17 @@ def test_importing_the_worker_sets_no_environment_and_main_sets_it_first():
 
     code = ("import os, sys\n"
             "for k in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE', 'TOKENIZERS_PARALLELISM', 'TORCH_EXTENSIONS_DIR',\n"
-            "          'LAUNCHER_RUN_DIR'):\n"
+            "          'LAUNCHER_RUN_DIR', 'PYTORCH_CUDA_ALLOC_CONF'):\n"
             "    os.environ.pop(k, None)\n"
             "import launcher.worker.main as m\n"
             "assert 'HF_HUB_OFFLINE' not in os.environ and 'TORCH_EXTENSIONS_DIR' not in os.environ\n"
             "assert 'huggingface_hub' not in sys.modules and 'deepspeed' not in sys.modules\n"
             "m.rank_process_env(m.Path('/nonexistent/run'))\n"
             "assert os.environ['HF_HUB_OFFLINE'] == '1' and os.environ['TORCH_EXTENSIONS_DIR']\n"
-            "assert os.environ['LAUNCHER_RUN_DIR'] == '/nonexistent/run'\n")
+            "assert os.environ['LAUNCHER_RUN_DIR'] == '/nonexistent/run'\n"
+            "assert os.environ['PYTORCH_CUDA_ALLOC_CONF'] == 'expandable_segments:True'\n"
+            "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'max_split_size_mb:512'  # a user's own setting wins\n"
+            "m.rank_process_env(m.Path('/nonexistent/run'))\n"
+            "assert os.environ['PYTORCH_CUDA_ALLOC_CONF'] == 'max_split_size_mb:512'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
