@@ -168,6 +168,16 @@ def _fill_precision(cfg: dict, plan: Plan) -> None:
 def _fill_optimizer(cfg: dict, plan: Plan, job: Job) -> None:
     s = plan.strategy
     t = job.train
+    if s.low_memory_optimizer != "none":
+        # The rank side passes the low-memory optimizer to deepspeed.initialize as a client optimizer
+        # (launcher.worker.engines.deepspeed builds one only when the config names none). An "optimizer" block
+        # here would claim AdamW: DeepSpeed 0.19 would quietly prefer the client's (engine.py
+        # _configure_optimizer), HF Trainer and accelerate would build the block's. ZeRO wraps only the
+        # optimizers it tested (is_zero_supported_optimizer) unless allowed.
+        cfg.pop("optimizer", None)
+        if s.zero_stage > 0:
+            cfg["zero_allow_untested_optimizer"] = True
+        return
     offloaded = s.offload_optimizer != "none"
     if t.optimizer == "sgd":
         # SGD goes through DeepSpeed's torch.optim fallback (getattr(torch.optim, type)), so the name is

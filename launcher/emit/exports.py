@@ -83,11 +83,25 @@ def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py
     return " ".join([*parts, script])
 
 
-def deepspeed_notes(ds_config_file: str) -> list[str]:
-    """What a script run with a DeepSpeed accelerate.yaml must do."""
+def deepspeed_notes(ds_config_file: str, client_optimizer: str = "") -> list[str]:
+    """What a script run with a DeepSpeed accelerate.yaml must do; ``client_optimizer``: the class the plan's
+    low-memory optimizer is, which ds_config.json leaves out (the script builds it), '' for none."""
+    if client_optimizer:
+        return [
+            f"Precision, micro-batch, accumulation and schedule are in {ds_config_file}; the optimizer is not:",
+            f"  the plan assumes {client_optimizer} over the model's parameters: build it and pass it to",
+            "  accelerator.prepare (not DummyOptim).",
+            *_cpu_rank_notes(),
+        ]
     return [
         f"Precision, micro-batch, accumulation, optimizer and schedule are in {ds_config_file}:",
         "  pass accelerate.utils.DummyOptim (and DummyScheduler, if you pass one) to accelerator.prepare.",
+        *_cpu_rank_notes(),
+    ]
+
+
+def _cpu_rank_notes() -> list[str]:
+    return [
         "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
         "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
     ]

@@ -22,14 +22,18 @@ from launcher.planner.cuda_overhead import cuda_overhead
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
+    LOW_BIT_STATE,
+    LOW_BIT_STEP_COPIES,
     MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
     MemoryInputs,
     States,
     Traffic,
+    low_bit_tensor_bytes,
     nvme_param_buffer_elems,
     optimizer_offload_s,
     optimizer_state_bytes,
+    optimizer_step_temp_bytes,
     over_links,
     untied_head_bytes,
 )
@@ -42,6 +46,40 @@ _OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
 DEEPSPEED_COMMUNICATORS = 2
 """NCCL communicators a DeepSpeed rank holds: the default group and its clone, DeepSpeed's data-parallel group
 (deepspeed/utils/groups.py _get_data_parallel_group -> _clone_world_group: dist.new_group(range(world_size)))."""
+
+
+LOW_MEMORY_REFUSED = {
+    "offload": "ZeRO-Offload steps the optimizer with DeepSpeed's own CPU Adam (DeepSpeedCPUAdam; engine.py "
+               "_configure_optimizer refuses a client optimizer there), which keeps fp32 moments",
+    "stage3": "ZeRO-3 steps flat sub-groups of per-parameter padded partitions (stage3.py _optimizer_step), whose "
+              "sizes the plan cannot check against torchao's block rule, and that was not measured",
+    "flat": "ZeRO-1/2 hand the optimizer one flat 1-D partition (stage_1_and_2.py single_partition_of_fp32_groups): "
+            "Adafactor would factor nothing and take its RMS over the whole partition, another update for every N",
+}
+"""Why a DeepSpeed layout does not offer a low-memory optimizer (DeepSpeedSpec.lever_values)."""
+
+
+CLIENT_OPTIMIZER = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
+                    "adafactor": "torch.optim.Adafactor"}
+"""The class a script builds for Strategy.low_memory_optimizer (ds_config.json names no optimizer then)."""
+HF_TRAINER_OPTIM = {
+    "adamw8bit": "HF Trainer with ds_config.hf.json: --optim adamw_torch_8bit (torchao's AdamW8bit).",
+    "adamw4bit": "HF Trainer with ds_config.hf.json: --optim adamw_torch_4bit (torchao's AdamW4bit).",
+    # transformers' Adafactor (optimization.py) scales by the parameter's RMS with a relative step by default and
+    # is not torch.optim.Adafactor: the Trainer cannot run the plan's.
+    "adafactor": "HF Trainer cannot carry it: its --optim adafactor is transformers' own Adafactor, another update.",
+}
+"""What the HF Trainer export (ds_config.hf.json, no optimizer block) needs for a low-memory optimizer."""
+
+
+def flat_partition_elems(inp: MemoryInputs) -> int:
+    """Elements of the flat fp32 partition ZeRO-1/2 hand the optimizer on each rank (one parameter group).
+
+    stage_1_and_2.py DeepSpeedZeroOptimizer.__init__ pads the group's flat buffer to a multiple of
+    nccl_start_alignment_factor (2) x N (aligned_numel; parameter_alignment off) and gives each rank 1/N of it,
+    so single_partition_of_fp32_groups[0] has 2 * ceil(Ψ_t / 2N) elements on every rank."""
+    n = inp.world_size
+    return 2 * math.ceil(inp.model.trainable_params / (2 * n))
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -128,11 +166,53 @@ def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
     # The fp32 master partition exists at fp32 too: ZeRO-1/2 and ZeRO-3 build it as a .clone().float() of the
     # flat partition (single_partition_of_fp32_groups, fp32_partitioned_groups_flat), a copy whatever the dtype
     # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
-    optimizer = MASTER_BYTES * p.psi_t / p.shard_opt + optimizer_state_bytes(inp, s, p.shard_opt)
+    # ZeRO-0 at fp32 has none: engine.py _configure_optimizer keeps the optimizer over the fp32 parameters
+    # themselves (no wrapper), measured on the ZeRO-0 dev cells (issue 21).
+    masters = 0.0 if p.stage == 0 and not p.mixed else MASTER_BYTES * p.psi_t / p.shard_opt
+    optimizer = masters + low_memory_state_bytes(inp, s, p)
     # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
     grads = p.grads16 if p.stage == 3 or p.accumulating else 0.0
-    return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra_bytes(p, grads),
+    if p.stage == 0 and not p.mixed:
+        # The unwrapped optimizer steps the parameters' own fp32 gradients, one tensor at a time: the step holds
+        # those gradients and the optimizer's temporaries of the largest tensor, nothing flat (measured: exact).
+        step_extra = p.grads16 - grads + optimizer_step_temp_bytes(inp, s, 1, on_host=inp.hardware.device_is_host)
+    else:
+        step_extra = step_extra_bytes(p, grads) + low_memory_step_bytes(inp, s, p)
+    return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra,
                   model_states=params + p.grads16 + p.grads32 + optimizer)
+
+
+def low_memory_state_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float:
+    """The optimizer's state on one rank, fp32 masters apart (terms.optimizer_state_bytes for the job's optimizer).
+
+    A low-memory optimizer is the client optimizer deepspeed.initialize gets (launcher.worker.engines.deepspeed).
+    ZeRO-0 keeps it over the parameters as they are (engine.py _configure_optimizer: unwrapped at fp32;
+    FP16_UnfusedOptimizer's per-parameter fp32 clones at bf16/fp16), so the per-tensor terms of one unsharded
+    rank apply. ZeRO-1/2 step it on one flat fp32 partition (flat_partition_elems): torchao quantizes that one
+    tensor or none of it (terms.low_bit_tensor_bytes)."""
+    if s.low_memory_optimizer in LOW_BIT_STATE and p.stage in (1, 2):
+        return low_bit_tensor_bytes(s.low_memory_optimizer, flat_partition_elems(inp))
+    return optimizer_state_bytes(inp, s, p.shard_opt)
+
+
+def low_memory_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float:
+    """What a low-memory optimizer's step holds beyond the step_extra_bytes of the job's AdamW.
+
+    On the host torchao's single_param_adam runs eagerly and holds LOW_BIT_STEP_COPIES fp32 copies of the tensor
+    it steps: at ZeRO-1/2 the whole flat partition, in place of AdamW's two (its denominator, two of the three
+    partition-sized fp32 tensors step_extra_bytes counts at fp32; the third is the fp32 gradient). At ZeRO-0 the
+    largest parameter (terms.optimizer_step_temp_bytes), beside what step_extra_bytes counts. On CUDA torchao
+    compiles the step and holds none."""
+    opt = s.low_memory_optimizer
+    if opt == "none":
+        return 0.0
+    on_host = inp.hardware.device_is_host
+    if p.stage in (1, 2):
+        adam = 2 * p.grads32 if not p.mixed else 0.0
+        return (LOW_BIT_STEP_COPIES * 4 * flat_partition_elems(inp) if on_host else 0.0) - adam
+    # ZeRO-0 with FP16_UnfusedOptimizer (bf16/fp16): its per-parameter fp32 copies are stepped one at a time
+    # (at fp32 model_states counts the whole step itself).
+    return optimizer_step_temp_bytes(inp, s, 1, on_host=on_host)
 
 
 def stage3_buffers(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
@@ -266,7 +346,20 @@ class DeepSpeedSpec(EngineSpec):
     overhead_field = "deepspeed_step_overhead_s"
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
-    levers = frozenset({"loss_chunks", "checkpoint_every", "activation_offload"})
+    levers = frozenset({"loss_chunks", "checkpoint_every", "activation_offload", "low_memory_optimizer"})
+
+    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
+        """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
+        all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
+        block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
+        (LOW_MEMORY_REFUSED)."""
+        if c.offload_optimizer != "none":
+            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"])}
+        if c.zero_stage == 3:
+            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["stage3"])}
+        if c.zero_stage in (1, 2):
+            return {"low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
+        return {}
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
@@ -427,7 +520,10 @@ class DeepSpeedSpec(EngineSpec):
 
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
         """What a script launched with this accelerate.yaml must do (launcher.emit.exports.deepspeed_notes)."""
-        return deepspeed_notes(self._ds_file(config_dir))
+        opt = plan.strategy.low_memory_optimizer
+        if opt == "none":
+            return deepspeed_notes(self._ds_file(config_dir))
+        return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]
 
     def title(self, s: Strategy, nodes: int) -> str:
         """"DeepSpeed ZeRO-<stage>", as launch plan prints it."""

@@ -73,6 +73,11 @@ class EngineSpec:
     leaves the others off for it (launcher.planner.levers)."""
 
     # -- search --------------------------------------------------------------------------------------------------
+    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
+        """Lever fields whose values this layout limits further than ``levers`` says: field -> (the values it
+        offers, why it offers no other), for levers an engine implements on some of its layouts only."""
+        return {}
+
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Every layout this engine offers on ``nodes`` machines, with NVMe offload when ``nvme``; in search order."""
         raise NotImplementedError

@@ -44,14 +44,23 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     out = []
     # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy.
     settings: dict[tuple, list[dict[str, object]]] = {}
+    refused: list[str] = []  # a pinned lever value a layout does not offer, and why
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
-        levers = engine_spec(c.engine).levers
-        if (levers, accum) not in settings:
-            settings[levers, accum] = [lv.fields() for lv in options(req, levers, accum)]
+        spec = engine_spec(c.engine)
+        levers, limited = spec.levers, spec.lever_values(c)
+        limits = {name: values for name, (values, _) in limited.items()}
+        key = (levers, accum, tuple(sorted(limits.items())))
+        if key not in settings:
+            settings[key] = [lv.fields() for lv in options(req, levers, accum, limits)]
+        refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {spec.title(c, req.nodes)}"
+                    f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout" for name, (values, why) in limited.items()
+                    if getattr(p, name) is not None and getattr(p, name) not in values]
         layout = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         out += [Strategy(**layout, micro_batch_size=mb, grad_accum_steps=accum, **lv)
-                for lv in settings[levers, accum]]
+                for lv in settings[key]]
+    if not out and refused:
+        raise ConfigError(refused[0])
     if not out:
         raise ConfigError(
             f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "
@@ -61,6 +70,10 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             "grad_accum_steps 1 and no fp16; unpin one of them"
         )
     return out
+
+
+def _offload_words(c) -> str:
+    return f" (optimizer offload: {c.offload_optimizer})" if c.offload_optimizer != "none" else ""
 
 
 def lever_support() -> str:

@@ -66,7 +66,8 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not exact and not allowed(req, lever, other):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        if not used and lever not in spec.levers:
+        offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
+        if not used and (lever not in spec.levers or other not in offered):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
             continue
         alt = score(req, dataclasses.replace(s, **{lever: other}))

@@ -77,12 +77,15 @@ def sac_measured(req: PlanRequest) -> bool:
     return getattr(req.activations, "sac_bytes_per_token", 0.0) > 0
 
 
-def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) -> list[LeverSetting]:
+def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
+            limits: dict[str, tuple[object, ...]] | None = None) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
     ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
-    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible).
+    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible). ``limits``:
+    field -> the only values this layout offers (EngineSpec.lever_values), a pin outside them admits nothing.
     """
+    limits = limits or {}
     p, m = req.pins, req.model
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
     if p.checkpoint_policy == "ops" and p.activation_checkpointing is None:
@@ -111,6 +114,10 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int) 
                 return []  # pinned on where it cannot step in backward
         elif name not in supported:
             axes[name] = [axes[name][0]]
+        if name in limits:
+            if pin is not None and pin not in limits[name]:
+                return []  # pinned to a value this layout does not offer
+            axes[name] = [v for v in axes[name] if v in limits[name]]
         axes[name] = [v for v in axes[name] if pin is not None or allowed(req, name, v)]
     out = []
     if p.checkpoint_every not in (None, 1) and "checkpoint_every" not in supported:

@@ -91,12 +91,18 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
         return 4 * (tables * (_table_rows(m.vocab_size, n)[0] + h) + 2 * rest / h)
     code, block = LOW_BIT_STATE[opt]
     per_elem = 2 * (code + 4 / block)
+    table = max(low_bit_tensor_bytes(opt, r * h) for r in _table_rows(m.vocab_size, n))
+    return tables * table + per_elem * rest / n
 
-    def table_bytes(rows: int) -> float:
-        numel = rows * h
-        return numel * (per_elem if numel >= LOW_BIT_MIN_NUMEL and numel % block == 0 else 8.0)
 
-    return tables * max(table_bytes(r) for r in _table_rows(m.vocab_size, n)) + per_elem * rest / n
+def low_bit_tensor_bytes(opt: str, numel: int) -> float:
+    """The two moments torchao's AdamW8bit / AdamW4bit keep for one (local) tensor of ``numel`` elements, bytes:
+    block-wise quantized (LOW_BIT_STATE) when it has at least LOW_BIT_MIN_NUMEL elements and its block divides it,
+    else two fp32 moments (_AdamBase._new_buffer). DeepSpeed's ZeRO-1/2 hand it one flat partition
+    (launcher.engines.deepspeed.flat_partition_elems), FSDP2 each parameter's shard."""
+    code, block = LOW_BIT_STATE[opt]
+    quantized = numel >= LOW_BIT_MIN_NUMEL and numel % block == 0
+    return numel * (2 * (code + 4 / block) if quantized else 8.0)
 
 
 def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:

@@ -254,6 +254,17 @@ def test_optimizer_blocks():
     assert "zero_allow_untested_optimizer" not in emit(job_kw={"train.optimizer": "sgd"}, zero_stage=0)
 
 
+def test_a_low_memory_optimizer_is_the_ranks_client_optimizer_not_a_config_block():
+    # The rank side passes it to deepspeed.initialize; a config "optimizer" block would claim AdamW to HF Trainer
+    # and accelerate. ZeRO wraps an untested client optimizer only when allowed.
+    for stage in (1, 2):
+        cfg = emit(zero_stage=stage, low_memory_optimizer="adamw8bit")
+        assert "optimizer" not in cfg and cfg["zero_allow_untested_optimizer"] is True
+    z0 = emit(zero_stage=0, low_memory_optimizer="adafactor")
+    assert "optimizer" not in z0 and "zero_allow_untested_optimizer" not in z0
+    assert "optimizer" in emit(zero_stage=2)
+
+
 def test_scheduler_block():
     assert emit()["scheduler"] == {"type": "WarmupLR", "params": {
         "warmup_min_lr": 3e-4 / 11, "warmup_max_lr": 3e-4, "warmup_num_steps": 10, "warmup_type": "linear"}}

@@ -104,10 +104,9 @@ def test_eager_low_bit_step_costs_time_on_cpu_ranks_only():
     assert terms["optimizer"] > 0 and "optimizer" not in step_time_terms(_inp(m), _s(), 10**6)
 
 
-def test_only_fsdp_implements_it():
-    # DeepSpeed steps flat partitions padded to 2N elements, which torchao's block rule leaves in fp32, and on which
-    # Adafactor would factor nothing (docs/memory-model.md): it does not offer the lever.
-    assert {name for name, spec in ENGINES.items() if "low_memory_optimizer" in spec.levers} == {"fsdp"}
+def test_fsdp_and_deepspeed_implement_it():
+    # DeepSpeed on some layouts only (EngineSpec.lever_values; tests/planner/test_deepspeed_low_memory.py).
+    assert {name for name, spec in ENGINES.items() if "low_memory_optimizer" in spec.levers} == {"fsdp", "deepspeed"}
 
 
 def _cpu_request(request_for, **kw):
@@ -149,14 +148,15 @@ def _fsdp_strategies(req):
     return candidates(req)
 
 
-def test_pinned_on_deepspeed_it_admits_nothing(request_for):
+def test_pinned_on_deepspeed_zero3_it_admits_nothing(request_for):
     from launcher.config.job import StrategyConfig
     from launcher.errors import ConfigError
     from launcher.planner.candidates import candidates
 
-    req = request_for(pins=StrategyConfig(engine="deepspeed", low_memory_optimizer="adamw8bit"),
+    # ZeRO-3 steps sub-groups of padded per-parameter partitions: not offered (the one refusal line names why).
+    req = request_for(pins=StrategyConfig(engine="deepspeed", zero_stage=3, low_memory_optimizer="adamw8bit"),
                       allow_levers=("adamw8bit",))
-    with pytest.raises(ConfigError, match=r"deepspeed: activation_offload, checkpoint_every, loss_chunks;"):
+    with pytest.raises(ConfigError, match=r"'adamw8bit' is not offered with DeepSpeed ZeRO-3.*sub-groups"):
         candidates(req)
 
 

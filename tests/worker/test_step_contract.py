@@ -117,6 +117,19 @@ def test_the_worker_optimizer_is_the_one_the_ds_config_names():
     assert (group["betas"], group["eps"], group["weight_decay"]) == (ADAM_BETAS, ADAM_EPS, 0.1)
 
 
+def test_deepspeed_refuses_a_ds_config_optimizer_beside_the_plans_low_memory_one():
+    # The ranks build the plan's low-memory optimizer as DeepSpeed's client optimizer only when ds_config.json
+    # names none; one that does (an old or hand-edited file) would train with AdamW under a low-bit plan.
+    from launcher.worker.engines.deepspeed import check_ds_config
+    from tests.emit.emit_helpers import make_job, make_plan
+
+    plan = make_plan(low_memory_optimizer="adamw8bit")
+    ds = emit_ds.ds_config(plan, make_job())
+    check_ds_config(ds, plan)
+    with pytest.raises(ConfigError, match="low_memory_optimizer is 'adamw8bit'"):
+        check_ds_config({**ds, "optimizer": {"type": "AdamW", "params": {}}}, plan)
+
+
 @pytest.mark.parametrize("ds_clip, job_clip, ok", [(1.0, 1.0, True), (0.0, None, True), (0.0, 0.0, True),
                                                    (1.0, 0.5, False), (0.0, 1.0, False)])
 def test_deepspeed_clips_to_the_jobs_max_grad_norm(ds_clip, job_clip, ok):

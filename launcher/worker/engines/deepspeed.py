@@ -66,6 +66,10 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None and value is not None and int(node) != int(value):
             problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
+    if s.low_memory_optimizer != "none" and "optimizer" in ds:
+        problems.append(f"ds_config.json optimizer: {ds['optimizer'].get('type')!r} but plan.json's "
+                        f"low_memory_optimizer is {s.low_memory_optimizer!r}, which the ranks pass as the client "
+                        "optimizer; re-emit the run dir")
     if problems:
         raise ConfigError(problems)
 
@@ -129,7 +133,8 @@ class DeepSpeedEngine:
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
-                   usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every)
+                   usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every,
+                   low_memory_optimizer=plan.strategy.low_memory_optimizer)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -140,8 +145,11 @@ class DeepSpeedEngine:
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
-                 usable_bytes: int = 0, checkpoint_every: int = 1):
+                 usable_bytes: int = 0, checkpoint_every: int = 1, low_memory_optimizer: str = "none"):
         self.ds_config = ds_config
+        self.low_memory_optimizer = low_memory_optimizer
+        """The plan's Strategy.low_memory_optimizer: built here and handed to deepspeed.initialize as its client
+        optimizer (ZeRO-0 keeps it over the parameters, ZeRO-1/2 step it on their flat fp32 partitions)."""
         self.usable_bytes = usable_bytes
         """The plan's usable budget per rank, bytes: the room ZeRO-1/2's flatten may see on a GPU (0: the device's)."""
         self.stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
@@ -180,7 +188,8 @@ class DeepSpeedEngine:
 
             model = broadcast_from_rank0(model, self.device, self.work_dtype)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = None if "optimizer" in self.ds_config else build_optimizer(train, params)
+        optimizer = None if "optimizer" in self.ds_config else build_optimizer(train, params,
+                                                                                 self.low_memory_optimizer)
         factor = lr_lambda(train.warmup_steps)
 
         def schedule(opt):
