@@ -121,6 +121,21 @@ def skip_shm_comm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def keep_optimizer_state_whole(zero_optimizer) -> None:
+    """Stop ZeRO-1/2 from cutting the client optimizer's state into per-parameter fragments.
+
+    After its first step DeepSpeedZeroOptimizer links every partition-shaped optimizer state to the parameters it
+    covers (stage_1_and_2.py _lazy_init_hp_params_optimizer_state -> tensor_fragment.set_optim_state_fragment:
+    ``value.narrow(0, start, numel)`` per parameter), for its safe_get_full_optimizer_state API and universal
+    checkpoints, which the launcher uses neither of. torchao's quantized moments allow a narrow only on block
+    boundaries, and a parameter's fragment starts anywhere (tiny GPT-2's 64-element biases: "Invalid start or end
+    ... block_size=128"). Marked as linked, the states stay whole; DeepSpeed's own checkpoint saves and reloads
+    them through the optimizer's state_dict (elastic_checkpoint off; a resumed ZeRO-2 run with 4-bit moments steps
+    to the same loss as the one that went on)."""
+    if hasattr(zero_optimizer, "_hp_optimizer_states_linked"):
+        zero_optimizer._hp_optimizer_states_linked = True
+
+
 class DeepSpeedEngine:
     """The rank side of DeepSpeed ZeRO: deepspeed.initialize on the run's ds_config.json, behind the step contract."""
 
@@ -205,6 +220,8 @@ class DeepSpeedEngine:
                 model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config
             )
         self.model = self.engine
+        if self.low_memory_optimizer != "none" and self.stage in (1, 2):
+            keep_optimizer_state_whole(self.optimizer)
         if probe.tracker is None:
             return  # no category tracking (CUDA without $LAUNCHER_TRACK_CATEGORIES): nothing to label
         self._label_memory(probe, grads=False)
