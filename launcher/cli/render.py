@@ -33,7 +33,8 @@ def _count(n: int) -> str:
 
 BASIS_WORDS = {
     "cpu_tensor_bytes": "tensor bytes (CPU ranks: what MemTracker measures)",
-    "cuda_reserved_plus_context": "the allocator's reserved memory plus the CUDA context and NCCL buffers "
+    "cuda_reserved_plus_context": "the allocator's reserved memory plus what lies outside it (the CUDA context, "
+                                  "loaded kernels, NCCL communicators and buffers) "
                                   "(what OOMs on a GPU; the run's verdict counts the same)",
 }
 

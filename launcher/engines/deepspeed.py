@@ -31,6 +31,7 @@ from launcher.planner.terms import (
     optimizer_offload_s,
     optimizer_state_bytes,
     over_links,
+    tied_embedding_grad_bytes,
     untied_head_bytes,
 )
 from launcher.rankenv import DS_CONFIG_ENV
@@ -170,6 +171,17 @@ def stage12_bucket(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States
         # allocated, so both exist for a moment (contiguous_gradients; measured on tiny GPT-2).
         end += p.w * m.vocab_size * m.hidden_size * m.trainable_params / m.num_params
     st = dataclasses.replace(st, backward_end_extra=end, reduce_with_blocks=True)
+    if p.stage == 2:
+        # The last instants of backward, the blocks' activations freed (ZeRO-2; measured on BWDEND_DEV, exact):
+        # - the final flush (independent_gradient_partition_epilogue -> reduce_ipg_grads -> average_tensor): with
+        #   use_multi_rank_bucket_allreduce (DeepSpeed's default) every slice of the bucket goes to
+        #   allreduce_and_scatter, whose allreduce_bucket flattens its slices (self.flatten, a torch.cat: a new
+        #   tensor) in chunks of reduce_bucket_size; the other path (allreduce_no_retain) flattens the same way. So a
+        #   copy of the bucket's gradients, min(bucket, Ψt) elements, lives beside the bucket;
+        # - a tied embedding's backward (terms.tied_embedding_grad_bytes): its three tables are outside the bucket
+        #   (the shared weight's hook fires only after AccumulateGrad), every other gradient is in it.
+        flush = p.w * min(buckets.reduce_bucket_size, p.psi_t)
+        st = dataclasses.replace(st, backward_end_late=bucket + max(flush, tied_embedding_grad_bytes(m, p.w)))
     if p.accumulating and p.mixed:
         # The bucket outlives a micro-step: the next one's backward starts with it (measured, bf16). At fp32 it
         # does not (measured on the fit split's fp32 ZeRO-2 accumulation cell: -0.2 % without it, +15 % with).
@@ -194,7 +206,9 @@ def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buc
                   + (p.w * p.psi_t / p.shard_opt if p.accumulating else 0))
         st = dataclasses.replace(st, buffers=st.buffers + p.w * largest,
                                  # the device buffer is not freed by then
-                                 backward_end_extra=st.backward_end_extra + p.w * largest)
+                                 backward_end_extra=st.backward_end_extra + p.w * largest,
+                                 backward_end_late=st.backward_end_late + (p.w * largest if st.backward_end_late
+                                                                           else 0.0))
     if s.offload_optimizer == "cpu":
         return dataclasses.replace(st, host=st.host + moved)
     # NVMe, with pinned swap buffers: buffer_count 4, each the largest sub-group in fp32 (swap_tensor/optimizer_utils.py

@@ -28,6 +28,7 @@ from launcher.planner.terms import (
     over_links,
     ring,
     stochastic_rounds,
+    tied_embedding_grad_bytes,
     untied_head_bytes,
 )
 
@@ -132,6 +133,18 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         in_hook = (pb + pb / n) * unit + optimizer_step_temp_bytes(inp, s, n, on_host=True)
         reduce_temp = max(reduce_temp, in_hook)
     st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
+    # The instant before that reduce: the input embedding's backward, the last op of autograd's pass. Every block is
+    # reduced, and the last one's reduce-scatter input (reduce_dtype, pb bytes) is still held: post_backward appends
+    # it to comm_ctx.reduce_scatter_states, and only the next unit's post_backward (the root's) pops it
+    # (_fsdp_param_group.py, reduce_scatter_max_input_buffers = 1). The root's gradients made earlier in backward
+    # (the head's, position embeddings, final norm) are unsharded, and a tied embedding's three vocabulary tables
+    # meet (terms.tied_embedding_grad_bytes: one of them is the root's own gradient of that weight). Measured on
+    # BWDEND_DEV's tied GPT-2: exact to the byte; with a 16k vocabulary it exceeds the reduce by about one table.
+    block_trainable = m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0
+    # The table's own gradient is one of the three tied tables and already in w * root_trainable.
+    root_grads = w * root_trainable + tied_embedding_grad_bytes(m, w) * 2 / 3
+    st.backward_end_late = (w * m.non_block_params + waiting_grads + pb * block_trainable + root_grads
+                            - st.grads)
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).

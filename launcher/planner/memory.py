@@ -208,10 +208,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                                                          s.loss_chunks)
         pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
+    # The end of backward is the larger of two instants: the gradient reduce (with the blocks' activations where
+    # reduce_with_blocks) and the last one, once every block's backward has run (States.backward_end_late).
+    reduce_end = st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0)
+    late = st.backward_end_late > reduce_end
+    end_extra = st.backward_end_late if late else st.backward_end_extra
     moments = {
         "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
-        "backward_end": persistent - st.buffers + st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0),
+        "backward_end": persistent - st.buffers + max(reduce_end, st.backward_end_late),
     }
     if inp.hardware.device_is_host:
         # Rank 0's export copy at the end of the run (launcher.worker.export) is host memory, and on CPU ranks the
@@ -232,10 +237,11 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         """Device bytes per category at ``moment`` (before the CUDA reserve)."""
         bd = {
             "params": st.params,
-            "grads": st.grads + {"step": st.step_extra, "backward_end": st.backward_end_extra}.get(moment, 0.0),
+            "grads": st.grads + {"step": st.step_extra, "backward_end": end_extra}.get(moment, 0.0),
             "optimizer": st.optimizer,
             "buffers": 0.0,
-            "activations": blocks if moment == "backward" or (moment == "backward_end" and st.reduce_with_blocks)
+            "activations": blocks if moment == "backward"
+            or (moment == "backward_end" and st.reduce_with_blocks and not late)
             else 0.0,
             "logits": head if moment == "backward" else 0.0,
         }

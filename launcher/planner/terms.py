@@ -263,6 +263,10 @@ class States:
     """Bytes at the gradient-reduce moment, when the reduce bucket or largest unit's gradient exists."""
     reduce_with_blocks: bool = False
     """The gradient-reduce moment comes while the blocks' activations are still saved (ZeRO-1/2)."""
+    backward_end_late: float = 0.0
+    """Bytes at the last instant of backward, once every block's activations are freed: ZeRO-2's final bucket
+    flush, or a tied embedding's gradients meeting (tied_embedding_grad_bytes). The end-of-backward moment is the
+    larger of this and backward_end_extra (with the blocks' activations where reduce_with_blocks)."""
     host: float = 0.0
     """Host bytes per rank: offloaded state and pinned staging or swap buffers."""
     host_step_extra: float = 0.0
@@ -321,6 +325,25 @@ def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -
 def kept_param_bytes(pure_bf16: bool) -> int:
     """Bytes per element of the parameters an engine keeps and steps (FSDP2's shards): fp32, or bf16 when pure."""
     return PURE_BF16_BYTES if pure_bf16 else MASTER_BYTES
+
+
+def tied_embedding_grad_bytes(m: ModelStats, w: float) -> float:
+    """Bytes of the three vocabulary x hidden gradients alive at once when a causal LM's input embedding runs its
+    backward and its output head is tied to it (GPT-2), in the working dtype w; 0 when untied or frozen (LoRA).
+
+    The shared weight has one AccumulateGrad node fed by two uses, so autograd keeps the head's gradient, made at
+    the start of backward, in that node's InputBuffer until the embedding's arrives at the end. Then (1) the head's
+    gradient, (2) the embedding's dense gradient (aten embedding_dense_backward: a zeros(V, h) table, index-added)
+    and (3) their sum: torch/csrc/autograd/input_buffer.cpp accumulate() adds in place only when the buffered
+    gradient passes can_accumulate_inplace (the last reference to it and its storage), which the head's does not:
+    it runs aten.add.Tensor, a new V x h tensor (measured without any tracker: the tied model's backward peaks one
+    table above the untied one's, 3Vh against 2Vh of gradient tables). Measured on FSDP2 and ZeRO-2 ranks: exactly
+    three tables beside the other gradients (BWDEND_DEV, docs/memory-model.md "The peak is the largest of the
+    moments").
+    """
+    if m.task != "causal_lm" or not m.tied_embeddings or m.lora_params or not m.vocab_size:
+        return 0.0
+    return 3 * w * m.vocab_size * m.hidden_size
 
 
 def untied_head_bytes(m: ModelStats) -> float:

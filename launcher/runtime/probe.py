@@ -94,6 +94,8 @@ class MemoryProbe:
         self.cuda_outside_bytes = 0
         """Device bytes outside the caching allocator (CUDA context, NCCL buffers), the largest seen."""
         self._oom_raised = False
+        self._capped = False
+        """--enforce has set the allocator's fraction (CUDA): sample_outside_allocator then keeps it current."""
         self.after_step_snap: dict | None = None
         self._t_step = time.perf_counter()
         self.snapshot = self.is_cuda and os.environ.get(rankenv.SNAPSHOT_ENV) == "1" and self.run_dir is not None
@@ -118,10 +120,7 @@ class MemoryProbe:
         if self.is_cuda:
             self.sample_outside_allocator()
         if self.is_cuda and self.enforce_bytes:
-            # The cap is on the verdict's basis: the allocator gets the budget less what already lives outside it.
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            room = max(0, self.enforce_bytes - self.cuda_outside_bytes)
-            torch.cuda.set_per_process_memory_fraction(min(1.0, room / total), self.device)
+            self._cap_allocator()
         if self.snapshot:
             # A bounded ring of allocation events: one step of a large model stays well inside it.
             torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
@@ -212,8 +211,21 @@ class MemoryProbe:
         cudaMalloc. mem_get_info is device-wide, so this assumes the rank has its GPU to itself."""
         free, total = torch.cuda.mem_get_info(self.device)
         outside = max(0, total - free - torch.cuda.memory_reserved(self.device))
+        grew = outside > self.cuda_outside_bytes
         self.cuda_outside_bytes = max(self.cuda_outside_bytes, outside)
+        if grew and self.enforce_bytes and self._capped:
+            self._cap_allocator()
         return outside
+
+    def _cap_allocator(self) -> None:
+        """--enforce on CUDA: the cap is on the verdict's basis, so the allocator gets the budget less what lives
+        outside it. That part grows after the start (the first GPU check: kernels load at first use, NCCL's
+        communicators at their first collective, 0.8 GB together on an H100), so the cap follows it at every
+        phase instead of keeping the room seen at the start."""
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        room = max(0, self.enforce_bytes - self.cuda_outside_bytes)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, room / total), self.device)
+        self._capped = True
 
     def check_cap(self) -> None:
         """Raise OutOfMemoryError if the tracked bytes crossed the cap and nobody has seen it raised yet."""

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from benchmarks.accuracy.cells import (
+    BWDEND_DEV,
+    BWDEND_VALIDATION,
     MATRIX,
     MODELS,
     QUICK,
@@ -120,6 +122,18 @@ def test_validation_cells_are_new_disjoint_and_never_read_by_the_fit():
     terms = ("block_bytes_per_token", "head_bytes_per_token")
     wild = {n: (_samples(n, 5.0, rng) if sides[n].startswith("validation") else s) for n, s in samples.items()}
     assert fit_on_split(wild, sides, terms) == fit_on_split(samples, sides, terms)
+
+
+def test_end_of_backward_validation_is_disjoint_from_its_development_cells():
+    # The end-of-backward split judges terms built on BWDEND_DEV: none of its cells shares a model with them, and
+    # every cell name is unique across all splits (a cell run under two splits would be read twice).
+    assert not {c.model for c in BWDEND_DEV} & {c.model for c in BWDEND_VALIDATION}
+    assert not {c.seq_len for c in BWDEND_DEV} & {c.seq_len for c in BWDEND_VALIDATION}
+    names = [c.name for c in every_cell()]
+    assert len(names) == len(set(names))
+    sides = sides_of_all()
+    assert {sides[c.name] for c in BWDEND_VALIDATION} == {"bwdend-validation"}
+    assert {sides[c.name] for c in BWDEND_DEV} == {"bwdend-dev"}
 
 
 @pytest.mark.parametrize("cell", every_cell(), ids=lambda c: c.name)

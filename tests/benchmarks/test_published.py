@@ -64,5 +64,5 @@ def test_an_entrys_own_run_sets_its_context_kernels_and_nccl():
                                      "nccl_extra_comm_bytes": 0}
     (qwen,) = load_entries("qwen-7b-lora-s512")
     assert profile_overrides(qwen) == {"nccl_comm_bytes": 0, "nccl_extra_comm_bytes": 0}
-    (titan,) = load_entries("torchtitan-")
+    (titan,) = load_entries("torchtitan-llama31-8b-fsdp8-s32k")
     assert profile_overrides(titan) == {}

@@ -25,7 +25,7 @@ def test_flash_attention_plans_for_a_cuda_profile_without_the_package(capsys, wr
     """Fails before the fix where flash-attn is not installed (transformers' ImportError from the meta build);
     where it is installed, it shows the plan keeps flash attention's terms."""
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))  # a fresh introspection: the meta build runs
-    code = main(["plan", str(write_job()), "--hardware", "h100-80gb", FLASH, "--json"])
+    code = main(["plan", str(write_job()), "--hardware", "h100-80gb", "--budget", "4GB", FLASH, "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "Traceback" not in err and "ImportError" not in err
@@ -39,7 +39,8 @@ def test_flash_attention_plans_for_a_cuda_profile_without_the_package(capsys, wr
 def test_run_needs_the_package_where_the_ranks_start(capsys, write_job, no_flash_attn, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
-    code = main(["run", str(write_job()), "--hardware", "h100-80gb", FLASH, "--run-dir", str(run_dir), "--quiet"])
+    code = main(["run", str(write_job()), "--hardware", "h100-80gb", "--budget", "4GB", FLASH, "--run-dir", str(run_dir),
+                 "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.strip().splitlines() == [
@@ -54,12 +55,13 @@ def test_the_run_check_passes_with_the_package_or_without_flash(write_job, monke
     from launcher.plan_inputs import plan_job
     from launcher.session import checks
 
-    job = load_job(write_job(**{"train.attn_implementation": "flash_attention_2", "cluster.hardware": "h100-80gb"}))
+    job = load_job(write_job(**{"train.attn_implementation": "flash_attention_2", "cluster.hardware": "h100-80gb",
+                                "budget": "4GB"}))
     monkeypatch.setattr(checks, "package_installed", lambda name: True)
     plan = plan_job(job)
     assert checks.plan_attention(job, plan) == "flash_attention_2"
     assert checks.check_flash_attn(job, plan) == []
     monkeypatch.setattr(checks, "package_installed", lambda name: False)
     assert "pip install flash-attn" in checks.check_flash_attn(job, plan)[0]
-    sdpa = load_job(write_job(**{"cluster.hardware": "h100-80gb"}))
+    sdpa = load_job(write_job(**{"cluster.hardware": "h100-80gb", "budget": "4GB"}))
     assert checks.check_flash_attn(sdpa, plan_job(sdpa)) == []

@@ -155,7 +155,9 @@ CASES = [
                                     "offload_params": "cpu"},
                             # A GPU profile: on CPU ranks a 1 MB node cannot hold the 1 GB budget at all
                             # (cpu-budget-over-host-ram), so the offload's own need would never be reached.
-                            cluster={"host_ram_per_node": "1MB", "hardware": "a100-80gb"})],
+                            cluster={"host_ram_per_node": "1MB", "hardware": "a100-80gb"},
+                            # 4 GB: a GPU rank holds ~1.9 GB outside the allocator (context, kernels, NCCL).
+                            budget="4GB")],
          ["host RAM: needs", "has 1.00 MB", "cluster.host_ram_per_node: 1.00 MB is less than the offload needs"]),
     Case("run-dir-under-a-file", lambda s: [s.job(), "--run-dir", s.root / "plain-file" / "run"],
          ["--run-dir: ", "plain-file/run' is not writable (Not a directory)", "choose a directory you can write"],

@@ -179,3 +179,26 @@ def test_cuda_phases_are_reserved_plus_what_lives_outside_the_allocator(tmp_path
         assert peak == probe.cuda_phase_reserved[phase] + rep.outside_allocator_bytes
         assert rep.phases_allocated[phase] <= probe.cuda_phase_reserved[phase]
     assert rep.measured_peak_bytes >= rep.max_memory_reserved_bytes >= rep.max_memory_allocated_bytes > 0
+
+
+def test_the_enforce_cap_follows_the_bytes_outside_the_allocator(monkeypatch):
+    """--enforce on CUDA caps the allocator at the budget less what lives outside it; that part grows after the
+    start (kernels at first use, NCCL communicators at their first collective), so the cap shrinks with it. The
+    CUDA calls are replaced by a ledger: the arithmetic is what is under test (tests/gpu runs the real cap)."""
+    gib = 2**30
+    ledger = {"used_outside": 1 * gib, "fractions": []}
+    total = 80 * gib
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - ledger["used_outside"], total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: type("P", (), {"total_memory": total}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: ledger["fractions"].append(fraction))
+    probe = MemoryProbe(device="cuda:0", enforce_bytes=10 * gib, track_categories=False)
+    probe.start()
+    assert ledger["fractions"] == [9 / 80]  # 10 GiB budget, 1 GiB context outside
+    ledger["used_outside"] = 2 * gib  # NCCL's first communicator came
+    probe.sample_outside_allocator()
+    assert ledger["fractions"] == [9 / 80, 8 / 80]
+    ledger["used_outside"] = 1 * gib  # what is outside never shrinks the cap's reckoning back (the largest seen)
+    probe.sample_outside_allocator()
+    assert ledger["fractions"] == [9 / 80, 8 / 80]

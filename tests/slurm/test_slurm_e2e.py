@@ -260,9 +260,11 @@ def test_timeout_requeue_resumes_at_the_exact_next_step(tmp_path, single_task):
     (its timer ticks every 30 s). The ranks save, submitit requeues, the job resumes from the checkpoint. Once
     a requeue with a checkpoint has happened, the test raises the time limit so the resumed run can finish."""
     step_s = single_task["step_s"] or 0.5
-    # ~120 s of training at the measured pace: the signal comes 25-55 s in, and the step time was measured by
-    # another test under whatever load the machine had then; a run twice as fast still meets the signal.
-    max_steps = min(3000, max(80, math.ceil(120.0 / step_s)))
+    # ~90 s of training at the measured pace: the signal comes 25-55 s into the job, whose ranks first spend
+    # ~10 s starting (so at most ~45 s into training), and the step time was measured by another test under
+    # whatever load the machine had then; a run twice as fast still meets the signal. (It was 120 s: the
+    # resumed attempt's remaining minute made this the suite's slowest test, ~3 min.)
+    max_steps = min(3000, max(80, math.ceil(90.0 / step_s)))
     run_dir = tmp_path / "run"
     out = launch(job_file(tmp_path, **{"train.max_steps": max_steps, "slurm.timeout_min": 1,
                                        "slurm.signal_delay_s": 5, "slurm.max_requeues": 3}),
