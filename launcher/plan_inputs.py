@@ -22,6 +22,7 @@ from launcher.errors import ConfigError
 from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES, config_file_problems
 from launcher.model.introspect import ModelStats
+from launcher.plan_words import with_forced_reason
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
@@ -264,5 +265,7 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
 
 
 def plan_job(job: Job, *, force: bool = False) -> Plan:
-    """The plan for a job (plan_request, then the search); NoPlanError when nothing fits."""
-    return make_plan(plan_request(job, force=force))
+    """The plan for a job (plan_request, then the search); NoPlanError when nothing fits. A forced plan gets its
+    first reason here, worded from its typed Problem (launcher.plan_words): every plan the launcher runs, writes or
+    prints is made here, and the planner returns numbers only."""
+    return with_forced_reason(make_plan(plan_request(job, force=force)))

@@ -17,9 +17,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
 FORBIDDEN = {
     **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
        for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.model", "launcher.units",
+                   "launcher.plan_words",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report",
                    "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport",
                    "launcher.variants")},
+    # The planner returns numbers (its Problem, NoFit, Rejected); plan_words and cli/render word them.
+    "launcher.planner": ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session",
+                         "launcher.plan_words"),
     "launcher.backends": ("launcher.cli", "launcher.session"),
     "launcher.session": ("launcher.cli",),
     "launcher.runtime": ("launcher.backends", "launcher.cli", "launcher.session"),

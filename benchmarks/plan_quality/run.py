@@ -129,6 +129,7 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
     from launcher.plan_inputs import plan_request
+    from launcher.plan_words import problem_words
     from launcher.planner.search import evaluate, make_plan
 
     out = {}
@@ -141,7 +142,7 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
             "candidates": {key(c.strategy): {"strategy": c.strategy, "label": c.strategy.label(),
                                              "predicted_peak_bytes": c.estimate.peak_bytes,
                                              "predicted_step_time_s": c.estimate.step_time_s,
-                                             "fits": c.problem is None, "problem": c.problem.describe() if c.problem else None} for c in scored},
+                                             "fits": c.problem is None, "problem": problem_words(c.problem) if c.problem else None} for c in scored},
         }
     return out
 

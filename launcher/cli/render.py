@@ -12,6 +12,7 @@ from launcher.emit.slurm_params import (
 )
 from launcher.engines import engine_spec
 from launcher.errors import LauncherError, NoPlanError
+from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import LeverDecision, Plan, Rejected
@@ -122,7 +123,7 @@ def no_fit_reasons(no_fit: NoFit) -> list[str]:
     """Why no plan fits: what was tried and the smallest footprint."""
     return [f"no plan fits {format_bytes(no_fit.budget_bytes)} per GPU on {no_fit.world_size} GPUs ({no_fit.tried} "
             f"candidates tried); smallest footprint: {format_bytes(no_fit.smallest_peak_bytes)} with "
-            f"{no_fit.smallest_label} ({no_fit.smallest.describe()})"]
+            f"{no_fit.smallest_label} ({problem_words(no_fit.smallest)})"]
 
 
 def suggestion_change(s: Suggestion) -> str:

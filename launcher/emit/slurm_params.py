@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from launcher.config.job import Job, SlurmConfig
+from launcher.config.problem import Problem
 from launcher.config.slurm_rules import KEY, TIMEOUT_MAX_MIN, check_job_name, check_slurm_values
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
@@ -63,54 +64,59 @@ def _key(k: str) -> str:
     return k.replace("-", "_")
 
 
-def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = None) -> list[str]:
-    """Every problem with the slurm: section, one line each (field, value, rule, fix)."""
-    p = [str(x) for x in check_slurm_values(cfg)]  # syntax and control characters; setup lines are raw shell
+def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = None) -> list[Problem]:
+    """Every problem with the slurm: section, typed: the field, the rest of its line (value, rule, fix) and the
+    other fields the rule read; ``str()`` of each is the line the user reads."""
+    p = check_slurm_values(cfg)  # syntax and control characters; setup lines are raw shell
     if cfg.timeout_min is not None and cfg.timeout_min < 1:
-        p.append(f"slurm.timeout_min: {cfg.timeout_min!r} must be at least 1 (Slurm's unit is minutes); e.g. 60")
+        p.append(Problem("slurm.timeout_min", f"{cfg.timeout_min!r} must be at least 1 (Slurm's unit is minutes); "
+                         "e.g. 60"))
     elif cfg.signal_delay_s < 0:
-        p.append(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must not be negative; e.g. 90")
+        p.append(Problem("slurm.signal_delay_s", f"{cfg.signal_delay_s!r} must not be negative; e.g. 90"))
     elif cfg.timeout_min is not None and cfg.signal_delay_s >= cfg.timeout_min * 60:
-        p.append(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must be in [0, timeout_min*60 = "
-                 f"{cfg.timeout_min * 60}) so the checkpoint signal comes before the limit; e.g. 90")
+        p.append(Problem("slurm.signal_delay_s", f"{cfg.signal_delay_s!r} must be in [0, timeout_min*60 = "
+                         f"{cfg.timeout_min * 60}) so the checkpoint signal comes before the limit; e.g. 90",
+                         reads=("slurm.timeout_min",)))
     if cfg.max_requeues < 0:
-        p.append(f"slurm.max_requeues: {cfg.max_requeues!r} must not be negative; 0 never requeues, e.g. 3")
+        p.append(Problem("slurm.max_requeues", f"{cfg.max_requeues!r} must not be negative; 0 never requeues, "
+                         "e.g. 3"))
     if cfg.array_parallelism < 1:
-        p.append(f"slurm.array_parallelism: {cfg.array_parallelism!r} must be at least 1; e.g. 64")
+        p.append(Problem("slurm.array_parallelism", f"{cfg.array_parallelism!r} must be at least 1; e.g. 64"))
     if cfg.cpus_per_task is not None and cfg.cpus_per_task < 1:
-        p.append(f"slurm.cpus_per_task: {cfg.cpus_per_task!r} must be at least 1; leave it out to derive it from "
-                 "the plan")
+        p.append(Problem("slurm.cpus_per_task", f"{cfg.cpus_per_task!r} must be at least 1; leave it out to derive "
+                         "it from the plan"))
     if cfg.mem_gb is not None and cfg.mem_gb <= 0:
-        p.append(f"slurm.mem_gb: {cfg.mem_gb!r} must be greater than 0; e.g. 64, or leave it out to derive it from "
-                 "the plan")
+        p.append(Problem("slurm.mem_gb", f"{cfg.mem_gb!r} must be greater than 0; e.g. 64, or leave it out to derive "
+                         "it from the plan"))
     p += check_additional(cfg.additional_parameters, sbatch_options=sbatch_options)
     return p
 
 
-def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str] | None = None) -> list[str]:
-    """Problems with slurm.additional_parameters, one line each: keys the launcher sets itself, keys neither submitit
-    nor sbatch knows (with the nearest valid one), and values that are not a string, number or true."""
+def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str] | None = None) -> list[Problem]:
+    """Problems with slurm.additional_parameters, one per key (field slurm.additional_parameters.KEY): keys the
+    launcher sets itself, keys neither submitit nor sbatch knows (with the nearest valid one), and values that are
+    not a string, number or true."""
     sbatch_options = sbatch_long_options() if sbatch_options is None else sbatch_options
     native = set(submitit_parameters())
     valid = (native | (sbatch_options or set())) - set(OWNED)
-    p: list[str] = []
+    p: list[Problem] = []
     for raw, value in extra.items():
         key = _key(str(raw))
         where = f"slurm.additional_parameters.{raw}"
         if not KEY.fullmatch(str(raw)):
             continue  # not an option name at all (a newline, a space): check_slurm_values names it
         if key in OWNED:
-            p.append(f"{where}: is set by the launcher; set {OWNED[key]} instead")
+            p.append(Problem(where, f"is set by the launcher; set {OWNED[key]} instead"))
         elif key not in valid:
             near = difflib.get_close_matches(key, sorted(valid), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             source = "submitit's SlurmExecutor parameters or sbatch --help" if sbatch_options else (
                 "submitit's SlurmExecutor parameters (sbatch is not installed here, so its other options "
                 "cannot be checked)")
-            p.append(f"{where}: unknown key, not in {source}; {hint}valid keys: {', '.join(sorted(valid))}")
+            p.append(Problem(where, f"unknown key, not in {source}; {hint}valid keys: {', '.join(sorted(valid))}"))
         elif value is None or value is False or isinstance(value, (list, dict)):
-            p.append(f"{where}: {value!r} must be a string or number (true for a bare flag); "
-                     "remove the key to leave it unset")
+            p.append(Problem(where, f"{value!r} must be a string or number (true for a bare flag); "
+                             "remove the key to leave it unset"))
     return p
 
 
@@ -244,13 +250,13 @@ def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] 
     ``resources`` (a sweep's combined allocation) replaces what ``slurm_resources(job, plan)`` would derive.
     """
     cfg = job.slurm
-    problems = [str(x) for x in check_job_name(job.name)] + check_slurm(cfg, sbatch_options=sbatch_options)
+    problems = check_job_name(job.name) + check_slurm(cfg, sbatch_options=sbatch_options)
     if problems:
         raise ConfigError(problems)
     res = resources or slurm_resources(job, plan)
     if not 0 <= cfg.signal_delay_s < res.time_min * 60:
-        raise ConfigError(f"slurm.signal_delay_s: {cfg.signal_delay_s!r} must be in [0, time limit*60 = "
-                          f"{res.time_min * 60}) so the checkpoint signal comes before the limit; e.g. 90")
+        raise ConfigError(Problem("slurm.signal_delay_s", f"{cfg.signal_delay_s!r} must be in [0, time limit*60 = "
+                                  f"{res.time_min * 60}) so the checkpoint signal comes before the limit; e.g. 90"))
     params: dict[str, object] = {
         "job_name": slug(job.name), "time": res.time_min, "nodes": plan.nodes, "ntasks_per_node": 1,
         "gpus_per_node": plan.gpus_per_node, "signal_delay_s": cfg.signal_delay_s,

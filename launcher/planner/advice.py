@@ -10,8 +10,9 @@ from launcher.config.job import StrategyConfig
 from launcher.errors import ConfigError
 from launcher.model.lora import LORA_RANK, lora_suggestion
 from launcher.planner.candidates import pinned
+from launcher.planner.plan import Problem, Resource
 from launcher.planner.request import PlanRequest
-from launcher.planner.scoring import Problem, Resource, Scored, search
+from launcher.planner.scoring import Scored, search
 
 
 def _fits_with(req: PlanRequest, **changes) -> Scored | None:

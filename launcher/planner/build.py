@@ -25,9 +25,9 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     b = best.estimate
     faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
     reasons = []
-    if status == "forced":
-        reasons.append(f"forced: every strategy field is pinned and the prediction is {best.problem.describe()}")
-    else:
+    # A forced plan's first reason words its typed Problem (Plan.problem): launcher.plan_words.forced_reason,
+    # put first where every plan is made (launcher.plan_inputs.plan_job), outside the planner.
+    if status != "forced":
         reasons.append(
             f"fastest fitting candidate of {total} ({faster} predicted faster do not fit): "
             f"predicted {b.step_time_s:.3g} s/step, "
@@ -73,6 +73,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         global_batch_size=req.global_batch_size, seq_len=req.seq_len, precision=req.precision,
         hardware=req.hardware.name, reasons=reasons, rejected=top_rejected(best, scored), pinned=pinned,
         constants={"activations": dataclasses.asdict(activation_constants(req))}, status=status,
+        problem=best.problem if status == "forced" else None,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
         precision_reason=req.precision_reason, levers=decide(req, best), math_notes=math_notes,
     )

@@ -184,6 +184,24 @@ class Estimate(MemoryEstimate):
         return cls(**fields, step_time_s=sum(step_time_terms.values()), step_time_terms=step_time_terms)
 
 
+Resource = Literal["device", "host_ram", "nvme"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Problem:
+    """Why a candidate does not fit: the resource it overruns, what it needs and what there is, bytes (numbers
+    only: launcher.plan_words words it)."""
+
+    resource: Resource
+    """device: the usable per-GPU budget; host_ram: host RAM per node; nvme: free NVMe per node."""
+    need_bytes: int
+    """Device: the predicted peak per rank; host RAM and NVMe: bytes per node."""
+    have_bytes: int
+    """What there is of that resource, bytes (the usable budget for device)."""
+    largest: str = ""
+    """Device: the largest category of the predicted peak."""
+
+
 @dataclass(kw_only=True, slots=True)
 class Rejected:
     """An alternative the planner did not choose, and why, as numbers (launch plan words them: launcher.cli.render)."""
@@ -297,6 +315,9 @@ class Plan:
     """Memory-model constants used and where they came from."""
     status: Literal["fits", "forced"] = "fits"
     """fits: predicted within the usable budget; forced: a fully pinned plan run over it (--force)."""
+    problem: Problem | None = None
+    """forced: what the prediction overruns, with its numbers (the first reason words it:
+    launcher.plan_words.forced_reason); None for a plan that fits."""
     largest_layer_params: int = 0
     """DeepSpeed's L: the largest module's own parameters (sizes NVMe swap buffers)."""
     block_class: str | None = None
@@ -351,6 +372,8 @@ class Plan:
             "hardware": self.hardware,
             "label": s.label(),
             "status": self.status,
+            # Only a forced plan has one: a fitting plan's plan.json is as before the field.
+            **({"problem": dataclasses.asdict(self.problem)} if self.problem else {}),
             "pinned": list(self.pinned),
             "reasons": list(self.reasons),
             "rejected": [dataclasses.asdict(r) for r in self.rejected],
@@ -390,6 +413,7 @@ class Plan:
             rejected=[r for r in map(Rejected.from_json, d.get("rejected", [])) if r is not None],
             pinned=d.get("pinned", []),
             constants=d.get("constants", {}), status=d.get("status", "fits"),
+            problem=Problem(**d["problem"]) if d.get("problem") else None,
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
             levers=[LeverDecision.from_json(x) for x in d.get("levers", [])], math_notes=d.get("math_notes", []),

@@ -6,7 +6,6 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
@@ -15,9 +14,8 @@ from launcher.planner.cost import step_time_terms
 from launcher.planner.levers import changes_math
 from launcher.planner.memo import TracedMemo
 from launcher.planner.memory import ActivationConstants, MemoryInputs, analytic_constants, estimate_memory
-from launcher.planner.plan import Buckets, Estimate, Strategy
+from launcher.planner.plan import Buckets, Estimate, Problem, Strategy
 from launcher.planner.request import PlanRequest
-from launcher.units import format_bytes
 
 
 def memory_inputs(req: PlanRequest) -> MemoryInputs:
@@ -31,33 +29,6 @@ def memory_inputs(req: PlanRequest) -> MemoryInputs:
 def activation_constants(req: PlanRequest) -> ActivationConstants:
     """The measured activation constants, or the paper's for this model and dtype."""
     return req.activations or analytic_constants(req.model, req.precision)
-
-
-Resource = Literal["device", "host_ram", "nvme"]
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Problem:
-    """Why a candidate does not fit: the resource it overruns, what it needs and what there is, bytes."""
-
-    resource: Resource
-    """device: the usable per-GPU budget; host_ram: host RAM per node; nvme: free NVMe per node."""
-    need_bytes: int
-    """Device: the predicted peak per rank; host RAM and NVMe: bytes per node."""
-    have_bytes: int
-    """What there is of that resource, bytes (the usable budget for device)."""
-    largest: str = ""
-    """Device: the largest category of the predicted peak."""
-
-    def describe(self) -> str:
-        """The sentence plan.json's reasons and rejected alternatives carry."""
-        need, have = format_bytes(self.need_bytes), format_bytes(self.have_bytes)
-        if self.resource == "device":
-            return (f"over budget by {format_bytes(self.need_bytes - self.have_bytes)} "
-                    f"(peak {need}, largest: {self.largest})")
-        if self.resource == "host_ram":
-            return f"host RAM: needs {need} per node, has {have}"
-        return f"NVMe: needs {need}, has {have} free"
 
 
 @dataclass(slots=True)

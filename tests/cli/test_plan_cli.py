@@ -218,3 +218,25 @@ def test_alternatives_are_worded_from_their_numbers(capsys, write_job):
                                            f"activations); would step at {over.step_time_s:.3g} s/step (-50%)")
     slow = Rejected(label="y", why="slower", peak_bytes=1, step_time_s=plan.estimate.step_time_s * 1.25)
     assert rejected_reason(slow, plan).startswith("fits but slower: ") and "(+25%)" in rejected_reason(slow, plan)
+
+
+def test_a_forced_plan_says_what_it_overruns_first_and_keeps_the_numbers(capsys, write_job):
+    """The planner returns the forced plan's overrun typed (plan.json's "problem"); its sentence is the first
+    reason, worded outside the planner (launcher.plan_words), in the text plan and in plan.json alike."""
+    from launcher.units import format_bytes
+
+    pins = {"engine": "deepspeed", "zero_stage": 0, "offload_optimizer": "none", "offload_params": "none",
+            "micro_batch_size": 4, "activation_checkpointing": False}
+    job = write_job(**{"strategy": pins, "model.hidden_size": 128, "model.vocab_size": 2048})
+    code, out, err = run_cli(capsys, "plan", "--budget", "16MB", "--force", "--json", job)
+    assert code == 0, err
+    plan = json.loads(out)
+    p = plan["problem"]
+    assert plan["status"] == "forced" and p["resource"] == "device" and p["have_bytes"] == plan["usable_bytes"]
+    assert p["need_bytes"] == plan["predicted_peak_bytes"] and p["largest"] in plan["breakdown"]
+    first = (f"forced: every strategy field is pinned and the prediction is over budget by "
+             f"{format_bytes(p['need_bytes'] - p['have_bytes'])} (peak {format_bytes(p['need_bytes'])}, largest: "
+             f"{p['largest']})")
+    assert plan["reasons"][0] == first
+    code, out, err = run_cli(capsys, "plan", "--budget", "16MB", "--force", job)
+    assert code == 0 and f"why this plan:\n  - {first}\n" in out

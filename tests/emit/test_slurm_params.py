@@ -3,6 +3,7 @@ import inspect
 import pytest
 from submitit.slurm import slurm as submitit_slurm
 
+from launcher.config.problem import Problem
 from launcher.emit.slurm_params import (
     check_additional,
     check_slurm,
@@ -25,8 +26,8 @@ def test_valid_keys_come_from_submitits_own_signature():
 def test_unknown_additional_key_lists_the_valid_ones(make_job):
     job = make_job(**{"slurm.additional_parameters": {"reservaton": "maint"}})
     problems = check_slurm(job.slurm, sbatch_options=SBATCH)
-    assert len(problems) == 1
-    line = problems[0]
+    assert [p.field for p in problems] == ["slurm.additional_parameters.reservaton"]
+    line = str(problems[0])
     assert line.startswith("slurm.additional_parameters.reservaton: unknown key")
     assert "did you mean 'reservation'?" in line
     for key in ("reservation", "licenses", "wckey", "mail_user", "exclude"):  # sbatch's and submitit's
@@ -36,15 +37,16 @@ def test_unknown_additional_key_lists_the_valid_ones(make_job):
 def test_without_sbatch_only_submitit_keys_are_valid(make_job):
     job = make_job(**{"slurm.additional_parameters": {"reservation": "x", "comment": "ok"}})
     problems = check_slurm(job.slurm, sbatch_options=NO_SBATCH)
-    assert len(problems) == 1 and "reservation" in problems[0] and "sbatch is not installed" in problems[0]
+    assert [p.field for p in problems] == ["slurm.additional_parameters.reservation"]
+    assert "sbatch is not installed" in problems[0].text
 
 
 def test_owned_keys_point_to_the_field_that_sets_them(make_job):
     job = make_job(**{"slurm.additional_parameters": {"time": 5, "gpus-per-node": 4, "array": "0-3"}})
-    problems = check_slurm(job.slurm, sbatch_options=SBATCH)
-    assert any("time: is set by the launcher; set slurm.timeout_min" in p for p in problems)
-    assert any("gpus-per-node: is set by the launcher; set gpus (or --gpus)" in p for p in problems)
-    assert any("array: is set by the launcher; set sweep:" in p for p in problems)
+    said = {p.field: p.text for p in check_slurm(job.slurm, sbatch_options=SBATCH)}
+    assert said["slurm.additional_parameters.time"] == "is set by the launcher; set slurm.timeout_min instead"
+    assert said["slurm.additional_parameters.gpus-per-node"] == "is set by the launcher; set gpus (or --gpus) instead"
+    assert said["slurm.additional_parameters.array"].startswith("is set by the launcher; set sweep:")
 
 
 def test_values_must_be_scalars():
@@ -64,7 +66,8 @@ def test_values_must_be_scalars():
 def test_field_rules(make_job, field, value, needle):
     job = make_job(**{"slurm.timeout_min": 1, f"slurm.{field}": value} if field != "timeout_min"
                    else {f"slurm.{field}": value})
-    assert any(p.startswith(needle) for p in check_slurm(job.slurm, sbatch_options=SBATCH)), check_slurm(job.slurm)
+    problems = check_slurm(job.slurm, sbatch_options=SBATCH)
+    assert any(p.field == f"slurm.{field}" and str(p).startswith(needle) for p in problems), problems
 
 
 def test_every_problem_in_one_error(make_job, make_plan):
@@ -72,7 +75,27 @@ def test_every_problem_in_one_error(make_job, make_plan):
                       "slurm.additional_parameters": {"bogus": 1}})
     with pytest.raises(ConfigError) as e:
         executor_parameters(job, make_plan(), sbatch_options=SBATCH)
-    assert len(e.value.problems) == 3
+    assert [p.field for p in e.value.found] == ["slurm.max_requeues", "slurm.array_parallelism",
+                                                "slurm.additional_parameters.bogus"]
+    assert e.value.problems == [str(p) for p in e.value.found]
+
+
+def test_problems_are_typed_with_the_fields_they_read(make_job):
+    """check_slurm returns config Problems: callers act on the field and the fields a rule read, never on words;
+    str() is the line the user reads."""
+    job = make_job(**{"slurm.timeout_min": 1, "slurm.signal_delay_s": 60, "slurm.qos": "a b",
+                      "slurm.additional_parameters": {"time": 5}})
+    problems = check_slurm(job.slurm, sbatch_options=SBATCH)
+    assert all(isinstance(p, Problem) for p in problems)
+    assert [(p.field, p.reads) for p in problems] == [("slurm.qos", ()), ("slurm.signal_delay_s", ("slurm.timeout_min",)),
+                                                      ("slurm.additional_parameters.time", ())]
+    signal = problems[1]
+    assert str(signal) == ("slurm.signal_delay_s: 60 must be in [0, timeout_min*60 = 60) so the checkpoint signal "
+                           "comes before the limit; e.g. 90")
+    # A refused slurm.timeout_min would make the signal rule moot, as the loader's Problem.judges decides.
+    assert signal.judges(["slurm.timeout_min"]) and not problems[2].judges(["slurm.timeout_min"])
+    assert [p.field for p in check_additional({"comment": None}, sbatch_options=SBATCH)] == [
+        "slurm.additional_parameters.comment"]
 
 
 def test_executor_parameters_one_task_per_node_with_the_plans_gpus(make_job, make_plan):
@@ -157,4 +180,5 @@ def test_a_sweep_asks_for_the_largest_variant(make_job, make_plan):
 def test_submitit_never_gets_a_value_with_a_line_break(make_job, make_plan, field, value, needle):
     with pytest.raises(ConfigError) as e:
         executor_parameters(make_job(**{field: value}), make_plan(), sbatch_options=SBATCH)
-    assert any(needle in p for p in e.value.problems), e.value.problems
+    where = needle.split(": ")[0]
+    assert any(p.field == where and str(p).startswith(needle) for p in e.value.found), e.value.problems

@@ -65,7 +65,8 @@ def test_host_ram_limits_offload(request_for):
 
 
 def test_rejected_reasons_are_the_typed_problem_described(request_for):
-    """A candidate's Problem keeps the numbers (resource, need, have); plan.json's reason is its sentence."""
+    """A candidate's Problem keeps the numbers (resource, need, have); launcher.plan_words makes its sentence."""
+    from launcher.plan_words import problem_words
     from launcher.planner.scoring import evaluate
 
     req = request_for(budget_bytes=12 * 10**9, host_ram_per_node_bytes=64 * 10**9)
@@ -73,7 +74,7 @@ def test_rejected_reasons_are_the_typed_problem_described(request_for):
     over = [c for c in scored if c.problem is not None and c.problem.resource == "device"]
     assert over and all(c.problem.need_bytes == c.estimate.peak_bytes and c.problem.have_bytes == req.usable_bytes
                         for c in over)
-    assert over[0].problem.describe().startswith("over budget by ")
+    assert problem_words(over[0].problem).startswith("over budget by ")
 
 
 def test_batch_not_divisible_by_gpus_is_bad_input(request_for):
@@ -93,6 +94,23 @@ def test_forced_plan_over_budget(request_for):
         make_plan(request_for(pins=pins))
     plan = make_plan(request_for(pins=pins, force=True))
     assert plan.status == "forced" and plan.estimate.peak_bytes > plan.budget_bytes
+
+
+def test_a_forced_plan_carries_its_problem_typed_and_unworded(request_for):
+    """The planner returns what the forced plan overruns as numbers (Plan.problem, kept in plan.json); the
+    sentence is launcher.plan_words', put first by launcher.plan_inputs.plan_job, not the planner's."""
+    from launcher.planner.plan import Plan, Problem
+
+    pins = StrategyConfig(engine="deepspeed", zero_stage=0, offload_optimizer="none", offload_params="none",
+                          micro_batch_size=8, activation_checkpointing=False)
+    plan = make_plan(request_for(pins=pins, force=True))
+    e = plan.estimate
+    assert plan.problem == Problem(resource="device", need_bytes=e.peak_bytes, have_bytes=plan.usable_bytes,
+                                   largest=max(e.breakdown, key=e.breakdown.get))
+    assert not any(r.startswith("forced") for r in plan.reasons)
+    assert Plan.from_json(plan.to_json()).problem == plan.problem
+    fits = make_plan(request_for(budget_bytes=80 * 10**9))
+    assert fits.problem is None and "problem" not in fits.to_json()  # a fitting plan.json is as before
 
 
 def test_405b_over_1024_gpus_plans(request_for):
