@@ -94,7 +94,8 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
     out += ["", "## Where the peak is: allocated, the allocator's cache, outside the allocator", "",
             "Measured on the worst rank (max_memory_allocated, max_memory_reserved - allocated, device used - "
             "reserved at its largest) beside the plan's terms (the tensor peak with the cuBLAS workspace; "
-            "allocator_reserve; cuda_context + nccl_buffers).", "",
+            "allocator_reserve; the terms outside the allocator: cuda_context, cuda_kernels, nccl_communicators, "
+            "nccl_buffers).", "",
             "| run | allocated | reserved - allocated | (share of allocated) | outside allocator | predicted outside |",
             "|---|---|---|---|---|---|"]
     for r in rows:
@@ -104,31 +105,32 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
         out.append(f"| {r['run']} | {_bytes(r['allocated_bytes'])} | {_bytes(cache)} | "
                    f"{cache / r['allocated_bytes']:.1%} | {_bytes(r['outside_bytes'])} | "
                    f"{_bytes(r['predicted_outside_bytes'])} |")
-    out += ["", "## Predicted vs measured per moment, allocated basis", "",
-            "Each moment of `plan.json` `moment_bytes` less its overhead terms (`allocated_moments`) against the "
-            "measured phase peak of torch.cuda.max_memory_allocated (`phases_allocated`) that benchmarks/accuracy "
-            "judges it by (`MOMENT_PHASES`). A phase peak is its largest moment, so of two moments in one phase "
-            "(backward, backward_end) the smaller reads low.", "",
-            "| run | moment | predicted | measured phase | measured | error |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        for moment, m in (r.get("allocated_moments") or {}).items():
-            out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
-                       f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
-    out += ["", "## Predicted vs measured per moment, verdict basis", "",
-            "Each moment of `plan.json` `moment_bytes` against the measured phase peak that benchmarks/accuracy "
-            "judges it by (`MOMENT_PHASES`), on the rank that used the most; error = (predicted - measured) / "
-            "measured. A phase peak is its largest moment, so of two moments in one phase (backward, backward_end) the "
-            "smaller reads low.", "",
-            "| run | moment | predicted | measured phase | measured | error |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        for moment, m in (r.get("moments") or {}).items():
-            out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
-                       f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
+    out += _moment_table(rows, "allocated_moments", "allocated basis",
+                         "Each moment of `plan.json` `moment_bytes` less its overhead terms (`allocated_moments`) "
+                         "against the measured phase peak of torch.cuda.max_memory_allocated (`phases_allocated`) "
+                         "that benchmarks/accuracy judges it by (`MOMENT_PHASES`).")
+    out += _moment_table(rows, "moments", "verdict basis",
+                         "Each moment of `plan.json` `moment_bytes` against the measured phase peak that "
+                         "benchmarks/accuracy judges it by (`MOMENT_PHASES`), on the rank that used the most; error = "
+                         "(predicted - measured) / measured.")
     out += judge_split(rows)
     problems = [f"- {r['run']}: {r['problem']}" for r in rows if r.get("problem")]
     if problems:
         out += ["", "## Problems", "", *problems]
     return "\n".join(out) + "\n"
+
+
+def _moment_table(rows: list[dict], key: str, basis: str, intro: str) -> list[str]:
+    """One section of the page: every run's moments under ``key`` (moment_totals rows) on ``basis``."""
+    out = ["", f"## Predicted vs measured per moment, {basis}", "",
+           f"{intro} A phase peak is its largest moment, so of two moments in one phase (backward, backward_end) the "
+           "smaller reads low.", "",
+           "| run | moment | predicted | measured phase | measured | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for moment, m in (r.get(key) or {}).items():
+            out.append(f"| {r['run']} | {moment} | {_bytes(m['predicted_bytes'])} | {m['measured_phase'] or '-'} | "
+                       f"{_bytes(m['measured_bytes'])} | {_pct(m['error'])} |")
+    return out
 
 
 def judge_split(rows: list[dict]) -> list[str]:
@@ -140,6 +142,9 @@ def judge_split(rows: list[dict]) -> list[str]:
            "| run | outside: predicted / measured | peak error | worst allocated moment | within the criteria |",
            "|---|---|---|---|---|"]
     for r in named:
+        if r["returncode"] != 0:  # stopped before its end (a time box, an OOM): its peaks are not the run's
+            out.append(f"| {r['run']} | - | - | - | not judged: exit {r['returncode']} |")
+            continue
         outside = rel(r["predicted_outside_bytes"], r["outside_bytes"])
         peak = rel(r["predicted_peak_bytes"], r["measured_peak_bytes"])
         errs = [m["error"] for m in r["allocated_moments"].values() if m["error"] is not None]
