@@ -31,7 +31,10 @@ from launcher.config.jobfile import job_from_data
 def test_matrix_covers_every_axis_value():
     cells = full_matrix()
     assert len(cells) >= 30 and len({c.name for c in cells}) == len(cells)
-    assert {c.sharding for c in cells} == set(SHARDINGS)
+    # ZeRO-0 entered with DeepSpeed's low-memory optimizers (LEVER_DEV cells only): the fit / held-out matrix
+    # predates it and stays as it was split.
+    assert {c.sharding for c in cells} == set(SHARDINGS) - {"z0"}
+    assert {c.sharding for c in every_cell()} == set(SHARDINGS)
     assert {c.model for c in every_cell()} == set(MODELS)
     assert {c.model for c in cells} == set(MODELS) - {"gpt2m", "llama6"}  # validation-only models
     assert {c.precision for c in cells} == {"fp32", "bf16"}
