@@ -59,8 +59,10 @@ def main() -> int:
         t.grad = torch.randn_like(t)
     torch.optim.AdamW(p, foreach=True).step()
     note("layernorm, AdamW foreach step")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    # One rank, as torchrun would describe it: deepspeed.init_distributed below asserts LOCAL_RANK is set.
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("LOCAL_RANK", "0"),
+                        ("WORLD_SIZE", "1")):
+        os.environ.setdefault(name, value)
     import torch.distributed as dist
 
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)

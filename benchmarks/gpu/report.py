@@ -18,7 +18,6 @@ from benchmarks.accuracy.compare import moment_totals, rel
 from benchmarks.accuracy.harness import rank_files, read_json
 from benchmarks.gpu.splits import GPU_VALIDATION_1, MOMENT_TOLERANCE, OUTSIDE_TOLERANCE, PEAK_TOLERANCE
 from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR
-from launcher.planner.hardware import PROFILES
 from launcher.runreport import read_report
 from launcher.units import format_bytes
 
@@ -28,15 +27,17 @@ CUDA_BASIS = "cuda_reserved_plus_context"
 def allocated_moments(plan: dict) -> dict[str, int]:
     """plan.json's moments on the allocated basis: each moment less what lies outside the allocator and less the
     allocator reserve it was given (memory.py adds cuda_overhead(tensors) per moment; the reserve is the profile's
-    fragmentation share of the moment's tensors). On CUDA the reserved-basis phase peaks cannot tell moments apart
-    (reserved segments stay cached, so every phase after the largest reads the largest); allocated ones can."""
+    fragmentation share of the moment's tensors, read back from the plan's own peak, so a calibrated profile's
+    share is the one used). On CUDA the reserved-basis phase peaks cannot tell moments apart (reserved segments
+    stay cached, so every phase after the largest reads the largest); allocated ones can."""
     ov = plan.get("overhead") or {}
-    hw = PROFILES.get(plan.get("hardware", ""))
-    if not ov or hw is None:
+    tensors = plan.get("predicted_peak_bytes", 0) - (plan.get("breakdown") or {}).get("reserve", 0)
+    if not ov or tensors <= 0:
         return {}
+    fragmentation = ov.get("allocator_reserve", 0) / tensors
     outside = sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR)
     blas = ov.get("cublas_workspace", 0)
-    return {m: int((v - outside - blas) / (1 + hw.fragmentation) + blas)
+    return {m: int((v - outside - blas) / (1 + fragmentation) + blas)
             for m, v in (plan.get("moment_bytes") or {}).items()}
 
 
