@@ -145,3 +145,26 @@ def test_eval_counted_counts_every_eval_example_once_over_all_ranks(n, mbs, worl
         assert [len(b) for b in batches] == [len(f) for f in flags]
         seen += [i for b, f in zip(batches, flags, strict=True) for i, keep in zip(b, f, strict=True) if keep]
     assert sorted(seen) == list(range(n))
+
+
+def test_jsonl_and_csv_are_checked_without_importing_datasets(tmp_path):
+    """The launch-time data check and example count (launcher.session.checks) and the launcher's own readers keep
+    `datasets` (about 1 s of import per process) out of a JSONL or CSV job; the parquet reader brings it in."""
+    import subprocess
+    import sys
+
+    (tmp_path / "d.jsonl").write_text('{"text": "a line"}\n' * 8)
+    (tmp_path / "d.csv").write_text("text\n" + "a line\n" * 8)
+    code = ("import sys\n"
+            "from launcher.config.job import Job\n"
+            "from launcher.config.load import from_dict\n"
+            "from launcher.session.checks import check_data, count_train_examples\n"
+            f"for path in ({str(tmp_path / 'd.jsonl')!r}, {str(tmp_path / 'd.csv')!r}):\n"
+            "    job = from_dict(Job, {'name': 't', 'model': 'gpt2-124m', 'task': 'causal_lm', 'data': {'path': path},\n"
+            "                          'train': {'global_batch_size': 2, 'max_steps': 1}})\n"
+            "    check_data(job)\n"
+            "    assert count_train_examples(job)[0] > 0\n"
+            "print('datasets' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
