@@ -360,7 +360,8 @@ class DeepSpeedSpec(EngineSpec):
     overhead_field = "deepspeed_step_overhead_s"
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
-    levers = frozenset({"loss_chunks", "checkpoint_every", "activation_offload", "low_memory_optimizer"})
+    levers = frozenset({"loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload",
+                        "low_memory_optimizer"})
 
     def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:

@@ -29,11 +29,14 @@ def tokenizer_for(job: Job):
 
 
 def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, checkpoint_every: int = 1,
-          on_meta: bool = False) -> nn.Module:
+          checkpoint_policy: str = "full", on_meta: bool = False) -> nn.Module:
     """The model on CPU (or partitioned, under ZeRO-3's zero.Init); the engine moves or shards it.
 
     ``hf_checkpointing`` with ``checkpoint_every`` k: transformers checkpoints every k-th block from the first
-    (its every_n_layers, ``layer_index % k == 0``), the blocks launcher.planner.memory.checkpointed counts.
+    (its every_n_layers, ``layer_index % k == 0``), the blocks launcher.planner.memory.checkpointed counts;
+    ``checkpoint_policy`` "ops" hands torch.utils.checkpoint the op policy's context_fn (launcher.model.sac): transformers
+    passes its checkpointing kwargs to torch.utils.checkpoint.checkpoint for every checkpointed layer
+    (modeling_utils.py _activation_checkpointing_enable: functools.partial(checkpoint, **kwargs)).
 
     ``recipe.loss_chunks`` makes the head compute the chunked loss (launcher.model.chunked_loss); an export builds
     with a recipe whose loss_chunks is 0, so the saved model is the plain Hugging Face one.
@@ -67,7 +70,12 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, che
         model.pooler.requires_grad_(False)
     if hf_checkpointing:
         every = {"every_n_layers": checkpoint_every} if checkpoint_every != 1 else {}
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **every)
+        kwargs: dict = {"use_reentrant": False}
+        if checkpoint_policy == "ops":
+            from launcher.model.sac import sac_context
+
+            kwargs["context_fn"] = sac_context  # a fresh policy context per checkpointed call, as FSDP2's wrapper
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **every)
     if job.train.lora is not None:
         model = apply_lora(model, job.train.lora, recipe.task)
     if recipe.loss_chunks:

@@ -30,6 +30,36 @@ def test_deepspeed_path_has_transformers_checkpoint_every_kth_block(examples_dat
         assert [b.gradient_checkpointing for b in blocks] == want
 
 
+def test_deepspeed_path_gives_transformers_checkpointing_the_op_policy(examples_data):
+    """checkpoint_policy "ops" off FSDP2: transformers' checkpoint function carries launcher.model.sac's context_fn,
+    so each checkpointed block saves the policy's op outputs (measured: SAC_DS_DEV / SAC_DS_VALIDATION)."""
+    from launcher.model.sac import sac_context
+
+    job = _job(examples_data, 4)
+    recipe = make_recipe(job.task, job.data)
+    for policy, want in (("full", None), ("ops", sac_context)):
+        model = build(job, recipe, seq_len=32, hf_checkpointing=True, checkpoint_every=2, checkpoint_policy=policy)
+        _, blocks = find_blocks(model, fix="")
+        funcs = {b._gradient_checkpointing_func for b in blocks}
+        assert len(funcs) == 1 and funcs.pop().keywords.get("context_fn") is want
+        assert [b.gradient_checkpointing for b in blocks] == [True, False, True, False]
+    # Checkpointed with the policy, the loss and gradients are those of the plain model (the policy only chooses what
+    # is saved; dropout off so the recompute is the forward).
+    ids = torch.randint(3, 1024, (2, 32))
+    grads = []
+    for ac in (False, True):
+        torch.manual_seed(0)
+        model = build(job, recipe, seq_len=32, hf_checkpointing=ac, checkpoint_policy="ops").train()
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6)
+
+
 def _grads(engine: FsdpEngine, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     engine.backward(engine.forward(input_ids=ids, labels=ids).loss)
     # checkpoint_wrapper adds a level to the names of the blocks it wraps.

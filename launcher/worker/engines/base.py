@@ -51,6 +51,8 @@ class Engine(Protocol):
     """Switch on transformers' gradient checkpointing at build (engines that wrap blocks themselves say False)."""
     checkpoint_every: int
     """With checkpointing: every k-th block is checkpointed, from the first (launcher.planner.memory.checkpointed)."""
+    checkpoint_policy: str
+    """With transformers' checkpointing: "full" or "ops" (launcher.model.sac's op policy)."""
 
     @classmethod
     def from_plan(cls, plan, ds_config: dict | None, device: torch.device) -> Engine:

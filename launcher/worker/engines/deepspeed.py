@@ -149,7 +149,8 @@ class DeepSpeedEngine:
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
                    usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every,
-                   low_memory_optimizer=plan.strategy.low_memory_optimizer)
+                   low_memory_optimizer=plan.strategy.low_memory_optimizer,
+                   checkpoint_policy=plan.strategy.checkpoint_policy)
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -160,7 +161,8 @@ class DeepSpeedEngine:
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
-                 usable_bytes: int = 0, checkpoint_every: int = 1, low_memory_optimizer: str = "none"):
+                 usable_bytes: int = 0, checkpoint_every: int = 1, low_memory_optimizer: str = "none",
+                 checkpoint_policy: str = "full"):
         self.ds_config = ds_config
         self.low_memory_optimizer = low_memory_optimizer
         """The plan's Strategy.low_memory_optimizer: built here and handed to deepspeed.initialize as its client
@@ -173,6 +175,9 @@ class DeepSpeedEngine:
         """DeepSpeed has no block wrapper of its own: activation checkpointing is transformers'."""
         self.checkpoint_every = checkpoint_every
         """transformers' every_n_layers: its layer_index % k == 0 rule is the one FSDP copies and the plan counts."""
+        self.checkpoint_policy = checkpoint_policy
+        """The plan's Strategy.checkpoint_policy: "ops" gives transformers' checkpointing the op policy's context_fn
+        (launcher.worker.model.build), the same policy FSDP2's checkpoint_wrapper gets."""
         self.work_dtype = next((WORK_DTYPES[p] for p in ("bf16", "fp16") if self.ds_config.get(p, {}).get("enabled")),
                                None)
         self._hf_ds_config = None
