@@ -60,9 +60,13 @@ MODELS: dict[str, dict | str] = {
               "max_position_embeddings": 1024},
     "llama6": {"family": "llama", "hidden_size": 192, "num_layers": 6, "num_heads": 6, "num_kv_heads": 2,
                "vocab_size": 6144, "max_position_embeddings": 1024},
+    # BWDEND_VALIDATION_2 only: a GPT-2 of 0.38M parameters, under the planner's 1M-element bucket floor
+    # (planner/buckets.py MIN_BUCKET), so its reduce bucket is larger than the model (every other cell's is the model).
+    "gpt2xs": {"family": "gpt2", "hidden_size": 64, "num_layers": 3, "num_heads": 4, "vocab_size": 3072,
+               "max_position_embeddings": 512},
 }
 LORA_TARGETS = {"gpt2s": ["c_attn"], "gpt2-124m": ["c_attn"], "llama": ["q_proj", "v_proj"],
-                "minilm": ["query", "value"], "gpt2m": ["c_attn"], "llama6": ["q_proj", "v_proj"]}
+                "minilm": ["query", "value"], "gpt2m": ["c_attn"], "llama6": ["q_proj", "v_proj"], "gpt2xs": ["c_attn"]}
 """Each family's usual attention targets (peft's defaults for these architectures)."""
 
 
@@ -322,6 +326,9 @@ BWDEND_DEV: tuple[Cell, ...] = (
     _c("z3", "gpt2s", "causal_lm", "fp32", False, 1, 32),
     _c("z2", "llama", "causal_lm", "fp32", False, 1, 32),
     _c("z2", "gpt2s", "causal_lm", "fp32", False, 1, 32),
+    # ZeRO-1's end of backward (issue 21, 2026-11-26 04:30): never measured before; tied and untied.
+    _c("z1", "gpt2s", "causal_lm", "fp32", False, 1, 32),
+    _c("z1", "llama", "causal_lm", "fp32", False, 1, 32),
 )
 """End-of-backward development cells (seen)."""
 
@@ -336,6 +343,16 @@ BWDEND_VALIDATION: tuple[Cell, ...] = (
 )
 """The end-of-backward validation split (out of sample, run once)."""
 
+BWDEND_VALIDATION_2: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 04:35 UTC) before ZeRO-3's and ZeRO-1's end-of-backward terms were written
+    # or any ZeRO-1 cell of BWDEND_DEV ran: out of sample for them, run once when they are final. Models, lengths,
+    # micro-batches and buckets the development cells did not use: ZeRO-3 on a GPT-2 smaller than its reduce bucket
+    # (gpt2xs, the 1M-element floor) at micro-batch 2, and ZeRO-1 on the untied 6-block Llama over 4 ranks.
+    _c("z3", "gpt2xs", "causal_lm", "fp32", False, 2, 24),
+    _c("z1", "llama6", "causal_lm", "fp32", False, 1, 40, ranks=4),
+)
+"""The second end-of-backward validation split (ZeRO-3 and ZeRO-1; out of sample, run once)."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -346,14 +363,14 @@ def every_cell() -> list[Cell]:
     """The matrix, the validation splits and the levers' cells."""
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
-            *BWDEND_VALIDATION, *SAC_DS_DEV, *SAC_DS_VALIDATION]
+            *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
-    DeepSpeed), "bwdend-dev" or "bwdend-validation" (end of backward)."""
+    DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -364,7 +381,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "sac-ds-dev" for c in SAC_DS_DEV},
             **{c.name: "sac-ds-validation" for c in SAC_DS_VALIDATION},
             **{c.name: "bwdend-dev" for c in BWDEND_DEV},
-            **{c.name: "bwdend-validation" for c in BWDEND_VALIDATION}}
+            **{c.name: "bwdend-validation" for c in BWDEND_VALIDATION},
+            **{c.name: "bwdend-validation-2" for c in BWDEND_VALIDATION_2}}
 
 
 def _side(name: str, salt: int) -> str:

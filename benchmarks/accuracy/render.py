@@ -71,7 +71,7 @@ MOMENT_TITLES = {"backward": "backward start vs max(forward, backward) phase",
                  "step": "optimizer step vs optimizer_step phase",
                  "init": "weights loading (rank 0) vs init phase",
                  "export": "end-of-run export (rank 0, CPU ranks) vs export phase"}
-SIDES = ("bwdend-validation", "lever-validation", "sr-validation", "sac-validation", "export-validation-2",
+SIDES = ("bwdend-validation-2", "bwdend-validation", "lever-validation", "sr-validation", "sac-validation", "export-validation-2",
          "export-validation", "validation", "validation-1", "held-out", "fit", "lever-dev", "bwdend-dev")
 """The splits, the out-of-sample one first (cells.sides_of_all)."""
 SIDE_LABELS = {"validation": "**validation**", "validation-1": "validation-1 (seen)",
@@ -82,6 +82,7 @@ SIDE_LABELS = {"validation": "**validation**", "validation-1": "validation-1 (se
                "export-validation": "export moment validation (seen)",
                "export-validation-2": "**export moment validation 2**",
                "bwdend-validation": "**end-of-backward validation**",
+               "bwdend-validation-2": "**end-of-backward validation 2 (ZeRO-3, ZeRO-1)**",
                "bwdend-dev": "end-of-backward development (seen)"}
 
 

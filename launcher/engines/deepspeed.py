@@ -29,6 +29,8 @@ from launcher.planner.terms import (
     MemoryInputs,
     States,
     Traffic,
+    gloo_reduce_scatter_copies,
+    input_embedding_params,
     low_bit_tensor_bytes,
     nvme_param_buffer_elems,
     optimizer_offload_s,
@@ -228,16 +230,31 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States
     # So up to min(cap, Ψ) parameters stay gathered, frozen ones (LoRA) included: with the cap at or above Ψ
     # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
     gathered = p.w * min(buckets.stage3_max_live_parameters, p.psi)
-    # End of backward: the largest layer gathered with its autograd gradient (frozen layers have none), and
-    # the last flush of the reduce bucket. stage3.py __avg_scatter_grads -> reduce_scatter_coalesced
-    # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new
-    # flat buffer of the bucket's elements: a second copy of min(bucket, Ψ_t) gradients next to the bucket.
-    trainable_share = m.trainable_params / m.num_params
+    # A flush of the reduce bucket (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter is DeepSpeed's
+    # default, so __avg_scatter_grads, not the contiguous path): reduce_scatter_coalesced
+    # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new flat
+    # buffer of min(bucket, Ψt) elements beside the bucket (the parameters' .grad are views of it,
+    # __add_grad_to_ipg_bucket), and on CPU ranks gloo's reduce_scatter clones that buffer
+    # (terms.gloo_reduce_scatter_copies; NCCL does not). partition_grads then copies the rank's share into
+    # grad_partitions_flat_buffer, which persists (st.grads), and frees the copies.
     flush = p.w * min(buckets.reduce_bucket_size, p.psi_t)
+    copies = flush * (1 + gloo_reduce_scatter_copies(inp.hardware.device_is_host))
+    # The last instants (measured on BWDEND_DEV's ZeRO-3 tiny GPT-2: -12.3 % -> within 0.1 %). The final flush
+    # runs inside the last gradient hook (independent_gradient_partition_epilogue, from
+    # update_hook_state_and_maybe_run_epilogue), before the coordinator releases the modules whose backward ran
+    # last: the input embeddings (token and position tables) are still gathered beside the bucket and its copies.
+    # One instant earlier a tied embedding's backward holds its three tables (terms.tied_embedding_grad_bytes)
+    # beside the same bucket and gathered tables; on CUDA ranks (one copy) that instant can be the larger. Under
+    # LoRA the embeddings are frozen and run no backward: there the largest layer gathered with its gradient stays
+    # the estimate (not measured at the end of backward).
+    if m.lora_params:
+        gathered_end = p.w * m.largest_layer_params * (1 + m.trainable_params / m.num_params)
+    else:
+        gathered_end = p.w * input_embedding_params(m)
+    late = buffers + gathered_end + max(copies, tied_embedding_grad_bytes(m, p.w))
     return dataclasses.replace(
         st, buffers=buffers, model_states=st.model_states + 2 * p.w * m.largest_layer_params,
-        backward_extra=gathered,
-        backward_end_extra=buffers + p.w * m.largest_layer_params * (1 + trainable_share) + flush)
+        backward_extra=gathered, backward_end_extra=buffers + copies, backward_end_late=late)
 
 
 def stage12_bucket(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
@@ -262,6 +279,27 @@ def stage12_bucket(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States
         #   (the shared weight's hook fires only after AccumulateGrad), every other gradient is in it.
         flush = p.w * min(buckets.reduce_bucket_size, p.psi_t)
         st = dataclasses.replace(st, backward_end_late=bucket + max(flush, tied_embedding_grad_bytes(m, p.w)))
+    elif p.stage == 1 and not inp.overlap_comm:
+        # ZeRO-1 (stage_1_and_2.py; measured on BWDEND_DEV's ZeRO-1 cells: -18.9 / -20.0 % -> within 0.1 %). Its
+        # gradient hook (grad_handling_hook -> process_gradients) allocates the bucket (setup_buckets) but moves
+        # nothing into it: reduce_ready_partitions_and_remove_grads runs there only with partition_gradients or
+        # overlap_comm. So every gradient stays in its own .grad until backward ends, and two instants follow:
+        # - the input embedding's backward, the last op: the bucket beside every gradient (wΨt), a tied table's
+        #   two more (terms.tied_embedding_grad_bytes: the head's, still buffered, and the sum);
+        # - the reduce after backward (engine allreduce_gradients -> reduce_gradients): each .grad is copied into
+        #   the bucket and its own storage freed (reduce_independent_p_g_buckets_and_remove_grads), then
+        #   reduce_ipg_grads -> average_tensor -> allreduce_and_scatter -> allreduce_bucket flattens the bucket's
+        #   gradients (self.flatten, a torch.cat: min(bucket, Ψt) elements) and copy_grads_in_partition allocates
+        #   grads_in_partition (the rank's Ψt/N, in the working dtype) for the partition's gradients. The tracker
+        #   held the copy and grads_in_partition at once on the Llama's second rank (146.85 MB, the cell's peak),
+        #   so both are counted: at most wΨt/N over a rank that frees the copy first.
+        # While accumulating, the .grad persist between micro-steps and are already in st.grads (and the reduce
+        # frees them into the bucket).
+        held = st.grads
+        tied_extra = max(0.0, tied_embedding_grad_bytes(m, p.w) - p.w * m.vocab_size * m.hidden_size)
+        grads_all = p.w * p.psi_t - held + tied_extra
+        reduce = p.w * min(buckets.reduce_bucket_size, p.psi_t) + p.w * p.psi_t / p.shard_opt - held
+        st = dataclasses.replace(st, backward_end_late=bucket + max(grads_all, reduce))
     if p.accumulating and p.mixed:
         # The bucket outlives a micro-step: the next one's backward starts with it (measured, bf16). At fp32 it
         # does not (measured on the fit split's fp32 ZeRO-2 accumulation cell: -0.2 % without it, +15 % with).

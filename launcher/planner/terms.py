@@ -357,6 +357,24 @@ def tied_embedding_grad_bytes(m: ModelStats, w: float) -> float:
     return 3 * w * m.vocab_size * m.hidden_size
 
 
+def input_embedding_params(m: ModelStats) -> int:
+    """Parameters of the input embedding modules, the last whose backward runs: the token table and, for absolute
+    positions (GPT-2, BERT), the position table (a model with relative positions, max_positions None, has none)."""
+    return m.vocab_size * m.hidden_size + (m.max_positions or 0) * m.hidden_size
+
+
+def gloo_reduce_scatter_copies(device_is_host: bool) -> int:
+    """Extra full copies of its input a reduce-scatter holds: 1 on CPU ranks (gloo), 0 on CUDA ranks (NCCL).
+
+    torch/csrc/distributed/c10d/ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced (which _reduce_scatter_base,
+    i.e. reduce_scatter_tensor, calls) clones each input (`buffers.push_back(inputTensors[i].clone())`), all-reduces
+    the clone and copies the rank's chunk out in the work's wait(); ProcessGroupNCCL::_reduce_scatter_base hands the
+    input to ncclReduceScatter as it is. On a CPU rank the tracker first sees the clone when wait() chunks it on the
+    calling thread (distributed_c10d.py reduce_scatter_single -> work.wait(): an aten.split of a new input-sized
+    storage, measured on BWDEND_DEV's ZeRO-3 cell)."""
+    return 1 if device_is_host else 0
+
+
 def untied_head_bytes(m: ModelStats) -> float:
     """A random init of a causal LM with tied embeddings also allocates the output head before tying it to the
     input embedding (nn.Linear's own weight, replaced by post_init's tie_weights): 4Vh for a moment (measured,

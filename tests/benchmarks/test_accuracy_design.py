@@ -8,6 +8,7 @@ import pytest
 from benchmarks.accuracy.cells import (
     BWDEND_DEV,
     BWDEND_VALIDATION,
+    BWDEND_VALIDATION_2,
     MATRIX,
     MODELS,
     QUICK,
@@ -26,6 +27,7 @@ from benchmarks.accuracy.compare import category_bias, compare_categories, momen
 from benchmarks.accuracy.fit_split import fit_on_split
 from launcher.calibrate.fit import Sample
 from launcher.config.jobfile import job_from_data
+from launcher.planner.buckets import MIN_BUCKET
 
 
 def test_matrix_covers_every_axis_value():
@@ -36,7 +38,7 @@ def test_matrix_covers_every_axis_value():
     assert {c.sharding for c in cells} == set(SHARDINGS) - {"z0"}
     assert {c.sharding for c in every_cell()} == set(SHARDINGS)
     assert {c.model for c in every_cell()} == set(MODELS)
-    assert {c.model for c in cells} == set(MODELS) - {"gpt2m", "llama6"}  # validation-only models
+    assert {c.model for c in cells} == set(MODELS) - {"gpt2m", "llama6", "gpt2xs"}  # validation-only models
     assert {c.precision for c in cells} == {"fp32", "bf16"}
     assert {c.task for c in cells} == {"causal_lm", "seq_cls", "sentence_embedding"}
     assert {c.lora for c in cells} == {False, True} and {c.checkpointing for c in cells} == {False, True}
@@ -137,6 +139,22 @@ def test_end_of_backward_validation_is_disjoint_from_its_development_cells():
     sides = sides_of_all()
     assert {sides[c.name] for c in BWDEND_VALIDATION} == {"bwdend-validation"}
     assert {sides[c.name] for c in BWDEND_DEV} == {"bwdend-dev"}
+
+
+def test_second_end_of_backward_validation_is_out_of_sample_for_zero3_and_zero1():
+    # BWDEND_VALIDATION_2 judges ZeRO-3's and ZeRO-1's end-of-backward terms, built on BWDEND_DEV's ZeRO-3 and
+    # ZeRO-1 cells: one cell of each, on models, lengths and micro-batches those cells do not use, and ZeRO-3's
+    # reduce bucket (the planner's floor) larger than its model, where every development cell's is the model.
+    dev = [c for c in BWDEND_DEV if c.sharding in ("z3", "z1")]
+    assert sorted(c.sharding for c in BWDEND_VALIDATION_2) == ["z1", "z3"]
+    assert not {c.model for c in dev} & {c.model for c in BWDEND_VALIDATION_2}
+    assert not {c.seq_len for c in dev} & {c.seq_len for c in BWDEND_VALIDATION_2}
+    assert {sides_of_all()[c.name] for c in BWDEND_VALIDATION_2} == {"bwdend-validation-2"}
+    z3 = next(c for c in BWDEND_VALIDATION_2 if c.sharding == "z3")
+    m = MODELS[z3.model]
+    h, v, n = m["hidden_size"], m["vocab_size"], m["num_layers"]
+    params = v * h + m["max_position_embeddings"] * h + 2 * h + n * (12 * h * h + 13 * h)
+    assert params < MIN_BUCKET
 
 
 @pytest.mark.parametrize("cell", every_cell(), ids=lambda c: c.name)

@@ -1,5 +1,7 @@
 """The end-of-backward moment's last instant (States.backward_end_late): a tied embedding's three vocabulary tables,
-FSDP2's retained reduce-scatter input and ZeRO-2's flattened bucket copy (docs/memory-model.md)."""
+FSDP2's retained reduce-scatter input, ZeRO-2's flattened bucket copy, ZeRO-3's final flush (its flattened copy, gloo's
+clone of it on CPU ranks, the input embeddings still gathered) and ZeRO-1's gradients held until backward ends
+(docs/memory-model.md)."""
 
 import dataclasses
 import json
@@ -15,10 +17,14 @@ from launcher.plan_inputs import plan_job
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Strategy
-from launcher.planner.terms import tied_embedding_grad_bytes
+from launcher.planner.terms import gloo_reduce_scatter_copies, input_embedding_params, tied_embedding_grad_bytes
 from tests.planner.conftest import llama_stats
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "accuracy-dev-bwdend.json"
+# BWDEND_DEV measured with the current worker: the ZeRO-3 and ZeRO-1 cells before their terms (-before), then every
+# cell once with them. A cell's measured peak is the larger of its runs: ZeRO-1's reduce can peak or not by a race
+# (gloo's worker thread drops the flattened copy after wait() returns; docs/memory-model.md).
+RESULTS = [Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"accuracy-dev-z3bwd{s}.json"
+           for s in ("-before", "")]
 
 
 def gpt2_stats(vocab=4096, h=128, blocks=4, pos=1024, tied=True, lora=0):
@@ -27,17 +33,20 @@ def gpt2_stats(vocab=4096, h=128, blocks=4, pos=1024, tied=True, lora=0):
     return dataclasses.replace(
         llama_stats(num_params=root + blocks * block, blocks=blocks, h=h, inter=4 * h, vocab=vocab),
         model_type="gpt2", block_params=block, non_block_params=root, tied_embeddings=tied,
-        trainable_params=lora or root + blocks * block, lora_params=lora, largest_layer_params=vocab * h)
+        trainable_params=lora or root + blocks * block, lora_params=lora, largest_layer_params=vocab * h,
+        max_positions=pos)
 
 
-def inputs(m, precision="fp32", n=2):
+def inputs(m, precision="fp32", n=2, hardware="cpu"):
     return MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=32, precision=precision,
-                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, precision))
+                        optimizer="adamw", hardware=PROFILES[hardware], activations=analytic_constants(m, precision))
 
 
 FSDP = Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
 ZERO2 = dataclasses.replace(FSDP, engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None)
+ZERO3 = dataclasses.replace(ZERO2, zero_stage=3)
+ZERO1 = dataclasses.replace(ZERO2, zero_stage=1)
 
 
 def buckets(elems):
@@ -79,8 +88,6 @@ def test_zero2_end_of_backward_flushes_a_flattened_copy_of_the_bucket_or_holds_t
     gpt2 = gpt2_stats()
     st = deepspeed_states(inputs(gpt2), ZERO2, buckets(gpt2.trainable_params))
     assert st.backward_end_late == 4 * gpt2.trainable_params + 3 * 4 * gpt2.vocab_size * gpt2.hidden_size
-    # ZeRO-1 (whole gradients until the end) is not modelled by it.
-    assert deepspeed_states(inputs(llama), dataclasses.replace(ZERO2, zero_stage=1), buckets(psi)).backward_end_late == 0
 
 
 def test_the_late_instant_carries_no_activations_in_the_breakdown():
@@ -94,13 +101,58 @@ def test_the_late_instant_carries_no_activations_in_the_breakdown():
         assert est.breakdown["activations"] == 0
 
 
-@pytest.mark.parametrize("cell", [c for c in BWDEND_DEV if c.sharding != "z3"], ids=lambda c: c.name)
+def test_the_input_embeddings_are_the_token_and_absolute_position_tables():
+    assert input_embedding_params(gpt2_stats()) == 4096 * 128 + 1024 * 128
+    llama = llama_stats(num_params=7_342_336, blocks=4, h=256, inter=688, vocab=8192)  # rotary: no position table
+    assert input_embedding_params(llama) == 8192 * 256
+    assert gloo_reduce_scatter_copies(True) == 1 and gloo_reduce_scatter_copies(False) == 0
+
+
+def test_zero3_final_flush_holds_the_bucket_its_copies_and_the_gathered_embeddings():
+    m = gpt2_stats()
+    psi, table = m.trainable_params, m.vocab_size * m.hidden_size
+    gathered = 4 * (table + 1024 * m.hidden_size)  # wte and wpe, still gathered when the last hook flushes
+    st = deepspeed_states(inputs(m), ZERO3, buckets(psi))
+    # CPU rank: the bucket, reduce_scatter_coalesced's torch.cat of it and gloo's clone of that.
+    assert st.backward_end_late == 4 * psi + gathered + 2 * 4 * psi
+    # The moment: ZeRO-3's partition states (parameters, gradients, fp32 master + Adam) and the late instant.
+    est = estimate_memory(inputs(m), ZERO3, buckets(psi))
+    assert est.moment_bytes["backward_end"] == int(4 * psi / 2 + 4 * psi / 2 + 12 * psi / 2 + st.backward_end_late)
+    # A bucket larger than the model (the planner's 1M-element floor) is allocated whole, flushed as far as filled.
+    big = deepspeed_states(inputs(m), ZERO3, buckets(4 * psi))
+    assert big.backward_end_late == 4 * 4 * psi + gathered + 2 * 4 * psi
+    # CUDA rank (NCCL: no clone): the tied embedding's three tables outweigh the one copy.
+    gpu = deepspeed_states(inputs(m, hardware="a100-80gb"), ZERO3, buckets(psi))
+    assert 3 * table > psi
+    assert gpu.backward_end_late == 4 * psi + gathered + 3 * 4 * table
+    untied = llama_stats(num_params=7_342_336, blocks=4, h=256, inter=688, vocab=8192)
+    st = deepspeed_states(inputs(untied, hardware="a100-80gb"), ZERO3, buckets(untied.trainable_params))
+    assert st.backward_end_late == 4 * untied.trainable_params + 4 * 8192 * 256 + 4 * untied.trainable_params
+
+
+def test_zero1_holds_every_gradient_until_backward_ends_then_reduces_through_the_bucket():
+    llama = llama_stats(num_params=7_342_336, blocks=4, h=256, inter=688, vocab=8192)
+    psi = llama.trainable_params
+    st = deepspeed_states(inputs(llama), ZERO1, buckets(psi))
+    # Untied: the reduce (bucket + its flattened copy + grads_in_partition) beats the embedding's backward (bucket
+    # + every .grad).
+    assert st.backward_end_late == 4 * psi + 4 * psi + 4 * psi / 2
+    gpt2 = gpt2_stats()
+    psi, table = gpt2.trainable_params, gpt2.vocab_size * gpt2.hidden_size
+    st = deepspeed_states(inputs(gpt2), ZERO1, buckets(psi))
+    # Tied: at the embedding's backward every .grad plus the head's buffered table and the sum.
+    assert st.backward_end_late == 4 * psi + 4 * psi + 2 * 4 * table
+    # ZeRO-2 moves each gradient into the bucket as it comes: not this term.
+    assert deepspeed_states(inputs(gpt2), ZERO2, buckets(psi)).backward_end_late == 4 * psi + 3 * 4 * table
+
+
+@pytest.mark.parametrize("cell", list(BWDEND_DEV), ids=lambda c: c.name)
 def test_dev_cells_end_of_backward_matches_what_the_ranks_measured(cell, tmp_path, monkeypatch):
-    # The measured backward-phase peak of each development cell (benchmarks/results/accuracy-dev-bwdend.json, real
+    # The measured backward-phase peak of each development cell (benchmarks/results/accuracy-dev-z3bwd.json, real
     # 2-rank CPU runs) against the planner's end-of-backward moment for the same job: within 0.1 % (it was 7.6 to
-    # 13.7 % under before these terms). ZeRO-3 (-12.3 %) is not fixed.
+    # 20.0 % under before these terms; ZeRO-3's -0.08 % is its persistent small parameters, kept whole).
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
-    rows = {r["cell"]: r for r in json.loads(RESULTS.read_text())["rows"]}
-    measured = rows[cell.name]["moment_totals"]["backward_end"]["measured_bytes"]
+    runs = [r["moment_totals"]["backward_end"]["measured_bytes"] for f in RESULTS
+            for r in json.loads(f.read_text())["rows"] if r["cell"] == cell.name]
     plan = plan_job(job_from_data({**cell.job(), "gpus": cell.ranks, "budget": "16GB"}, "."), force=True)
-    assert plan.estimate.moment_bytes["backward_end"] == pytest.approx(measured, rel=1e-3)
+    assert plan.estimate.moment_bytes["backward_end"] == pytest.approx(max(runs), rel=1e-3)
