@@ -8,6 +8,8 @@ import pytest
 from benchmarks.accuracy.cells import (
     BWDEND_DEV,
     BWDEND_VALIDATION,
+    DS_PURE_BF16_DEV,
+    DS_PURE_BF16_VALIDATION,
     MATRIX,
     MODELS,
     QUICK,
@@ -137,6 +139,17 @@ def test_end_of_backward_validation_is_disjoint_from_its_development_cells():
     sides = sides_of_all()
     assert {sides[c.name] for c in BWDEND_VALIDATION} == {"bwdend-validation"}
     assert {sides[c.name] for c in BWDEND_DEV} == {"bwdend-dev"}
+
+
+def test_deepspeed_pure_bf16_validation_is_disjoint_from_its_development_cells():
+    # Neither a model nor a sequence length of the development cells, one ZeRO-2 and one ZeRO-3 cell.
+    assert not {c.model for c in DS_PURE_BF16_DEV} & {c.model for c in DS_PURE_BF16_VALIDATION}
+    assert not {c.seq_len for c in DS_PURE_BF16_DEV} & {c.seq_len for c in DS_PURE_BF16_VALIDATION}
+    assert sorted(c.sharding for c in DS_PURE_BF16_VALIDATION) == ["z2", "z3"]
+    assert all(dict(c.levers) == {"pure_bf16": True} for c in (*DS_PURE_BF16_DEV, *DS_PURE_BF16_VALIDATION))
+    sides = sides_of_all()
+    assert {sides[c.name] for c in DS_PURE_BF16_VALIDATION} == {"dsbf16-validation"}
+    assert {sides[c.name] for c in DS_PURE_BF16_DEV} == {"dsbf16-dev"}
 
 
 @pytest.mark.parametrize("cell", every_cell(), ids=lambda c: c.name)
