@@ -46,6 +46,7 @@ def test_cuda_ranks_are_predicted_on_reserved_plus_context():
     assert est.overhead == {
         "cublas_workspace": 2 * 32 * MiB,  # Hopper: PyTorch's ":4096:8", compute and communication streams
         "allocator_reserve": int(hw.fragmentation * tensors),
+        "stream_pools": est.moment_stream_pool_bytes[est.peak_moment],  # FSDP2's side streams (test_stream_pools)
         "cuda_context": hw.context_bytes,
         "cuda_kernels": hw.kernel_bytes,
         "nccl_communicators": hw.nccl_comm_bytes,  # FSDP2 on one 1-D mesh: the default group only
