@@ -354,6 +354,27 @@ BWDEND_VALIDATION_2: tuple[Cell, ...] = (
 """The second end-of-backward validation split (ZeRO-3 and ZeRO-1; out of sample, run once)."""
 
 
+DS_PURE_BF16_DEV: tuple[Cell, ...] = (
+    # Pure bf16 on DeepSpeed (issue 21: bf16_master_weights_and_grads + bf16_optimizer_states, the stochastically
+    # rounding client optimizer): development cells on the matrix's small models at 32 tokens, where the model states
+    # dwarf the activations. ZeRO-1 and ZeRO-2 on the tied GPT-2 (one flat partition), ZeRO-3 on the untied Llama.
+    _c("z2", "gpt2s", "causal_lm", "bf16", False, 1, 32, pure_bf16=True),
+    _c("z1", "gpt2s", "causal_lm", "bf16", False, 1, 32, pure_bf16=True),
+    _c("z3", "llama", "causal_lm", "bf16", False, 1, 32, pure_bf16=True),
+)
+"""DeepSpeed pure-bf16 development cells (seen)."""
+
+DS_PURE_BF16_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 04:35 UTC) before DeepSpeed's pure bf16 ran on any rank or its terms were
+    # written: out of sample for them, run once when they are final. Models, micro-batches and lengths the
+    # development cells (DS_PURE_BF16_DEV) did not use: the 6-block Llama on ZeRO-2, the 16k-vocabulary GPT-2 on
+    # ZeRO-3.
+    _c("z2", "llama6", "causal_lm", "bf16", False, 2, 48, pure_bf16=True),
+    _c("z3", "gpt2m", "causal_lm", "bf16", False, 1, 64, pure_bf16=True),
+)
+"""DeepSpeed pure bf16's validation split (out of sample, run once)."""
+
+
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
     return list(MATRIX)
@@ -363,14 +384,16 @@ def every_cell() -> list[Cell]:
     """The matrix, the validation splits and the levers' cells."""
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
-            *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION]
+            *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
+            *DS_PURE_BF16_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
-    DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward)."""
+    DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
+    "dsbf16-validation" (DeepSpeed's pure bf16)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -382,7 +405,9 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "sac-ds-validation" for c in SAC_DS_VALIDATION},
             **{c.name: "bwdend-dev" for c in BWDEND_DEV},
             **{c.name: "bwdend-validation" for c in BWDEND_VALIDATION},
-            **{c.name: "bwdend-validation-2" for c in BWDEND_VALIDATION_2}}
+            **{c.name: "bwdend-validation-2" for c in BWDEND_VALIDATION_2},
+            **{c.name: "dsbf16-dev" for c in DS_PURE_BF16_DEV},
+            **{c.name: "dsbf16-validation" for c in DS_PURE_BF16_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

@@ -71,8 +71,9 @@ MOMENT_TITLES = {"backward": "backward start vs max(forward, backward) phase",
                  "step": "optimizer step vs optimizer_step phase",
                  "init": "weights loading (rank 0) vs init phase",
                  "export": "end-of-run export (rank 0, CPU ranks) vs export phase"}
-SIDES = ("bwdend-validation-2", "bwdend-validation", "lever-validation", "sr-validation", "sac-validation", "export-validation-2",
-         "export-validation", "validation", "validation-1", "held-out", "fit", "lever-dev", "bwdend-dev")
+SIDES = ("dsbf16-validation", "sac-ds-validation", "bwdend-validation-2", "bwdend-validation", "lever-validation",
+         "sr-validation", "sac-validation", "export-validation-2", "export-validation", "validation", "validation-1",
+         "held-out", "fit", "lever-dev", "bwdend-dev", "dsbf16-dev", "sac-ds-dev")
 """The splits, the out-of-sample one first (cells.sides_of_all)."""
 SIDE_LABELS = {"validation": "**validation**", "validation-1": "validation-1 (seen)",
                "held-out": "held-out (seen)", "fit": "fit (in-sample)",
@@ -83,7 +84,11 @@ SIDE_LABELS = {"validation": "**validation**", "validation-1": "validation-1 (se
                "export-validation-2": "**export moment validation 2**",
                "bwdend-validation": "**end-of-backward validation**",
                "bwdend-validation-2": "**end-of-backward validation 2 (ZeRO-3, ZeRO-1)**",
-               "bwdend-dev": "end-of-backward development (seen)"}
+               "bwdend-dev": "end-of-backward development (seen)",
+               "dsbf16-validation": "**DeepSpeed pure bf16 validation**",
+               "dsbf16-dev": "DeepSpeed pure bf16 development (seen)",
+               "sac-ds-validation": "**op-level checkpointing on DeepSpeed, validation**",
+               "sac-ds-dev": "op-level checkpointing on DeepSpeed, development (seen)"}
 
 
 def moment_table(rows: list[dict]) -> list[str]:

@@ -132,6 +132,12 @@ def _strategy_problems(plan: Plan) -> list[str]:
             f"strategy.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.zero_stage}; "
             "set zero_stage: 3 or offload_optimizer: cpu"
         )
+    if s.pure_bf16 and (s.zero_stage == 0 or s.offload_optimizer != "none"):
+        problems.append(
+            f"strategy.pure_bf16: true is emitted for ZeRO-1/2/3 without optimizer offload, got zero_stage "
+            f"{s.zero_stage} with offload_optimizer {s.offload_optimizer!r} (launcher.engines.deepspeed "
+            "PURE_BF16_REFUSED); re-plan with pure_bf16 left to the planner"
+        )
     if s.offload_optimizer == "cpu" and s.zero_stage in (0, 1):
         problems.append(
             f"strategy.offload_optimizer: 'cpu' with zero_stage {s.zero_stage} is not emitted: ZeRO-2 offload "
@@ -163,17 +169,25 @@ def _fill_precision(cfg: dict, plan: Plan) -> None:
     # and a reader should not have to know that. fp32 enables neither.
     cfg.setdefault("bf16", {})["enabled"] = plan.precision == "bf16"
     cfg.setdefault("fp16", {})["enabled"] = plan.precision == "fp16"
+    if plan.strategy.pure_bf16:
+        # Pure bf16: the ZeRO optimizer's master partition, its gradient and the optimizer states take bf16
+        # (runtime/base_optimizer.py _configure_master_weights: master dtype bf16; the states follow the bf16
+        # master partition they are built on). No fp32 copy anywhere.
+        cfg["bf16"]["bf16_master_weights_and_grads"] = True
+        cfg["bf16"]["bf16_optimizer_states"] = True
 
 
 def _fill_optimizer(cfg: dict, plan: Plan, job: Job) -> None:
     s = plan.strategy
     t = job.train
-    if s.low_memory_optimizer != "none":
+    if s.low_memory_optimizer != "none" or (s.pure_bf16 and t.optimizer in ("adam", "adamw")):
         # The rank side passes the low-memory optimizer to deepspeed.initialize as a client optimizer
         # (launcher.worker.engines.deepspeed builds one only when the config names none). An "optimizer" block
         # here would claim AdamW: DeepSpeed 0.19 would quietly prefer the client's (engine.py
         # _configure_optimizer), HF Trainer and accelerate would build the block's. ZeRO wraps only the
-        # optimizers it tested (is_zero_supported_optimizer) unless allowed.
+        # optimizers it tested (is_zero_supported_optimizer) unless allowed. Pure bf16's Adam/AdamW is a client
+        # optimizer too: torchao's stochastically rounding AdamW (launcher.worker.engines.optimizers), since
+        # DeepSpeed's own steps a bf16 master by rounding to nearest, which drops updates under half a bf16 ulp.
         cfg.pop("optimizer", None)
         if s.zero_stage > 0:
             cfg["zero_allow_untested_optimizer"] = True

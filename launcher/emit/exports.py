@@ -46,7 +46,9 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
         if key in sched:
             sched[key] = "auto"
     # The Trainer's --bf16 / --fp16 decide; our plan's precision is what `launch` runs and what plan.json says.
-    cfg["bf16"] = {"enabled": "auto"}
+    # Pure bf16's master keys stay: without them DeepSpeed keeps fp32 masters and states, not the plan's memory.
+    pure = {k: v for k, v in cfg["bf16"].items() if k != "enabled"}
+    cfg["bf16"] = {"enabled": "auto", **pure}
     cfg["fp16"] = {"enabled": "auto"}
     return cfg
 

@@ -26,6 +26,8 @@ from launcher.planner.terms import (
     LOW_BIT_STEP_COPIES,
     MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
+    PURE_BF16_BYTES,
+    SR_STEP_COPIES,
     MemoryInputs,
     States,
     Traffic,
@@ -37,6 +39,7 @@ from launcher.planner.terms import (
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     over_links,
+    stochastic_rounds,
     tied_embedding_grad_bytes,
     untied_head_bytes,
 )
@@ -60,6 +63,28 @@ LOW_MEMORY_REFUSED = {
             "Adafactor would factor nothing and take its RMS over the whole partition, another update for every N",
 }
 """Why a DeepSpeed layout does not offer a low-memory optimizer (DeepSpeedSpec.lever_values)."""
+
+PURE_BF16_REFUSED = {
+    "stage0": "DeepSpeed keeps bf16 master weights and gradients only under ZeRO-1, 2 or 3 (runtime/config.py "
+              "asserts it for bf16_master_weights_and_grads)",
+    "offload": "ZeRO-Offload with bf16 master weights steps DeepSpeed's own CPU Adam (base_optimizer.py "
+               "_configure_master_weights requires DeepSpeedCPUAdam with fp32_optimizer_states=False), which rounds "
+               "to nearest, not the stochastically rounded AdamW pure bf16 steps with; and a client optimizer is "
+               "refused there",
+}
+"""Why a DeepSpeed layout does not offer pure bf16 (DeepSpeedSpec.lever_values)."""
+
+
+PURE_BF16_CLIENT = "torchao.optim._AdamW(params, lr, weight_decay=..., bf16_stochastic_round=True)"
+"""The client optimizer a script builds for a pure-bf16 plan with Adam/AdamW (launcher.worker.engines.optimizers
+stochastic_round_adam; is_adamw=False through torchao.optim.adam._AdamBase for the job's Adam)."""
+PURE_BF16_NOTES = [
+    "Pure bf16: ds_config.json keeps bf16 master weights, gradients and optimizer states; DeepSpeed's own AdamW",
+    "  would round each new weight to nearest and drop updates under half a bf16 spacing, so the plan steps the",
+    "  stochastically rounding one above. HF Trainer with ds_config.hf.json: pass it as optimizers=(opt, None).",
+    "  (A job with SGD: ds_config.json names it and rounds to nearest; pass DummyOptim.)",
+]
+"""What a pure-bf16 DeepSpeed plan's accelerate.yaml adds for the script."""
 
 
 CLIENT_OPTIMIZER = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
@@ -101,6 +126,9 @@ class Partition:
     shard_param: int
     mixed: bool
     """A 16-bit working dtype (fp32 masters kept apart)."""
+    pure: bool = False
+    """Pure bf16 (bf16_master_weights_and_grads, bf16_optimizer_states): the master partition, its gradient and the
+    optimizer states take bf16."""
     accumulating: bool
     step_elems: float
     """Trainable elements whose fp32 gradient the optimizer step holds at once: ZeRO-3 steps one sub-group at a
@@ -112,9 +140,15 @@ class Partition:
         return self.w * self.psi_t / self.shard_grad
 
     @property
+    def master_elem_bytes(self) -> int:
+        """Bytes per element of the master partition and its gradient: fp32, or bf16 under pure bf16."""
+        return PURE_BF16_BYTES if self.pure else MASTER_BYTES
+
+    @property
     def grads32(self) -> float:
-        """fp32 gradient bytes per rank the optimizer step holds, partitioned from ZeRO-1 on."""
-        return 4 * self.psi_t / self.shard_opt  # the "4_grads_32bit" of [DS]
+        """Master-dtype gradient bytes per rank the optimizer step holds, partitioned from ZeRO-1 on: fp32 (the
+        "4_grads_32bit" of [DS]), bf16 under pure bf16."""
+        return self.master_elem_bytes * self.psi_t / self.shard_opt
 
 
 def sub_group_elems(inp: MemoryInputs, sub_group_size: int) -> float:
@@ -137,7 +171,7 @@ def partition(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> Partition:
                   else inp.model.trainable_params / shard_opt)
     return Partition(stage=stage, w=BYTES[inp.precision], psi=inp.model.num_params, psi_t=inp.model.trainable_params,
                      shard_opt=shard_opt, shard_grad=n if stage >= 2 else 1,
-                     shard_param=n if stage >= 3 else 1, mixed=inp.precision != "fp32",
+                     shard_param=n if stage >= 3 else 1, mixed=inp.precision != "fp32", pure=s.pure_bf16,
                      accumulating=s.grad_accum_steps > 1, step_elems=step_elems)
 
 
@@ -163,6 +197,31 @@ def step_extra_bytes(p: Partition, grads: float) -> float:
     return extra
 
 
+def pure_bf16_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition, grads: float) -> float:
+    """What the optimizer step adds under pure bf16: the larger of two instants.
+
+    The master partition's dtype is bf16, the gradients' own, so the flattened gradient partition becomes the master
+    gradient with no conversion: stage_1_and_2.py step() ``flat_grad_partition.to(single_partition_of_fp32_groups[i]
+    .dtype)`` and stage3.py _prepare_fp32_grad_for_sub_group return the same tensor (mixed precision makes an fp32
+    copy there).
+      flatten  ZeRO-1/2: this step's 16-bit gradients (param.grad views of grads_in_partition), at ZeRO-2 the
+               averaged_gradients copy get_flat_partition made in the epilogue, and the flat bf16 partition
+               self.flatten makes of it: the terms of the mixed case with the master gradient at 2 bytes.
+      step     ZeRO-1/2 free every param.grad (free_grad_in_param_list) and averaged_gradients before
+               _optimizer_step, so only the flat bf16 gradient partition is left beside the optimizer's copies:
+               pure bf16's stochastically rounding AdamW on the host holds SR_STEP_COPIES fp32 copies of the one
+               tensor it steps, the flat partition (flat_partition_elems); none on CUDA (compiled), none for SGD.
+      ZeRO-3   one sub-group at a time: its flat bf16 gradient, beside the persistent 16-bit gradient partition,
+               and the rounding copies of the sub-group (step_elems).
+    """
+    copies = SR_STEP_COPIES * 4 if stochastic_rounds(inp, s) and inp.hardware.device_is_host else 0.0
+    if p.stage == 3:
+        return (PURE_BF16_BYTES + copies) * p.step_elems
+    flatten = (p.grads16 - grads) + p.grads32 + (p.grads16 if p.stage == 2 else 0.0)
+    step = p.grads32 + copies * flat_partition_elems(inp) - grads
+    return max(flatten, step)
+
+
 def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
     """[ZeRO Table 1]: parameters, gradients and optimizer state, each on its own partition."""
     params = p.w * p.psi / p.shard_param
@@ -171,7 +230,12 @@ def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
     # (measured: fp32 runs hold (4 + K)Ψ/N; counting KΨ/N under-predicted fp32 ZeRO-2 by 11 %).
     # ZeRO-0 at fp32 has none: engine.py _configure_optimizer keeps the optimizer over the fp32 parameters
     # themselves (no wrapper), measured on the ZeRO-0 dev cells (issue 21).
-    masters = 0.0 if p.stage == 0 and not p.mixed else MASTER_BYTES * p.psi_t / p.shard_opt
+    # Pure bf16 keeps a master partition too, at bf16 (2Ψ_t/N): ZeRO-1/2 clone the partition
+    # (stage_1_and_2.py __init__: .detach().clone().to(dtype=master_weights_and_grads_dtype)). ZeRO-3 would alias
+    # its bf16 partition when dtype and device match (stage3.py _create_fp32_partitions), but it compares the
+    # tensor's torch.device with self.device, a string ('cpu', 'cuda:0'), which is never equal: it clones
+    # (measured on the ZeRO-3 dev cell: the 2Ψ/N master is there).
+    masters = 0.0 if p.stage == 0 and not p.mixed else p.master_elem_bytes * p.psi_t / p.shard_opt
     optimizer = masters + low_memory_state_bytes(inp, s, p)
     # Gradients of earlier micro-steps persist while accumulating; ZeRO-3 keeps its partition buffer always.
     grads = p.grads16 if p.stage == 3 or p.accumulating else 0.0
@@ -181,6 +245,8 @@ def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
         step_extra = p.grads16 - grads + optimizer_step_temp_bytes(inp, s, 1, on_host=inp.hardware.device_is_host)
     else:
         step_extra = step_extra_bytes(p, grads) + low_memory_step_bytes(inp, s, p)
+    if p.pure:
+        step_extra = pure_bf16_step_bytes(inp, s, p, grads)
     return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra,
                   model_states=params + p.grads16 + p.grads32 + optimizer)
 
@@ -399,20 +465,21 @@ class DeepSpeedSpec(EngineSpec):
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
     levers = frozenset({"loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload",
-                        "low_memory_optimizer"})
+                        "low_memory_optimizer", "pure_bf16"})
 
     def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
         all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
         block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
-        (LOW_MEMORY_REFUSED)."""
+        (LOW_MEMORY_REFUSED). Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED)."""
         if c.offload_optimizer != "none":
-            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"])}
+            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"]),
+                    "pure_bf16": ((False,), PURE_BF16_REFUSED["offload"])}
         if c.zero_stage == 3:
             return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["stage3"])}
         if c.zero_stage in (1, 2):
             return {"low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
-        return {}
+        return {"pure_bf16": ((False,), PURE_BF16_REFUSED["stage0"])}
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
@@ -574,6 +641,8 @@ class DeepSpeedSpec(EngineSpec):
     def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
         """What a script launched with this accelerate.yaml must do (launcher.emit.exports.deepspeed_notes)."""
         opt = plan.strategy.low_memory_optimizer
+        if plan.strategy.pure_bf16:
+            return [*deepspeed_notes(self._ds_file(config_dir), PURE_BF16_CLIENT), *PURE_BF16_NOTES]
         if opt == "none":
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]

@@ -9,9 +9,13 @@ from benchmarks.accuracy.cells import (
     BWDEND_DEV,
     BWDEND_VALIDATION,
     BWDEND_VALIDATION_2,
+    DS_PURE_BF16_DEV,
+    DS_PURE_BF16_VALIDATION,
     MATRIX,
     MODELS,
     QUICK,
+    SAC_DS_DEV,
+    SAC_DS_VALIDATION,
     SEEN_VALIDATION,
     SHARDINGS,
     VALIDATION,
@@ -155,6 +159,28 @@ def test_second_end_of_backward_validation_is_out_of_sample_for_zero3_and_zero1(
     h, v, n = m["hidden_size"], m["vocab_size"], m["num_layers"]
     params = v * h + m["max_position_embeddings"] * h + 2 * h + n * (12 * h * h + 13 * h)
     assert params < MIN_BUCKET
+
+
+def test_deepspeed_pure_bf16_validation_is_disjoint_from_its_development_cells():
+    # Neither a model nor a sequence length of the development cells, one ZeRO-2 and one ZeRO-3 cell.
+    assert not {c.model for c in DS_PURE_BF16_DEV} & {c.model for c in DS_PURE_BF16_VALIDATION}
+    assert not {c.seq_len for c in DS_PURE_BF16_DEV} & {c.seq_len for c in DS_PURE_BF16_VALIDATION}
+    assert sorted(c.sharding for c in DS_PURE_BF16_VALIDATION) == ["z2", "z3"]
+    assert all(dict(c.levers) == {"pure_bf16": True} for c in (*DS_PURE_BF16_DEV, *DS_PURE_BF16_VALIDATION))
+    sides = sides_of_all()
+    assert {sides[c.name] for c in DS_PURE_BF16_VALIDATION} == {"dsbf16-validation"}
+    assert {sides[c.name] for c in DS_PURE_BF16_DEV} == {"dsbf16-dev"}
+
+
+def test_deepspeed_op_checkpointing_validation_is_disjoint_from_its_development_cells():
+    # Neither a model nor a length of the development cells; ZeRO-1 (no development cell) and ZeRO-3 with k = 2.
+    assert not {c.model for c in SAC_DS_DEV} & {c.model for c in SAC_DS_VALIDATION}
+    assert not {c.seq_len for c in SAC_DS_DEV} & {c.seq_len for c in SAC_DS_VALIDATION}
+    assert all(dict(c.levers)["checkpoint_policy"] == "ops" and c.sharding.startswith("z")
+               for c in (*SAC_DS_DEV, *SAC_DS_VALIDATION))
+    sides = sides_of_all()
+    assert {sides[c.name] for c in SAC_DS_VALIDATION} == {"sac-ds-validation"}
+    assert {sides[c.name] for c in SAC_DS_DEV} == {"sac-ds-dev"}
 
 
 @pytest.mark.parametrize("cell", every_cell(), ids=lambda c: c.name)

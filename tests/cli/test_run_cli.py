@@ -177,11 +177,13 @@ def tiny_llama_dir(root: Path) -> Path:
 
 
 def test_lora_bf16_trains_only_the_adapters(tmp_path):
-    """LoRA in bf16, as the job asks: also the CPU-rank bf16 run (every other run test is fp32)."""
+    """LoRA in bf16, as the job asks: also the CPU-rank bf16 run (every other run test is fp32), here pure bf16 on
+    DeepSpeed (bf16 master adapters and states, the stochastically rounding client AdamW)."""
     job = job_file(tmp_path, "lora", model=str(tiny_llama_dir(tmp_path)),
                    train={"global_batch_size": 8, "precision": "bf16", "lr": 1e-2, "max_steps": 8,
-                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "merge": True}},
-                   strategy={"engine": "deepspeed", "zero_stage": 2})
+                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "merge": True},
+                          "allow_levers": ["pure_bf16"]},
+                   strategy={"engine": "deepspeed", "zero_stage": 2, "pure_bf16": True})
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
@@ -190,6 +192,8 @@ def test_lora_bf16_trains_only_the_adapters(tmp_path):
     lora = 2 * (4 * (64 + 64) + 4 * (64 + 32))  # 2 blocks x r x (in + out) of q (64->64) and v (64->32, GQA)
     assert plan["trainable_params"] == rank["trainable_params"] == lora
     assert plan["precision"] == "bf16" and plan["precision_reason"].startswith("precision bf16: set by the job")
+    ds = json.loads((tmp_path / "run" / "ds_config.json").read_text())
+    assert plan["pure_bf16"] and ds["bf16"]["bf16_master_weights_and_grads"] and "optimizer" not in ds
     assert rank["total_params"] > 50 * lora
     # The adapter (peft's files, over the base dir it names) and the merged model both reload.
     run = tmp_path / "run"

@@ -26,6 +26,7 @@ GOLDEN = {
     "zero3": dict(zero_stage=3),
     "zero3_offload_opt_cpu": dict(zero_stage=3, offload_optimizer="cpu"),
     "zero3_offload_nvme": dict(zero_stage=3, offload_optimizer="nvme", offload_params="nvme"),
+    "zero3_pure_bf16": dict(zero_stage=3, pure_bf16=True),
 }
 
 
@@ -50,6 +51,8 @@ VARIANTS |= {
     "zero3_adam_no_warmup": ({}, {"train.optimizer": "adam", "train.warmup_steps": 0}, dict(zero_stage=3)),
     "zero1_world1": (dict(world_size=1), {}, dict(zero_stage=1, micro_batch_size=4, grad_accum_steps=16)),
     "zero3_two_nodes": (dict(world_size=16, nodes=2), {}, dict(zero_stage=3, micro_batch_size=1, grad_accum_steps=3)),
+    "zero1_pure_bf16": ({}, {}, dict(zero_stage=1, pure_bf16=True)),
+    "zero2_pure_bf16_sgd": ({}, {"train.optimizer": "sgd"}, dict(zero_stage=2, pure_bf16=True)),
 }
 
 
@@ -263,6 +266,23 @@ def test_a_low_memory_optimizer_is_the_ranks_client_optimizer_not_a_config_block
     z0 = emit(zero_stage=0, low_memory_optimizer="adafactor")
     assert "optimizer" not in z0 and "zero_allow_untested_optimizer" not in z0
     assert "optimizer" in emit(zero_stage=2)
+
+
+def test_pure_bf16_keeps_bf16_masters_and_states_and_a_rounding_client_optimizer():
+    # bf16_master_weights_and_grads + bf16_optimizer_states (runtime/precision_config.py); Adam/AdamW is the rank's
+    # stochastically rounding client optimizer (no "optimizer" block), SGD DeepSpeed's own (torch's, to nearest).
+    for stage in (1, 2, 3):
+        cfg = emit(zero_stage=stage, pure_bf16=True)
+        assert cfg["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+        assert "optimizer" not in cfg and cfg["zero_allow_untested_optimizer"] is True
+    sgd = emit(job_kw={"train.optimizer": "sgd"}, zero_stage=2, pure_bf16=True)
+    assert sgd["optimizer"]["type"] == "SGD" and sgd["bf16"]["bf16_optimizer_states"] is True
+    assert set(emit(zero_stage=2)["bf16"]) == {"enabled"}
+    # DeepSpeed refuses bf16 masters at ZeRO-0 and needs its CPU Adam with offload: the emitter names both.
+    for bad in (dict(zero_stage=0), dict(zero_stage=2, offload_optimizer="cpu")):
+        with pytest.raises(ConfigError, match="strategy.pure_bf16: true is emitted for ZeRO-1/2/3 without optimizer "
+                                              "offload"):
+            emit(pure_bf16=True, **bad)
 
 
 def test_scheduler_block():

@@ -20,6 +20,12 @@ def test_hf_variant_golden():
     check_golden("ds_zero2.hf.json", json_text(hf_ds_config(make_plan(zero_stage=2), make_job())))
 
 
+def test_hf_variant_keeps_pure_bf16s_master_keys():
+    # The Trainer decides "enabled"; without the two keys DeepSpeed would keep fp32 masters and states.
+    cfg = hf_ds_config(make_plan(zero_stage=2, pure_bf16=True), make_job())
+    assert cfg["bf16"] == {"enabled": "auto", "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+
+
 @pytest.mark.parametrize("stage,offload", [(2, "none"), (3, "cpu")])
 def test_hf_trainer_fills_every_auto_and_deepspeed_accepts_it(stage, offload):
     cfg = hf_ds_config(make_plan(zero_stage=stage, offload_optimizer=offload), make_job())

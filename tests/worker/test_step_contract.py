@@ -130,6 +130,19 @@ def test_deepspeed_refuses_a_ds_config_optimizer_beside_the_plans_low_memory_one
         check_ds_config({**ds, "optimizer": {"type": "AdamW", "params": {}}}, plan)
 
 
+def test_deepspeed_refuses_a_pure_bf16_plan_whose_ds_config_keeps_fp32_masters():
+    # Without the two bf16 keys DeepSpeed would keep fp32 masters and states: not the plan's memory nor its math.
+    from launcher.worker.engines.deepspeed import check_ds_config
+    from tests.emit.emit_helpers import make_job, make_plan
+
+    plan = make_plan(zero_stage=2, pure_bf16=True)
+    ds = emit_ds.ds_config(plan, make_job())
+    check_ds_config(ds, plan)
+    with pytest.raises(ConfigError, match="pure_bf16 needs enabled, bf16_master_weights_and_grads and "
+                                          "bf16_optimizer_states"):
+        check_ds_config({**ds, "bf16": {"enabled": True}}, plan)
+
+
 @pytest.mark.parametrize("ds_clip, job_clip, ok", [(1.0, 1.0, True), (0.0, None, True), (0.0, 0.0, True),
                                                    (1.0, 0.5, False), (0.0, 1.0, False)])
 def test_deepspeed_clips_to_the_jobs_max_grad_norm(ds_clip, job_clip, ok):

@@ -70,6 +70,10 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
         problems.append(f"ds_config.json optimizer: {ds['optimizer'].get('type')!r} but plan.json's "
                         f"low_memory_optimizer is {s.low_memory_optimizer!r}, which the ranks pass as the client "
                         "optimizer; re-emit the run dir")
+    if s.pure_bf16 and not all(ds.get("bf16", {}).get(k) for k in ("enabled", "bf16_master_weights_and_grads",
+                                                                    "bf16_optimizer_states")):
+        problems.append("ds_config.json bf16: plan.json's pure_bf16 needs enabled, bf16_master_weights_and_grads and "
+                        "bf16_optimizer_states all true; re-emit the run dir")
     if problems:
         raise ConfigError(problems)
 
@@ -149,7 +153,7 @@ class DeepSpeedEngine:
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
                    usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every,
-                   low_memory_optimizer=plan.strategy.low_memory_optimizer,
+                   low_memory_optimizer=plan.strategy.low_memory_optimizer, pure_bf16=plan.strategy.pure_bf16,
                    checkpoint_policy=plan.strategy.checkpoint_policy)
 
     @staticmethod
@@ -162,8 +166,11 @@ class DeepSpeedEngine:
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
                  usable_bytes: int = 0, checkpoint_every: int = 1, low_memory_optimizer: str = "none",
-                 checkpoint_policy: str = "full"):
+                 pure_bf16: bool = False, checkpoint_policy: str = "full"):
         self.ds_config = ds_config
+        self.pure_bf16 = pure_bf16
+        """The plan's Strategy.pure_bf16: ds_config keeps bf16 masters and states, and Adam/AdamW is the
+        stochastically rounding client optimizer built here (build_optimizer's pure_bf16)."""
         self.low_memory_optimizer = low_memory_optimizer
         """The plan's Strategy.low_memory_optimizer: built here and handed to deepspeed.initialize as its client
         optimizer (ZeRO-0 keeps it over the parameters, ZeRO-1/2 step it on their flat fp32 partitions)."""
@@ -208,8 +215,10 @@ class DeepSpeedEngine:
 
             model = broadcast_from_rank0(model, self.device, self.work_dtype)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = None if "optimizer" in self.ds_config else build_optimizer(train, params,
-                                                                                 self.low_memory_optimizer)
+        # Pure bf16: each rank steps its own partition, so each rounds with its own bits (salt: the rank).
+        optimizer = None if "optimizer" in self.ds_config else build_optimizer(
+            train, params, self.low_memory_optimizer, pure_bf16=self.pure_bf16,
+            salt=torch.distributed.get_rank() if torch.distributed.is_initialized() else 0)
         factor = lr_lambda(train.warmup_steps)
 
         def schedule(opt):
