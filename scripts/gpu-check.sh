@@ -39,20 +39,20 @@ runs_args=()
 
 # The memory levers (docs/levers.md) on 1 GPU, each pinned so its CUDA side runs: the exact ones together per
 # engine, and each math-changing one allowed and pinned on FSDP2 (the engine that offers them).
-lever_job() {  # name engine model strategy-extra train-extra
+lever_job() {  # name engine model strategy-extra train-extra [micro-batch, default 4: the global batch]
   cat > "$runs/$1.yaml" <<JOB
 name: $1
 model: $3
 task: causal_lm
 data: {path: $PWD/examples/data/causal.jsonl, max_seq_len: 512}
 train: {global_batch_size: 4, precision: bf16, lr: 1.0e-4, max_steps: 4$5}
-strategy: {engine: $2, micro_batch_size: 4$4}
+strategy: {engine: $2, micro_batch_size: ${6:-4}$4}
 JOB
   echo "gpu-check: $1: launch --gpus 1 --budget $budget --enforce"
   .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet
   runs_args+=(--run "$runs/$1" "$?")
 }
-# First the runs of benchmarks/gpu/splits.py GPU_VALIDATION_1 (named before any of them ran), so a short lease
+# First the runs of benchmarks/gpu/splits.py GPU_VALIDATION_1 and _2 (named before any of them ran), so a short lease
 # still judges them; then the exact levers, 8-bit AdamW and op-level SAC.
 # QLoRA's NF4 base and pure bf16's AdamW with torchao's stochastic rounding (compiled on CUDA).
 lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
@@ -60,6 +60,10 @@ lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
 lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_levers: [pure_bf16]"
 # ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use).
 lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimizer: cpu" ""
+# Then GPU_VALIDATION_2 (named before it ran): FSDP2's side-stream pools. A 1.2 B model whose fp32 gradient shards
+# (4.9 GB) stay cached in the reduce-scatter stream's pool, and accumulation, where they are live at the backward start.
+lever_job pool-llama-1b-ac-fsdp fsdp llama-1b ", activation_checkpointing: true" ""
+lever_job pool-accum-fsdp fsdp gpt2-124m "" "" 2
 exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, activation_offload: true"
 lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
 lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"

@@ -5,6 +5,14 @@ before the CUDA overhead terms it led to (cuda_kernels, nccl_communicators; laun
 before expandable segments on CUDA ranks. Those terms come from benchmarks/gpu/context.py's stage-by-stage
 measurement and the first check's FSDP2 vs DeepSpeed runs; none of these three runs had run on a GPU then (the
 pure-bf16 one was cut off by the time limit before its first step). The next lent GPU judges them.
+
+GPU_VALIDATION_2 was committed on 2026-11-26 (stop 26, no GPU lent), before the side-stream pool term
+(``stream_pools``: FSDP2's reduce-scatter and all-gather streams keep their own cached segments,
+launcher.planner.cuda_overhead [POOL]). What led to it: the first check's FSDP2 runs (reserved - allocated 0.56 GB
+on GPT-2, whose fp32 gradients are 0.50 GB; 6.52 GB on llama-1b's 4.94 GB) and torchtitan's two published Llama 3.1
+8B tables (benchmarks/results/published.md). Neither of its runs had run anywhere: a larger model where the pool is
+most of the reserve, and gradient accumulation, where the gradients are live at the backward start and the pool
+adds only one unit's transient shard.
 """
 
 from __future__ import annotations
@@ -12,6 +20,14 @@ from __future__ import annotations
 GPU_VALIDATION_1 = ("levers-qlora-fsdp", "levers-pure-bf16-fsdp", "zero3-offload-1")
 """gpu-check run names. Criteria: what lies outside the allocator within 5 % of measured; the verdict-basis peak
 within 10 %; the allocated-basis moments within 5 % (the CPU-rank bar)."""
+
+GPU_VALIDATION_2 = ("pool-llama-1b-ac-fsdp", "pool-accum-fsdp")
+"""gpu-check run names. Criteria: GPU_VALIDATION_1's, and reserved - allocated (predicted allocator_reserve +
+stream_pools at the peak) within RESERVE_TOLERANCE."""
+
+RESERVE_TOLERANCE = 0.25
+"""Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
+expandable segments), the pool is from the source; relative."""
 
 OUTSIDE_TOLERANCE = 0.05
 """Outside-allocator bytes: predicted (cuda_context + cuda_kernels + nccl_communicators + nccl_buffers) vs device
