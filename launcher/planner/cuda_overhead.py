@@ -32,6 +32,7 @@ Each term is named and sourced; none is fitted here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from launcher.planner.hardware import HardwareProfile
@@ -101,6 +102,18 @@ def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, com
         "nccl_communicators": nccl_communicator_bytes(hw, communicators),
         "nccl_buffers": nccl_buffer_bytes(hw, world_size),
     }
+
+
+def overhead_total(hw: HardwareProfile, world_size: int, communicators: int = 1) -> Callable[[float], int]:
+    """``sum(cuda_overhead(hw, x, world_size, communicators).values())`` as a function of ``x``: the terms that do
+    not grow with the tensors summed once. estimate_memory totals each of its moments with it (thousands of
+    candidates, four or five moments each); tests/planner/test_cuda_overhead.py holds it to the sum."""
+    if hw.device_is_host:
+        return lambda tensor_bytes: 0
+    # Every term but allocator_reserve is a constant of (hw, world_size, communicators); allocator_reserve is
+    # int(fragmentation * 0.0) = 0 here. Integers, so summing them apart is exact.
+    fixed, fragmentation = sum(cuda_overhead(hw, 0.0, world_size, communicators).values()), hw.fragmentation
+    return lambda tensor_bytes: fixed + int(fragmentation * tensor_bytes)
 
 
 OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_kernels", "nccl_communicators", "nccl_buffers")

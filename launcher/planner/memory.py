@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
-from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
+from launcher.planner.cuda_overhead import cuda_overhead, overhead_total, verdict_basis
 from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpointed
 from launcher.planner.terms import (
@@ -269,8 +269,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     overhead = cuda_overhead(hw, tensors, inp.world_size, comms)
     breakdown["reserve"] = sum(overhead.values())
     offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
-    moment_bytes = {k: int(v + offloaded_on_device + sum(cuda_overhead(hw, v + offloaded_on_device,
-                                                                       inp.world_size, comms).values()))
+    total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(cuda_overhead(...).values()), cheaper
+    moment_bytes = {k: int(v + offloaded_on_device + total_overhead(v + offloaded_on_device))
                     for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     if training_breakdown:
