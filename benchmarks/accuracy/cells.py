@@ -296,6 +296,22 @@ SAC_VALIDATION: tuple[Cell, ...] = (
 )
 """Op-level selective checkpointing's validation split (out of sample, run once)."""
 
+SAC_DS_DEV: tuple[Cell, ...] = (
+    # Op-level selective checkpointing on DeepSpeed (issue 21: transformers' checkpointing with the op policy's
+    # context_fn), development cells: the tiny Llama on ZeRO-2 and ZeRO-3.
+    _c("z2", "llama", "causal_lm", "fp32", True, 1, 512, checkpoint_policy="ops"),
+    _c("z3", "llama", "causal_lm", "fp32", True, 2, 256, checkpoint_policy="ops"),
+)
+"""Op-level selective checkpointing on DeepSpeed, development cells (seen)."""
+
+SAC_DS_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 05:00 UTC) before DeepSpeed offered checkpoint_policy "ops": run once when
+    # its rank side and terms are final. Models, stages and lengths its development cells did not use.
+    _c("z1", "gpt2m", "causal_lm", "fp32", True, 1, 768, checkpoint_policy="ops"),
+    _c("z3", "llama6", "causal_lm", "fp32", True, 1, 1024, checkpoint_policy="ops", checkpoint_every=2),
+)
+"""Op-level selective checkpointing on DeepSpeed, validation split (out of sample, run once)."""
+
 
 BWDEND_DEV: tuple[Cell, ...] = (
     # The end-of-backward moment at short sequences (issue 21: FSDP2 -13.8 % and ZeRO-3 -9.6 % on the tied GPT-2,
@@ -330,13 +346,14 @@ def every_cell() -> list[Cell]:
     """The matrix, the validation splits and the levers' cells."""
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
-            *BWDEND_VALIDATION]
+            *BWDEND_VALIDATION, *SAC_DS_DEV, *SAC_DS_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
     """Cell name -> "fit", "held-out", "validation-1" (the first validation split, seen), "validation",
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
-    "sac-validation" (op-level selective checkpointing), "bwdend-dev" or "bwdend-validation" (end of backward)."""
+    "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
+    DeepSpeed), "bwdend-dev" or "bwdend-validation" (end of backward)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -344,6 +361,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "export-validation" for c in EXPORT_VALIDATION},
             **{c.name: "export-validation-2" for c in EXPORT_VALIDATION_2},
             **{c.name: "sac-validation" for c in SAC_VALIDATION},
+            **{c.name: "sac-ds-dev" for c in SAC_DS_DEV},
+            **{c.name: "sac-ds-validation" for c in SAC_DS_VALIDATION},
             **{c.name: "bwdend-dev" for c in BWDEND_DEV},
             **{c.name: "bwdend-validation" for c in BWDEND_VALIDATION}}
 

@@ -16,8 +16,15 @@ from pathlib import Path
 
 from benchmarks.accuracy.compare import moment_totals, rel
 from benchmarks.accuracy.harness import rank_files, read_json
-from benchmarks.gpu.splits import GPU_VALIDATION_1, MOMENT_TOLERANCE, OUTSIDE_TOLERANCE, PEAK_TOLERANCE
-from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR
+from benchmarks.gpu.splits import (
+    GPU_VALIDATION_1,
+    GPU_VALIDATION_2,
+    MOMENT_TOLERANCE,
+    OUTSIDE_TOLERANCE,
+    PEAK_TOLERANCE,
+    RESERVE_TOLERANCE,
+)
+from launcher.planner.cuda_overhead import IN_RESERVED_NOT_ALLOCATED, OUTSIDE_ALLOCATOR
 from launcher.runreport import read_report
 from launcher.units import format_bytes
 
@@ -26,7 +33,8 @@ CUDA_BASIS = "cuda_reserved_plus_context"
 
 def allocated_moments(plan: dict) -> dict[str, int]:
     """plan.json's moments on the allocated basis: each moment less what lies outside the allocator and less the
-    allocator reserve it was given (memory.py adds cuda_overhead(tensors) per moment; the reserve is the profile's
+    allocator reserve and side-stream pools it was given (memory.py adds cuda_overhead(tensors) per moment; the
+    pools are plan.json's moment_stream_pool_bytes; the reserve is the profile's
     fragmentation share of the moment's tensors, read back from the plan's own peak, so a calibrated profile's
     share is the one used). On CUDA the reserved-basis phase peaks cannot tell moments apart (reserved segments
     stay cached, so every phase after the largest reads the largest); allocated ones can."""
@@ -34,10 +42,11 @@ def allocated_moments(plan: dict) -> dict[str, int]:
     tensors = plan.get("predicted_peak_bytes", 0) - (plan.get("breakdown") or {}).get("reserve", 0)
     if not ov or tensors <= 0:
         return {}
+    pools = plan.get("moment_stream_pool_bytes") or {}  # FSDP2's side-stream pools: reserved, not allocated
     fragmentation = ov.get("allocator_reserve", 0) / tensors
     outside = sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR)
     blas = ov.get("cublas_workspace", 0)
-    return {m: int((v - outside - blas) / (1 + fragmentation) + blas)
+    return {m: int((v - pools.get(m, 0) - outside - blas) / (1 + fragmentation) + blas)
             for m, v in (plan.get("moment_bytes") or {}).items()}
 
 
@@ -54,6 +63,7 @@ def run_row(run_dir: Path, returncode: int) -> dict:
     row.update(
         allocated_bytes=worst.max_memory_allocated_bytes, reserved_bytes=worst.max_memory_reserved_bytes,
         outside_bytes=worst.outside_allocator_bytes, predicted_outside_bytes=sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR),
+        predicted_cache_bytes=sum(ov.get(k, 0) for k in IN_RESERVED_NOT_ALLOCATED),
         allocated_moments=moment_totals(allocated_moments(plan), rank.phases_allocated or {} if rank else {}),
         engine=plan.get("engine"), label=plan.get("label"), world_size=plan.get("world_size"),
         basis=report.basis, within_budget=report.within_budget, worst_rank=worst.rank,
@@ -94,17 +104,19 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
                    f"{r['worst_rank']}) | {_pct(err)} |")
     out += ["", "## Where the peak is: allocated, the allocator's cache, outside the allocator", "",
             "Measured on the worst rank (max_memory_allocated, max_memory_reserved - allocated, device used - "
-            "reserved at its largest) beside the plan's terms (the tensor peak with the cuBLAS workspace; "
-            "allocator_reserve; the terms outside the allocator: cuda_context, cuda_kernels, nccl_communicators, "
-            "nccl_buffers).", "",
-            "| run | allocated | reserved - allocated | (share of allocated) | outside allocator | predicted outside |",
-            "|---|---|---|---|---|---|"]
+            "reserved at its largest) beside the plan's terms at its peak (the tensor peak with the cuBLAS workspace; "
+            "in reserved, not allocated: allocator_reserve and stream_pools; the terms outside the allocator: "
+            "cuda_context, cuda_kernels, nccl_communicators, nccl_buffers).", "",
+            "| run | allocated | reserved - allocated | (share of allocated) | predicted reserved - allocated | "
+            "outside allocator | predicted outside |",
+            "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("allocated_bytes") is None:
             continue
         cache = r["reserved_bytes"] - r["allocated_bytes"]
         out.append(f"| {r['run']} | {_bytes(r['allocated_bytes'])} | {_bytes(cache)} | "
-                   f"{cache / r['allocated_bytes']:.1%} | {_bytes(r['outside_bytes'])} | "
+                   f"{cache / r['allocated_bytes']:.1%} | {_bytes(r.get('predicted_cache_bytes'))} | "
+                   f"{_bytes(r['outside_bytes'])} | "
                    f"{_bytes(r['predicted_outside_bytes'])} |")
     out += _moment_table(rows, "allocated_moments", "allocated basis",
                          "Each moment of `plan.json` `moment_bytes` less its overhead terms (`allocated_moments`) "
@@ -135,16 +147,24 @@ def _moment_table(rows: list[dict], key: str, basis: str, intro: str) -> list[st
 
 
 def judge_split(rows: list[dict]) -> list[str]:
-    """The GPU_VALIDATION_1 runs among ``rows``, each judged by splits.py's criteria (lines of the page)."""
-    named = [r for r in rows if r["run"] in GPU_VALIDATION_1 and "moments" in r]
-    if not named:
-        return []
-    out = ["", "## Validation split GPU_VALIDATION_1 (benchmarks/gpu/splits.py, named before it ran)", "",
-           "| run | outside: predicted / measured | peak error | worst allocated moment | within the criteria |",
-           "|---|---|---|---|---|"]
+    """The runs of each split in benchmarks/gpu/splits.py among ``rows``, judged by its criteria (lines of the page)."""
+    out = []
+    for name, runs, reserve in (("GPU_VALIDATION_1", GPU_VALIDATION_1, False),
+                                ("GPU_VALIDATION_2", GPU_VALIDATION_2, True)):
+        named = [r for r in rows if r["run"] in runs and "moments" in r]
+        if named:
+            out += _judge(name, named, reserve)
+    return out
+
+
+def _judge(name: str, named: list[dict], reserve: bool) -> list[str]:
+    out = ["", f"## Validation split {name} (benchmarks/gpu/splits.py, named before it ran)", "",
+           "| run | outside: predicted / measured | peak error | worst allocated moment | "
+           f"{'reserved - allocated: predicted / measured | ' if reserve else ''}within the criteria |",
+           f"|---|---|---|---|{'---|' if reserve else ''}---|"]
     for r in named:
         if r["returncode"] != 0:  # stopped before its end (a time box, an OOM): its peaks are not the run's
-            out.append(f"| {r['run']} | - | - | - | not judged: exit {r['returncode']} |")
+            out.append(f"| {r['run']} | - | - | - | {'- | ' if reserve else ''}not judged: exit {r['returncode']} |")
             continue
         outside = rel(r["predicted_outside_bytes"], r["outside_bytes"])
         peak = rel(r["predicted_peak_bytes"], r["measured_peak_bytes"])
@@ -152,8 +172,14 @@ def judge_split(rows: list[dict]) -> list[str]:
         worst = max(errs, key=abs) if errs else None
         ok = (outside is not None and abs(outside) <= OUTSIDE_TOLERANCE and peak is not None
               and abs(peak) <= PEAK_TOLERANCE and worst is not None and abs(worst) <= MOMENT_TOLERANCE)
+        cells = ""
+        if reserve:
+            cache = r["reserved_bytes"] - r["allocated_bytes"]
+            err = rel(r["predicted_cache_bytes"], cache)
+            ok = ok and err is not None and abs(err) <= RESERVE_TOLERANCE
+            cells = f"{_bytes(r['predicted_cache_bytes'])} / {_bytes(cache)} ({_pct(err)}) | "
         out.append(f"| {r['run']} | {_bytes(r['predicted_outside_bytes'])} / {_bytes(r['outside_bytes'])} "
-                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {'yes' if ok else 'NO'} |")
+                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {cells}{'yes' if ok else 'NO'} |")
     return out
 
 

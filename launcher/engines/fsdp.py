@@ -145,6 +145,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     root_grads = w * root_trainable + tied_embedding_grad_bytes(m, w) * 2 / 3
     st.backward_end_late = (w * m.non_block_params + waiting_grads + pb * block_trainable + root_grads
                             - st.grads)
+    if not inp.hardware.device_is_host:
+        st.side_stream_cached = side_stream_cached(inp, s, block, unit)
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
@@ -152,6 +154,43 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         st.host_step_extra = st.step_extra
         st.params = st.grads = st.optimizer = st.step_extra = 0.0
     return st
+
+
+def side_stream_cached(inp: MemoryInputs, s: Strategy, block: float, unit: float) -> dict[str, float]:
+    """CUDA: bytes FSDP2's two side streams keep cached but unallocated at each moment, from the second step on
+    (launcher.planner.cuda_overhead [POOL]: a cached block serves only its own stream).
+
+    Reduce-scatter stream: foreach_reduce allocates each unit's sharded output there and the sharded gradients are
+    views of it (_fsdp_collectives.py: "the GPU sharded gradient is allocated in the RS stream"). Without
+    accumulation they live until zero_grad(set_to_none=True) after the step, so the pool holds every gradient
+    shard, and backward starts with all of it cached (the default stream's freed activations cannot hold them);
+    at the end of backward the root's output is still to come (its copy-in is the larger instant), at the step
+    all of it is live. With accumulation the first micro-batch's outputs become the gradients (States.grads,
+    live at every moment) and each later one's is added in and freed: one unit's shard more. Where backward drops
+    each unit's output (the step in its hook, or CPU offload's copy to the host) the pool is the root's and one
+    block's. Shards are in reduce_dtype, the kept parameters' bytes (kept_param_bytes).
+    All-gather stream: with a shard group of 2 or more, foreach_all_gather allocates each unit's all-gather output
+    on the copy-in stream, and in forward wait_for_unshard keeps the previous unit's until the next copy-out
+    (_fsdp_param_group.py, implicit prefetch): the root's and the first block's meet, so the pool is the larger of
+    the root and a block, plus a block. With one rank FSDP2 copies the shard on the current stream (no pool). At
+    the backward start the last block's output is live where units reshard after forward (States.buffers).
+    ``block``: one block's all-gather bytes; ``unit``: the larger unit's trainable elements (fsdp_states).
+    """
+    m, n = inp.model, fsdp_shard_ranks(inp, s)
+    pb, w = kept_param_bytes(s.pure_bf16), BYTES[inp.precision]
+    root_trainable = m.non_block_params * m.trainable_params / m.num_params
+    block_trainable = m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0
+    grads = pb * m.trainable_params / n
+    if s.optimizer_in_backward or s.offload_params == "cpu":
+        rs_live, rs_pool = {}, pb * (root_trainable + block_trainable) / n
+    elif s.grad_accum_steps > 1:
+        rs_live, rs_pool = dict.fromkeys(("backward", "backward_end", "step"), grads), grads + pb * unit / n
+    else:
+        rs_live, rs_pool = {"backward_end": grads - pb * root_trainable / n, "step": grads}, grads
+    ag_pool = max(w * m.non_block_params, block) + block if n > 1 else 0.0
+    ag_live = {"backward": block} if n > 1 and s.fsdp_reshard_after_forward else {}
+    return {k: rs_pool - rs_live.get(k, 0.0) + ag_pool - ag_live.get(k, 0.0)
+            for k in ("backward", "backward_end", "step")}
 
 
 class FsdpSpec(EngineSpec):

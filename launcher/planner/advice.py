@@ -18,12 +18,11 @@ from launcher.planner.scoring import Scored, search
 def _fits_with(req: PlanRequest, **changes) -> Scored | None:
     trial = dataclasses.replace(req, force=False, **changes)
     try:
-        # Every candidate as fast as the fastest fit is scored, so this is the minimum over all of them.
-        scored = search(trial).scored
+        # Every candidate as fast as the fastest fit is scored, so this is the minimum over all of them; with the
+        # plan's own tie-break (Searched.best), so a suggestion names the plan its change makes.
+        return search(trial).best
     except ConfigError:
         return None
-    fits = [c for c in scored if c.problem is None]
-    return min(fits, key=lambda c: c.estimate.step_time_s) if fits else None
 
 
 GPUS_PER_NODE_STEPS = (2, 4, 8)

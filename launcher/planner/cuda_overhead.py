@@ -13,6 +13,16 @@ Each term is named and sourced; none is fitted here.
           512 bytes; up to 1 MiB they come from 2 MiB segments, up to 10 MiB from 20 MiB segments, larger ones in
           2 MiB steps; freed blocks stay cached (reserved) and split blocks fragment. reserved - allocated is the
           profile's ``fragmentation`` share of the tensor peak (an assumption until `launch calibrate` measures it).
+  [POOL]  c10/cuda/CUDACachingAllocator.cpp: a cached block is reused only by a request on the stream it was
+          allocated on (BlockPool is ordered by stream, then size; get_free_block rejects a block of another
+          stream; with expandable segments each stream maps its own segment). Blocks an engine allocates on a side
+          stream therefore stay reserved beside the default stream's cache: the activations freed in backward
+          cannot hold them. FSDP2 allocates every unit's reduce-scatter output on its reduce-scatter stream, and
+          the sharded gradients are views of it (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+          foreach_reduce: "the GPU sharded gradient is allocated in the RS stream"), so from the second step on
+          the gradients' blocks are cached there while backward starts with none allocated; its all-gather outputs
+          come from the all-gather copy-in stream (foreach_all_gather). Per moment, the engine's
+          States.side_stream_cached.
   [BLAS]  PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize: the cuBLAS workspace per
           handle and stream defaults to 4096 KiB x 8 = 32 MiB on Hopper (sm90) and 4096 KiB x 2 + 16 KiB x 8 on
           older GPUs (CUBLAS_WORKSPACE_CONFIG overrides it); it comes from the caching allocator, so it counts as
@@ -85,18 +95,22 @@ def nccl_communicator_bytes(hw: HardwareProfile, communicators: int) -> int:
     return int(hw.nccl_comm_bytes + (communicators - 1) * hw.nccl_extra_comm_bytes)
 
 
-def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, communicators: int = 1) -> dict[str, int]:
+def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, communicators: int = 1,
+                  stream_pool_bytes: float = 0.0) -> dict[str, int]:
     """The named terms a CUDA rank adds to its tensor peak; empty on CPU ranks (MemTracker counts tensors only).
 
-    cublas_workspace and allocator_reserve are inside torch.cuda.max_memory_reserved; cuda_context,
+    cublas_workspace, allocator_reserve and stream_pools are inside torch.cuda.max_memory_reserved; cuda_context,
     cuda_kernels, nccl_communicators and nccl_buffers are outside the allocator, seen only by the driver.
     ``communicators``: the NCCL communicators the rank's engine creates (EngineSpec.nccl_communicators).
+    ``stream_pool_bytes``: what the engine's side streams keep cached at this moment ([POOL]); the fragmentation
+    share applies to the tensors only, since a pool's blocks are reused whole, step after step.
     """
     if hw.device_is_host:
         return {}
     return {
         "cublas_workspace": cublas_workspace_bytes(hw),
         "allocator_reserve": int(hw.fragmentation * tensor_bytes),
+        **({"stream_pools": int(stream_pool_bytes)} if stream_pool_bytes > 0 else {}),
         "cuda_context": int(hw.context_bytes),
         "cuda_kernels": int(hw.kernel_bytes),
         "nccl_communicators": nccl_communicator_bytes(hw, communicators),
@@ -104,20 +118,26 @@ def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, com
     }
 
 
-def overhead_total(hw: HardwareProfile, world_size: int, communicators: int = 1) -> Callable[[float], int]:
-    """``sum(cuda_overhead(hw, x, world_size, communicators).values())`` as a function of ``x``: the terms that do
-    not grow with the tensors summed once. estimate_memory totals each of its moments with it (thousands of
+def overhead_total(hw: HardwareProfile, world_size: int, communicators: int = 1) -> Callable[[float, float], int]:
+    """``sum(cuda_overhead(hw, x, world_size, communicators, pool).values())`` as a function of ``(x, pool)``: the
+    terms that depend on neither summed once. estimate_memory totals each of its moments with it (thousands of
     candidates, four or five moments each); tests/planner/test_cuda_overhead.py holds it to the sum."""
     if hw.device_is_host:
-        return lambda tensor_bytes: 0
-    # Every term but allocator_reserve is a constant of (hw, world_size, communicators); allocator_reserve is
-    # int(fragmentation * 0.0) = 0 here. Integers, so summing them apart is exact.
+        return lambda tensor_bytes, stream_pool_bytes=0.0: 0
+    # Every term but allocator_reserve and stream_pools is a constant of (hw, world_size, communicators); with no
+    # tensors and no pool those two are 0 (int(fragmentation * 0.0), and stream_pools left out). Integers, so
+    # summing them apart is exact.
     fixed, fragmentation = sum(cuda_overhead(hw, 0.0, world_size, communicators).values()), hw.fragmentation
-    return lambda tensor_bytes: fixed + int(fragmentation * tensor_bytes)
+
+    def total(tensor_bytes: float, stream_pool_bytes: float = 0.0) -> int:
+        pools = int(stream_pool_bytes) if stream_pool_bytes > 0 else 0
+        return fixed + int(fragmentation * tensor_bytes) + pools
+
+    return total
 
 
 OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_kernels", "nccl_communicators", "nccl_buffers")
-IN_RESERVED_NOT_ALLOCATED = ("allocator_reserve",)
+IN_RESERVED_NOT_ALLOCATED = ("allocator_reserve", "stream_pools")
 
 
 def peak_on_basis(tensor_bytes: int, overhead: dict[str, int], basis: Basis) -> int:

@@ -230,8 +230,22 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # Offloaded state on CPU ranks is added to every training moment below (offloaded_on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
     moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
-    moment = max(moments, key=moments.get)
     hw = inp.hardware
+    # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker). The
+    # side streams' cached blocks differ by moment (States.side_stream_cached), so the peak is the largest moment
+    # on the verdict basis, not the largest tensor moment.
+    comms = spec.nccl_communicators(s)
+    offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
+    pools = {} if hw.device_is_host else st.side_stream_cached
+
+    def overhead_at(k: str, tensors: float) -> dict[str, int]:
+        return cuda_overhead(hw, tensors, inp.world_size, comms, pools.get(k, 0.0))
+
+    total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(overhead_at(...).values()), cheaper
+    on_basis = {k: v + offloaded_on_device + total_overhead(v + offloaded_on_device, pools.get(k, 0.0))
+                for k, v in moments.items()}
+    moment = max(on_basis, key=on_basis.get)
+    moment_bytes = {k: int(v) for k, v in on_basis.items()}
 
     def breakdown_at(moment: str) -> dict[str, float]:
         """Device bytes per category at ``moment`` (before the CUDA reserve)."""
@@ -261,21 +275,14 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     breakdown = breakdown_at(moment)
     # Where the peak is outside training (rank 0's load or export), training's own largest moment too: the OOM
     # ladder scales its categories by what a failed attempt measured (launcher.fallback.Correction).
-    training = max(TRAINING_MOMENTS, key=moments.get)
+    training = max(TRAINING_MOMENTS, key=on_basis.get)
     training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
     tensors = sum(breakdown.values())
-    # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker).
-    comms = spec.nccl_communicators(s)
-    overhead = cuda_overhead(hw, tensors, inp.world_size, comms)
+    overhead = overhead_at(moment, tensors)
     breakdown["reserve"] = sum(overhead.values())
-    offloaded_on_device = st.host if hw.device_is_host else 0.0  # bytes: CPU ranks measure the host they offload to
-    total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(cuda_overhead(...).values()), cheaper
-    moment_bytes = {k: int(v + offloaded_on_device + total_overhead(v + offloaded_on_device))
-                    for k, v in moments.items()}
     breakdown = {k: int(v) for k, v in breakdown.items()}
     if training_breakdown:
-        training_breakdown["reserve"] = sum(cuda_overhead(hw, sum(training_breakdown.values()), inp.world_size,
-                                                           comms).values())
+        training_breakdown["reserve"] = sum(overhead_at(training, sum(training_breakdown.values())).values())
         training_breakdown = {k: int(v) for k, v in training_breakdown.items()}
     peak = sum(breakdown.values())
     ranks = inp.gpus_per_node
@@ -293,7 +300,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     return MemoryEstimate(breakdown=breakdown, peak_bytes=int(peak), host_bytes_per_node=int(host_bytes),
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
                           basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes,
-                          training_breakdown=training_breakdown)
+                          training_breakdown=training_breakdown,
+                          moment_stream_pool_bytes={k: int(v) for k, v in pools.items() if k in moments and v > 0})
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:

@@ -166,6 +166,9 @@ class MemoryEstimate:
     training_breakdown: dict[str, int] = field(default_factory=dict)
     """Where the peak is rank 0's weight load or export: the breakdown at training's largest moment (the one a
     training OOM is corrected on, launcher.fallback); empty where the peak is a training moment."""
+    moment_stream_pool_bytes: dict[str, int] = field(default_factory=dict)
+    """CUDA only: the part of each moment_bytes entry that the engine's side streams keep cached (overhead
+    "stream_pools" at that moment; launcher.planner.cuda_overhead [POOL]); empty where none."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -365,6 +368,8 @@ class Plan:
             **({"moment_bytes": dict(self.estimate.moment_bytes)} if self.estimate.moment_bytes else {}),
             **({"training_breakdown": dict(self.estimate.training_breakdown)}
                if self.estimate.training_breakdown else {}),
+            **({"moment_stream_pool_bytes": dict(self.estimate.moment_stream_pool_bytes)}
+               if self.estimate.moment_stream_pool_bytes else {}),
             "buckets": dataclasses.asdict(self.buckets),
             "world_size": self.world_size,
             "nodes": self.nodes,
@@ -407,6 +412,7 @@ class Plan:
             basis=d.get("basis", "cpu_tensor_bytes"), overhead=d.get("overhead", {}),
             moment_bytes=d.get("moment_bytes", {}),
             training_breakdown=d.get("training_breakdown", {}),
+            moment_stream_pool_bytes=d.get("moment_stream_pool_bytes", {}),
         )
         return cls(
             strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),

@@ -288,6 +288,11 @@ class States:
     step_frees_buffers: bool = False
     """The engine frees its buffers before the optimizer step (FSDP2 reshards its unsharded working copies
     before stepping on the shards, measured)."""
+    side_stream_cached: dict[str, float] = field(default_factory=dict)
+    """CUDA only: bytes per moment (backward, backward_end, step) that the engine's side streams keep reserved in
+    the caching allocator without holding them then, from the second step on (FSDP2's reduce-scatter and
+    all-gather pools; launcher.planner.cuda_overhead [POOL]). Not tensors: MemTracker and max_memory_allocated
+    never see them, max_memory_reserved does."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

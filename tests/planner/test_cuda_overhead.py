@@ -47,6 +47,7 @@ def test_cuda_ranks_are_predicted_on_reserved_plus_context():
     assert est.overhead == {
         "cublas_workspace": 2 * 32 * MiB,  # Hopper: PyTorch's ":4096:8", compute and communication streams
         "allocator_reserve": int(hw.fragmentation * tensors),
+        "stream_pools": est.moment_stream_pool_bytes[est.peak_moment],  # FSDP2's side streams (test_stream_pools)
         "cuda_context": hw.context_bytes,
         "cuda_kernels": hw.kernel_bytes,
         "nccl_communicators": hw.nccl_comm_bytes,  # FSDP2 on one 1-D mesh: the default group only
@@ -58,13 +59,15 @@ def test_cuda_ranks_are_predicted_on_reserved_plus_context():
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_the_moments_total_is_the_sum_of_the_terms(profile):
     """estimate_memory totals each moment with overhead_total: it must be the terms' sum, to the byte, for every
-    profile, world size, communicator count and tensor size (a term that comes to grow with the tensors and is
-    left out of it fails here)."""
+    profile, world size, communicator count, tensor size and side-stream pool (a term that comes to grow with
+    either and is left out of it fails here)."""
     hw = PROFILES[profile]
     for world, comms in ((1, 1), (8, 1), (64, 2), (1024, 3)):
         total = overhead_total(hw, world, comms)
         for tensors in (0.0, 1.0, 12345.678, 7.3e9, 8.1e10, 1e13 / 3):
             assert total(tensors) == sum(cuda_overhead(hw, tensors, world, comms).values())
+            for pool in (0.0, 0.75, 2.5e8 + 0.5, 3e9):
+                assert total(tensors, pool) == sum(cuda_overhead(hw, tensors, world, comms, pool).values())
 
 
 def test_workspace_follows_the_gpu_generation():
