@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections import Counter
+from operator import itemgetter
 from typing import Literal
 
 from launcher.planner.lever_choice import decide
@@ -139,9 +141,13 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
     fastest fitting ones, at most PER_LAYOUT of a layout. Typed; worded by launch plan."""
     t0 = best.estimate.step_time_s
-    faster = sorted((c for c in scored if c.problem and c is not best and c.estimate.step_time_s < t0),
-                    key=lambda c: (overrun(c), c.estimate.step_time_s))
-    near = [c for c in faster if overrun(c) <= NEAR_OVERRUN] or faster[:1]
+    # The faster ones closest to fitting, by (overrun, step time), earlier first on a tie: only the first few are
+    # listed, and the search asks this of thousands at each check, so the first few are picked (heapq.nsmallest
+    # is sorted(...)[:n], ties included), not the thousands sorted.
+    faster = [((overrun(c), c.estimate.step_time_s), c) for c in scored
+              if c.problem and c is not best and c.estimate.step_time_s < t0]
+    close = [r for r in faster if r[0][0] <= NEAR_OVERRUN]
+    near = [c for _, c in heapq.nsmallest(limit // 2 if close else 1, close or faster, key=itemgetter(0))]
     runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
     # Each once apart from its levers (the plan's lever lines say what the levers do), and at most PER_LAYOUT
     # fitting ones of one layout, so other engines and shardings are not crowded out by one layout's

@@ -42,6 +42,7 @@ Each term is named and sourced; none is fitted here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from launcher.planner.hardware import HardwareProfile
@@ -115,6 +116,24 @@ def cuda_overhead(hw: HardwareProfile, tensor_bytes: float, world_size: int, com
         "nccl_communicators": nccl_communicator_bytes(hw, communicators),
         "nccl_buffers": nccl_buffer_bytes(hw, world_size),
     }
+
+
+def overhead_total(hw: HardwareProfile, world_size: int, communicators: int = 1) -> Callable[[float, float], int]:
+    """``sum(cuda_overhead(hw, x, world_size, communicators, pool).values())`` as a function of ``(x, pool)``: the
+    terms that depend on neither summed once. estimate_memory totals each of its moments with it (thousands of
+    candidates, four or five moments each); tests/planner/test_cuda_overhead.py holds it to the sum."""
+    if hw.device_is_host:
+        return lambda tensor_bytes, stream_pool_bytes=0.0: 0
+    # Every term but allocator_reserve and stream_pools is a constant of (hw, world_size, communicators); with no
+    # tensors and no pool those two are 0 (int(fragmentation * 0.0), and stream_pools left out). Integers, so
+    # summing them apart is exact.
+    fixed, fragmentation = sum(cuda_overhead(hw, 0.0, world_size, communicators).values()), hw.fragmentation
+
+    def total(tensor_bytes: float, stream_pool_bytes: float = 0.0) -> int:
+        pools = int(stream_pool_bytes) if stream_pool_bytes > 0 else 0
+        return fixed + int(fragmentation * tensor_bytes) + pools
+
+    return total
 
 
 OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_kernels", "nccl_communicators", "nccl_buffers")

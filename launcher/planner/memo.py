@@ -125,6 +125,10 @@ def shallow_copy(record):
     return new
 
 
+_bucket_sizes = operator.attrgetter(*Buckets.__slots__)
+"""A Buckets' sizes, as a tuple (keying the memoized states)."""
+
+
 class MemoSpec:
     """An engine spec whose hot terms (CACHED) are memoized for one request's MemoryInputs; the rest delegated."""
 
@@ -132,11 +136,14 @@ class MemoSpec:
         self._spec, self._memo = spec, memo
 
     def __getattr__(self, name: str):
-        return getattr(self._spec, name)
+        # Kept on the instance once read (one request's spec does not change): the cost model reads the
+        # delegated terms (dequant_s, step_overhead_s, ...) once per candidate and bucket size.
+        value = self.__dict__[name] = getattr(self._spec, name)
+        return value
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets):
         """The engine's per-rank memory states (EngineSpec.states), memoized per bucket sizes."""
-        key = ("states", self._spec.name, *(getattr(buckets, f) for f in Buckets.__slots__))
+        key = ("states", self._spec.name, *_bucket_sizes(buckets))
         return self._memo.call(key, self._states, s, inp, buckets)
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:

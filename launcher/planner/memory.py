@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
-from launcher.planner.cuda_overhead import cuda_overhead, verdict_basis
+from launcher.planner.cuda_overhead import cuda_overhead, overhead_total, verdict_basis
 from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpointed
 from launcher.planner.terms import (
@@ -241,7 +241,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     def overhead_at(k: str, tensors: float) -> dict[str, int]:
         return cuda_overhead(hw, tensors, inp.world_size, comms, pools.get(k, 0.0))
 
-    on_basis = {k: v + offloaded_on_device + sum(overhead_at(k, v + offloaded_on_device).values())
+    total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(overhead_at(...).values()), cheaper
+    on_basis = {k: v + offloaded_on_device + total_overhead(v + offloaded_on_device, pools.get(k, 0.0))
                 for k, v in moments.items()}
     moment = max(on_basis, key=on_basis.get)
     moment_bytes = {k: int(v) for k, v in on_basis.items()}

@@ -10,6 +10,7 @@ from launcher.planner.cuda_overhead import (
     NCCL_BUFFSIZE_BYTES,
     OUTSIDE_ALLOCATOR,
     cuda_overhead,
+    overhead_total,
     peak_on_basis,
     verdict_basis,
 )
@@ -53,6 +54,20 @@ def test_cuda_ranks_are_predicted_on_reserved_plus_context():
         "nccl_buffers": 4 * MiB * 16 * 2,  # NCCL_BUFFSIZE x 16 NVLink channels x 2 ring neighbours
     }
     assert est.breakdown["reserve"] == sum(est.overhead.values())
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_the_moments_total_is_the_sum_of_the_terms(profile):
+    """estimate_memory totals each moment with overhead_total: it must be the terms' sum, to the byte, for every
+    profile, world size, communicator count, tensor size and side-stream pool (a term that comes to grow with
+    either and is left out of it fails here)."""
+    hw = PROFILES[profile]
+    for world, comms in ((1, 1), (8, 1), (64, 2), (1024, 3)):
+        total = overhead_total(hw, world, comms)
+        for tensors in (0.0, 1.0, 12345.678, 7.3e9, 8.1e10, 1e13 / 3):
+            assert total(tensors) == sum(cuda_overhead(hw, tensors, world, comms).values())
+            for pool in (0.0, 0.75, 2.5e8 + 0.5, 3e9):
+                assert total(tensors, pool) == sum(cuda_overhead(hw, tensors, world, comms, pool).values())
 
 
 def test_workspace_follows_the_gpu_generation():

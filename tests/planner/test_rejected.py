@@ -35,6 +35,26 @@ def test_when_every_faster_one_is_far_over_the_nearest_one_still_says_why():
     assert [r.label for r in out] == [scored("ff", 0.2).strategy.label()]
 
 
+def test_the_near_ones_are_the_first_by_overrun_then_time_earlier_first_on_a_tie():
+    """top_rejected picks the first few near ones from thousands (the search asks at each check): the same ones,
+    in the same order, as sorting them all by (overrun, step time), stably, and taking the first."""
+    import random
+
+    rng = random.Random(21)
+    for trial in range(200):
+        best = scored("b", 10.0)
+        # Few distinct needs and times, so ties are common; names distinct by length (micro_batch_size).
+        faster = [scored("x" * (i + 2), rng.choice([1.0, 2.0, 3.0]), need=rng.choice([150, 150, 190, 250, 900, 10**6]))
+                  for i in range(rng.randrange(0, 12))]
+        runners = [scored("r" * (i + 40), 11.0 + i) for i in range(3)]
+        pool = [best, *faster, *runners]
+        rng.shuffle(pool)
+        ranked = sorted((c for c in pool if c.problem), key=lambda c: (overrun(c), c.estimate.step_time_s))
+        near = ([c for c in ranked if overrun(c) <= NEAR_OVERRUN] or ranked[:1])[:3]
+        listed = [r.label for r in top_rejected(best, pool) if r.why != "slower"]
+        assert listed == [c.strategy.label() for c in near], trial
+
+
 def test_a_real_plan_lists_no_extremes(request_for):
     """7B on 8 x 24 GB: many faster layouts are terabytes over; the list keeps to the near ones."""
     req = request_for(budget_bytes=24 * 10**9)

@@ -143,16 +143,20 @@ def test_a_large_per_rank_batch_is_searched_early_and_chooses_the_same(request_f
     assert_same_as_exhaustive(req, monkeypatch)
 
 
-def test_the_memory_model_runs_once_per_distinct_reading_not_per_candidate(request_for, every_lever, monkeypatch):
-    """Thousands of candidates, many differing only in fields a term does not read: the models run far fewer times."""
+def test_the_engine_terms_run_once_per_distinct_reading_not_per_candidate(request_for, every_lever, monkeypatch):
+    """Thousands of candidates, many differing only in fields an engine's term does not read (the micro-batch and
+    the levers, for its states): the terms run far fewer times than candidates are scored."""
     calls = []
-    real = scoring.estimate_memory
-    monkeypatch.setattr(scoring, "estimate_memory", lambda *a: calls.append(1) or real(*a))
+    for spec in ENGINES.values():
+        real = type(spec).states
+        monkeypatch.setattr(type(spec), "states", lambda self, *a, real=real: calls.append(1) or real(self, *a))
     req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
+    found = search(req, top_rejected)
+    scored = len(found.scored)
+    calls.clear()
     plan = make_plan(req)
-    # Each distinct reading once: since the activation term reads checkpoint_every and activation_offload, about a
-    # third of the candidates are distinct readings here (2228 of 6512); without the memo every one is scored.
-    assert len(calls) < len(candidates(req)) / 2
+    # Each distinct reading once (346 for 805 scored here); without the memo at least once per scored candidate.
+    assert len(calls) < scored / 2
     assert plan.to_json() == exhaustive_plan(req).to_json()
 
 
