@@ -100,13 +100,14 @@ def test_zero0_uses_the_per_tensor_terms_of_one_unsharded_rank():
     assert optimizer_state_bytes(_inp(m), _s(0, "adafactor"), 1) < 0.05 * 8 * m.trainable_params
 
 
-def _offered(request_for, **kw):
-    req = request_for(model=_gpt2s(), gpus_per_node=2, seq_len=256, global_batch_size=4, precision="fp32",
-                      hardware=PROFILES["cpu"], allow_levers=ALL, **kw)
+def _offered(request_for, field="low_memory_optimizer", precision="fp32", allow_levers=ALL, **kw):
+    """The values of the lever ``field`` DeepSpeed's candidates take, per (ZeRO stage, optimizer offload)."""
+    req = request_for(model=_gpt2s(), gpus_per_node=2, seq_len=256, global_batch_size=4, precision=precision,
+                      hardware=PROFILES["cpu"], allow_levers=allow_levers, **kw)
     out: dict[tuple, set] = {}
     for s in candidates(req):
         if s.engine == "deepspeed":
-            out.setdefault((s.zero_stage, s.offload_optimizer), set()).add(s.low_memory_optimizer)
+            out.setdefault((s.zero_stage, s.offload_optimizer), set()).add(getattr(s, field))
     return out
 
 

@@ -15,6 +15,7 @@ from launcher.planner.cost import step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.terms import SR_STEP_COPIES
 from tests.planner.test_deepspeed_low_memory import _buckets, _gpt2s, _inp, _s
+from tests.planner.test_deepspeed_low_memory import _offered as offered
 
 PARTITION = 724_352
 """GPT-2-small's flat partition on 2 ranks (flat_partition_elems)."""
@@ -82,13 +83,7 @@ def test_step_time_adds_the_eager_rounding_step_on_cpu_and_the_same_traffic():
 
 
 def _offered(request_for, **kw):
-    req = request_for(model=_gpt2s(), gpus_per_node=2, seq_len=256, global_batch_size=4, precision="bf16",
-                      hardware=PROFILES["cpu"], allow_levers=("pure_bf16",), **kw)
-    out: dict[tuple, set] = {}
-    for s in candidates(req):
-        if s.engine == "deepspeed":
-            out.setdefault((s.zero_stage, s.offload_optimizer), set()).add(s.pure_bf16)
-    return out
+    return offered(request_for, "pure_bf16", "bf16", ("pure_bf16",), **kw)
 
 
 def test_offered_at_zero123_without_optimizer_offload_only(request_for):
