@@ -177,11 +177,11 @@ class StrategyConfig:
     activation_checkpointing: bool | None = None
     """Recompute blocks' activations in backward (every checkpoint_every-th block)."""
     checkpoint_every: int | None = None
+    """With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."""
     checkpoint_policy: CheckpointPolicy | None = None
     """With activation_checkpointing: full recomputes a checkpointed block from its input; ops also keeps the
     outputs of its matmuls (every other one) and attention, torchtitan's op-level selective checkpointing, and
-    recomputes the rest (FSDP2 only)."""
-    """With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."""
+    recomputes the rest (FSDP2 and DeepSpeed)."""
     loss_chunks: int | None = None
     """Chunked cross-entropy: the head and the loss run over this many chunks of tokens, each recomputed in
     backward, so one chunk's fp32 logits exist at a time; 0 computes the whole logits at once (no unit)."""
