@@ -9,7 +9,8 @@
 # On a machine without CUDA it says so and exits 0. Exit 1 if a test, a run or the basis check failed.
 # GPU_CHECK_RESULTS=path writes the page elsewhere; the run dirs go under runs/gpu-check-<time>/.
 # On a lent machine that reaches no package index, run scripts/gpu-offline-env.sh first (it marks .venv as set up
-# offline). GPU_CHECK_TESTS=0 skips step 1 (the device time of a lent machine is short; run pytest on its own).
+# offline). GPU_CHECK_TESTS=0 skips step 1 (the device time of a lent machine is short; run pytest on its own);
+# GPU_CHECK_RUNS=splits runs only the validation splits' runs (benchmarks/gpu/splits.py) before the page.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! [ -f .venv/.launcher-offline ]; then bash scripts/setup.sh || exit 1; fi
@@ -64,6 +65,10 @@ lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimize
 # (4.9 GB) stay cached in the reduce-scatter stream's pool, and accumulation, where they are live at the backward start.
 lever_job pool-llama-1b-ac-fsdp fsdp llama-1b ", activation_checkpointing: true" ""
 lever_job pool-accum-fsdp fsdp gpt2-124m "" "" 2
+if [ "${GPU_CHECK_RUNS:-all}" = splits ]; then  # a short lease: the validation splits only, then the page
+  "$PY" -m benchmarks.gpu.report --out "$results" "${tests_args[@]}" --machine "$machine" "${runs_args[@]}"
+  exit $?
+fi
 exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, activation_offload: true"
 lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
 lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"
