@@ -59,6 +59,12 @@ def sharded_param_bytes(inp: MemoryInputs, s: Strategy) -> float:
             + m.num_blocks * sum(nf4_bytes(e, w, n) for e in nf4))
 
 
+def trainable_split(m) -> tuple[float, float]:
+    """The root's and one block's trainable elements (LoRA's spread over the model in proportion to its size)."""
+    root = m.non_block_params * m.trainable_params / m.num_params
+    return root, (m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0)
+
+
 def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     """FSDP2 keeps sharded params, grads and optimizer state in fp32 (bf16 under pure bf16: the worker casts the
     parameters before sharding and reduces in bf16; frozen ones in the working dtype, QLoRA's in NF4,
@@ -108,8 +114,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     st.buffers_category = "params"
     # Backward ends with the root's gradient reduce-scatter: its unsharded gradient in the working dtype, a
     # reduce_dtype (fp32) copy, and the sharded output, next to the blocks' sharded gradients (measured).
-    root_trainable = m.non_block_params * m.trainable_params / m.num_params
-    unit = max(root_trainable, m.block_params * m.trainable_params / m.num_params)
+    root_trainable, block_trainable = trainable_split(m)
+    unit = max(root_trainable, block_trainable)
     # At fp32 the copy-in is the larger instant: _fsdp_collectives.py foreach_reduce allocates the reduce-scatter
     # input (reduce_dtype, 4 bytes) and copies the unsharded gradients into it before clearing them
     # (foreach_reduce_scatter_copy_in, then unsharded_grads.clear()), so w + 4 bytes per element live at once,
@@ -140,7 +146,6 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # (the head's, position embeddings, final norm) are unsharded, and a tied embedding's three vocabulary tables
     # meet (terms.tied_embedding_grad_bytes: one of them is the root's own gradient of that weight). Measured on
     # BWDEND_DEV's tied GPT-2: exact to the byte; with a 16k vocabulary it exceeds the reduce by about one table.
-    block_trainable = m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0
     # The table's own gradient is one of the three tied tables and already in w * root_trainable.
     root_grads = w * root_trainable + tied_embedding_grad_bytes(m, w) * 2 / 3
     st.backward_end_late = (w * m.non_block_params + waiting_grads + pb * block_trainable + root_grads
@@ -178,8 +183,7 @@ def side_stream_cached(inp: MemoryInputs, s: Strategy, block: float, unit: float
     """
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     pb, w = kept_param_bytes(s.pure_bf16), BYTES[inp.precision]
-    root_trainable = m.non_block_params * m.trainable_params / m.num_params
-    block_trainable = m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0
+    root_trainable, block_trainable = trainable_split(m)
     grads = pb * m.trainable_params / n
     if s.optimizer_in_backward or s.offload_params == "cpu":
         rs_live, rs_pool = {}, pb * (root_trainable + block_trainable) / n
