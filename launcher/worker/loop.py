@@ -201,7 +201,7 @@ class Trainer:
         self.engine.before_build()
         model = build(job, self.recipe, seq_len=self.seq_len, hf_checkpointing=self.engine.hf_checkpointing,
                       checkpoint_every=self.engine.checkpoint_every,
-                      checkpoint_policy=getattr(self.engine, "checkpoint_policy", "full"),
+                      checkpoint_policy=self.engine.checkpoint_policy,
                       on_meta=self.engine.rank0_load and not is_loader())
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)
