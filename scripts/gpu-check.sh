@@ -65,20 +65,19 @@ lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimize
 # (4.9 GB) stay cached in the reduce-scatter stream's pool, and accumulation, where they are live at the backward start.
 lever_job pool-llama-1b-ac-fsdp fsdp llama-1b ", activation_checkpointing: true" ""
 lever_job pool-accum-fsdp fsdp gpt2-124m "" "" 2
-if [ "${GPU_CHECK_RUNS:-all}" = splits ]; then  # a short lease: the validation splits only, then the page
-  "$PY" -m benchmarks.gpu.report --out "$results" "${tests_args[@]}" --machine "$machine" "${runs_args[@]}"
-  exit $?
-fi
-exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, activation_offload: true"
-lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
-lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"
-lever_job levers-adamw8bit-fsdp fsdp gpt2-124m ", low_memory_optimizer: adamw8bit" ", allow_levers: [adamw8bit]"
-lever_job levers-sac-ops-fsdp fsdp llama-1b ", activation_checkpointing: true, checkpoint_policy: ops" ""
+# The rest: the exact levers, 8-bit AdamW, op-level SAC and each engine plain (skipped under GPU_CHECK_RUNS=splits,
+# a short lease: the validation splits only, then the page).
+other_runs() {
+  exact=", activation_checkpointing: true, checkpoint_every: 2, loss_chunks: 8, activation_offload: true"
+  lever_job levers-exact-deepspeed deepspeed gpt2-124m "$exact" ""
+  lever_job levers-exact-fsdp fsdp gpt2-124m "$exact, optimizer_in_backward: true" ", max_grad_norm: 0"
+  lever_job levers-adamw8bit-fsdp fsdp gpt2-124m ", low_memory_optimizer: adamw8bit" ", allow_levers: [adamw8bit]"
+  lever_job levers-sac-ops-fsdp fsdp llama-1b ", activation_checkpointing: true, checkpoint_policy: ops" ""
 
-for engine in deepspeed fsdp; do
-  for n in $worlds; do
-    name=$engine-$n
-    cat > "$runs/$name.yaml" <<JOB
+  for engine in deepspeed fsdp; do
+    for n in $worlds; do
+      name=$engine-$n
+      cat > "$runs/$name.yaml" <<JOB
 name: $name
 model: gpt2-124m
 task: causal_lm
@@ -86,10 +85,12 @@ data: {path: $PWD/examples/data/causal.jsonl, max_seq_len: 512}
 train: {global_batch_size: $((4 * n)), precision: bf16, lr: 1.0e-4, max_steps: 4}
 strategy: {engine: $engine}
 JOB
-    echo "gpu-check: $name: launch --gpus $n --budget $budget --enforce"
-    .venv/bin/launch --gpus "$n" --budget "$budget" "$runs/$name.yaml" --run-dir "$runs/$name" --enforce --quiet
-    runs_args+=(--run "$runs/$name" "$?")
+      echo "gpu-check: $name: launch --gpus $n --budget $budget --enforce"
+      .venv/bin/launch --gpus "$n" --budget "$budget" "$runs/$name.yaml" --run-dir "$runs/$name" --enforce --quiet
+      runs_args+=(--run "$runs/$name" "$?")
+    done
   done
-done
+}
+[ "${GPU_CHECK_RUNS:-all}" = splits ] || other_runs
 
 "$PY" -m benchmarks.gpu.report --out "$results" "${tests_args[@]}" --machine "$machine" "${runs_args[@]}"
