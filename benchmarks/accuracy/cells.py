@@ -374,6 +374,31 @@ DS_PURE_BF16_VALIDATION: tuple[Cell, ...] = (
 )
 """DeepSpeed pure bf16's validation split (out of sample, run once)."""
 
+CURRENT_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 07:50 UTC) before any of them ran, on the planner of stop 26 (memory.py
+    # 5ea69a23dab3): the whole-space check of the current planner, out of sample for everything since VALIDATION
+    # (2026-11-25), whose headline no longer described it. Each cell pairs a sharding, model, task, length and
+    # micro-batch no earlier cell used, and together they take the gaps stop 26 left: ZeRO-3's end of backward under
+    # LoRA, ZeRO-1 in bf16 (full and LoRA), DeepSpeed's pure bf16 at ZeRO-1 and its op-level checkpointing on a
+    # GPT-2; then one cell per FSDP2 lever on a model or length its development and validation cells did not use.
+    _c("z3", "llama6", "causal_lm", "fp32", False, 2, 192, lora=True),
+    _c("z1", "gpt2m", "causal_lm", "bf16", False, 1, 320),
+    _c("z1", "llama6", "causal_lm", "bf16", False, 2, 160, lora=True),
+    _c("z2", "minilm", "seq_cls", "bf16", False, 8, 96),
+    _c("z3off", "llama6", "causal_lm", "fp32", True, 1, 640, accum=2),
+    _c("z1", "gpt2m", "causal_lm", "bf16", False, 2, 96, pure_bf16=True),
+    _c("z3", "gpt2m", "causal_lm", "fp32", True, 1, 448, checkpoint_policy="ops"),
+    _c("z2", "llama6", "causal_lm", "fp32", False, 1, 288, low_memory_optimizer="adafactor"),
+    _c("fsdp", "gpt2-124m", "causal_lm", "bf16", False, 1, 320, loss_chunks=4),
+    _c("fsdp-noreshard", "llama6", "causal_lm", "fp32", True, 2, 256, checkpoint_policy="ops", checkpoint_every=3),
+    _c("fsdpoff", "gpt2m", "causal_lm", "fp32", False, 2, 192, lora=True),
+    _c("fsdp", "minilm", "sentence_embedding", "fp32", False, 8, 64, ranks=4, optimizer_in_backward=True),
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", False, 2, 320, activation_offload=True),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 1, 640, lora=True, qlora=True),
+)
+"""The current planner's validation split (stop 27): run once, to say how the planner as it stands does where
+nothing was tuned."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -385,7 +410,7 @@ def every_cell() -> list[Cell]:
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
-            *DS_PURE_BF16_VALIDATION]
+            *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -393,7 +418,7 @@ def sides_of_all() -> dict[str, str]:
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
-    "dsbf16-validation" (DeepSpeed's pure bf16)."""
+    "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -407,7 +432,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "bwdend-validation" for c in BWDEND_VALIDATION},
             **{c.name: "bwdend-validation-2" for c in BWDEND_VALIDATION_2},
             **{c.name: "dsbf16-dev" for c in DS_PURE_BF16_DEV},
-            **{c.name: "dsbf16-validation" for c in DS_PURE_BF16_VALIDATION}}
+            **{c.name: "dsbf16-validation" for c in DS_PURE_BF16_VALIDATION},
+            **{c.name: "validation-3" for c in CURRENT_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

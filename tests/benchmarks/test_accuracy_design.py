@@ -9,6 +9,7 @@ from benchmarks.accuracy.cells import (
     BWDEND_DEV,
     BWDEND_VALIDATION,
     BWDEND_VALIDATION_2,
+    CURRENT_VALIDATION,
     DS_PURE_BF16_DEV,
     DS_PURE_BF16_VALIDATION,
     MATRIX,
@@ -227,3 +228,22 @@ def test_errors_summary_and_category_diagnosis():
     bias = category_bias(rows)
     assert bias["all"]["grads"]["median_ratio"] == 0.0
     assert set(bias) == {"all", "ZeRO-2", "ZeRO-3"}
+
+
+def test_the_current_planners_validation_split_is_new_and_spans_the_space():
+    # Every cell a (sharding, model, task, length, micro-batch) no earlier cell ran, so nothing in memory.py was
+    # ever checked against it; both engines, every ZeRO stage but 0, all three tasks, both precisions, LoRA and
+    # QLoRA, and each FSDP2 lever once.
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in CURRENT_VALIDATION}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in CURRENT_VALIDATION}
+    assert {sides_of_all()[c.name] for c in CURRENT_VALIDATION} == {"validation-3"}
+    assert {c.sharding for c in CURRENT_VALIDATION} == set(SHARDINGS) - {"z0"}
+    assert {c.task for c in CURRENT_VALIDATION} == {"causal_lm", "seq_cls", "sentence_embedding"}
+    assert {c.precision for c in CURRENT_VALIDATION} == {"fp32", "bf16"}
+    levers = {k for c in CURRENT_VALIDATION for k, _ in c.levers}
+    assert levers == {"loss_chunks", "checkpoint_policy", "checkpoint_every", "activation_offload",
+                      "optimizer_in_backward", "low_memory_optimizer", "pure_bf16", "qlora"}
+    # The gaps stop 26 left: ZeRO-3 under LoRA, ZeRO-1 in bf16 with and without LoRA.
+    assert any(c.sharding == "z3" and c.lora for c in CURRENT_VALIDATION)
+    assert {c.lora for c in CURRENT_VALIDATION if c.sharding == "z1" and c.precision == "bf16"} == {False, True}
