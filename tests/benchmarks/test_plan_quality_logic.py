@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from benchmarks.plan_quality.run import evaluate_budgets, key, pins, select
+from benchmarks.plan_quality.run import evaluate_budgets, fastest_round_s, key, pins, same_work_pairs, select
 from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF
 
 
@@ -47,9 +47,32 @@ def test_ratio_best_and_breaches():
     screen = {"a": {"median_step_s": 1.0, "measured_peak_bytes": 90},
               "b": {"median_step_s": 1.2, "measured_peak_bytes": 120},
               "c": {"median_step_s": 0.5, "measured_peak_bytes": 500}}
-    confirm = {"b": {"median_step_s": 1.05}}
-    r = evaluate_budgets(budgets, screen, confirm)["tight"]
-    assert r["best"] == "a" and r["pick_step_s"] == 1.05  # confirmation replaces screening
-    assert r["ratio"] == 1.05
+    # Nothing confirmed: screening figures against screening figures.
+    r = evaluate_budgets(budgets, screen, {})["tight"]
+    assert r["best"] == "a" and r["basis"] == "screened" and r["ratio"] == 1.2
     assert [b["candidate"] for b in r["breaches"]] == ["b"]  # c does not fit, so its peak is no breach
     assert r["fitting"] == 2 and r["measured"] == 2
+
+
+def test_a_confirmed_pick_is_compared_with_confirmed_figures_only():
+    # a's one quiet screening run (1.0) must not beat b's confirmed figure: a was never confirmed, so it is listed
+    # as screened faster, not taken as the best (the stop-27 run's medium budget did exactly that).
+    cands = {k: {"fits": True, "label": k} for k in "abd"}
+    budgets = {"medium": {"budget_bytes": 100, "pick": "b", "candidates": cands}}
+    screen = {"a": {"median_step_s": 1.0}, "b": {"median_step_s": 1.2}, "d": {"median_step_s": 1.1}}
+    confirm = {"b": {"median_step_s": 1.3, "rounds": [{"median_step_s": 1.5}, {"median_step_s": 1.2}]},
+               "d": {"median_step_s": 1.25, "rounds": [{"median_step_s": 1.24}, {"median_step_s": 1.26}]}}
+    r = evaluate_budgets(budgets, screen, confirm)["medium"]
+    assert r["basis"] == "confirmed" and r["best"] == "d" and r["pick_step_s"] == 1.3
+    assert r["ratio"] == 1.3 / 1.25 and r["unconfirmed_faster"] == ["a"] and r["measured"] == 3
+    # On each candidate's fastest round b is the faster: 1.2 against 1.24.
+    assert fastest_round_s(confirm["b"]) == 1.2 and r["best_fastest_round"] == "b" and r["ratio_fastest_round"] == 1.0
+
+
+def test_same_work_pairs_are_fsdp_twins_differing_only_in_the_offload_policy():
+    labels = {k: {"label": k.upper()} for k in ("fsdp-mb2", "fsdp-optcpu-parcpu-mb2", "z2-mb2", "z2-optcpu-mb2")}
+    budgets = {"loose": {"candidates": labels}}
+    confirm = {"fsdp-mb2": {"median_step_s": 0.2}, "fsdp-optcpu-parcpu-mb2": {"median_step_s": 0.25},
+               "z2-mb2": {"median_step_s": 0.2}, "z2-optcpu-mb2": {"median_step_s": 0.4}}
+    # ZeRO-Offload swaps the optimizer for DeepSpeedCPUAdam: other work, so no pair.
+    assert same_work_pairs(budgets, confirm) == [("FSDP-MB2", "FSDP-OPTCPU-PARCPU-MB2", 1.25)]
