@@ -388,7 +388,9 @@ CURRENT_VALIDATION: tuple[Cell, ...] = (
     _c("z3off", "llama6", "causal_lm", "fp32", True, 1, 640, accum=2),
     _c("z1", "gpt2m", "causal_lm", "bf16", False, 2, 96, pure_bf16=True),
     _c("z3", "gpt2m", "causal_lm", "fp32", True, 1, 448, checkpoint_policy="ops"),
-    _c("z2", "llama6", "causal_lm", "fp32", False, 1, 288, low_memory_optimizer="adafactor"),
+    # Was ZeRO-2 + Adafactor, which the planner refuses (ZeRO-1/2 hand the optimizer one flat partition): replaced
+    # by ZeRO-0 + Adafactor before any measurement of it (its run stopped at planning, exit 2).
+    _c("z0", "llama6", "causal_lm", "fp32", False, 1, 288, low_memory_optimizer="adafactor"),
     _c("fsdp", "gpt2-124m", "causal_lm", "bf16", False, 1, 320, loss_chunks=4),
     _c("fsdp-noreshard", "llama6", "causal_lm", "fp32", True, 2, 256, checkpoint_policy="ops", checkpoint_every=3),
     _c("fsdpoff", "gpt2m", "causal_lm", "fp32", False, 2, 192, lora=True),
