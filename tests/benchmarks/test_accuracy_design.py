@@ -20,6 +20,7 @@ from benchmarks.accuracy.cells import (
     SEEN_VALIDATION,
     SHARDINGS,
     VALIDATION,
+    Z3_PIN_VALIDATION,
     balanced,
     every_cell,
     full_matrix,
@@ -232,13 +233,13 @@ def test_errors_summary_and_category_diagnosis():
 
 def test_the_current_planners_validation_split_is_new_and_spans_the_space():
     # Every cell a (sharding, model, task, length, micro-batch) no earlier cell ran, so nothing in memory.py was
-    # ever checked against it; both engines, every ZeRO stage but 0, all three tasks, both precisions, LoRA and
+    # ever checked against it; both engines, every ZeRO stage, all three tasks, both precisions, LoRA and
     # QLoRA, and each FSDP2 lever once.
     earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
                if c not in CURRENT_VALIDATION}
     assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in CURRENT_VALIDATION}
     assert {sides_of_all()[c.name] for c in CURRENT_VALIDATION} == {"validation-3"}
-    assert {c.sharding for c in CURRENT_VALIDATION} == set(SHARDINGS) - {"z0"}
+    assert {c.sharding for c in CURRENT_VALIDATION} == set(SHARDINGS)
     assert {c.task for c in CURRENT_VALIDATION} == {"causal_lm", "seq_cls", "sentence_embedding"}
     assert {c.precision for c in CURRENT_VALIDATION} == {"fp32", "bf16"}
     levers = {k for c in CURRENT_VALIDATION for k, _ in c.levers}
@@ -247,3 +248,11 @@ def test_the_current_planners_validation_split_is_new_and_spans_the_space():
     # The gaps stop 26 left: ZeRO-3 under LoRA, ZeRO-1 in bf16 with and without LoRA.
     assert any(c.sharding == "z3" and c.lora for c in CURRENT_VALIDATION)
     assert {c.lora for c in CURRENT_VALIDATION if c.sharding == "z1" and c.precision == "bf16"} == {False, True}
+
+
+def test_the_zero3_pin_validation_is_new():
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in Z3_PIN_VALIDATION}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in Z3_PIN_VALIDATION}
+    assert {c.sharding for c in Z3_PIN_VALIDATION} == {"z3"} and {c.lora for c in Z3_PIN_VALIDATION} == {False, True}
+    assert {sides_of_all()[c.name] for c in Z3_PIN_VALIDATION} == {"z3pin-validation"}
