@@ -258,6 +258,13 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # fp32 gradient and the optimizer's temporaries: the planner sizes it (Buckets.sub_group_size). With
         # optimizer NVMe offload it also sizes the pinned swap buffers (buffer_count x the largest sub-group, fp32).
         z["sub_group_size"] = b.sub_group_size
+        # torch's linear saves weight.t() for the input's gradient, a view that keeps DeepSpeed's gathered storage
+        # alive past free_param until the layer's backward; DeepSpeed's LinearFunctionForZeroStage3 (zero/linear.py,
+        # "to allow for parameter memory release after the module execution during forward") saves the Parameter
+        # instead, but saves every input, frozen weights' too. A full fine-tune saves those inputs anyway: DeepSpeed's
+        # linear. Under LoRA torch's: an input per frozen linear would be saved, and the planner counts the pinned
+        # weights instead (launcher.engines.deepspeed.pinned_linear_elems).
+        z["memory_efficient_linear"] = job.train.lora is None
 
     for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
         if device == "none":

@@ -18,6 +18,7 @@ from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
 from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
 from launcher.engines.spec import Candidate, EngineSpec
+from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
@@ -284,7 +285,33 @@ def low_memory_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float
     return optimizer_step_temp_bytes(inp, s, 1, on_host=on_host)
 
 
-def stage3_buffers(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
+def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
+    """Gathered ZeRO-3 weight elements that torch's linear keeps alive from their forward to their backward.
+
+    at::linear saves ``weight.t()`` for the input's gradient (MmBackward0 / AddmmBackward0 ``_saved_mat2``), a view
+    of the storage DeepSpeed's all-gather filled; ``free_param`` (runtime/zero/partition_parameters.py) only swaps
+    ``param.data`` for an empty tensor, so that storage lives on until the layer's backward frees the view, whatever
+    the live-parameter cap (found on CURRENT_VALIDATION's LoRA Llama: 14.04 MB gathered at the backward start where
+    the cap allows 4.72). Every frozen ``nn.Linear`` of a block whose forward saved (``ModelStats.block_linear_shapes``)
+    and a causal LM's head; a checkpointed block saves nothing in forward (non-reentrant checkpoint) and pins its
+    linears again only while it is recomputed, one block at a time. GPT-2's Conv1D blocks take ``addmm(bias, x,
+    weight)`` and save the Parameter itself, which the swap frees: no block linear there. Counted under LoRA only,
+    where the ZeRO-3 configs keep torch's linear (``memory_efficient_linear`` false, launcher.emit.deepspeed): a full
+    fine-tune runs DeepSpeed's LinearFunctionForZeroStage3, which saves the Parameter, so nothing is pinned.
+    """
+    if not m.lora_params:
+        return 0
+    per_block = sum(out_f * in_f for out_f, in_f in m.block_linear_shapes)
+    if s.activation_checkpointing:
+        kept = -(-m.num_blocks // s.checkpoint_every)  # checkpointed blocks, as memory.block_activations counts them
+        blocks = m.num_blocks - kept + 1
+    else:
+        blocks = m.num_blocks
+    head = m.vocab_size * m.hidden_size if m.is_causal else 0
+    return per_block * blocks + head
+
+
+def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
     """ZeRO-3's reduce bucket, the gathered weights beside the activations, and the end-of-backward flush."""
     m = inp.model
     # The reduce bucket is allocated whole, however few parameters train (measured).
@@ -296,6 +323,8 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States
     # So up to min(cap, Ψ) parameters stay gathered, frozen ones (LoRA) included: with the cap at or above Ψ
     # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
     gathered = p.w * min(buckets.stage3_max_live_parameters, p.psi)
+    # Beyond the cap: the weights torch's linear pins until their backward (pinned_linear_elems; LoRA only).
+    gathered = max(gathered, p.w * pinned_linear_elems(m, s))
     # A flush of the reduce bucket (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter is DeepSpeed's
     # default, so __avg_scatter_grads, not the contiguous path): reduce_scatter_coalesced
     # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new flat
@@ -418,7 +447,7 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
     p = partition(inp, s, buckets)
     st = model_states(inp, s, p)
     if p.stage == 3:
-        st = stage3_buffers(inp, p, buckets, st)
+        st = stage3_buffers(inp, p, s, buckets, st)
     elif p.stage in (1, 2):
         st = stage12_bucket(inp, p, buckets, st)
     if s.offload_optimizer != "none":

@@ -116,11 +116,16 @@ def test_parsed_buckets_are_the_plans(parsed):
     assert "sub_group_size" not in emit(zero_stage=2)["zero_optimization"]  # ZeRO-1/2 step one flat partition
 
 
-def test_zero3_keeps_torch_linear_which_saves_no_input_of_a_frozen_weight(parsed):
-    # DeepSpeed's default (true) swaps in LinearFunctionForZeroStage3, which saves every linear's input; the memory
-    # model counts what PyTorch's linear saves, so DeepSpeed must read false (its default would win silently).
-    assert parsed["zero3"]["memory_efficient_linear"] is False
+def test_zero3_uses_deepspeeds_linear_for_a_full_fine_tune_and_torchs_under_lora(parsed):
+    # torch's linear saves weight.t(), which pins ZeRO-3's gathered weight until the layer's backward; DeepSpeed's
+    # LinearFunctionForZeroStage3 saves the Parameter (freed by free_param) but every input too. A full fine-tune
+    # saves the inputs anyway: DeepSpeed's. Under LoRA torch's, whose pins the planner counts
+    # (engines.deepspeed.pinned_linear_elems). DeepSpeed's parser must read the value we mean.
+    assert parsed["zero3"]["memory_efficient_linear"] is True
     assert parsed["zero2"]["memory_efficient_linear"] is True  # only ZeRO-3's zero.Init reads it
+    lora = emit(job_kw={"train.lora": {"r": 8, "target_modules": ["c_attn"]}}, zero_stage=3)
+    assert lora["zero_optimization"]["memory_efficient_linear"] is False
+    assert emit(zero_stage=3)["zero_optimization"]["memory_efficient_linear"] is True
 
 
 @settings(max_examples=60, deadline=None)
