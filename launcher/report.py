@@ -63,6 +63,10 @@ def predicted_on_basis(plan: Plan, basis: str) -> int:
     if basis == est.basis:
         return est.peak_bytes
     tensors = est.peak_bytes - int(est.breakdown.get("reserve", 0))
+    if basis in ("cpu_tensor_bytes", "cuda_allocated"):
+        # What counts no side-stream pool peaks at the largest tensor moment, which a pool may have made another
+        # than the verdict's (launcher.planner.memory).
+        tensors = max(tensors, est.tensor_peak_bytes)
     return peak_on_basis(tensors, est.overhead, basis)
 
 

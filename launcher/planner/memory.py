@@ -277,6 +277,10 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     # ladder scales its categories by what a failed attempt measured (launcher.fallback.Correction).
     training = max(TRAINING_MOMENTS, key=on_basis.get)
     training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
+    # The verdict's moment need not be the largest in tensors (a side-stream pool may lift another): that one's
+    # tensor bytes too, for what counts no pool (MemoryEstimate.tensor_peak_bytes).
+    tensor_moment = max(moments, key=moments.get)
+    tensor_peak = sum(breakdown_at(tensor_moment).values()) if moments[tensor_moment] > moments[moment] else 0.0
     tensors = sum(breakdown.values())
     overhead = overhead_at(moment, tensors)
     breakdown["reserve"] = sum(overhead.values())
@@ -301,7 +305,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                           nvme_bytes_per_node=int(ranks * st.nvme), peak_moment=moment,
                           basis=verdict_basis(hw), overhead=overhead, moment_bytes=moment_bytes,
                           training_breakdown=training_breakdown,
-                          moment_stream_pool_bytes={k: int(v) for k, v in pools.items() if k in moments and v > 0})
+                          moment_stream_pool_bytes={k: int(v) for k, v in pools.items() if k in moments and v > 0},
+                          tensor_peak_bytes=int(tensor_peak))
 
 
 def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:

@@ -169,6 +169,10 @@ class MemoryEstimate:
     moment_stream_pool_bytes: dict[str, int] = field(default_factory=dict)
     """CUDA only: the part of each moment_bytes entry that the engine's side streams keep cached (overhead
     "stream_pools" at that moment; launcher.planner.cuda_overhead [POOL]); empty where none."""
+    tensor_peak_bytes: int = 0
+    """CUDA only: the tensor bytes (reserve apart) of the largest tensor moment, where a side-stream pool made
+    another moment the peak on the verdict basis (what a basis that counts no pool compares with,
+    launcher.report.predicted_on_basis); 0 where the peak's moment is also the tensor peak."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -370,6 +374,7 @@ class Plan:
                if self.estimate.training_breakdown else {}),
             **({"moment_stream_pool_bytes": dict(self.estimate.moment_stream_pool_bytes)}
                if self.estimate.moment_stream_pool_bytes else {}),
+            **({"tensor_peak_bytes": self.estimate.tensor_peak_bytes} if self.estimate.tensor_peak_bytes else {}),
             "buckets": dataclasses.asdict(self.buckets),
             "world_size": self.world_size,
             "nodes": self.nodes,
@@ -413,6 +418,7 @@ class Plan:
             moment_bytes=d.get("moment_bytes", {}),
             training_breakdown=d.get("training_breakdown", {}),
             moment_stream_pool_bytes=d.get("moment_stream_pool_bytes", {}),
+            tensor_peak_bytes=d.get("tensor_peak_bytes", 0),
         )
         return cls(
             strategy=strategy, estimate=estimate, buckets=Buckets(**d["buckets"]),

@@ -359,8 +359,13 @@ def tied_embedding_grad_bytes(m: ModelStats, w: float) -> float:
 
 def input_embedding_params(m: ModelStats) -> int:
     """Parameters of the input embedding modules, the last whose backward runs: the token table and, for absolute
-    positions (GPT-2, BERT), the position table (a model with relative positions, max_positions None, has none)."""
-    return m.vocab_size * m.hidden_size + (m.max_positions or 0) * m.hidden_size
+    positions (GPT-2, BERT), the position table. A rotary model (Llama) has none, though its max_positions is set
+    (max_position_embeddings): the table is counted only where the parameters outside the blocks hold it beside
+    the vocabulary tables (GPT-2's wpe, BERT's position_embeddings; Llama's hold only the final norm there)."""
+    table = m.vocab_size * m.hidden_size
+    positions = (m.max_positions or 0) * m.hidden_size
+    vocab_tables = 1 + (1 if m.task == "causal_lm" and not m.tied_embeddings else 0)
+    return table + (positions if m.non_block_params - vocab_tables * table >= positions else 0)
 
 
 def gloo_reduce_scatter_copies(device_is_host: bool) -> int:

@@ -105,7 +105,18 @@ def test_the_input_embeddings_are_the_token_and_absolute_position_tables():
     assert input_embedding_params(gpt2_stats()) == 4096 * 128 + 1024 * 128
     llama = llama_stats(num_params=7_342_336, blocks=4, h=256, inter=688, vocab=8192)  # rotary: no position table
     assert input_embedding_params(llama) == 8192 * 256
+    # Introspection sets max_positions for rotary models too (Llama's max_position_embeddings): still no table.
+    assert input_embedding_params(dataclasses.replace(llama, max_positions=131072)) == 8192 * 256
+    untied_gpt2 = gpt2_stats(tied=False)
+    assert input_embedding_params(untied_gpt2) == 4096 * 128 + 1024 * 128
     assert gloo_reduce_scatter_copies(True) == 1 and gloo_reduce_scatter_copies(False) == 0
+
+
+def test_zero3_end_of_backward_gathers_no_position_table_for_a_rotary_model():
+    llama = dataclasses.replace(llama_stats(num_params=7_342_336, blocks=4, h=256, inter=688, vocab=8192),
+                                max_positions=131072, position_key="max_position_embeddings")
+    st = deepspeed_states(inputs(llama, hardware="a100-80gb"), ZERO3, buckets(llama.trainable_params))
+    assert st.backward_end_late == 4 * llama.trainable_params + 4 * 8192 * 256 + 4 * llama.trainable_params
 
 
 def test_zero3_final_flush_holds_the_bucket_its_copies_and_the_gathered_embeddings():

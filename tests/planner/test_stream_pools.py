@@ -2,6 +2,7 @@
 reduce-scatter stream and the all-gather outputs' by the copy-in stream count on the reserved basis, per moment."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -94,3 +95,33 @@ def test_plan_json_round_trips_the_pools():
     e = Estimate.of(est, {"compute": 1.0})
     fields = {f.name for f in dataclasses.fields(e)}
     assert "moment_stream_pool_bytes" in fields and e.moment_stream_pool_bytes == est.moment_stream_pool_bytes
+
+
+def test_a_basis_without_the_pool_is_predicted_at_the_largest_tensor_moment(monkeypatch):
+    # A GPU plan read on CPU ranks (tensor bytes) or by allocated bytes counts no pool: where the pool made the
+    # backward moment the verdict's peak, those bases still peak where the tensors do (the end of backward here).
+    import launcher.engines.fsdp as fsdp
+    from launcher.planner.plan import Estimate, Plan
+    from launcher.report import predicted_on_basis
+    from tests.test_report import plan_of
+
+    base = plan()
+    assert base.peak_moment == "backward_end"  # also the largest tensor moment (no pool lifts another)
+    tensors_at_end = base.peak_bytes - base.breakdown["reserve"]
+    real = fsdp.fsdp_states
+
+    def lifted(inp, s):
+        st = real(inp, s)
+        st.side_stream_cached = {"backward": 50e9}
+        return st
+
+    monkeypatch.setattr(fsdp, "fsdp_states", lifted)
+    est = plan()
+    assert est.peak_moment == "backward" and est.peak_bytes - est.breakdown["reserve"] < tensors_at_end
+    p = dataclasses.replace(plan_of(10**12, est.peak_bytes, est.breakdown, basis=est.basis, overhead=est.overhead),
+                            estimate=Estimate.of(est, {"compute": 1.0}))
+    p = Plan.from_json(json.loads(json.dumps(p.to_json())))  # plan.json keeps it
+    assert predicted_on_basis(p, "cpu_tensor_bytes") == tensors_at_end
+    assert predicted_on_basis(p, "cuda_allocated") == tensors_at_end + est.overhead["cublas_workspace"]
+    assert predicted_on_basis(p, est.basis) == est.peak_bytes
+    assert est.tensor_peak_bytes == tensors_at_end and base.tensor_peak_bytes == 0

@@ -157,6 +157,20 @@ def test_stochastic_rounding_draws_the_same_bits_on_replicas_whatever_their_rand
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_zero3_sub_groups_stepped_by_one_optimizer_round_with_different_bits():
+    # DeepSpeed's ZeRO-3 hands its client optimizer one sub-group's flat partition at a time (stage3.py
+    # _optimizer_step), all at the same step count: two sub-groups of equal values and gradients must not round alike.
+    train = TrainConfig(global_batch_size=1, lr=1e-3, weight_decay=0.0)
+    parts = [torch.nn.Parameter(torch.ones(4096, dtype=torch.bfloat16)) for _ in range(2)]
+    opt = build_optimizer(train, [torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))], pure_bf16=True, salt=1)
+    for _ in range(3):
+        for p in parts:
+            opt.param_groups[0]["params"] = [p]
+            p.grad = torch.ones_like(p)
+            opt.step()
+    assert len(torch.unique(parts[0])) > 1 and not torch.equal(parts[0], parts[1])
+
+
 @pytest.mark.parametrize("in_backward", [False, True])
 def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backward, tmp_path, single_rank,
                                                                        examples_data):

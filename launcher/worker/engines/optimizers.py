@@ -174,13 +174,14 @@ def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, 
                block_size=LOW_BIT_BLOCK[name])
 
 
-def rounding_seed(opt: torch.optim.Optimizer, salt: int) -> int:
+def rounding_seed(opt: torch.optim.Optimizer, salt: int, part: int = 0) -> int:
     """The seed of one stochastically rounded step: the same on every replica of a shard, different per shard.
 
     torchao draws the rounding bits from the global generator, which the worker seeds per rank (distinct dropout
     masks). Under hybrid sharding the ranks that hold the same shard on different nodes must round it alike, or
     the replicas drift apart; so each step draws from a seed of (salt, the step count, the shard's coordinates on
-    the mesh's sharded dimensions): ``salt`` tells apart optimizers stepped one at a time (the step in backward).
+    the mesh's sharded dimensions): ``salt`` tells apart optimizers stepped one at a time (the step in backward),
+    ``part`` the tensors one optimizer steps one after another at the same step count (ZeRO-3's sub-groups).
     The step count is the optimizer's own state, so a resumed run goes on with the seeds it would have used.
     """
     import hashlib
@@ -193,7 +194,7 @@ def rounding_seed(opt: torch.optim.Optimizer, salt: int) -> int:
     if isinstance(p, DTensor):
         where = p.device_mesh.get_coordinate() or []
         coord = tuple(where[i] for i, pl in enumerate(p.placements) if isinstance(pl, Shard))
-    digest = hashlib.sha256(f"{salt}:{step}:{coord}".encode()).digest()
+    digest = hashlib.sha256((f"{salt}:{step}:{coord}" + (f":{part}" if part else "")).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -202,9 +203,18 @@ def _replica_consistent(cls):
 
     class Consistent(cls):
         rounding_salt = 0
+        _last_seed, _part = None, 0
 
         def step(self, closure=None):
             seed = rounding_seed(self, self.rounding_salt)
+            # DeepSpeed's ZeRO-3 steps its one client optimizer once per sub-group, each time over that sub-group's
+            # flat partition alone (stage3.py _optimizer_step swaps it into the group's params), all at the same
+            # step count: each later one in a step is a part of its own, or every sub-group of a rank would round
+            # with the same bits. The order of the sub-groups is fixed, so a resumed run counts them alike.
+            self._part = self._part + 1 if seed == self._last_seed else 0
+            self._last_seed = seed
+            if self._part:
+                seed = rounding_seed(self, self.rounding_salt, self._part)
             cuda = [p.device for g in self.param_groups for p in g["params"] if p.device.type == "cuda"]
             with torch.random.fork_rng(devices=cuda[:1]):
                 torch.manual_seed(seed)
