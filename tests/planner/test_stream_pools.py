@@ -17,6 +17,20 @@ BUCKETS = Buckets(reduce_bucket_size=int(1e6), allgather_bucket_size=int(1e6), s
 M = llama_stats()
 
 
+
+def lift_backward_pool(monkeypatch) -> None:
+    """FSDP2's states with a 50 GB side-stream pool at the backward moment, large enough to make it the peak."""
+    import launcher.engines.fsdp as fsdp
+
+    real = fsdp.fsdp_states
+
+    def lifted(inp, s):
+        st = real(inp, s)
+        st.side_stream_cached = {"backward": 50e9}
+        return st
+
+    monkeypatch.setattr(fsdp, "fsdp_states", lifted)
+
 def plan(profile="h100-80gb", gpus=8, **kw):
     inp = MemoryInputs(model=M, world_size=gpus, gpus_per_node=gpus, nodes=1, seq_len=2048, precision="bf16",
                        optimizer="adamw", hardware=PROFILES[profile], activations=analytic_constants(M, "bf16"))
@@ -51,16 +65,7 @@ def test_the_peak_is_the_largest_moment_on_the_verdict_basis(monkeypatch):
     assert est.peak_bytes == est.moment_bytes[est.peak_moment]
     # A pool large enough to lift the backward moment above the tensor peak (the end of backward here) moves the
     # peak there: the moment is chosen on the verdict basis, not by tensors alone.
-    import launcher.engines.fsdp as fsdp
-
-    real = fsdp.fsdp_states
-
-    def lifted(inp, s):
-        st = real(inp, s)
-        st.side_stream_cached = {"backward": 50e9}
-        return st
-
-    monkeypatch.setattr(fsdp, "fsdp_states", lifted)
+    lift_backward_pool(monkeypatch)
     est = plan()
     assert est.peak_moment == "backward" and est.overhead["stream_pools"] == int(50e9)
     assert est.peak_bytes == est.moment_bytes["backward"] == max(est.moment_bytes.values())
@@ -100,7 +105,6 @@ def test_plan_json_round_trips_the_pools():
 def test_a_basis_without_the_pool_is_predicted_at_the_largest_tensor_moment(monkeypatch):
     # A GPU plan read on CPU ranks (tensor bytes) or by allocated bytes counts no pool: where the pool made the
     # backward moment the verdict's peak, those bases still peak where the tensors do (the end of backward here).
-    import launcher.engines.fsdp as fsdp
     from launcher.planner.plan import Estimate, Plan
     from launcher.report import predicted_on_basis
     from tests.test_report import plan_of
@@ -108,14 +112,7 @@ def test_a_basis_without_the_pool_is_predicted_at_the_largest_tensor_moment(monk
     base = plan()
     assert base.peak_moment == "backward_end"  # also the largest tensor moment (no pool lifts another)
     tensors_at_end = base.peak_bytes - base.breakdown["reserve"]
-    real = fsdp.fsdp_states
-
-    def lifted(inp, s):
-        st = real(inp, s)
-        st.side_stream_cached = {"backward": 50e9}
-        return st
-
-    monkeypatch.setattr(fsdp, "fsdp_states", lifted)
+    lift_backward_pool(monkeypatch)
     est = plan()
     assert est.peak_moment == "backward" and est.peak_bytes - est.breakdown["reserve"] < tensors_at_end
     p = dataclasses.replace(plan_of(10**12, est.peak_bytes, est.breakdown, basis=est.basis, overhead=est.overhead),
