@@ -54,3 +54,16 @@ def single_rank(monkeypatch):
 def _own_launcher_cache(tmp_path, monkeypatch):
     """The ranks' tokenized-data cache (launcher.worker.tokcache) goes to the test's own dir, not ~/.cache."""
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "launcher-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _torch_linear_restored():
+    """DeepSpeed's zero.Init with memory_efficient_linear (its default, and what the emitter writes for a full
+    fine-tune) replaces torch.nn.functional.linear for the rest of the process (partition_parameters.py
+    _enable_mem_efficient_linear): a test that builds a ZeRO-3 engine in-process must not hand the tests after it
+    DeepSpeed's linear (an op-counting test saw LinearFunctionForZeroStage3's ops instead of aten's)."""
+    import torch.nn.functional as F
+
+    linear = F.linear
+    yield
+    F.linear = linear
