@@ -1,6 +1,6 @@
 """Plan quality: is the planner's pick the fastest configuration that fits, and does everything it calls fitting fit?
 
-    .venv/bin/python benchmarks/plan_quality/run.py            # ~45 min on 2 idle cores (25 candidates)
+    .venv/bin/python benchmarks/plan_quality/run.py            # ~35 min on 2 idle cores (23 screened, 12 confirmed)
     .venv/bin/python benchmarks/plan_quality/run.py --quick    # 2 budgets' picks and a few rivals, to try it out
     .venv/bin/python benchmarks/plan_quality/run.py --recalibrate --reuse
 
