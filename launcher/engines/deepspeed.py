@@ -20,7 +20,7 @@ from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, 
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
-from launcher.planner.plan import Buckets, Plan, Strategy
+from launcher.planner.plan import Buckets, Plan, Strategy, checkpoint_count
 from launcher.planner.terms import (
     BYTES,
     LOW_BIT_STATE,
@@ -303,8 +303,7 @@ def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
         return 0
     per_block = sum(out_f * in_f for out_f, in_f in m.block_linear_shapes)
     if s.activation_checkpointing:
-        kept = -(-m.num_blocks // s.checkpoint_every)  # checkpointed blocks, as memory.block_activations counts them
-        blocks = m.num_blocks - kept + 1
+        blocks = m.num_blocks - checkpoint_count(m.num_blocks, s.checkpoint_every) + 1
     else:
         blocks = m.num_blocks
     head = m.vocab_size * m.hidden_size if m.is_causal else 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from launcher.planner.memo import spec_for
 from launcher.planner.memory import offloaded_activation_bytes
-from launcher.planner.plan import Strategy
+from launcher.planner.plan import Strategy, checkpoint_count
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
 
 IN_BACKWARD_CALL_S = 1e-4
@@ -89,7 +89,7 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     """How many blocks recompute in backward: ceil(n / k) with every k-th checkpointed (memory.checkpointed)."""
     if not s.activation_checkpointing:
         return 0
-    return -(-num_blocks // s.checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(i, k) over i
+    return checkpoint_count(num_blocks, s.checkpoint_every)
 
 
 def recomputed_share(m, s: Strategy) -> float:

@@ -27,7 +27,7 @@ from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, overhead_total, verdict_basis
 from launcher.planner.memo import spec_for
-from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpointed
+from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpoint_count, checkpointed
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -114,7 +114,7 @@ def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int,
     if not checkpointing:
         return int(num_blocks * block), int(block)
     ckpt = tokens * (c.sac_bytes_per_token if policy == "ops" else c.ckpt_bytes_per_token)
-    kept = -(-num_blocks // checkpoint_every)  # blocks 0, k, 2k, ...: the count of checkpointed(j, k) over j
+    kept = checkpoint_count(num_blocks, checkpoint_every)
     return int(kept * ckpt + (num_blocks - kept) * block), int(block)
 
 

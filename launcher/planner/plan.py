@@ -130,6 +130,12 @@ def checkpointed(index: int, every: int) -> bool:
     return index % every == 0
 
 
+def checkpoint_count(num_blocks: int, every: int) -> int:
+    """How many of ``num_blocks`` blocks are checkpointed when every ``every``-th is (``checkpointed``): blocks 0, k,
+    2k, ..., ceil(n / k) of them."""
+    return -(-num_blocks // every)
+
+
 LEVER_FIELDS = ("checkpoint_every", "checkpoint_policy", "loss_chunks", "activation_offload", "optimizer_in_backward",
                 "low_memory_optimizer", "pure_bf16", "qlora")
 """Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
