@@ -59,11 +59,16 @@ def _table_rows(rows: int, ranks: int) -> tuple[int, ...]:
     return (first, max(0, rows - (ranks - 1) * first)) if ranks > 1 else (rows,)
 
 
+def vocab_tables(m: ModelStats) -> int:
+    """Vocabulary x hidden tables the model holds: the input embedding, and a causal LM's untied output head."""
+    return 1 + (1 if m.task == "causal_lm" and not m.tied_embeddings else 0)
+
+
 def _embedding_tables(m: ModelStats) -> int:
-    """Trainable vocabulary x hidden tables: the input embedding, and a causal LM's untied output head."""
+    """Trainable vocabulary x hidden tables (vocab_tables; none under LoRA, which freezes them)."""
     if m.lora_params or not m.vocab_size:
         return 0
-    return 1 + (1 if m.task == "causal_lm" and not m.tied_embeddings else 0)
+    return vocab_tables(m)
 
 
 def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> float:
@@ -364,8 +369,7 @@ def input_embedding_params(m: ModelStats) -> int:
     the vocabulary tables (GPT-2's wpe, BERT's position_embeddings; Llama's hold only the final norm there)."""
     table = m.vocab_size * m.hidden_size
     positions = (m.max_positions or 0) * m.hidden_size
-    vocab_tables = 1 + (1 if m.task == "causal_lm" and not m.tied_embeddings else 0)
-    return table + (positions if m.non_block_params - vocab_tables * table >= positions else 0)
+    return table + (positions if m.non_block_params - vocab_tables(m) * table >= positions else 0)
 
 
 def gloo_reduce_scatter_copies(device_is_host: bool) -> int:
