@@ -311,12 +311,12 @@ def same_work_pairs(budgets: dict, confirm: dict, stat=None) -> list[tuple[str, 
     On CPU ranks the "device" is the host, so the offload policy moves nothing and both run the same steps: their
     ratio is what two runs of the same work differ by here, the floor under any pick / best the page can resolve."""
     labels = budgets["loose"]["candidates"]
+    figure = stat or (lambda c: c.get("median_step_s"))
     out = []
     for k in sorted(confirm):
         if not k.startswith("fsdp") or "-optcpu-parcpu" not in k:
             continue
         twin = k.replace("-optcpu-parcpu", "")
-        figure = stat or (lambda c: c.get("median_step_s"))
         a, b = figure(confirm[k]), figure(confirm.get(twin, {}))
         if a and b and twin in labels:
             out.append((labels[twin]["label"], labels[k]["label"], max(a, b) / min(a, b)))
