@@ -179,10 +179,12 @@ LEVER_NAMES = {
     "checkpoint_policy": "op-level selective checkpointing",
     "activation_offload": "activation offload", "optimizer_in_backward": "optimizer step in backward",
     "low_memory_optimizer": "low-memory optimizer", "pure_bf16": "pure bf16", "qlora": "QLoRA (NF4 base)",
+    "release_frozen_weights": "frozen weights released after forward (ZeRO-3)",
 }
 WHY_WORDS = {
     "needed_to_fit": "used: without it the plan does not fit",
     "faster": "used: it fits without it, but steps slower",
+    "lower_peak": "used: as fast without it, with a higher peak",
     "pinned": "as pinned by the job",
     "fits_without": "not used: the plan fits without it",
     "would_not_fit": "not used: it would not fit",

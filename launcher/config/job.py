@@ -196,6 +196,10 @@ class StrategyConfig:
     """bf16 weights, gradients and optimizer states with no fp32 master (train.allow_levers must list it)."""
     qlora: bool | None = None
     """The frozen LoRA base in 4-bit NF4 (train.allow_levers must list it)."""
+    release_frozen_weights: bool | None = None
+    """DeepSpeed ZeRO-3 under LoRA: frozen linears run DeepSpeed's memory_efficient_linear, which saves their inputs
+    and frees their gathered weights after forward; false keeps torch's linear, which holds each gathered weight
+    until its backward."""
     safety_margin: float = 0.05
     """Share of the budget kept free for what the model does not see, 0 to 0.5."""
 

@@ -304,6 +304,10 @@ def lever_problems(job: Job) -> list[Problem]:
     if pins.qlora and job.train.lora is None:
         out.append(Problem("strategy.qlora", "true quantizes the frozen base of a LoRA run, but this job has no "
                            "train.lora; add train.lora, or leave strategy.qlora out", reads=("train.lora",)))
+    if pins.release_frozen_weights and job.train.lora is None:
+        out.append(Problem("strategy.release_frozen_weights", "true changes how a LoRA run's frozen linears keep "
+                           "their weights, but this job has no train.lora (a full fine-tune releases them already); "
+                           "add train.lora, or leave strategy.release_frozen_weights out", reads=("train.lora",)))
     if pins.pure_bf16 and job.train.precision != "bf16":
         out.append(Problem("strategy.pure_bf16", f"true keeps weights, gradients and optimizer states in bf16, but "
                            f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "

@@ -262,9 +262,10 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # alive past free_param until the layer's backward; DeepSpeed's LinearFunctionForZeroStage3 (zero/linear.py,
         # "to allow for parameter memory release after the module execution during forward") saves the Parameter
         # instead, but saves every input, frozen weights' too. A full fine-tune saves those inputs anyway: DeepSpeed's
-        # linear. Under LoRA torch's: an input per frozen linear would be saved, and the planner counts the pinned
-        # weights instead (launcher.engines.deepspeed.pinned_linear_elems).
-        z["memory_efficient_linear"] = job.train.lora is None
+        # linear. Under LoRA the planner chooses (Strategy.release_frozen_weights): DeepSpeed's, whose frozen
+        # linears' inputs it counts as activations, or torch's, whose pinned weights it counts
+        # (launcher.engines.deepspeed.pinned_linear_elems).
+        z["memory_efficient_linear"] = job.train.lora is None or s.release_frozen_weights
 
     for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
         if device == "none":

@@ -74,6 +74,15 @@ PURE_BF16_REFUSED = {
                "refused there",
 }
 """Why a DeepSpeed layout does not offer pure bf16 (DeepSpeedSpec.lever_values)."""
+RELEASE_REFUSED = ("ZeRO-0/1/2 keep every weight whole on every rank: there is no gathered weight to release (the "
+                   "linear is ZeRO-3's, zero/linear.py)")
+"""Why a DeepSpeed layout below ZeRO-3 does not offer release_frozen_weights (DeepSpeedSpec.lever_values)."""
+SAC_REFUSED = ("under LoRA, ZeRO-3's parameter all-gathers (torch.cat of the partitions, partition_parameters.py "
+               "AllGatherCoalescedHandle.wait) run in a different order in a block's recompute than in its forward, "
+               "which the op policy's replay refuses (torch.utils.checkpoint: \"aten.cat.default invocation index 2 "
+               "encountered during backward but not found in storage\"; measured on 2 CPU ranks, fp32 and bf16, with "
+               "torch's linear and DeepSpeed's); full recompute has no such replay")
+"""Why ZeRO-3 under LoRA does not offer op-level selective checkpointing (DeepSpeedSpec.lever_values)."""
 
 
 PURE_BF16_CLIENT = "torchao.optim._AdamW(params, lr, weight_decay=..., bf16_stochastic_round=True)"
@@ -297,9 +306,11 @@ def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
     linears again only while it is recomputed, one block at a time. GPT-2's Conv1D blocks take ``addmm(bias, x,
     weight)`` and save the Parameter itself, which the swap frees: no block linear there. Counted under LoRA only,
     where the ZeRO-3 configs keep torch's linear (``memory_efficient_linear`` false, launcher.emit.deepspeed): a full
-    fine-tune runs DeepSpeed's LinearFunctionForZeroStage3, which saves the Parameter, so nothing is pinned.
+    fine-tune runs DeepSpeed's LinearFunctionForZeroStage3, which saves the Parameter, so nothing is pinned, and so does
+    a LoRA run with ``release_frozen_weights`` (its frozen linears' inputs are activations then:
+    launcher.planner.memory.strategy_activations).
     """
-    if not m.lora_params:
+    if not m.lora_params or s.release_frozen_weights:
         return 0
     per_block = sum(out_f * in_f for out_f, in_f in m.block_linear_shapes)
     if s.activation_checkpointing:
@@ -493,21 +504,28 @@ class DeepSpeedSpec(EngineSpec):
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, "ds_config.json"),)
     levers = frozenset({"loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload",
-                        "low_memory_optimizer", "pure_bf16"})
+                        "low_memory_optimizer", "pure_bf16", "release_frozen_weights"})
 
-    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
+    def lever_values(self, c: Candidate | Strategy, *, lora: bool = False) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
         all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
         block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
-        (LOW_MEMORY_REFUSED). Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED)."""
+        (LOW_MEMORY_REFUSED). Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED). The frozen
+        weights released after forward at ZeRO-3 only (RELEASE_REFUSED); no op-level selective checkpointing at
+        ZeRO-3 under LoRA (SAC_REFUSED)."""
+        out: dict[str, tuple[tuple[object, ...], str]] = {}
+        if c.zero_stage != 3:
+            out["release_frozen_weights"] = ((False,), RELEASE_REFUSED)
+        elif lora:
+            out["checkpoint_policy"] = (("full",), SAC_REFUSED)
         if c.offload_optimizer != "none":
-            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"]),
+            return {**out, "low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"]),
                     "pure_bf16": ((False,), PURE_BF16_REFUSED["offload"])}
         if c.zero_stage == 3:
-            return {"low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["stage3"])}
+            return {**out, "low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["stage3"])}
         if c.zero_stage in (1, 2):
-            return {"low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
-        return {"pure_bf16": ((False,), PURE_BF16_REFUSED["stage0"])}
+            return {**out, "low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
+        return {**out, "pure_bf16": ((False,), PURE_BF16_REFUSED["stage0"])}
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""

@@ -18,8 +18,8 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 6
-"""Part of the cache key: bump when what the probe measures changes."""
+PROBE_VERSION = 7
+"""Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -30,8 +30,46 @@ def _with_blocks(config, blocks: int):
     return cfg
 
 
+def _saving_linear():
+    """torch.nn.functional.linear as DeepSpeed's ZeRO-3 ``memory_efficient_linear`` runs it: an autograd Function
+    that saves its input, the Parameter and the bias whatever needs a gradient (deepspeed/runtime/zero/linear.py,
+    LinearFunctionForZeroStage3.setup_context: ``ctx.save_for_backward(input, weight, bias)``), where at::linear
+    saves only what the gradients need: weight.t() for the input's, the input for the weight's (none when frozen).
+    The same forward (addmm for 2-D input with a bias, else matmul and add); tests/model check its saved tensors
+    against DeepSpeed's own."""
+    import torch
+
+    class SavingLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, weight, bias=None):
+            ctx.save_for_backward(input, weight, bias)
+            if input.dim() == 2 and bias is not None:
+                return torch.addmm(bias, input, weight.t())
+            out = input.matmul(weight.t())
+            if bias is not None:
+                out += bias
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            input, weight, bias = ctx.saved_tensors
+            grad_input = grad_output.matmul(weight) if ctx.needs_input_grad[0] else None
+            grad_weight = grad_bias = None
+            if ctx.needs_input_grad[1]:
+                grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+                    input.reshape(-1, input.shape[-1]))
+            if bias is not None and ctx.needs_input_grad[2]:
+                grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
+            return grad_input, grad_weight, grad_bias
+
+    def linear(input, weight, bias=None):
+        return SavingLinear.apply(input, weight, bias)
+
+    return linear
+
+
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
-                           dtype, loss_chunks: int = 0, policy: str = "full") -> int:
+                           dtype, loss_chunks: int = 0, policy: str = "full", saving_linear: bool = False) -> int:
     import torch
 
     from launcher.model.build import model_class
@@ -72,9 +110,14 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
+    functional = torch.nn.functional
+    linear = functional.linear
+    if saving_linear:  # nn.Linear.forward looks F.linear up at each call, as DeepSpeed's zero.Init relies on
+        functional.linear = _saving_linear()
     try:
         return _fake_run(job, model, batch, loss_chunks)
     finally:
+        functional.linear = linear
         quiet.setLevel(level)
 
 
@@ -125,11 +168,11 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     tokens = max(s_long, 4 * int(config.vocab_size) // 16, 64 * h // 16)
     examples = -(-tokens // s_long)
 
-    def peak(blocks: int, s: int, ac: bool, policy: str = "full") -> float:
+    def peak(blocks: int, s: int, ac: bool, policy: str = "full", saving_linear: bool = False) -> float:
         """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
         n = examples * s_long // s
         total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
-                                       checkpointing=ac, dtype=dtype, policy=policy)
+                                       checkpointing=ac, dtype=dtype, policy=policy, saving_linear=saving_linear)
         return total / (n * s)
 
     # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
@@ -147,6 +190,15 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     head_ckpt = q1 - ckpt - per_block_long
     # The same with the op policy (launcher.model.sac): per block its input and the outputs of the saved ops.
     sac = peak(2, s_long, True, "ops") - peak(1, s_long, True, "ops")
+    # Under LoRA, what the frozen linears' inputs add when they run DeepSpeed's linear (Strategy.release_frozen_weights,
+    # ZeRO-3's memory_efficient_linear): per block per token, and outside the blocks (a causal LM's frozen head).
+    # An input another op saves already (a LoRA adapter's, with no dropout) is the same tensor and adds nothing.
+    frozen_block = frozen_head = 0.0
+    if job.train.lora is not None:
+        saving_1 = peak(1, s_long, False, saving_linear=True)
+        saving_block = peak(2, s_long, False, saving_linear=True) - saving_1
+        frozen_block = max(0.0, saving_block - per_block_long)
+        frozen_head = max(0.0, (saving_1 - saving_block) - head)
     # What chunked cross-entropy divides (launcher.planner.memory.chunked_head_bytes), from the loss's source
     # (transformers' ForCausalLMLoss, launcher.model.chunked_loss): three fp32 values per logit at the head's
     # backward peak, the log-softmax output, its gradient and the logits' gradient.
@@ -160,6 +212,9 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         block_bytes_per_token_per_seq=b,
         ckpt_bytes_per_token=ckpt,
         sac_bytes_per_token=sac,
+        frozen_input_bytes_per_token=frozen_block,
+        frozen_head_input_bytes_per_token=frozen_head,
+        frozen_inputs_measured=job.train.lora is not None,
         head_bytes_per_token=head,
         head_ckpt_bytes_per_token=head_ckpt,
         probe_seq_len=seq_len,

@@ -9,7 +9,7 @@ import itertools
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES, Candidate, engine_spec
 from launcher.errors import ConfigError
-from launcher.planner.levers import options
+from launcher.planner.levers import frozen_inputs_measured, options
 from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
@@ -48,7 +48,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
         spec = engine_spec(c.engine)
-        levers, limited = spec.levers, spec.lever_values(c)
+        levers, limited = spec.levers, spec.lever_values(c, lora=bool(req.model.lora_params))
         limits = {name: values for name, (values, _) in limited.items()}
         key = (levers, accum, tuple(sorted(limits.items())))
         if key not in settings:
@@ -59,6 +59,12 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         layout = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         out += [Strategy(**layout, micro_batch_size=mb, grad_accum_steps=accum, **lv)
                 for lv in settings[key]]
+    if p.release_frozen_weights and not frozen_inputs_measured(req):
+        source = getattr(req.activations, "source", "the paper's constants")
+        raise ConfigError(
+            "strategy.release_frozen_weights: true saves every frozen linear's input, which the activation constants "
+            f"in use do not measure ({source}); leave strategy.release_frozen_weights out (the planner then counts "
+            "the pinned weights of torch's linear)")
     if not out and refused:
         raise ConfigError(refused[0])
     if not out:

@@ -9,12 +9,20 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.engines import engine_spec
-from launcher.planner.levers import LOSS_CHUNKS, MATH_LEVERS, allowed, in_backward_possible, sac_measured
+from launcher.planner.levers import (
+    LOSS_CHUNKS,
+    MATH_LEVERS,
+    allowed,
+    frozen_inputs_measured,
+    in_backward_possible,
+    sac_measured,
+)
 from launcher.planner.plan import LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
 
-EXACT = ("loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload", "optimizer_in_backward")
+EXACT = ("loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload", "optimizer_in_backward",
+         "release_frozen_weights")
 """The levers that keep the training math; the others (MATH_LEVERS) need the job's permission."""
 
 
@@ -42,6 +50,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
         "low_memory_optimizer": req.optimizer in ("adamw", "adam") and not m.lora_params,
         "pure_bf16": req.precision == "bf16",
         "qlora": bool(m.lora_params and m.block_linear_shapes),  # some frozen block linear NF4 could take
+        "release_frozen_weights": bool(m.lora_params) and frozen_inputs_measured(req),
     }.get(lever, True)
 
 
@@ -66,13 +75,14 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not exact and not allowed(req, lever, other):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
+        offered = spec.lever_values(s, lora=bool(req.model.lora_params)).get(lever, ((other,), ""))[0]
         if not used and (lever not in spec.levers or other not in offered):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
             continue
         alt = score(req, dataclasses.replace(s, **{lever: other}))
         if used:
-            why: Why = "needed_to_fit" if alt.problem is not None else "faster"
+            why: Why = ("needed_to_fit" if alt.problem is not None
+                        else "faster" if alt.estimate.step_time_s > best.estimate.step_time_s else "lower_peak")
         elif best.problem is None:
             # Switching it on would fit too (the fastest plan did not need it), or it would not (selective
             # checkpointing keeps more than full checkpointing).

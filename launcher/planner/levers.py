@@ -45,6 +45,7 @@ class LeverSetting:
     low_memory_optimizer: str = LEVERS_OFF["low_memory_optimizer"]
     pure_bf16: bool = LEVERS_OFF["pure_bf16"]
     qlora: bool = LEVERS_OFF["qlora"]
+    release_frozen_weights: bool = LEVERS_OFF["release_frozen_weights"]
 
     def fields(self) -> dict[str, object]:
         """The setting as Strategy keyword arguments: activation_checkpointing and every LEVER_FIELDS field."""
@@ -77,6 +78,12 @@ def sac_measured(req: PlanRequest) -> bool:
     return getattr(req.activations, "sac_bytes_per_token", 0.0) > 0
 
 
+def frozen_inputs_measured(req: PlanRequest) -> bool:
+    """Whether the probe measured what the frozen linears' inputs add when saved (ActivationConstants
+    .frozen_inputs_measured; LoRA jobs): without it release_frozen_weights is not offered."""
+    return bool(getattr(req.activations, "frozen_inputs_measured", False))
+
+
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
             limits: dict[str, tuple[object, ...]] | None = None) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
@@ -103,6 +110,8 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
         "pure_bf16": [False, True] if req.precision == "bf16" else [False],
         # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
         "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
+        # Only where the probe measured the frozen linears' inputs (LoRA; frozen_inputs_measured).
+        "release_frozen_weights": [False, True] if m.lora_params and frozen_inputs_measured(req) else [False],
     }
     for name in axes:
         pin = getattr(p, name)
@@ -127,6 +136,10 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     # The op policy only where checkpointing is on (it chooses what a checkpointed block keeps) and measured.
     policies = ([p.checkpoint_policy] if p.checkpoint_policy is not None
                 else ["full", "ops"] if "checkpoint_policy" in supported and sac_measured(req) else ["full"])
+    if "checkpoint_policy" in limits:
+        if any(policy not in limits["checkpoint_policy"] for policy in policies if p.checkpoint_policy is not None):
+            return []  # pinned to a policy this layout does not offer
+        policies = [policy for policy in policies if policy in limits["checkpoint_policy"]]
     for on in ac:
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
         for k, policy, *rest in itertools.product(ks, policies if on else ["full"], *axes.values()):
@@ -140,4 +153,4 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
 
 
 __all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math",
-           "in_backward_possible", "options", "sac_measured"]
+           "frozen_inputs_measured", "in_backward_possible", "options", "sac_measured"]

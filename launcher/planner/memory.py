@@ -23,6 +23,8 @@ them into moments, a breakdown and a peak. All inputs are plain numbers; nothing
 
 from __future__ import annotations
 
+import dataclasses
+
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead, overhead_total, verdict_basis
@@ -165,6 +167,22 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
     return int(device), int(head), int(saved + tokens * c.head_bytes_per_token)
 
 
+def strategy_activations(c: ActivationConstants, s: Strategy) -> ActivationConstants:
+    """The constants this strategy's forward saves by: with ``release_frozen_weights`` (ZeRO-3 under LoRA) every
+    frozen linear saves its input (DeepSpeed's LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.
+    save_for_backward(input, weight, bias)``), which the probe measured beside torch's linear (launcher.model
+    .activations: frozen_input_bytes_per_token per block, frozen_head_input_bytes_per_token outside them). A
+    checkpointed block keeps its input alone either way and its recompute is a whole block again, so only the
+    blocks' and the head's terms grow; chunked cross-entropy runs the head inside its own checkpoint
+    (launcher.model.chunked_loss), whose inputs it keeps anyway, so the head's part stays out there."""
+    if not s.release_frozen_weights:
+        return c
+    head = 0.0 if s.loss_chunks else c.frozen_head_input_bytes_per_token
+    return dataclasses.replace(c, block_bytes_per_token=c.block_bytes_per_token + c.frozen_input_bytes_per_token,
+                               head_bytes_per_token=c.head_bytes_per_token + head,
+                               head_ckpt_bytes_per_token=c.head_ckpt_bytes_per_token + head)
+
+
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """Rank 0's bytes while the weights load and the engine wraps them, before any forward (measured, init phase).
 
@@ -196,14 +214,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
-    blocks, head = activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size, inp.seq_len,
+    consts = strategy_activations(inp.activations, s)
+    blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)
     pinned = 0
     if s.activation_offload and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
         # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
-        blocks, head, saved = offloaded_activation_bytes(inp.activations, m.num_blocks, s.micro_batch_size,
+        blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, s.micro_batch_size,
                                                          inp.seq_len, s.activation_checkpointing, s.checkpoint_every,
                                                          s.loss_chunks)
         pinned = PINNED_ROUNDING * saved
@@ -318,5 +337,5 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 __all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
            "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
            "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
-           "offloaded_activation_bytes",
+           "offloaded_activation_bytes", "strategy_activations",
            "nvme_param_buffer_elems"]

@@ -73,6 +73,9 @@ class Strategy:
     """bf16 weights, gradients and optimizer states, no fp32 master copy."""
     qlora: bool = False
     """The frozen LoRA base quantized to 4-bit NF4."""
+    release_frozen_weights: bool = False
+    """ZeRO-3 under LoRA: the frozen linears save their inputs and let their gathered weights go after forward
+    (DeepSpeed's memory_efficient_linear); off, torch's linear keeps each gathered weight until its backward."""
 
     @property
     def fsdp_hybrid(self) -> bool:
@@ -114,6 +117,8 @@ class Strategy:
             out.append("pure bf16")
         if self.qlora:
             out.append("QLoRA NF4")
+        if self.release_frozen_weights:
+            out.append("frozen weights released")
         return out
 
 
@@ -137,10 +142,11 @@ def checkpoint_count(num_blocks: int, every: int) -> int:
 
 
 LEVER_FIELDS = ("checkpoint_every", "checkpoint_policy", "loss_chunks", "activation_offload", "optimizer_in_backward",
-                "low_memory_optimizer", "pure_bf16", "qlora")
+                "low_memory_optimizer", "pure_bf16", "qlora", "release_frozen_weights")
 """Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
 LEVERS_OFF = {"checkpoint_every": 1, "checkpoint_policy": "full", "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False,
-              "low_memory_optimizer": "none", "pure_bf16": False, "qlora": False}
+              "low_memory_optimizer": "none", "pure_bf16": False, "qlora": False,
+              "release_frozen_weights": False}
 """Each lever field's "off" value: Strategy's defaults, what a plan.json from before the levers means."""
 
 
@@ -248,9 +254,10 @@ class Rejected:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-Why = Literal["needed_to_fit", "faster", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
+Why = Literal["needed_to_fit", "faster", "lower_peak", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
               "not_allowed", "engine_lacks", "not_applicable"]
-"""Used: needed_to_fit (without it the plan is over a limit) or faster (it fits without, but steps slower).
+"""Used: needed_to_fit (without it the plan is over a limit), faster (it fits without, but steps slower) or
+lower_peak (it fits without and steps as fast, with a higher peak).
 Not used: fits_without (the plan fits, and would with it too: the deltas say what it would cost or save),
 would_not_fit (switched on, the plan would go over: selective checkpointing keeps more than full), would_fit /
 no_fit_either (a forced plan over its budget), not_allowed (a math lever train.allow_levers does not list),

@@ -206,6 +206,14 @@ class ActivationConstants:
     """Bytes per token per block kept by op-level selective checkpointing (Strategy.checkpoint_policy "ops",
     launcher.model.sac): the block input and the outputs of the ops its policy saves. 0: not measured (the paper's
     constants, an old cache), and the planner does not offer the policy."""
+    frozen_input_bytes_per_token: float = 0.0
+    """Under LoRA, the bytes per token per block the frozen linears' inputs add when each linear saves its input
+    (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0."""
+    frozen_head_input_bytes_per_token: float = 0.0
+    """The same outside the blocks, bytes per token (a causal LM's frozen head saving the final hidden states)."""
+    frozen_inputs_measured: bool = False
+    """The probe measured the two frozen-input terms (LoRA jobs); without them the planner does not offer
+    release_frozen_weights (the paper's constants and caches from before it do not say)."""
     probe_seq_len: int = 0
     """Sequence length the numbers were measured at (0: derived from the paper)."""
     source: str = "Korthikanti et al. 2022"

@@ -125,6 +125,10 @@ def test_zero3_uses_deepspeeds_linear_for_a_full_fine_tune_and_torchs_under_lora
     assert parsed["zero2"]["memory_efficient_linear"] is True  # only ZeRO-3's zero.Init reads it
     lora = emit(job_kw={"train.lora": {"r": 8, "target_modules": ["c_attn"]}}, zero_stage=3)
     assert lora["zero_optimization"]["memory_efficient_linear"] is False
+    # Unless the planner released the frozen weights, counting their inputs instead.
+    released = emit(job_kw={"train.lora": {"r": 8, "target_modules": ["c_attn"]}}, zero_stage=3,
+                    release_frozen_weights=True)
+    assert released["zero_optimization"]["memory_efficient_linear"] is True
     assert emit(zero_stage=3)["zero_optimization"]["memory_efficient_linear"] is True
 
 

@@ -4,7 +4,7 @@ silently."""
 
 import json
 
-from launcher.config.job import Job
+from launcher.config.job import Job, LoraConfig
 from launcher.config.load import from_dict
 from launcher.model.activations import on_device, probe_activations
 from launcher.plan_inputs import plan_job
@@ -120,3 +120,18 @@ def test_the_probe_measures_what_a_block_keeps_under_the_op_policy(tmp_path):
     h, kv, inter, heads = 64, 2 * 16, 256, 4
     assert c.sac_bytes_per_token == 4 * (h + h + kv + inter + h + h) + 4 * heads
     assert c.sac_bytes_per_token < c.block_bytes_per_token
+
+
+def test_the_probe_measures_what_the_frozen_linears_inputs_add_under_lora(tmp_path):
+    # LoRA on q and v (no dropout): their adapters save the normed input that k and v read too, and o's input is a
+    # view of sdpa's output, which sdpa saves; so DeepSpeed's linear adds gate/up's shared input (h) and down's (I)
+    # per block, and the frozen head's (h): fp32 bytes per token (Strategy.release_frozen_weights).
+    j = job(tmp_path)
+    full = probe_activations(j, seq_len=128, precision="fp32")
+    assert not full.frozen_inputs_measured and full.frozen_input_bytes_per_token == 0
+    j.train.lora = from_dict(LoraConfig, {"r": 4, "target_modules": ["q_proj", "v_proj"]})
+    c = probe_activations(j, seq_len=128, precision="fp32")
+    h, inter = 64, 256
+    assert c.frozen_inputs_measured
+    assert c.frozen_input_bytes_per_token == 4 * (h + inter)
+    assert c.frozen_head_input_bytes_per_token == 4 * h

@@ -86,6 +86,7 @@ def test_a_plan_json_without_lever_fields_reads_back_with_them_off(request_for):
     ({"low_memory_optimizer": "adamw8bit"}, {}, "add adamw8bit to train.allow_levers"),
     ({"pure_bf16": True}, {}, "add pure_bf16 to train.allow_levers"),
     ({"qlora": True}, {"allow_levers": ["qlora"]}, "has no train.lora"),
+    ({"release_frozen_weights": True}, {}, "a full fine-tune releases them already"),
     ({"checkpoint_every": 0}, {}, "must be 1 to 4096"),
     ({"loss_chunks": 10**6}, {}, "must be 0 (whole logits) to 4096"),
     ({}, {"allow_levers": ["qlora", "qlora"]}, "names a lever twice"),
