@@ -135,6 +135,7 @@ LEVER_WORDS = {
     "loss_chunks": lambda v: f"ce{v}", "checkpoint_every": lambda v: f"k{v}", "activation_offload": lambda v: "aoff",
     "optimizer_in_backward": lambda v: "oib", "low_memory_optimizer": lambda v: str(v),
     "pure_bf16": lambda v: "pbf16", "qlora": lambda v: "qlora", "checkpoint_policy": lambda v: f"sac{v}",
+    "release_frozen_weights": lambda v: "relw",
 }
 """How each lever shows in a cell's name."""
 
@@ -417,6 +418,22 @@ Z3_PIN_VALIDATION: tuple[Cell, ...] = (
 )
 """ZeRO-3's pinned-linear validation split (out of sample for that change, run once)."""
 
+Z3_RELEASE_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 11:10 UTC) before the lever it judges was written: under LoRA, ZeRO-3's
+    # frozen linears run DeepSpeed's LinearFunctionForZeroStage3 (memory_efficient_linear), which saves the Parameter
+    # and every input instead of torch's weight.t(), so the gathered weights go after forward and the frozen linears'
+    # inputs are saved instead (Strategy.release_frozen_weights). Shapes no ZeRO-3 cell used: the 4-block Llama
+    # without checkpointing, the 6-block Llama in bf16 with every 2nd block checkpointed, MiniLM's classifier,
+    # GPT-2's Conv1D blocks (only its head is an nn.Linear), and the Llama with its parameters offloaded.
+    _c("z3", "llama", "causal_lm", "fp32", False, 1, 288, lora=True, release_frozen_weights=True),
+    _c("z3", "llama6", "causal_lm", "bf16", True, 2, 160, lora=True, release_frozen_weights=True,
+       checkpoint_every=2),
+    _c("z3", "minilm", "seq_cls", "fp32", False, 4, 96, lora=True, release_frozen_weights=True),
+    _c("z3", "gpt2m", "causal_lm", "fp32", False, 1, 208, lora=True, release_frozen_weights=True),
+    _c("z3off", "llama", "causal_lm", "fp32", False, 2, 136, lora=True, release_frozen_weights=True),
+)
+"""ZeRO-3's released frozen weights validation split (out of sample for that lever, run once)."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -428,7 +445,8 @@ def every_cell() -> list[Cell]:
     return [*MATRIX, *SEEN_VALIDATION, *VALIDATION, *LEVER_DEV, *LEVER_VALIDATION, *PURE_BF16_SR_VALIDATION,
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
-            *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION]
+            *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
+            *Z3_RELEASE_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -436,7 +454,8 @@ def sides_of_all() -> dict[str, str]:
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
-    "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears)."""
+    "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
+    "z3release-validation" (ZeRO-3's released frozen weights)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -452,7 +471,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "dsbf16-dev" for c in DS_PURE_BF16_DEV},
             **{c.name: "dsbf16-validation" for c in DS_PURE_BF16_VALIDATION},
             **{c.name: "validation-3" for c in CURRENT_VALIDATION},
-            **{c.name: "z3pin-validation" for c in Z3_PIN_VALIDATION}}
+            **{c.name: "z3pin-validation" for c in Z3_PIN_VALIDATION},
+            **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

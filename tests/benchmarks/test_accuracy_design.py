@@ -21,6 +21,7 @@ from benchmarks.accuracy.cells import (
     SHARDINGS,
     VALIDATION,
     Z3_PIN_VALIDATION,
+    Z3_RELEASE_VALIDATION,
     balanced,
     every_cell,
     full_matrix,
@@ -256,3 +257,12 @@ def test_the_zero3_pin_validation_is_new():
     assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in Z3_PIN_VALIDATION}
     assert {c.sharding for c in Z3_PIN_VALIDATION} == {"z3"} and {c.lora for c in Z3_PIN_VALIDATION} == {False, True}
     assert {sides_of_all()[c.name] for c in Z3_PIN_VALIDATION} == {"z3pin-validation"}
+
+
+def test_the_zero3_release_validation_is_new():
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in Z3_RELEASE_VALIDATION}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in Z3_RELEASE_VALIDATION}
+    assert {c.sharding for c in Z3_RELEASE_VALIDATION} == {"z3", "z3off"}
+    assert all(c.lora and ("release_frozen_weights", True) in c.levers for c in Z3_RELEASE_VALIDATION)
+    assert {sides_of_all()[c.name] for c in Z3_RELEASE_VALIDATION} == {"z3release-validation"}
