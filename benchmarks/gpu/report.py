@@ -24,7 +24,9 @@ from benchmarks.gpu.splits import (
     PEAK_TOLERANCE,
     RESERVE_TOLERANCE,
 )
-from launcher.planner.cuda_overhead import IN_RESERVED_NOT_ALLOCATED, OUTSIDE_ALLOCATOR
+from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR
+from launcher.planner.plan import Plan
+from launcher.report import predicted_on_basis
 from launcher.runreport import read_report
 from launcher.units import format_bytes
 
@@ -60,10 +62,17 @@ def run_row(run_dir: Path, returncode: int) -> dict:
     worst = max(report.ranks, key=lambda r: r.measured_peak_bytes)
     rank = rank_files(run_dir).get(worst.rank)
     ov = plan.get("overhead") or {}
+    # The measured maxima need not come from one moment: reserved peaks at the verdict's moment, allocated at the
+    # largest tensor moment, which a side-stream pool may have made another (plan.json tensor_peak_bytes). So the
+    # allocated peak is predicted as launcher.report does for that basis, and reserved - allocated as the difference
+    # of the two peaks, not the allocator_reserve + stream_pools of the verdict's moment alone.
+    planned = Plan.from_json(plan)
+    allocated = predicted_on_basis(planned, "cuda_allocated")
     row.update(
         allocated_bytes=worst.max_memory_allocated_bytes, reserved_bytes=worst.max_memory_reserved_bytes,
         outside_bytes=worst.outside_allocator_bytes, predicted_outside_bytes=sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR),
-        predicted_cache_bytes=sum(ov.get(k, 0) for k in IN_RESERVED_NOT_ALLOCATED),
+        predicted_allocated_bytes=allocated,
+        predicted_cache_bytes=predicted_on_basis(planned, "cuda_reserved") - allocated,
         allocated_moments=moment_totals(allocated_moments(plan), rank.phases_allocated or {} if rank else {}),
         engine=plan.get("engine"), label=plan.get("label"), world_size=plan.get("world_size"),
         basis=report.basis, within_budget=report.within_budget, worst_rank=worst.rank,
@@ -104,17 +113,19 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
                    f"{r['worst_rank']}) | {_pct(err)} |")
     out += ["", "## Where the peak is: allocated, the allocator's cache, outside the allocator", "",
             "Measured on the worst rank (max_memory_allocated, max_memory_reserved - allocated, device used - "
-            "reserved at its largest) beside the plan's terms at its peak (the tensor peak with the cuBLAS workspace; "
-            "in reserved, not allocated: allocator_reserve and stream_pools; the terms outside the allocator: "
-            "cuda_context, cuda_kernels, nccl_communicators, nccl_buffers).", "",
-            "| run | allocated | reserved - allocated | (share of allocated) | predicted reserved - allocated | "
-            "outside allocator | predicted outside |",
-            "|---|---|---|---|---|---|---|"]
+            "reserved at its largest) beside the plan's: the largest tensor moment with the cuBLAS workspace "
+            "(`tensor_peak_bytes` where a side-stream pool made the peak another moment); the reserved peak less it "
+            "(allocator_reserve and stream_pools at the peak, less what the tensor peak exceeds the peak's tensors by); "
+            "the terms outside the allocator: cuda_context, cuda_kernels, nccl_communicators, nccl_buffers.", "",
+            "| run | allocated | predicted allocated | reserved - allocated | (share of allocated) | "
+            "predicted reserved - allocated | outside allocator | predicted outside |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("allocated_bytes") is None:
             continue
         cache = r["reserved_bytes"] - r["allocated_bytes"]
-        out.append(f"| {r['run']} | {_bytes(r['allocated_bytes'])} | {_bytes(cache)} | "
+        out.append(f"| {r['run']} | {_bytes(r['allocated_bytes'])} | {_bytes(r.get('predicted_allocated_bytes'))} | "
+                   f"{_bytes(cache)} | "
                    f"{cache / r['allocated_bytes']:.1%} | {_bytes(r.get('predicted_cache_bytes'))} | "
                    f"{_bytes(r['outside_bytes'])} | "
                    f"{_bytes(r['predicted_outside_bytes'])} |")

@@ -85,6 +85,16 @@ def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py
     return " ".join([*parts, script])
 
 
+PURE_BF16_CLIENT = {
+    "adamw": "torchao.optim._AdamW(params, lr, weight_decay=..., bf16_stochastic_round=True)",
+    "adam": "torchao.optim.adam._AdamBase(params, lr, (0.9, 0.999), 1e-8, weight_decay, False, "
+            "block_size=float('inf'), bf16_stochastic_round=True, is_adamw=False)",
+}
+"""The stochastically rounding optimizer a script builds for a pure-bf16 plan, by the job's train.optimizer
+(launcher.worker.engines.optimizers.stochastic_round_adam; torchao exports no such Adam: _AdamW is _AdamBase with
+is_adamw=True). SGD has none: the ranks step torch's SGD, which rounds to nearest."""
+
+
 def deepspeed_notes(ds_config_file: str, client_optimizer: str = "") -> list[str]:
     """What a script run with a DeepSpeed accelerate.yaml must do; ``client_optimizer``: the class the plan's
     low-memory optimizer is, which ds_config.json leaves out (the script builds it), '' for none."""

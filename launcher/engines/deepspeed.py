@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.exports import deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
+from launcher.emit.exports import PURE_BF16_CLIENT, deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
@@ -85,16 +85,24 @@ SAC_REFUSED = ("under LoRA, ZeRO-3's parameter all-gathers (torch.cat of the par
 """Why ZeRO-3 under LoRA does not offer op-level selective checkpointing (DeepSpeedSpec.lever_values)."""
 
 
-PURE_BF16_CLIENT = "torchao.optim._AdamW(params, lr, weight_decay=..., bf16_stochastic_round=True)"
-"""The client optimizer a script builds for a pure-bf16 plan with Adam/AdamW (launcher.worker.engines.optimizers
-stochastic_round_adam; is_adamw=False through torchao.optim.adam._AdamBase for the job's Adam)."""
-PURE_BF16_NOTES = [
-    "Pure bf16: ds_config.json keeps bf16 master weights, gradients and optimizer states; DeepSpeed's own AdamW",
-    "  would round each new weight to nearest and drop updates under half a bf16 spacing, so the plan steps the",
-    "  stochastically rounding one above. HF Trainer with ds_config.hf.json: pass it as optimizers=(opt, None).",
-    "  (A job with SGD: ds_config.json names it and rounds to nearest; pass DummyOptim.)",
-]
-"""What a pure-bf16 DeepSpeed plan's accelerate.yaml adds for the script."""
+def pure_bf16_notes(optimizer: str) -> list[str]:
+    """What a pure-bf16 DeepSpeed plan's accelerate.yaml adds for the script, by the job's train.optimizer: Adam and
+    AdamW step the rounding client optimizer the script builds (PURE_BF16_CLIENT; ds_config.json names none), SGD
+    is ds_config.json's own block (launcher.emit.deepspeed._fill_optimizer)."""
+    if optimizer in PURE_BF16_CLIENT:
+        name = {"adam": "Adam", "adamw": "AdamW"}[optimizer]
+        return [
+            "Pure bf16: ds_config.json keeps bf16 master weights, gradients and optimizer states; DeepSpeed's own "
+            f"{name}",
+            "  would round each new weight to nearest and drop updates under half a bf16 spacing, so the plan steps the",
+            "  stochastically rounding one above. HF Trainer with ds_config.hf.json: pass it as optimizers=(opt, None).",
+        ]
+    return [
+        "Pure bf16: ds_config.json keeps bf16 master weights and gradients and names the job's SGD, which DeepSpeed",
+        "  builds (torch.optim.SGD) and which rounds each new weight to nearest: updates under half a bf16 spacing of",
+        "  a weight are lost, on the plan's ranks too (torchao has no stochastically rounding SGD). HF Trainer with",
+        "  ds_config.hf.json: its optimizer block builds the same SGD; pass no optimizer.",
+    ]
 
 
 CLIENT_OPTIMIZER = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
@@ -684,11 +692,13 @@ class DeepSpeedSpec(EngineSpec):
         """"DeepSpeed ZeRO-<stage>", accelerate.yaml's header."""
         return f"DeepSpeed ZeRO-{s.zero_stage}"
 
-    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+    def accelerate_notes(self, plan: Plan, config_dir: Path, *, optimizer: str) -> list[str]:
         """What a script launched with this accelerate.yaml must do (launcher.emit.exports.deepspeed_notes)."""
         opt = plan.strategy.low_memory_optimizer
         if plan.strategy.pure_bf16:
-            return [*deepspeed_notes(self._ds_file(config_dir), PURE_BF16_CLIENT), *PURE_BF16_NOTES]
+            # Adam/AdamW: the rounding client optimizer, not in ds_config.json; SGD: ds_config.json's (DummyOptim).
+            client = PURE_BF16_CLIENT.get(optimizer, "")
+            return [*deepspeed_notes(self._ds_file(config_dir), client), *pure_bf16_notes(optimizer)]
         if opt == "none":
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]

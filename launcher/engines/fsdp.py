@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from launcher.config.job import Job
-from launcher.emit.exports import FSDP_NOTES
+from launcher.emit.exports import FSDP_NOTES, PURE_BF16_CLIENT
 from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.qlora import NF4_TABLE, block_nf4, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
@@ -344,7 +344,7 @@ class FsdpSpec(EngineSpec):
         # accelerate reads FSDP's accumulation only from its environment.
         return f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={plan.strategy.grad_accum_steps}"
 
-    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
+    def accelerate_notes(self, plan: Plan, config_dir: Path, *, optimizer: str) -> list[str]:
         """What a script launched with this accelerate.yaml must do, and what pure bf16, the optimizer step in
         backward or a low-memory optimizer add to it."""
         notes = list(FSDP_NOTES)
@@ -352,10 +352,17 @@ class FsdpSpec(EngineSpec):
             # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
             notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
             notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
-            # The rank side's step (launcher.worker.engines.optimizers.stochastic_round_adam).
-            notes.append("  The plan's AdamW rounds stochastically: build torchao.optim._AdamW(params, lr, "
-                         "weight_decay=..., bf16_stochastic_round=True);")
-            notes.append("  torch's AdamW rounds to nearest and drops updates under half a bf16 spacing of the weight.")
+            # The rank side's step (launcher.worker.engines.base.build_optimizer): Adam/AdamW round stochastically
+            # (optimizers.stochastic_round_adam), SGD is torch's.
+            if optimizer in PURE_BF16_CLIENT:
+                name = {"adam": "Adam", "adamw": "AdamW"}[optimizer]
+                notes.append(f"  The plan's {name} rounds stochastically: build {PURE_BF16_CLIENT[optimizer]};")
+                notes.append(f"  torch's {name} rounds to nearest and drops updates under half a bf16 spacing of the "
+                             "weight.")
+            else:
+                notes.append("  The job's SGD is torch.optim.SGD, as on the plan's ranks: it rounds to nearest, so "
+                             "updates under half")
+                notes.append("  a bf16 spacing of a weight are lost (torchao has no stochastically rounding SGD).")
         if plan.strategy.optimizer_in_backward:
             # accelerate and the HF Trainer have no setting for it: the script has to do it, or hold the gradients.
             notes += ["The plan steps the optimizer in backward (no gradient buffer, no clipping); accelerate has no",

@@ -156,8 +156,9 @@ class EngineSpec:
         """What the launch line sets in the environment because accelerate reads it only from there."""
         return ""
 
-    def accelerate_notes(self, plan: Plan, config_dir: Path) -> list[str]:
-        """What a script run with this engine's accelerate.yaml must do."""
+    def accelerate_notes(self, plan: Plan, config_dir: Path, *, optimizer: str) -> list[str]:
+        """What a script run with this engine's accelerate.yaml must do; ``optimizer``: the job's train.optimizer
+        (plan.json does not carry it, and pure bf16's step depends on it)."""
         raise NotImplementedError
 
     def accelerate_yaml(self, plan: Plan, job: Job, *, config_dir: Path) -> str:
@@ -165,7 +166,7 @@ class EngineSpec:
         return accelerate_yaml_text(plan, title=self.accelerate_title(plan.strategy),
                                     config=self.accelerate_config(plan, job, config_dir=config_dir),
                                     config_file=str((config_dir / "accelerate.yaml").resolve()),
-                                    env=self.accelerate_env(plan), notes=self.accelerate_notes(plan, config_dir))
+                                    env=self.accelerate_env(plan), notes=self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer))
 
     # -- words ---------------------------------------------------------------------------------------------------
     def title(self, s: Strategy, nodes: int) -> str:

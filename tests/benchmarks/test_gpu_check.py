@@ -96,3 +96,52 @@ def test_the_side_stream_split_is_judged_on_reserved_minus_allocated_too(tmp_pat
     cache = row["reserved_bytes"] - row["allocated_bytes"]
     assert row["predicted_cache_bytes"] < 0.3 * cache and "-7" in line.split("|")[5]  # about -73 %
     assert line.rstrip().endswith("| NO |")
+
+
+def test_reserved_minus_allocated_takes_allocated_at_the_tensor_peak(tmp_path):
+    """A hand-made CUDA plan whose side-stream pool (2 GB at backward_end) lifts backward_end (9 GB of tensors) over
+    backward (10 GB) on the verdict basis, and a rank that measured exactly what the plan says: allocated peaks at
+    backward (max_memory_allocated 10 GB + cuBLAS), reserved at backward_end. The page must predict allocated at the
+    tensor peak, and reserved - allocated as the difference of the two peaks (1.9 GB), not the 2.9 GB of
+    allocator_reserve + stream_pools at the verdict's moment (+53 %, over RESERVE_TOLERANCE)."""
+    import dataclasses
+
+    from launcher.planner.plan import Estimate
+    from launcher.rankreport import RankReport
+    from launcher.report import build_report
+    from launcher.rundir import RunDir
+    from tests.emit.emit_helpers import make_plan
+
+    GB = 10**9
+    blas, context, fragmentation = 8 << 20, GB // 2, 0.1
+    tensors = {"backward": 10 * GB, "backward_end": 9 * GB}
+    pools = {"backward_end": 2 * GB}
+    on_basis = {m: int(t * (1 + fragmentation)) + pools.get(m, 0) + blas + context for m, t in tensors.items()}
+    assert max(on_basis, key=on_basis.get) == "backward_end"  # the pool makes the verdict's moment the smaller one
+    overhead = {"cublas_workspace": blas, "allocator_reserve": int(fragmentation * tensors["backward_end"]),
+                "stream_pools": pools["backward_end"], "cuda_context": context}
+    breakdown = {"params": 4 * GB, "grads": 5 * GB, "reserve": sum(overhead.values())}
+    estimate = Estimate(breakdown=breakdown, peak_bytes=on_basis["backward_end"], host_bytes_per_node=0,
+                        nvme_bytes_per_node=0, step_time_s=1.0, peak_moment="backward_end",
+                        basis="cuda_reserved_plus_context", overhead=overhead, moment_bytes=on_basis,
+                        moment_stream_pool_bytes=pools, tensor_peak_bytes=tensors["backward"])
+    plan = dataclasses.replace(make_plan(engine="fsdp", world_size=1), estimate=estimate)
+    run = RunDir(tmp_path / "pool-accum-fsdp")
+    run.ranks.mkdir(parents=True)
+    (run.path / "plan.json").write_text(json.dumps(plan.to_json()))
+    allocated, reserved = tensors["backward"] + blas, on_basis["backward_end"] - context
+    rank = RankReport(rank=0, device="cuda:0", status="completed", basis="cuda_reserved_plus_context",
+                      measured_peak_bytes=reserved + context, max_memory_allocated_bytes=allocated,
+                      max_memory_reserved_bytes=reserved, outside_allocator_bytes=context,
+                      phases={"backward": reserved + context}, steps_done=2)
+    (run.ranks / "rank-0.json").write_text(json.dumps(rank.to_json()))
+    (run.path / "report.json").write_text(json.dumps(build_report(run, plan, expected_ranks=1).to_json()))
+
+    row = run_row(run.path, 0)
+    assert row["basis"] == "cuda_reserved_plus_context" and "problem" not in row
+    assert row["predicted_peak_bytes"] == row["measured_peak_bytes"]
+    assert row["predicted_allocated_bytes"] == allocated  # not the 9 GB + cuBLAS of the verdict's moment
+    assert row["predicted_cache_bytes"] == reserved - allocated == int(1.9 * GB)
+    page = render([row], tests_rc=None, machine="hand-made")
+    line = next(ln for ln in page.splitlines() if ln.startswith("| pool-accum-fsdp | ") and "(+0.0%)" in ln)
+    assert "1.90 GB / 1.90 GB (+0.0%)" in line  # GPU_VALIDATION_2's reserved - allocated cell

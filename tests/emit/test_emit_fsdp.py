@@ -198,6 +198,16 @@ def test_pure_bf16_reduces_in_bf16_and_says_the_params_are_bf16():
 def test_pure_bf16_notes_tell_the_script_to_round_stochastically(tmp_path):
     from launcher.engines import ENGINES
 
-    notes = " ".join(ENGINES["fsdp"].accelerate_notes(fsdp_plan(dict(precision="bf16"), pure_bf16=True), tmp_path))
-    assert "bf16_stochastic_round=True" in notes
-    assert "stochastic" not in " ".join(ENGINES["fsdp"].accelerate_notes(fsdp_plan(dict(precision="bf16")), tmp_path))
+    def notes(optimizer, **kw):
+        return " ".join(ENGINES["fsdp"].accelerate_notes(fsdp_plan(dict(precision="bf16"), **kw), tmp_path,
+                                                         optimizer=optimizer))
+
+    assert "torchao.optim._AdamW(" in notes("adamw", pure_bf16=True)
+    assert "bf16_stochastic_round=True" in notes("adamw", pure_bf16=True)
+    # The job's Adam is _AdamBase with is_adamw=False (L2 decay in the gradient), not _AdamW's decoupled decay.
+    adam = notes("adam", pure_bf16=True)
+    assert "is_adamw=False" in adam and "bf16_stochastic_round=True" in adam and "_AdamW" not in adam
+    # SGD steps torch's SGD on the ranks (build_optimizer): no torchao optimizer to build, and it rounds to nearest.
+    sgd = notes("sgd", pure_bf16=True)
+    assert "torchao.optim" not in sgd and "AdamW" not in sgd and "torch.optim.SGD" in sgd and "rounds to nearest" in sgd
+    assert "stochastic" not in notes("adamw")

@@ -158,8 +158,9 @@ def test_exports_say_where_the_optimizer_is_built(request_for):
     req = request_for(model=_gpt2s(), gpus_per_node=2, seq_len=256, global_batch_size=4, precision="fp32",
                       hardware=PROFILES["cpu"], allow_levers=("adamw4bit",), pins=pins, budget_bytes=10**10)
     plan = make_plan(req)
-    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, Path(".")))
+    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, Path("."), optimizer=req.optimizer))
     assert "torchao.optim.AdamW4bit" in notes and "not DummyOptim" in notes and "--optim adamw_torch_4bit" in notes
     plain = make_plan(dataclasses.replace(req, pins=dataclasses.replace(pins, low_memory_optimizer=None),
                                           allow_levers=()))
-    assert "DummyOptim" in " ".join(ENGINES["deepspeed"].accelerate_notes(plain, Path(".")))
+    assert "DummyOptim" in " ".join(ENGINES["deepspeed"].accelerate_notes(plain, Path("."),
+                                                                          optimizer=req.optimizer))

@@ -117,5 +117,28 @@ def test_accelerate_notes_name_the_rounding_client_optimizer(request_for):
                       hardware=PROFILES["cpu"], allow_levers=("pure_bf16",), pins=pins, budget_bytes=10**10)
     plan = make_plan(req)
     assert plan.strategy.pure_bf16
-    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, Path(".")))
+    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, Path("."), optimizer=req.optimizer))
     assert "bf16_stochastic_round=True" in notes and "not DummyOptim" in notes and "optimizers=(opt, None)" in notes
+    assert "torchao.optim._AdamW(" in notes and "DeepSpeed's own AdamW" in notes
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accelerate_notes_follow_the_jobs_optimizer_under_pure_bf16(request_for, optimizer):
+    # ds_config.json keeps SGD's block (torch's SGD, to nearest: DummyOptim) and leaves Adam to the client optimizer,
+    # the rounding _AdamBase with is_adamw=False (launcher.emit.deepspeed._fill_optimizer, worker build_optimizer;
+    # tests/emit/test_emit_deepspeed.py checks the blocks).
+    from launcher.planner.search import make_plan
+
+    pins = StrategyConfig(engine="deepspeed", zero_stage=2, offload_optimizer="none", pure_bf16=True)
+    req = request_for(model=_gpt2s(), gpus_per_node=2, seq_len=256, global_batch_size=4, precision="bf16",
+                      hardware=PROFILES["cpu"], allow_levers=("pure_bf16",), pins=pins, budget_bytes=10**10,
+                      optimizer=optimizer)
+    plan = make_plan(req)
+    assert plan.strategy.pure_bf16
+    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, Path("."), optimizer=optimizer))
+    if optimizer == "sgd":
+        assert "pass accelerate.utils.DummyOptim" in notes and "names the job's SGD" in notes
+        assert "torchao.optim" not in notes and "not DummyOptim" not in notes and "optimizers=(opt, None)" not in notes
+    else:
+        assert "not DummyOptim" in notes and "DeepSpeed's own Adam " in notes
+        assert "is_adamw=False" in notes and "bf16_stochastic_round=True" in notes and "_AdamW" not in notes

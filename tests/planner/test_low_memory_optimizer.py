@@ -177,10 +177,11 @@ def test_the_accelerate_export_tells_the_script_which_optimizer_the_plan_assumes
     req = _cpu_request(request_for, budget_bytes=10**10, allow_levers=("adamw4bit",))
     plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp",
                                                                        low_memory_optimizer="adamw4bit")))
-    notes = ENGINES["fsdp"].accelerate_notes(plan, Path("."))
+    notes = ENGINES["fsdp"].accelerate_notes(plan, Path("."), optimizer=req.optimizer)
     assert any("torchao.optim.AdamW4bit" in n for n in notes)
     plain = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, engine="fsdp")))
-    assert not any("optimizer" in n for n in ENGINES["fsdp"].accelerate_notes(plain, Path(".")))
+    plain_notes = ENGINES["fsdp"].accelerate_notes(plain, Path("."), optimizer=req.optimizer)
+    assert not any("optimizer" in n for n in plain_notes)
 
 
 def test_never_combined_with_the_step_in_backward_or_pure_bf16(request_for):

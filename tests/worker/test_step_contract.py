@@ -138,9 +138,96 @@ def test_deepspeed_refuses_a_pure_bf16_plan_whose_ds_config_keeps_fp32_masters()
     plan = make_plan(zero_stage=2, pure_bf16=True)
     ds = emit_ds.ds_config(plan, make_job())
     check_ds_config(ds, plan)
-    with pytest.raises(ConfigError, match="pure_bf16 needs enabled, bf16_master_weights_and_grads and "
-                                          "bf16_optimizer_states"):
+    with pytest.raises(ConfigError) as err:
         check_ds_config({**ds, "bf16": {"enabled": True}}, plan)
+    assert err.value.problems == [
+        f"ds_config.json bf16.{key}: absent (DeepSpeed's default False) but plan.json strategy.pure_bf16 is True; "
+        "re-emit the run dir (launch --overwrite)" for key in ("bf16_master_weights_and_grads", "bf16_optimizer_states")]
+
+
+def _without(ds: dict, key: str) -> dict:
+    out = json.loads(json.dumps(ds))
+    *parents, last = key.split(".")
+    node = out
+    for part in parents:
+        node = node[part]
+    del node[last]
+    return out
+
+
+def _with(ds: dict, key: str, value) -> dict:
+    out = json.loads(json.dumps(ds))
+    *parents, last = key.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+@pytest.mark.parametrize("strategy, precision", [
+    (dict(zero_stage=0), "fp32"), (dict(zero_stage=1), "bf16"), (dict(zero_stage=2, offload_optimizer="cpu"), "bf16"),
+    (dict(zero_stage=3, offload_optimizer="nvme", offload_params="cpu"), "bf16"),
+    (dict(zero_stage=2, pure_bf16=True), "bf16"), (dict(zero_stage=2, low_memory_optimizer="adamw4bit"), "fp32")])
+def test_the_emitted_ds_config_carries_out_its_plan(strategy, precision):
+    from launcher.worker.engines.deepspeed import check_ds_config
+    from tests.emit.emit_helpers import make_job, make_plan
+
+    plan = make_plan(precision=precision, **strategy)
+    check_ds_config(emit_ds.ds_config(plan, make_job()), plan)
+
+
+@pytest.mark.parametrize("plan_kw, edit, line", [
+    # What the plan needs that the config lacks: DeepSpeed would derive the micro-batch from train_batch_size, run
+    # ZeRO-0 without a stage, and keep fp32 masters without the bf16 keys.
+    (dict(), ("drop", "train_micro_batch_size_per_gpu"),
+     "train_micro_batch_size_per_gpu: absent but plan.json strategy.micro_batch_size is 2"),
+    (dict(), ("drop", "gradient_accumulation_steps"),
+     "gradient_accumulation_steps: absent but plan.json strategy.grad_accum_steps is 4"),
+    (dict(), ("drop", "zero_optimization.stage"),
+     "zero_optimization.stage: absent (DeepSpeed's default 0) but plan.json strategy.zero_stage is 2"),
+    (dict(), ("drop", "bf16"), "bf16.enabled: absent (DeepSpeed's default False) but plan.json precision is 'bf16', "
+                               "which needs True"),
+    (dict(offload_optimizer="cpu"), ("drop", "zero_optimization.offload_optimizer"),
+     "zero_optimization.offload_optimizer.device: absent (DeepSpeed's default 'none') but plan.json "
+     "strategy.offload_optimizer is 'cpu'"),
+    # What the config sets that the plan contradicts: bf16 masters, an offload or a batch the plan does not count,
+    # HF Trainer's "auto", DeepSpeed's own AdamW where pure bf16 steps the rounding client optimizer.
+    (dict(), ("set", "bf16.bf16_master_weights_and_grads", True),
+     "bf16.bf16_master_weights_and_grads: True but plan.json strategy.pure_bf16 is False"),
+    (dict(), ("set", "fp16.enabled", True), "fp16.enabled: True but plan.json precision is 'bf16', which needs False"),
+    (dict(), ("set", "zero_optimization.offload_param", {"device": "cpu"}),
+     "zero_optimization.offload_param.device: 'cpu' but plan.json strategy.offload_params is 'none'"),
+    (dict(), ("set", "train_batch_size", 32), "train_batch_size: 32 but plan.json global_batch_size is 64"),
+    (dict(), ("set", "train_micro_batch_size_per_gpu", "auto"),
+     "train_micro_batch_size_per_gpu: 'auto' but plan.json strategy.micro_batch_size is 2"),
+    (dict(pure_bf16=True), ("set", "optimizer", {"type": "AdamW", "params": {}}),
+     "optimizer: 'AdamW' but plan.json's strategy.pure_bf16 is True, whose Adam/AdamW the ranks build as the "
+     "stochastically rounding client optimizer (DeepSpeed's own rounds each bf16 weight to nearest)"),
+])
+def test_deepspeed_checks_the_ds_config_against_the_plan_both_ways(plan_kw, edit, line):
+    from launcher.worker.engines.deepspeed import check_ds_config
+    from tests.emit.emit_helpers import make_job, make_plan
+
+    plan = make_plan(**plan_kw)
+    ds = emit_ds.ds_config(plan, make_job())
+    check_ds_config(ds, plan)
+    bad = _without(ds, edit[1]) if edit[0] == "drop" else _with(ds, edit[1], edit[2])
+    with pytest.raises(ConfigError) as err:
+        check_ds_config(bad, plan)
+    assert err.value.problems == [f"ds_config.json {line}; re-emit the run dir (launch --overwrite)"]
+
+
+def test_every_ds_config_disagreement_is_in_one_error():
+    from launcher.worker.engines.deepspeed import check_ds_config
+    from tests.emit.emit_helpers import make_job, make_plan
+
+    plan = make_plan()
+    ds = _with(_without(emit_ds.ds_config(plan, make_job()), "gradient_accumulation_steps"), "zero_optimization.stage", 3)
+    with pytest.raises(ConfigError) as err:
+        check_ds_config(ds, plan)
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "ds_config.json gradient_accumulation_steps", "ds_config.json zero_optimization.stage"]
 
 
 @pytest.mark.parametrize("ds_clip, job_clip, ok", [(1.0, 1.0, True), (0.0, None, True), (0.0, 0.0, True),

@@ -51,29 +51,81 @@ def _attrs(obj, names) -> list[torch.Tensor]:
     return [t for n in names for t in _tensors(getattr(obj, n, None))]
 
 
+_NO_DEFAULT = object()
+"""A key DeepSpeed derives from others when it is absent (check_ds_config): the config must give it."""
+
+_ROUNDING_ADAM = ("adam", "adamw")
+"""ds_config optimizer types (case-insensitive, as DeepSpeed reads them) that pure bf16 steps with its own rounding
+client optimizer instead (launcher.emit.deepspeed._fill_optimizer)."""
+
+
+def _ds_value(ds: dict, key: str):
+    node = ds
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _NO_DEFAULT
+        node = node[part]
+    return node
+
+
 def check_ds_config(ds: dict, plan: Plan) -> None:
-    """The ds_config must carry out the plan; every disagreement in one error."""
+    """The ds_config must carry out the plan, both ways: each setting the plan needs must be there with the plan's
+    value (absent counts as DeepSpeed's default), and a setting the config adds must not contradict the plan (a bf16
+    master the plan does not keep, an offload it does not count, an optimizer block where the plan steps its own);
+    every disagreement in one error naming the key, both values and the fix."""
     s = plan.strategy
+    fix = "re-emit the run dir (launch --overwrite)"
+    # key -> (plan.json field, its value, the key's value it needs, DeepSpeed's value when the key is absent, or
+    # _NO_DEFAULT). Defaults from DeepSpeed 0.19:
+    # runtime/precision_config.py (bf16/fp16 off, no bf16 masters or states), zero/config.py (stage 0, offload_*
+    # None: no offload). Micro-batch and accumulation it derives from train_batch_size and the world size, which
+    # is not the plan's unless the two are given.
     want = {
-        "train_micro_batch_size_per_gpu": s.micro_batch_size,
-        "gradient_accumulation_steps": s.grad_accum_steps,
-        "zero_optimization.stage": s.zero_stage,
+        "train_micro_batch_size_per_gpu": ("strategy.micro_batch_size", s.micro_batch_size, s.micro_batch_size,
+                                           _NO_DEFAULT),
+        "gradient_accumulation_steps": ("strategy.grad_accum_steps", s.grad_accum_steps, s.grad_accum_steps,
+                                        _NO_DEFAULT),
+        "zero_optimization.stage": ("strategy.zero_stage", s.zero_stage, s.zero_stage, 0),
+        "bf16.enabled": ("precision", plan.precision, plan.precision == "bf16", False),
+        "fp16.enabled": ("precision", plan.precision, plan.precision == "fp16", False),
+        "bf16.bf16_master_weights_and_grads": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
+        "bf16.bf16_optimizer_states": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
+        "zero_optimization.offload_optimizer.device": ("strategy.offload_optimizer", s.offload_optimizer,
+                                                       s.offload_optimizer, "none"),
+        "zero_optimization.offload_param.device": ("strategy.offload_params", s.offload_params, s.offload_params,
+                                                   "none"),
     }
     problems = []
-    for key, value in want.items():
-        node = ds
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and value is not None and int(node) != int(value):
-            problems.append(f"ds_config.json {key}: {node} but plan.json says {value}; re-emit the run dir")
-    if s.low_memory_optimizer != "none" and "optimizer" in ds:
-        problems.append(f"ds_config.json optimizer: {ds['optimizer'].get('type')!r} but plan.json's "
-                        f"low_memory_optimizer is {s.low_memory_optimizer!r}, which the ranks pass as the client "
-                        "optimizer; re-emit the run dir")
-    if s.pure_bf16 and not all(ds.get("bf16", {}).get(k) for k in ("enabled", "bf16_master_weights_and_grads",
-                                                                    "bf16_optimizer_states")):
-        problems.append("ds_config.json bf16: plan.json's pure_bf16 needs enabled, bf16_master_weights_and_grads and "
-                        "bf16_optimizer_states all true; re-emit the run dir")
+    for key, (field, planned, needed, default) in want.items():
+        have = _ds_value(ds, key)
+        if have is _NO_DEFAULT:
+            have, seen = default, "absent" if default is _NO_DEFAULT else f"absent (DeepSpeed's default {default!r})"
+        else:
+            seen = repr(have)
+        # type() too: a JSON true is not the micro-batch 1, nor "auto" (HF Trainer's to fill) the plan's number.
+        if type(have) is type(needed) and have == needed:
+            continue
+        needs = "" if (type(planned), planned) == (type(needed), needed) else f", which needs {needed!r}"
+        problems.append(f"ds_config.json {key}: {seen} but plan.json {field} is {planned!r}{needs}; {fix}")
+    # A train_batch_size, where given, must be the plan's: DeepSpeed checks it against micro-batch x accumulation x
+    # world size. Absent, DeepSpeed computes it from those.
+    have = _ds_value(ds, "train_batch_size")
+    if have is not _NO_DEFAULT and have != plan.global_batch_size:
+        problems.append(f"ds_config.json train_batch_size: {have!r} but plan.json global_batch_size is "
+                        f"{plan.global_batch_size}; {fix}")
+    # The optimizer block, where the ranks build a client optimizer only when the config names none (DeepSpeedEngine
+    # .setup): the plan's low-memory optimizer, or pure bf16's stochastically rounding Adam/AdamW, whose place
+    # DeepSpeed's own AdamW (to nearest) would take. The other way needs nothing: without a block the ranks build the
+    # job's optimizer, which is the block the emitter would write (torch's AdamW, Adam or SGD).
+    block = ds.get("optimizer")
+    kind = block.get("type") if isinstance(block, dict) else block
+    if block is not None and s.low_memory_optimizer != "none":
+        problems.append(f"ds_config.json optimizer: {kind!r} but plan.json's strategy.low_memory_optimizer is "
+                        f"{s.low_memory_optimizer!r}, which the ranks pass as the client optimizer; {fix}")
+    elif block is not None and s.pure_bf16 and str(kind).lower() in _ROUNDING_ADAM:
+        problems.append(f"ds_config.json optimizer: {kind!r} but plan.json's strategy.pure_bf16 is True, whose "
+                        "Adam/AdamW the ranks build as the stochastically rounding client optimizer (DeepSpeed's "
+                        f"own rounds each bf16 weight to nearest); {fix}")
     if problems:
         raise ConfigError(problems)
 
