@@ -16,10 +16,10 @@ emitted config is the one the planner would use there, and the report's verdict 
    predicted candidate for every value of every axis the planner chooses; --all: every one, hours with the
    levers), 5 optimizer steps; step time = median of the 4 step-to-step intervals after
    the first step (steps/rank-0.jsonl 'time').
-2. confirmation: the 5 fastest per budget and the planner's picks again, 16 steps each, in 4 rounds that run
-   every one of them in turn (so a change in the machine's load lands on all of them, not on one); the median
-   of their 60 intervals replaces the screening one (the machine is shared: screening medians of 4 are noisy),
-   and the page shows the spread of the 4 rounds' own medians beside it.
+2. confirmation: the 5 fastest per budget and the planner's picks again, 8 steps each, in 8 rounds that run
+   every one of them in turn (so a change in the machine's load lands on all of them, not on one); the goal is
+   judged on each candidate's fastest round (``goal_ratio``), the median of its 56 intervals beside it (the
+   machine is shared: screening medians of 4 are noisy), and the spread of the rounds' own medians.
 Budgets are per rank. The cost model reads the `cpu` profile that `launch calibrate` measured (into the
 benchmark's own cache: .cache/bench-launcher, run first if missing).
 """
@@ -56,10 +56,12 @@ TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
 """Budgets follow the planner's own predictions (memory.py is being refit, so fixed MB figures would drift):
 tight = the smallest budget, in 0.1 MB steps, under which 6 candidates fit; medium = half of them; loose = 1 GB,
 where everything fits."""
-SCREEN_STEPS, CONFIRM_STEPS, CONFIRM_TOP, CONFIRM_ROUNDS = 5, 16, 5, 4
-"""Confirmation: 4 interleaved rounds of 16 steps (60 intervals). With 2 rounds of 8 (stop 26), two candidates
+SCREEN_STEPS, CONFIRM_STEPS, CONFIRM_TOP, CONFIRM_ROUNDS = 5, 8, 5, 8
+"""Confirmation: 8 interleaved rounds of 8 steps (56 intervals). With 2 rounds of 8 (stop 26), two candidates
 that do the same work on CPU ranks (FSDP2 with and without CPUOffloadPolicy) measured 12 % apart and swapped
-order between runs: each round's spread is now on the page, so a reader can tell a tie from a miss."""
+order between runs; with 4 rounds of 16 (stop 27) 16 % apart by medians. A whole process runs slow or not (stop 28:
+0.23-0.39 s/step between fresh processes of one tracked step, stable within each, GC, pinning and address layout
+ruled out), so rounds, not steps, are what the fastest-round figure the goal is judged on needs."""
 RIVALS = 4
 """Besides the per-axis bests (select), the fastest rivals by the planner's prediction screened per budget."""
 GOAL_RATIO = 1.05
@@ -294,6 +296,12 @@ def evaluate_budgets(budgets: dict, screen: dict, confirm: dict) -> dict:
     return out
 
 
+def goal_ratio(r: dict) -> float | None:
+    """The figure the goal is judged on: pick / best by each candidate's fastest confirmation round
+    (``fastest_round_s``), or by medians where the pick was not confirmed."""
+    return r.get("ratio_fastest_round") if r.get("ratio_fastest_round") is not None else r.get("ratio")
+
+
 def fastest_round_s(confirmed: dict) -> float | None:
     """The lowest of a confirmed candidate's round medians.
 
@@ -373,7 +381,7 @@ def markdown(results, budgets, screen, confirm, profile, meta, stem) -> str:
             f"| {name}: {r['budget_bytes'] / 1e6:g} MB | {r['fitting']} | {r['measured']} | {r['pick_label']} | "
             f"{_s(r['pick_step_s'])} | {r['best_label']} | {_s(r['best_step_s'])} | {ratio} | "
             f"{_ratio(r.get('ratio_fastest_round'))} | {len(r['breaches'])} |")
-    ok = all(r["ratio"] is not None and r["ratio"] <= GOAL_RATIO for r in results.values())
+    ok = all((g := goal_ratio(r)) is not None and g <= GOAL_RATIO for r in results.values())
     nb = sum(len(r["breaches"]) for r in results.values())
     screened = len(screen)
     lines += ["", f"Screened: {screened} candidates (the union over budgets). Unless run with --all, a budget's "
@@ -389,8 +397,9 @@ def markdown(results, budgets, screen, confirm, profile, meta, stem) -> str:
               "", "Budgets follow the planner's predictions: tight is the smallest (0.1 MB steps) under which "
               f"{TIGHT_FITS} candidates fit, medium admits half of the candidates, loose is {LOOSE_MB:g} MB.",
               "", "The fastest-rounds column compares each candidate's lowest round median (`fastest_round_s`): the "
-              "host only adds time, so it is the figure with the least load in it; the goal is judged on the "
-              "median column.",
+              "host only adds time, so it is the figure with the least load in it, and the goal is judged on it "
+              "(since stop 28: the spread lies in whole processes, which run slow or not below anything a run "
+              "controls, benchmarks/README); the median column stays beside it.",
               "", f"Goal: pick <= {GOAL_RATIO} x best and 0 breaches: "
               f"{'met' if ok and nb == 0 else 'NOT met'} ({nb} breach(es)).", ""]
     pairs = same_work_pairs(budgets, confirm)
