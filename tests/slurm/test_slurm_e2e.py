@@ -104,6 +104,12 @@ def wait_for(pred, what: str, timeout_s: float = JOB_DEADLINE_S, poll_s: float =
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def job_state(job_id: str) -> str:
+    """squeue's state of the job ("" once it has left the queue)."""
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
 def sacct_states(job_id: str) -> list[str]:
     out = subprocess.run(["sacct", "-D", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
                          text=True, timeout=30).stdout
@@ -283,6 +289,11 @@ def test_timeout_requeue_resumes_at_the_exact_next_step(tmp_path, single_task):
 
     first = wait_for(requeued_with_checkpoint, "a requeue after a checkpoint", timeout_s=600)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"], check=True, timeout=30)
+    # Slurm holds a requeued job ~30 s before it is eligible again (measured: requeued 12:26:43, eligible 12:27:14,
+    # started 12:27:36); what the test checks starts after that, so the wait is moved up to now once it is pending.
+    wait_for(lambda: job_state(job_id) not in ("RUNNING", "COMPLETING"), "the requeued job to leave the node",
+             timeout_s=120)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
     wait_for(lambda: status(run_dir)["state"] == "COMPLETED", "the resumed run to complete", timeout_s=420, poll_s=3)
 
     saved_at = int(first["checkpoint"].split("-")[-1])
