@@ -93,6 +93,8 @@ PURE_BF16_CLIENT = {
 """The stochastically rounding optimizer a script builds for a pure-bf16 plan, by the job's train.optimizer
 (launcher.worker.engines.optimizers.stochastic_round_adam; torchao exports no such Adam: _AdamW is _AdamBase with
 is_adamw=True). SGD has none: the ranks step torch's SGD, which rounds to nearest."""
+ADAM_TITLES = {"adam": "Adam", "adamw": "AdamW"}
+"""How the notes name a train.optimizer that pure bf16 steps with PURE_BF16_CLIENT (its keys)."""
 
 
 def deepspeed_notes(ds_config_file: str, client_optimizer: str = "") -> list[str]:

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
-from launcher.emit.exports import PURE_BF16_CLIENT, deepspeed_accelerate_config, deepspeed_notes, hf_ds_config
+from launcher.emit.exports import (
+    ADAM_TITLES,
+    PURE_BF16_CLIENT,
+    deepspeed_accelerate_config,
+    deepspeed_notes,
+    hf_ds_config,
+)
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
@@ -90,7 +96,7 @@ def pure_bf16_notes(optimizer: str) -> list[str]:
     AdamW step the rounding client optimizer the script builds (PURE_BF16_CLIENT; ds_config.json names none), SGD
     is ds_config.json's own block (launcher.emit.deepspeed._fill_optimizer)."""
     if optimizer in PURE_BF16_CLIENT:
-        name = {"adam": "Adam", "adamw": "AdamW"}[optimizer]
+        name = ADAM_TITLES[optimizer]
         return [
             "Pure bf16: ds_config.json keeps bf16 master weights, gradients and optimizer states; DeepSpeed's own "
             f"{name}",

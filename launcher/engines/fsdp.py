@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from launcher.config.job import Job
-from launcher.emit.exports import FSDP_NOTES, PURE_BF16_CLIENT
+from launcher.emit.exports import ADAM_TITLES, FSDP_NOTES, PURE_BF16_CLIENT
 from launcher.emit.fsdp import fsdp_config, fsdp_yaml_text
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.qlora import NF4_TABLE, block_nf4, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
@@ -355,7 +355,7 @@ class FsdpSpec(EngineSpec):
             # The rank side's step (launcher.worker.engines.base.build_optimizer): Adam/AdamW round stochastically
             # (optimizers.stochastic_round_adam), SGD is torch's.
             if optimizer in PURE_BF16_CLIENT:
-                name = {"adam": "Adam", "adamw": "AdamW"}[optimizer]
+                name = ADAM_TITLES[optimizer]
                 notes.append(f"  The plan's {name} rounds stochastically: build {PURE_BF16_CLIENT[optimizer]};")
                 notes.append(f"  torch's {name} rounds to nearest and drops updates under half a bf16 spacing of the "
                              "weight.")
