@@ -41,6 +41,12 @@ def candidates(req: PlanRequest) -> list[Strategy]:
                 f"{req.global_batch_size // req.world_size}; use one of {mbs}"
             )
         mbs = [p.micro_batch_size]
+    if p.release_frozen_weights and not frozen_inputs_measured(req):
+        source = getattr(req.activations, "source", "the paper's constants")
+        raise ConfigError(
+            "strategy.release_frozen_weights: true saves every frozen linear's input, which the activation constants "
+            f"in use do not measure ({source}); leave strategy.release_frozen_weights out (the planner then counts "
+            "the pinned weights of torch's linear)")
     out = []
     # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy.
     settings: dict[tuple, list[dict[str, object]]] = {}
@@ -59,12 +65,6 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         layout = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
         out += [Strategy(**layout, micro_batch_size=mb, grad_accum_steps=accum, **lv)
                 for lv in settings[key]]
-    if p.release_frozen_weights and not frozen_inputs_measured(req):
-        source = getattr(req.activations, "source", "the paper's constants")
-        raise ConfigError(
-            "strategy.release_frozen_weights: true saves every frozen linear's input, which the activation constants "
-            f"in use do not measure ({source}); leave strategy.release_frozen_weights out (the planner then counts "
-            "the pinned weights of torch's linear)")
     if not out and refused:
         raise ConfigError(refused[0])
     if not out:

@@ -50,7 +50,7 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
         "low_memory_optimizer": req.optimizer in ("adamw", "adam") and not m.lora_params,
         "pure_bf16": req.precision == "bf16",
         "qlora": bool(m.lora_params and m.block_linear_shapes),  # some frozen block linear NF4 could take
-        "release_frozen_weights": bool(m.lora_params) and frozen_inputs_measured(req),
+        "release_frozen_weights": frozen_inputs_measured(req),
     }.get(lever, True)
 
 

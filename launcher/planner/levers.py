@@ -79,9 +79,9 @@ def sac_measured(req: PlanRequest) -> bool:
 
 
 def frozen_inputs_measured(req: PlanRequest) -> bool:
-    """Whether the probe measured what the frozen linears' inputs add when saved (ActivationConstants
-    .frozen_inputs_measured; LoRA jobs): without it release_frozen_weights is not offered."""
-    return bool(getattr(req.activations, "frozen_inputs_measured", False))
+    """Whether this job has frozen linears (LoRA) and the probe measured what their inputs add when saved
+    (ActivationConstants.frozen_inputs_measured): without both release_frozen_weights is not offered."""
+    return bool(req.model.lora_params) and bool(getattr(req.activations, "frozen_inputs_measured", False))
 
 
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
@@ -111,7 +111,7 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
         # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
         "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
         # Only where the probe measured the frozen linears' inputs (LoRA; frozen_inputs_measured).
-        "release_frozen_weights": [False, True] if m.lora_params and frozen_inputs_measured(req) else [False],
+        "release_frozen_weights": [False, True] if frozen_inputs_measured(req) else [False],
     }
     for name in axes:
         pin = getattr(p, name)
@@ -137,7 +137,7 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     policies = ([p.checkpoint_policy] if p.checkpoint_policy is not None
                 else ["full", "ops"] if "checkpoint_policy" in supported and sac_measured(req) else ["full"])
     if "checkpoint_policy" in limits:
-        if any(policy not in limits["checkpoint_policy"] for policy in policies if p.checkpoint_policy is not None):
+        if p.checkpoint_policy is not None and p.checkpoint_policy not in limits["checkpoint_policy"]:
             return []  # pinned to a policy this layout does not offer
         policies = [policy for policy in policies if policy in limits["checkpoint_policy"]]
     for on in ac:
