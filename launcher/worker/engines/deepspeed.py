@@ -51,8 +51,9 @@ def _attrs(obj, names) -> list[torch.Tensor]:
     return [t for n in names for t in _tensors(getattr(obj, n, None))]
 
 
-_NO_DEFAULT = object()
-"""A key DeepSpeed derives from others when it is absent (check_ds_config): the config must give it."""
+_ABSENT = object()
+"""A key the config does not give (_ds_value), and in check_ds_config's table a key with no DeepSpeed default
+(DeepSpeed derives it from others): the config must give it."""
 
 _ROUNDING_ADAM = ("adam", "adamw")
 """ds_config optimizer types (case-insensitive, as DeepSpeed reads them) that pure bf16 steps with its own rounding
@@ -63,7 +64,7 @@ def _ds_value(ds: dict, key: str):
     node = ds
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return _NO_DEFAULT
+            return _ABSENT
         node = node[part]
     return node
 
@@ -76,15 +77,15 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
     s = plan.strategy
     fix = "re-emit the run dir (launch --overwrite)"
     # key -> (plan.json field, its value, the key's value it needs, DeepSpeed's value when the key is absent, or
-    # _NO_DEFAULT). Defaults from DeepSpeed 0.19:
+    # _ABSENT). Defaults from DeepSpeed 0.19:
     # runtime/precision_config.py (bf16/fp16 off, no bf16 masters or states), zero/config.py (stage 0, offload_*
     # None: no offload). Micro-batch and accumulation it derives from train_batch_size and the world size, which
     # is not the plan's unless the two are given.
     want = {
         "train_micro_batch_size_per_gpu": ("strategy.micro_batch_size", s.micro_batch_size, s.micro_batch_size,
-                                           _NO_DEFAULT),
+                                           _ABSENT),
         "gradient_accumulation_steps": ("strategy.grad_accum_steps", s.grad_accum_steps, s.grad_accum_steps,
-                                        _NO_DEFAULT),
+                                        _ABSENT),
         "zero_optimization.stage": ("strategy.zero_stage", s.zero_stage, s.zero_stage, 0),
         "bf16.enabled": ("precision", plan.precision, plan.precision == "bf16", False),
         "fp16.enabled": ("precision", plan.precision, plan.precision == "fp16", False),
@@ -98,8 +99,8 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
     problems = []
     for key, (field, planned, needed, default) in want.items():
         have = _ds_value(ds, key)
-        if have is _NO_DEFAULT:
-            have, seen = default, "absent" if default is _NO_DEFAULT else f"absent (DeepSpeed's default {default!r})"
+        if have is _ABSENT:
+            have, seen = default, "absent" if default is _ABSENT else f"absent (DeepSpeed's default {default!r})"
         else:
             seen = repr(have)
         # type() too: a JSON true is not the micro-batch 1, nor "auto" (HF Trainer's to fill) the plan's number.
@@ -110,7 +111,7 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
     # A train_batch_size, where given, must be the plan's: DeepSpeed checks it against micro-batch x accumulation x
     # world size. Absent, DeepSpeed computes it from those.
     have = _ds_value(ds, "train_batch_size")
-    if have is not _NO_DEFAULT and have != plan.global_batch_size:
+    if have is not _ABSENT and have != plan.global_batch_size:
         problems.append(f"ds_config.json train_batch_size: {have!r} but plan.json global_batch_size is "
                         f"{plan.global_batch_size}; {fix}")
     # The optimizer block, where the ranks build a client optimizer only when the config names none (DeepSpeedEngine
