@@ -166,7 +166,8 @@ class EngineSpec:
         return accelerate_yaml_text(plan, title=self.accelerate_title(plan.strategy),
                                     config=self.accelerate_config(plan, job, config_dir=config_dir),
                                     config_file=str((config_dir / "accelerate.yaml").resolve()),
-                                    env=self.accelerate_env(plan), notes=self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer))
+                                    env=self.accelerate_env(plan),
+                                    notes=self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer))
 
     # -- words ---------------------------------------------------------------------------------------------------
     def title(self, s: Strategy, nodes: int) -> str:

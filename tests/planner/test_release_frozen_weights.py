@@ -15,7 +15,7 @@ from launcher.planner.levers import options
 from launcher.planner.memory import analytic_constants, strategy_activations
 from launcher.planner.plan import LEVER_FIELDS
 from launcher.planner.scoring import score
-from launcher.planner.search import make_plan
+from launcher.planner.search import candidates, make_plan
 from tests.planner.conftest import llama_stats
 
 ALL = frozenset(LEVER_FIELDS)
@@ -77,15 +77,12 @@ def test_zero3_under_lora_offers_no_op_level_checkpointing(request_for, lora_req
 
 
 def ds_candidates(req):
-    from launcher.planner.search import candidates
-
     return [s for s in candidates(req) if s.engine == "deepspeed"]
 
 
 def zero3(**kw):
-    pins = StrategyConfig(engine="deepspeed", zero_stage=3, offload_optimizer="none", offload_params="none",
+    return StrategyConfig(engine="deepspeed", zero_stage=3, offload_optimizer="none", offload_params="none",
                           micro_batch_size=1, activation_checkpointing=False, loss_chunks=0, **kw)
-    return pins
 
 
 def test_released_weights_pin_nothing_and_their_inputs_are_activations(lora_request):
