@@ -446,7 +446,7 @@ def every_cell() -> list[Cell]:
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
-            *Z3_RELEASE_VALIDATION]
+            *Z3_RELEASE_VALIDATION, *Z3_RELEASE_VALIDATION_2]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -455,7 +455,7 @@ def sides_of_all() -> dict[str, str]:
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
     "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
-    "z3release-validation" (ZeRO-3's released frozen weights)."""
+    "z3release-validation" (ZeRO-3's released frozen weights), "z3release-validation-2" (their gathered weights)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -472,7 +472,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "dsbf16-validation" for c in DS_PURE_BF16_VALIDATION},
             **{c.name: "validation-3" for c in CURRENT_VALIDATION},
             **{c.name: "z3pin-validation" for c in Z3_PIN_VALIDATION},
-            **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION}}
+            **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION},
+            **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -526,3 +527,20 @@ def select(cells: list[Cell], patterns: list[str] | None) -> list[Cell]:
         if any(all(part in c.name for part in p.split(",")) for p in patterns):
             out.append(c)
     return out
+
+
+Z3_RELEASE_VALIDATION_2: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 14:40 UTC) before the term it judges was written: what ZeRO-3's coordinator
+    # keeps gathered at the backward start under memory_efficient_linear with LoRA (release_frozen_weights), where
+    # the plan counted w.min(live cap, the whole model) (docs/memory-model.md "ZeRO-3's released frozen weights").
+    # Shapes Z3_RELEASE_VALIDATION did not use: GPT-2 with its embedding tied to the head (the 4-block GPT-2, and the
+    # 16k-vocabulary one with checkpointing), MiniLM's sentence embedding (its largest layer, the word table, the cap),
+    # the 4-block Llama in bf16 and the 6-block Llama (its untied head the cap) at a longer length.
+    _c("z3", "gpt2s", "causal_lm", "fp32", False, 2, 160, lora=True, release_frozen_weights=True),
+    _c("z3", "gpt2m", "causal_lm", "fp32", True, 1, 320, lora=True, release_frozen_weights=True),
+    _c("z3", "minilm", "sentence_embedding", "fp32", False, 2, 72, lora=True, release_frozen_weights=True),
+    _c("z3", "llama", "causal_lm", "bf16", False, 2, 96, lora=True, release_frozen_weights=True),
+    _c("z3", "llama6", "causal_lm", "fp32", False, 1, 448, lora=True, release_frozen_weights=True),
+)
+"""ZeRO-3's released frozen weights, second validation split: the gathered weights at the backward start (out of
+sample for that term, run once)."""

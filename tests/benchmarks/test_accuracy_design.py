@@ -22,6 +22,7 @@ from benchmarks.accuracy.cells import (
     VALIDATION,
     Z3_PIN_VALIDATION,
     Z3_RELEASE_VALIDATION,
+    Z3_RELEASE_VALIDATION_2,
     balanced,
     every_cell,
     full_matrix,
@@ -266,3 +267,16 @@ def test_the_zero3_release_validation_is_new():
     assert {c.sharding for c in Z3_RELEASE_VALIDATION} == {"z3", "z3off"}
     assert all(c.lora and ("release_frozen_weights", True) in c.levers for c in Z3_RELEASE_VALIDATION)
     assert {sides_of_all()[c.name] for c in Z3_RELEASE_VALIDATION} == {"z3release-validation"}
+
+
+def test_the_second_zero3_release_validation_is_new():
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in Z3_RELEASE_VALIDATION_2}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in Z3_RELEASE_VALIDATION_2}
+    assert all(c.sharding == "z3" and c.lora and ("release_frozen_weights", True) in c.levers
+               for c in Z3_RELEASE_VALIDATION_2)
+    # Shapes the first split did not take: a head tied to the embedding, and a task without a head.
+    first = {(c.model, c.task, c.precision, c.checkpointing) for c in Z3_RELEASE_VALIDATION}
+    assert all((c.model, c.task, c.precision, c.checkpointing) not in first for c in Z3_RELEASE_VALIDATION_2)
+    assert {c.model for c in Z3_RELEASE_VALIDATION_2} >= {"gpt2s", "minilm"}
+    assert {sides_of_all()[c.name] for c in Z3_RELEASE_VALIDATION_2} == {"z3release-validation-2"}
