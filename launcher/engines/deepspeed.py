@@ -335,6 +335,51 @@ def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
     return per_block * blocks + head
 
 
+def refetched_params(m: ModelStats) -> int:
+    """Parameters that ZeRO-3's backward gathers again under LoRA: all but the input tables the frozen embedding
+    modules read. Their outputs need no gradient, so no pre-backward hook fires for them (parameter_offload.py
+    PreBackwardFunctionForModule runs only in autograd's backward), and the coordinator's trace holds no later use of
+    their parameters. A causal LM's tied token table is used again, by the head. The block-0 projections that read
+    the block's input before any adapter also have no backward use; they are left in (a few per cent of a tiny
+    model, nothing on a real one)."""
+    table = m.vocab_size * m.hidden_size
+    reused = table if m.is_causal and m.tied_embeddings else 0
+    return max(0, m.num_params - input_embedding_params(m) + reused)
+
+
+def released_gathered_elems(inp: MemoryInputs, p: Partition, buckets: Buckets) -> int:
+    """Weight elements ZeRO-3 keeps gathered at the backward start when LoRA's frozen linears run DeepSpeed's
+    LinearFunctionForZeroStage3 (release_frozen_weights), which saves the Parameter, not a gathered copy.
+
+    After a module's forward, partitioned_param_coordinator.py release_sub_module frees only the parameters
+    ``__params_to_release(module, step_id)`` names: it keeps those the prefetcher has already queued for a later
+    step (``__most_recent_step_id_param_fetched_for``) or that the trace uses again within max_reuse_distance
+    elements. With a recorded trace (forward then backward) that is the tail of the forward whose backward use is
+    near: a causal LM's head always (its backward is the next use), then the modules before it, up to the live cap
+    (the emitter sets the reuse distance and max_live_parameters to it). Measured on 2 CPU ranks: the whole model
+    but its input tables when the cap holds it (the tiny Llama: 131,072 of 139,264 refetched elements), the head
+    alone when the cap is the head (a Llama's untied head is its largest layer, so the cap, on 7B and 70B too). So
+    w.min(cap, refetched_params).
+
+    The worker's evaluation before the first step (data.eval_fraction > 0, launcher/worker/loop.py) changes this:
+    its forward-only pass is the first trace DeepSpeed completes, and ``__params_to_release`` is an
+    ``functools.lru_cache`` keyed by (module, step id) that _invalidate_trace never clears. The training backward
+    then invalidates that trace and a full one is recorded, but every forward release keeps the answer computed
+    from the forward-only trace, in which no module is used again: every frozen weight is freed after its forward.
+    What is gathered at the backward start is then what the prefetcher fetched ahead for the backward. When the
+    whole model is smaller than the first prefetch (min(cap, prefetch bucket); fetch_sub_module pops the trace
+    while the elements it gathers stay under it, and reset_step zeroes __n_available_params), that first prefetch
+    pops the whole trace, backward entries included, and nothing is prefetched again: nothing is gathered at the
+    backward start beyond the layer its own backward gathers (counted in the model states: 2w x the largest layer).
+    Larger models keep w.min(cap, refetched_params), an upper bound there: with the cap at a causal LM's head, the
+    head's backward gathers it at that instant anyway."""
+    m = inp.model
+    cap = buckets.stage3_max_live_parameters
+    if inp.evaluates_first and p.psi < min(cap, buckets.stage3_prefetch_bucket_size):
+        return 0
+    return min(cap, refetched_params(m))
+
+
 def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
     """ZeRO-3's reduce bucket, the gathered weights beside the activations, and the end-of-backward flush."""
     m = inp.model
@@ -347,6 +392,8 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
     # So up to min(cap, Ψ) parameters stay gathered, frozen ones (LoRA) included: with the cap at or above Ψ
     # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
     gathered = p.w * min(buckets.stage3_max_live_parameters, p.psi)
+    if m.lora_params and s.release_frozen_weights:
+        gathered = p.w * released_gathered_elems(inp, p, buckets)
     # Beyond the cap: the weights torch's linear pins until their backward (pinned_linear_elems; LoRA only).
     gathered = max(gathered, p.w * pinned_linear_elems(m, s))
     # A flush of the reduce bucket (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter is DeepSpeed's

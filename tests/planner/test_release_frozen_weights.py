@@ -9,8 +9,9 @@ import pytest
 
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
-from launcher.engines.deepspeed import RELEASE_REFUSED, pinned_linear_elems
+from launcher.engines.deepspeed import RELEASE_REFUSED, pinned_linear_elems, refetched_params
 from launcher.errors import ConfigError
+from launcher.planner.buckets import size_buckets
 from launcher.planner.levers import options
 from launcher.planner.memory import analytic_constants, strategy_activations
 from launcher.planner.plan import LEVER_FIELDS
@@ -130,3 +131,53 @@ def test_a_pin_without_the_probes_measure_is_refused_not_planned_without_its_ter
     unmeasured = lora_request(activations=analytic_constants(lora7b(), "bf16"), pins=zero3(release_frozen_weights=True))
     with pytest.raises(ConfigError, match="strategy.release_frozen_weights: true saves every frozen linear's input"):
         make_plan(unmeasured)
+
+
+def tiny_llama(vocab=1024):
+    # tests/cli/test_run_cli.py's Llama: h 64, 2 blocks of 36,864 linear weights, an untied head.
+    blocks = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64)
+    n = blocks + 2 * vocab * 64 + 64 + 2 * (4 * (64 + 64) + 4 * (64 + 32))
+    m = llama_stats(num_params=n, blocks=2, h=64, inter=128, vocab=vocab, trainable=1536)
+    return dataclasses.replace(m, block_linear_shapes=[[64, 64], [32, 64], [32, 64], [64, 64], [128, 64], [128, 64],
+                                                       [64, 128]])
+
+
+def test_what_zero3_keeps_gathered_from_the_forward_with_the_weights_released(request_for):
+    # The coordinator keeps the parameters the trace uses again within the live cap: all but the input tables the
+    # frozen embeddings read (no backward fetches them), a tied causal head's table used again by the head.
+    m = tiny_llama()
+    assert refetched_params(m) == m.num_params - 1024 * 64
+    tied = dataclasses.replace(m, tied_embeddings=True, num_params=m.num_params - 1024 * 64)
+    assert refetched_params(tied) == tied.num_params
+    cls = dataclasses.replace(m, task="seq_cls", is_causal=False, max_positions=512,
+                              non_block_params=m.non_block_params + 512 * 64, num_params=m.num_params + 512 * 64)
+    assert refetched_params(cls) == cls.num_params - 1024 * 64 - 512 * 64  # the token and the position tables
+    pins = dataclasses.replace(zero3(release_frozen_weights=True), micro_batch_size=4)
+    req = request_for(model=m, activations=measured(m), pins=pins, gpus_per_node=2, seq_len=64,
+                      global_batch_size=8, precision="fp32")
+    torch_linear = dataclasses.replace(make_plan(req).strategy, release_frozen_weights=False)
+    released = dataclasses.replace(torch_linear, release_frozen_weights=True)
+    cap = size_buckets(req).stage3_max_live_parameters
+    assert cap > m.num_params  # the cap holds the model: everything used again stays gathered
+    kept = score(req, released).estimate
+    # An evaluation before the first step: DeepSpeed's forward releases are decided on its forward-only trace
+    # (the stale __params_to_release cache) and this model fits its first prefetch, so nothing stays gathered.
+    evaluated = score(dataclasses.replace(req, evaluates_first=True), released).estimate
+    # What the coordinator kept was the model less its input table, 4 bytes each (fp32), not the whole model.
+    assert kept.breakdown["params"] - evaluated.breakdown["params"] == 4 * (m.num_params - 1024 * 64)
+    assert kept.peak_bytes > evaluated.peak_bytes
+    # Torch's linear pins its weights whatever the coordinator does: the evaluation changes nothing there.
+    assert score(dataclasses.replace(req, evaluates_first=True), torch_linear).estimate.peak_bytes == \
+        score(req, torch_linear).estimate.peak_bytes
+
+
+def test_a_model_over_the_first_prefetch_keeps_the_caps_worth_evaluated_or_not(lora_request):
+    # Llama-7B: the cap is its largest layer, the untied head, which its backward uses first: gathered either way.
+    req = lora_request(pins=zero3(release_frozen_weights=True))
+    s = make_plan(req).strategy
+    cap = size_buckets(req).stage3_max_live_parameters
+    assert cap == 32000 * 4096 < refetched_params(req.model)
+    a = score(req, s).estimate
+    b = score(dataclasses.replace(req, evaluates_first=True), s).estimate
+    assert a.peak_bytes == b.peak_bytes and a.breakdown["params"] == b.breakdown["params"]
+
