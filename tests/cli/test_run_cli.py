@@ -209,10 +209,10 @@ def test_lora_bf16_trains_only_the_adapters(tmp_path):
 def test_zero3_lora_with_the_frozen_weights_released(tmp_path):
     """ZeRO-3 under LoRA on DeepSpeed's memory_efficient_linear (release_frozen_weights): the frozen linears save their
     inputs instead of pinning their gathered weights; the run trains the adapters within budget and the adapter
-    gathered from ZeRO-3's partitions reloads. The peak is over-predicted here, on the safe side: the plan counts the
-    live-parameter cap's worth gathered at the backward start, and these runs measured only the partition there
-    (+11 to +13 % on two tiny Llamas; the validation cells, whose head's backward makes the peak, within 2.6 %;
-    docs/memory-model.md "ZeRO-3's released frozen weights")."""
+    gathered from ZeRO-3's partitions reloads. The job evaluates before its first step, so DeepSpeed decides every
+    forward release on that forward-only trace (its stale __params_to_release cache) and this model, within the first
+    prefetch, keeps nothing gathered at the backward start: the plan counts none there (it counted the whole model
+    before, +11 % over; now +2.6 %; docs/memory-model.md "ZeRO-3's released frozen weights")."""
     job = job_file(tmp_path, "z3lora", model=str(tiny_llama_dir(tmp_path)),
                    train={"global_batch_size": 8, "precision": "fp32", "lr": 1e-2, "max_steps": 6,
                           "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
@@ -224,7 +224,7 @@ def test_zero3_lora_with_the_frozen_weights_released(tmp_path):
     assert report["within_budget"] is True and sorted(r["rank"] for r in report["ranks"]) == [0, 1]
     for r in report["ranks"]:
         over = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
-        assert 0 <= over <= 0.2, (r["rank"], r["predicted_peak_bytes"], r["measured_peak_bytes"])
+        assert 0 <= over <= 0.06, (r["rank"], r["predicted_peak_bytes"], r["measured_peak_bytes"])
     losses = step_losses(tmp_path / "run")
     assert losses[-1] < losses[0], losses
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
