@@ -75,7 +75,7 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not exact and not allowed(req, lever, other):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        offered = spec.lever_values(s, lora=bool(req.model.lora_params)).get(lever, ((other,), ""))[0]
+        offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
         if not used and (lever not in spec.levers or other not in offered):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
             continue
