@@ -434,6 +434,19 @@ Z3_RELEASE_VALIDATION: tuple[Cell, ...] = (
 )
 """ZeRO-3's released frozen weights validation split (out of sample for that lever, run once)."""
 
+SAC_Z3LORA_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 13:50 UTC) before ZeRO-3 under LoRA offered op-level selective checkpointing
+    # again (refused since stop 28: its replay counted ZeRO-3's parameter fetch and release): the SAC terms are the
+    # fake-tensor probe's, engine-independent, but this combination never ran on real ranks. Shapes no ZeRO-3 cell
+    # used: the 4-block Llama in fp32 on torch's linear, the 6-block Llama in bf16 with every 2nd block checkpointed on
+    # DeepSpeed's memory_efficient_linear, GPT-2's Conv1D blocks (addmm: the policy saves attention's outputs only).
+    _c("z3", "llama", "causal_lm", "fp32", True, 1, 320, lora=True, checkpoint_policy="ops"),
+    _c("z3", "llama6", "causal_lm", "bf16", True, 2, 144, lora=True, checkpoint_policy="ops", checkpoint_every=2,
+       release_frozen_weights=True),
+    _c("z3", "gpt2m", "causal_lm", "fp32", True, 1, 400, lora=True, checkpoint_policy="ops"),
+)
+"""Op-level selective checkpointing at ZeRO-3 under LoRA, validation split (out of sample, run once)."""
+
 
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
@@ -446,7 +459,7 @@ def every_cell() -> list[Cell]:
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
-            *Z3_RELEASE_VALIDATION, *Z3_RELEASE_VALIDATION_2]
+            *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -455,7 +468,8 @@ def sides_of_all() -> dict[str, str]:
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
     "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
-    "z3release-validation" (ZeRO-3's released frozen weights), "z3release-validation-2" (their gathered weights)."""
+    "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
+    checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -473,6 +487,7 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "validation-3" for c in CURRENT_VALIDATION},
             **{c.name: "z3pin-validation" for c in Z3_PIN_VALIDATION},
             **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION},
+            **{c.name: "sac-z3lora-validation" for c in SAC_Z3LORA_VALIDATION},
             **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2}}
 
 

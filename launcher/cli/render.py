@@ -203,7 +203,9 @@ def lever_line(d: LeverDecision) -> str:
     if d.other_value is not None and d.why != "not_allowed":
         dp, dt = d.peak_delta_bytes, d.step_time_delta_s
         sign = "+" if dp >= 0 else "-"
-        out += (f" ({d.lever}={d.other_value!r}: peak {sign}{format_bytes(abs(dp))}, step "
+        # The limit it would overrun first: a lever can lower the device peak and still not fit (host RAM).
+        over = f"{problem_words(d.other_problem)}; " if d.other_problem is not None else ""
+        out += (f" ({d.lever}={d.other_value!r}: {over}peak {sign}{format_bytes(abs(dp))}, step "
                 f"{'+' if dt >= 0 else '-'}{abs(dt):.3g} s)")
     return out
 

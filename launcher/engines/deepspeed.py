@@ -83,12 +83,6 @@ PURE_BF16_REFUSED = {
 RELEASE_REFUSED = ("ZeRO-0/1/2 keep every weight whole on every rank: there is no gathered weight to release (the "
                    "linear is ZeRO-3's, zero/linear.py)")
 """Why a DeepSpeed layout below ZeRO-3 does not offer release_frozen_weights (DeepSpeedSpec.lever_values)."""
-SAC_REFUSED = ("under LoRA, ZeRO-3's parameter all-gathers (torch.cat of the partitions, partition_parameters.py "
-               "AllGatherCoalescedHandle.wait) run in a different order in a block's recompute than in its forward, "
-               "which the op policy's replay refuses (torch.utils.checkpoint: \"aten.cat.default invocation index 2 "
-               "encountered during backward but not found in storage\"; measured on 2 CPU ranks, fp32 and bf16, with "
-               "torch's linear and DeepSpeed's); full recompute has no such replay")
-"""Why ZeRO-3 under LoRA does not offer op-level selective checkpointing (DeepSpeedSpec.lever_values)."""
 
 
 def pure_bf16_notes(optimizer: str) -> list[str]:
@@ -567,18 +561,15 @@ class DeepSpeedSpec(EngineSpec):
     levers = frozenset({"loss_chunks", "checkpoint_every", "checkpoint_policy", "activation_offload",
                         "low_memory_optimizer", "pure_bf16", "release_frozen_weights"})
 
-    def lever_values(self, c: Candidate | Strategy, *, lora: bool = False) -> dict[str, tuple[tuple[object, ...], str]]:
+    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
         all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
         block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
         (LOW_MEMORY_REFUSED). Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED). The frozen
-        weights released after forward at ZeRO-3 only (RELEASE_REFUSED); no op-level selective checkpointing at
-        ZeRO-3 under LoRA (SAC_REFUSED)."""
+        weights released after forward at ZeRO-3 only (RELEASE_REFUSED)."""
         out: dict[str, tuple[tuple[object, ...], str]] = {}
         if c.zero_stage != 3:
             out["release_frozen_weights"] = ((False,), RELEASE_REFUSED)
-        elif lora:
-            out["checkpoint_policy"] = (("full",), SAC_REFUSED)
         if c.offload_optimizer != "none":
             return {**out, "low_memory_optimizer": (("none",), LOW_MEMORY_REFUSED["offload"]),
                     "pure_bf16": ((False,), PURE_BF16_REFUSED["offload"])}

@@ -73,10 +73,9 @@ class EngineSpec:
     leaves the others off for it (launcher.planner.levers)."""
 
     # -- search --------------------------------------------------------------------------------------------------
-    def lever_values(self, c: Candidate | Strategy, *, lora: bool = False) -> dict[str, tuple[tuple[object, ...], str]]:
+    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
         """Lever fields whose values this layout limits further than ``levers`` says: field -> (the values it
-        offers, why it offers no other), for levers an engine implements on some of its layouts only. ``lora``:
-        the job trains LoRA adapters on a frozen base."""
+        offers, why it offers no other), for levers an engine implements on some of its layouts only."""
         return {}
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:

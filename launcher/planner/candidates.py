@@ -54,7 +54,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
         spec = engine_spec(c.engine)
-        levers, limited = spec.levers, spec.lever_values(c, lora=bool(req.model.lora_params))
+        levers, limited = spec.levers, spec.lever_values(c)
         limits = {name: values for name, (values, _) in limited.items()}
         key = (levers, accum, tuple(sorted(limits.items())))
         if key not in settings:

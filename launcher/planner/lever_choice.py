@@ -75,7 +75,7 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not exact and not allowed(req, lever, other):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        offered = spec.lever_values(s, lora=bool(req.model.lora_params)).get(lever, ((other,), ""))[0]
+        offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
         if not used and (lever not in spec.levers or other not in offered):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
             continue
@@ -91,7 +91,8 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             why = "would_fit" if alt.problem is None else "no_fit_either"
         out.append(LeverDecision(lever=lever, exact=exact, used=used, why=why, other_value=other,
                                  peak_delta_bytes=int(alt.estimate.peak_bytes - best.estimate.peak_bytes),
-                                 step_time_delta_s=alt.estimate.step_time_s - best.estimate.step_time_s))
+                                 step_time_delta_s=alt.estimate.step_time_s - best.estimate.step_time_s,
+                                 other_problem=alt.problem))
     return out
 
 

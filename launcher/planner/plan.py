@@ -282,6 +282,9 @@ class LeverDecision:
     """Predicted peak with the other value minus the plan's, bytes (positive: the lever saves that much)."""
     step_time_delta_s: float = 0.0
     """Predicted step time with the other value minus the plan's, seconds."""
+    other_problem: Problem | None = None
+    """The limit the other value would overrun (the device budget, host RAM or NVMe per node); None where it
+    fits or nothing was scored. A lever can save device memory and still not fit: activation offload's host RAM."""
 
     def to_json(self) -> dict:
         """The decision as plan.json's dict (from_json reads it back)."""
@@ -290,7 +293,10 @@ class LeverDecision:
     @classmethod
     def from_json(cls, d: dict) -> LeverDecision:
         """A decision read from plan.json; keys it does not know are ignored."""
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        if kw.get("other_problem") is not None:
+            kw["other_problem"] = Problem(**kw["other_problem"])
+        return cls(**kw)
 
 
 PLAN_SCHEMA = 1

@@ -17,6 +17,7 @@ from benchmarks.accuracy.cells import (
     QUICK,
     SAC_DS_DEV,
     SAC_DS_VALIDATION,
+    SAC_Z3LORA_VALIDATION,
     SEEN_VALIDATION,
     SHARDINGS,
     VALIDATION,
@@ -280,3 +281,14 @@ def test_the_second_zero3_release_validation_is_new():
     assert all((c.model, c.task, c.precision, c.checkpointing) not in first for c in Z3_RELEASE_VALIDATION_2)
     assert {c.model for c in Z3_RELEASE_VALIDATION_2} >= {"gpt2s", "minilm"}
     assert {sides_of_all()[c.name] for c in Z3_RELEASE_VALIDATION_2} == {"z3release-validation-2"}
+
+
+def test_the_zero3_lora_op_policy_validation_is_new():
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in SAC_Z3LORA_VALIDATION}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in SAC_Z3LORA_VALIDATION}
+    assert {c.sharding for c in SAC_Z3LORA_VALIDATION} == {"z3"}
+    assert all(c.lora and c.checkpointing and ("checkpoint_policy", "ops") in c.levers for c in SAC_Z3LORA_VALIDATION)
+    # Both of ZeRO-3's linears under LoRA: torch's and DeepSpeed's memory_efficient_linear (released frozen weights).
+    assert {dict(c.levers).get("release_frozen_weights", False) for c in SAC_Z3LORA_VALIDATION} == {False, True}
+    assert {sides_of_all()[c.name] for c in SAC_Z3LORA_VALIDATION} == {"sac-z3lora-validation"}

@@ -153,3 +153,22 @@ def test_the_plan_says_for_every_lever_whether_it_was_used_and_why(request_for, 
     assert d.other_value == (0 if d.used else 8)
     back = Plan.from_json(plan.to_json())
     assert back.levers == plan.levers
+
+
+def test_a_lever_that_would_not_fit_names_the_limit_it_would_overrun(request_for):
+    """Activation offload lowers the device peak and still does not fit where host RAM is short: the decision
+    carries the limit (host RAM, not the budget), plan.json keeps it, and the lever line says it."""
+    from launcher.cli.render import lever_line
+
+    plan = make_plan(request_for(host_ram_per_node_bytes=100 * 10**9))
+    d = next(d for d in plan.levers if d.lever == "activation_offload")
+    assert (d.used, d.why, d.other_value) == (False, "would_not_fit", True)
+    assert d.peak_delta_bytes < 0  # it would save device memory ...
+    assert d.other_problem.resource == "host_ram"  # ... and overrun host RAM
+    assert d.other_problem.have_bytes == 100 * 10**9 < d.other_problem.need_bytes
+    assert "host RAM: needs" in lever_line(d) and "has 100.00 GB" in lever_line(d)
+    back = Plan.from_json(plan.to_json())
+    assert back.levers == plan.levers
+    # Where it fits, nothing is named.
+    roomy = make_plan(request_for())
+    assert all(d.other_problem is None for d in roomy.levers if d.why == "fits_without")

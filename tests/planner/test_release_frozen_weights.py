@@ -66,15 +66,18 @@ def test_only_zero3_offers_it(lora_request):
     assert ds.lever_values(z2)["release_frozen_weights"] == ((False,), RELEASE_REFUSED)
 
 
-def test_zero3_under_lora_offers_no_op_level_checkpointing(request_for, lora_request):
-    # Measured: the op policy's replay fails on ZeRO-3's all-gathers under LoRA, with either linear (SAC_REFUSED).
-    policies = {(s.zero_stage, s.checkpoint_policy) for s in ds_candidates(lora_request())}
-    assert (3, "ops") not in policies and (3, "full") in policies and (2, "ops") in policies
+def test_zero3_under_lora_offers_op_level_checkpointing(request_for, lora_request):
+    # The ranks hide ZeRO-3's parameter fetch and release from the op policy's replay
+    # (launcher.worker.engines.deepspeed.hide_zero3_fetches), with either linear: offered as for a full fine-tune.
+    tried = {(s.zero_stage, s.checkpoint_policy, s.release_frozen_weights) for s in ds_candidates(lora_request())}
+    assert {(3, "ops", False), (3, "ops", True), (3, "full", False), (2, "ops", False)} <= tried
     full = request_for(activations=measured(llama_stats()))
     assert (3, "ops") in {(s.zero_stage, s.checkpoint_policy) for s in ds_candidates(full)}  # a full fine-tune
-    pinned = lora_request(pins=StrategyConfig(engine="deepspeed", zero_stage=3, checkpoint_policy="ops"))
-    with pytest.raises(ConfigError, match="under LoRA, ZeRO-3's parameter all-gathers"):
-        make_plan(pinned)
+    for release in (False, True):
+        pinned = lora_request(pins=StrategyConfig(engine="deepspeed", zero_stage=3, activation_checkpointing=True,
+                                                  checkpoint_policy="ops", release_frozen_weights=release))
+        s = make_plan(pinned).strategy
+        assert (s.zero_stage, s.checkpoint_policy, s.release_frozen_weights) == (3, "ops", release)
 
 
 def ds_candidates(req):

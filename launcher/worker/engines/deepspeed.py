@@ -193,6 +193,30 @@ def keep_optimizer_state_whole(zero_optimizer) -> None:
         zero_optimizer._hp_optimizer_states_linked = True
 
 
+def hide_zero3_fetches(zero_optimizer) -> None:
+    """Run ZeRO-3's parameter fetch and release unseen by the op policy (launcher.model.sac.unseen).
+
+    A module's pre-forward hook fetches its parameters and its post-forward hook releases them
+    (parameter_offload.py pre/post_sub_module_forward_function -> PartitionedParameterCoordinator.fetch_sub_module /
+    release_sub_module), so inside a checkpointed block they run in the block's forward and again in its recompute,
+    but not alike: the forward finds the weights prefetched by an earlier module and releases them; the recompute, in
+    backward after they were released, all-gathers them again (empty, c10d._allgather_base_, under LoRA no backward
+    prefetch got there first). Counted by the policy's replay, those ops shift its per-op indices. Hidden, the block's
+    own ops are the same in both passes and the recompute is exact. The wrapped methods are this optimizer's
+    coordinator's own (bound on the instance), DeepSpeed's classes are untouched."""
+    from launcher.model.sac import unseen
+
+    coordinator = zero_optimizer.parameter_offload.get_param_coordinator()
+    for name in ("fetch_sub_module", "release_sub_module"):
+        method = getattr(coordinator, name)
+
+        def hidden(*args, _method=method, **kwargs):
+            with unseen():
+                return _method(*args, **kwargs)
+
+        setattr(coordinator, name, hidden)
+
+
 class DeepSpeedEngine:
     """The rank side of DeepSpeed ZeRO: deepspeed.initialize on the run's ds_config.json, behind the step contract."""
 
@@ -289,6 +313,8 @@ class DeepSpeedEngine:
         self.model = self.engine
         if self.low_memory_optimizer != "none" and self.stage in (1, 2):
             keep_optimizer_state_whole(self.optimizer)
+        if self.stage == 3 and self.hf_checkpointing and self.checkpoint_policy == "ops":
+            hide_zero3_fetches(self.optimizer)
         if probe.tracker is None:
             return  # no category tracking (CUDA without $LAUNCHER_TRACK_CATEGORIES): nothing to label
         self._label_memory(probe, grads=False)
