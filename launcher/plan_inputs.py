@@ -260,7 +260,7 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
         host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
         nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(job, stats, profile), force=force,
         precision_reason=precision_reason, allow_levers=tuple(job.train.allow_levers),
-        max_grad_norm=float(job.train.max_grad_norm or 0.0), evaluates_first=job.data.eval_fraction > 0,
+        max_grad_norm=float(job.train.max_grad_norm or 0.0),
     )
 
 

@@ -341,7 +341,7 @@ def refetched_params(m: ModelStats) -> int:
     return max(0, m.num_params - input_embedding_params(m) + reused)
 
 
-def released_gathered_elems(inp: MemoryInputs, p: Partition, buckets: Buckets) -> int:
+def released_gathered_elems(m: ModelStats, buckets: Buckets) -> int:
     """Weight elements ZeRO-3 keeps gathered at the backward start when LoRA's frozen linears run DeepSpeed's
     LinearFunctionForZeroStage3 (release_frozen_weights), which saves the Parameter, not a gathered copy.
 
@@ -355,23 +355,14 @@ def released_gathered_elems(inp: MemoryInputs, p: Partition, buckets: Buckets) -
     alone when the cap is the head (a Llama's untied head is its largest layer, so the cap, on 7B and 70B too). So
     w.min(cap, refetched_params).
 
-    The worker's evaluation before the first step (data.eval_fraction > 0, launcher/worker/loop.py) changes this:
-    its forward-only pass is the first trace DeepSpeed completes, and ``__params_to_release`` is an
-    ``functools.lru_cache`` keyed by (module, step id) that _invalidate_trace never clears. The training backward
-    then invalidates that trace and a full one is recorded, but every forward release keeps the answer computed
-    from the forward-only trace, in which no module is used again: every frozen weight is freed after its forward.
-    What is gathered at the backward start is then what the prefetcher fetched ahead for the backward. When the
-    whole model is smaller than the first prefetch (min(cap, prefetch bucket); fetch_sub_module pops the trace
-    while the elements it gathers stay under it, and reset_step zeroes __n_available_params), that first prefetch
-    pops the whole trace, backward entries included, and nothing is prefetched again: nothing is gathered at the
-    backward start beyond the layer its own backward gathers (counted in the model states: 2w x the largest layer).
-    Larger models keep w.min(cap, refetched_params), an upper bound there: with the cap at a causal LM's head, the
-    head's backward gathers it at that instant anyway."""
-    m = inp.model
-    cap = buckets.stage3_max_live_parameters
-    if inp.evaluates_first and p.psi < min(cap, buckets.stage3_prefetch_bucket_size):
-        return 0
-    return min(cap, refetched_params(m))
+    The worker's evaluation before the first step (data.eval_fraction > 0, launcher/worker/loop.py) can keep less:
+    its forward-only pass is the first trace DeepSpeed completes, and ``__params_to_release`` is a
+    ``functools.lru_cache`` keyed by (module, step id) that _invalidate_trace never clears, so every later forward
+    release keeps the answer of the forward-only trace, in which no module is used again. A model within the first
+    prefetch then held nothing gathered at the backward start (the tiny Llama). Not counted: it rests on a cache
+    DeepSpeed never clears, and a resumed run skips that evaluation; the count stays an upper bound there.
+    """
+    return min(buckets.stage3_max_live_parameters, refetched_params(m))
 
 
 def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buckets, st: States) -> States:
@@ -387,7 +378,7 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
     # the whole model (measured on GPT-2: +wΨ), below it the cap's worth (a causal LM's head among them).
     gathered = p.w * min(buckets.stage3_max_live_parameters, p.psi)
     if m.lora_params and s.release_frozen_weights:
-        gathered = p.w * released_gathered_elems(inp, p, buckets)
+        gathered = p.w * released_gathered_elems(m, buckets)
     # Beyond the cap: the weights torch's linear pins until their backward (pinned_linear_elems; LoRA only).
     gathered = max(gathered, p.w * pinned_linear_elems(m, s))
     # A flush of the reduce bucket (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter is DeepSpeed's

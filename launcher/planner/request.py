@@ -47,8 +47,6 @@ class PlanRequest:
     """Why this precision (launcher.precision.choose_precision); the plan repeats it among its reasons."""
     allow_levers: tuple[str, ...] = ()
     """The math-changing levers the job allows (train.allow_levers); the exact ones need no permission."""
-    evaluates_first: bool = False
-    """The job evaluates before its first step (data.eval_fraction > 0: the worker's baseline eval loss)."""
     max_grad_norm: float = 0.0
     """The job's gradient clipping (train.max_grad_norm; 0: off): the optimizer step in backward cannot clip, and
     the plan says so."""

@@ -249,10 +249,6 @@ class MemoryInputs:
     """Activation bytes per token (measured, calibrated or from the paper)."""
     overlap_comm: bool = False
     """DeepSpeed overlap_comm doubles the reduce bucket (the emitter turns it off at stages 1-2)."""
-    evaluates_first: bool = False
-    """The worker runs an evaluation pass before its first step (data.eval_fraction > 0): ZeRO-3's coordinator
-    then keeps no frozen weight gathered from a small model's forward (launcher.engines.deepspeed
-    .released_gathered_elems)."""
     device_room_bytes: int = 0
     """Device bytes a rank may fill, the usable budget: what DeepSpeed's ZeRO-1/2 flatten sees as room (the rank
     caps its available_memory check there); 0 reads the device's whole memory."""

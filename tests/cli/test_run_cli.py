@@ -209,12 +209,10 @@ def test_lora_bf16_trains_only_the_adapters(tmp_path):
 def test_zero3_lora_with_the_frozen_weights_released(tmp_path):
     """ZeRO-3 under LoRA on DeepSpeed's memory_efficient_linear (release_frozen_weights): the frozen linears save their
     inputs instead of pinning their gathered weights; the run trains the adapters within budget and the adapter
-    gathered from ZeRO-3's partitions reloads. The job evaluates before its first step, so DeepSpeed decides every
-    forward release on that forward-only trace (its stale __params_to_release cache) and this model, within the first
-    prefetch, keeps nothing gathered at the backward start: the plan counts none there, and the peak's parameters are
-    the partition alone (the whole model counted before: +11 % over without checkpointing, now +2.6 %; with the op
-    policy below -4.8 %, the activations and loss under by 0.45 MB; docs/memory-model.md "ZeRO-3's released frozen
-    weights").
+    gathered from ZeRO-3's partitions reloads. The plan counts what ZeRO-3's coordinator keeps gathered from the
+    forward, the model less its input table here; this job evaluates before its first step, after which DeepSpeed
+    keeps less (its stale __params_to_release cache): the partition alone at the peak, which the plan leaves
+    uncounted, an upper bound (docs/memory-model.md "ZeRO-3's released frozen weights").
 
     The blocks are checkpointed with the op policy: ZeRO-3's fetch and release run inside each block, and the
     initial eval leaves a complete trace, so the first forward finds the weights prefetched while their recompute
@@ -232,13 +230,14 @@ def test_zero3_lora_with_the_frozen_weights_released(tmp_path):
     assert report["within_budget"] is True and sorted(r["rank"] for r in report["ranks"]) == [0, 1]
     for r in report["ranks"]:
         over = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
-        assert -0.06 <= over <= 0.06, (r["rank"], r["predicted_peak_bytes"], r["measured_peak_bytes"])
-    # The weights at the peak: the rank's partition, nothing gathered, as planned (counting the model's 0.83 MB
-    # gathered there was 3x the measured parameters).
+        # +1.1 % measured; never under by more than the planner's 5 % margin.
+        assert -0.05 <= over <= 0.06, (r["rank"], r["predicted_peak_bytes"], r["measured_peak_bytes"])
+    # The weights at the peak: the rank's partition and nothing gathered, within what the plan counts (the
+    # coordinator's count, the model less its input table gathered: an upper bound after the evaluation).
     plan_params = json.loads((tmp_path / "run" / "plan.json").read_text())["breakdown"]["params"]
     for k in (0, 1):
         held = json.loads((tmp_path / "run" / "ranks" / f"rank-{k}.json").read_text())["peak_by_category"]["params"]
-        assert abs(plan_params - held) <= 0.05 * held, (k, plan_params, held)
+        assert held <= plan_params, (k, plan_params, held)
     losses = step_losses(tmp_path / "run")
     assert losses[-1] < losses[0], losses
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
