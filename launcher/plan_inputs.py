@@ -183,7 +183,7 @@ def shipped_constants(job: Job) -> ActivationConstants | None:
 SHIPPED_SEQ_LENS = (1024, 2048, 4096, 8192)
 """Sequence lengths scripts/gen_bundled_stats.py probes for each bundled config."""
 PER_TOKEN = ("block_bytes_per_token", "block_bytes_per_token_per_seq", "ckpt_bytes_per_token",
-             "head_bytes_per_token", "head_ckpt_bytes_per_token", "sac_bytes_per_token")
+             "head_bytes_per_token", "head_ckpt_bytes_per_token", "sac_bytes_per_token", "ckpt_kwargs_bytes_per_token")
 """The probe's per-token constants (launcher.planner.terms.ActivationConstants)."""
 SEQ_LINEAR = ("each per-token constant is linear in the sequence length, exactly so across the shipped lengths "
               "and within 1e-5 of a fresh probe between them (tests/model/test_bundled_stats.py)")
@@ -232,9 +232,10 @@ def request_problems(job: Job) -> list[Problem]:
     return problems
 
 
-def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
+def plan_request(job: Job, *, force: bool = False, script: bool = False) -> PlanRequest:
     """The planner's request for a job: its rules checked (ConfigError with every problem), precision auto decided,
-    the model introspected, the hardware profile and activation constants read."""
+    the model introspected, the hardware profile and activation constants read. ``script``: the ranks will run the
+    user's own script (launch --script), which receives only some levers (PlanRequest.script)."""
     problems = []
     if job.gpus is None:
         problems.append("gpus: missing; pass --gpus N (GPUs, or CPU ranks, per node)")
@@ -260,12 +261,12 @@ def plan_request(job: Job, *, force: bool = False) -> PlanRequest:
         host_ram_per_node_bytes=job.cluster.host_ram_per_node_bytes or host_ram_bytes(),
         nvme_free_bytes=nvme_free_bytes(job), activations=activation_constants(job, stats, profile), force=force,
         precision_reason=precision_reason, allow_levers=tuple(job.train.allow_levers),
-        max_grad_norm=float(job.train.max_grad_norm or 0.0),
+        max_grad_norm=float(job.train.max_grad_norm or 0.0), script=script,
     )
 
 
-def plan_job(job: Job, *, force: bool = False) -> Plan:
+def plan_job(job: Job, *, force: bool = False, script: bool = False) -> Plan:
     """The plan for a job (plan_request, then the search); NoPlanError when nothing fits. A forced plan gets its
     first reason here, worded from its typed Problem (launcher.plan_words): every plan the launcher runs, writes or
     prints is made here, and the planner returns numbers only."""
-    return with_forced_reason(make_plan(plan_request(job, force=force)))
+    return with_forced_reason(make_plan(plan_request(job, force=force, script=script)))

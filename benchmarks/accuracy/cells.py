@@ -459,7 +459,7 @@ def every_cell() -> list[Cell]:
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
-            *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2]
+            *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -469,7 +469,8 @@ def sides_of_all() -> dict[str, str]:
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
     "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
     "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
-    checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count)."""
+    checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
+    "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -488,7 +489,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "z3pin-validation" for c in Z3_PIN_VALIDATION},
             **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION},
             **{c.name: "sac-z3lora-validation" for c in SAC_Z3LORA_VALIDATION},
-            **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2}}
+            **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2},
+            **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -559,3 +561,16 @@ Z3_RELEASE_VALIDATION_2: tuple[Cell, ...] = (
 )
 """ZeRO-3's released frozen weights, second validation split: the gathered weights at the backward start (out of
 sample for that term, run once)."""
+
+SAC_DS_VALIDATION_2: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 14:45 UTC) before any term for what a mixed layout's backward start holds
+    # beyond the probe's constants (docs/memory-model.md "Op-level selective checkpointing", findings: the checkpointed
+    # layers' kwargs kept by torch.utils.checkpoint's recompute closure), run once after it. DeepSpeed with the op
+    # policy, every k-th block checkpointed and the last one not (the backward start is the moment), on shapes no SAC
+    # split used: the 6-block Llama on ZeRO-2 at 640 tokens (k 4), the 4-block Llama in bf16 on ZeRO-1 at micro-batch
+    # 2 (k 2), the tiny GPT-2 (attention dropout: the CPU's math path) on ZeRO-3 at 576 tokens (k 2).
+    _c("z2", "llama6", "causal_lm", "fp32", True, 1, 640, checkpoint_policy="ops", checkpoint_every=4),
+    _c("z1", "llama", "causal_lm", "bf16", True, 2, 384, checkpoint_policy="ops", checkpoint_every=2),
+    _c("z3", "gpt2s", "causal_lm", "fp32", True, 1, 576, checkpoint_policy="ops", checkpoint_every=2),
+)
+"""Op-level selective checkpointing on DeepSpeed in mixed layouts, validation split 2 (out of sample, run once)."""

@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help="write the exports into this directory: job.yaml (resolved), plan.json, accelerate.yaml, and "
                         "ds_config.json (checked by DeepSpeed's parser) with ds_config.hf.json, or fsdp.yaml")
     p.add_argument("--sbatch", action="store_true", help="also write an sbatch script (with --out) or print it")
+    p.add_argument("--script", metavar="PATH",
+                   help="plan for your own training script, as `launch JOB --script PATH` runs it (or accelerate "
+                        "launch with the --out exports): only the levers a script receives are tried, those the "
+                        "launcher's recipes apply stay off unless strategy: pins them")
     p.set_defaults(func=run)
 
 
@@ -82,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     """`launch plan`: plan the job and print it (text or --json), write the exports with --out and the sbatch script
     with --sbatch; the exit code."""
     try:
+        if args.script is not None and args.sbatch:
+            raise ConfigError("--script: --sbatch writes a script that runs the launcher's recipe, not yours; drop "
+                              "--sbatch, and submit your script with launch --slurm JOB --script PATH")
+        if args.script is not None and not Path(args.script).is_file():
+            raise ConfigError(f"--script: {args.script!r} does not exist; give the path of your training script")
         if args.json and args.sbatch and not args.out:
             raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "
                               "object); add --out DIR to write it there")
@@ -93,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
-        plan = plan_job(job, force=args.force)
+        plan = plan_job(job, force=args.force, script=args.script is not None)
         script = None
         if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
             from launcher.emit.sbatch import sbatch_text

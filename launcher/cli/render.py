@@ -193,6 +193,8 @@ WHY_WORDS = {
     "not_allowed": "not allowed: changes the training math; add it to train.allow_levers to let the planner use it",
     "engine_lacks": "not offered by this engine",
     "not_applicable": "not applicable to this job",
+    "script_lacks": "not tried: your --script does not receive it (the launcher's recipes apply it); pin it under "
+                    "strategy: if your script does",
 }
 
 

@@ -18,7 +18,8 @@ import yaml
 from launcher.config.job import Job
 from launcher.emit.deepspeed import ds_config
 from launcher.emit.fsdp import accelerate_base
-from launcher.planner.plan import Plan
+from launcher.planner.levers import SCRIPT_LEVERS
+from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF, Plan
 
 HF_AUTO_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                "gradient_clipping")
@@ -143,6 +144,12 @@ def accelerate_yaml_text(plan: Plan, *, title: str, config: dict, config_file: s
                   "  Without --machine_rank accelerate stops; without --main_process_ip it retries the marker name."]
     lines.append(f"train.py's DataLoader: batch_size={s.micro_batch_size} per process (accelerate has no key for it).")
     lines += notes
+    recipe_only = [f"{name}: {getattr(s, name)}" for name in LEVER_FIELDS
+                   if name not in SCRIPT_LEVERS and getattr(s, name) != LEVERS_OFF[name]]
+    if recipe_only:
+        # A script launched with this file applies none of them, so the plan's memory would not hold for it.
+        lines += [f"The plan counts on levers the launcher's recipes apply and this file does not carry ({', '.join(recipe_only)}):",
+                  "  for your own script, plan with `launch plan JOB --script train.py --out DIR`, which leaves them off."]
     header = "".join(f"# {line}\n" for line in lines)
     return header + yaml.safe_dump(config, sort_keys=False)
 

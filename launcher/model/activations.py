@@ -18,8 +18,9 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 7
-"""Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA)."""
+PROBE_VERSION = 8
+"""Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA; 8: the
+checkpointed layers' kwargs in a mixed layout)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -69,7 +70,8 @@ def _saving_linear():
 
 
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
-                           dtype, loss_chunks: int = 0, policy: str = "full", saving_linear: bool = False) -> int:
+                           dtype, loss_chunks: int = 0, policy: str = "full", saving_linear: bool = False,
+                           checkpoint_every: int = 1) -> int:
     import torch
 
     from launcher.model.build import model_class
@@ -95,7 +97,9 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
             from launcher.model.sac import sac_context
 
             kwargs["context_fn"] = sac_context
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # every k-th block from the first, as the worker asks transformers (launcher.worker.model.build)
+        every = {"every_n_layers": checkpoint_every} if checkpoint_every != 1 else {}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **every)
     if job.train.lora is not None:
         # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
         from launcher.model.lora import apply_lora
@@ -168,11 +172,13 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     tokens = max(s_long, 4 * int(config.vocab_size) // 16, 64 * h // 16)
     examples = -(-tokens // s_long)
 
-    def peak(blocks: int, s: int, ac: bool, policy: str = "full", saving_linear: bool = False) -> float:
+    def peak(blocks: int, s: int, ac: bool, policy: str = "full", saving_linear: bool = False,
+             every: int = 1) -> float:
         """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
         n = examples * s_long // s
         total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
-                                       checkpointing=ac, dtype=dtype, policy=policy, saving_linear=saving_linear)
+                                       checkpointing=ac, dtype=dtype, policy=policy, saving_linear=saving_linear,
+                                       checkpoint_every=every)
         return total / (n * s)
 
     # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
@@ -190,6 +196,11 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     head_ckpt = q1 - ckpt - per_block_long
     # The same with the op policy (launcher.model.sac): per block its input and the outputs of the saved ops.
     sac = peak(2, s_long, True, "ops") - peak(1, s_long, True, "ops")
+    # A mixed layout, block 0 checkpointed and block 1 not: its backward start holds D + (A + B·s) + H and the
+    # checkpointed layer's kwargs, kept by torch.utils.checkpoint's recompute closure (terms.ActivationConstants),
+    # alike under both policies. Measured with the op policy: its D, unlike C, is the backward start's own (C comes
+    # out 0 where the 1- and 2-block runs with full recompute peak at one moment beyond the blocks, tests/model).
+    kwargs_held = max(0.0, peak(2, s_long, True, "ops", every=2) - (sac + per_block_long + head))
     # Under LoRA, what the frozen linears' inputs add when they run DeepSpeed's linear (Strategy.release_frozen_weights,
     # ZeRO-3's memory_efficient_linear): per block per token, and outside the blocks (a causal LM's frozen head).
     # An input another op saves already (a LoRA adapter's, with no dropout) is the same tensor and adds nothing.
@@ -212,6 +223,7 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         block_bytes_per_token_per_seq=b,
         ckpt_bytes_per_token=ckpt,
         sac_bytes_per_token=sac,
+        ckpt_kwargs_bytes_per_token=kwargs_held,
         frozen_input_bytes_per_token=frozen_block,
         frozen_head_input_bytes_per_token=frozen_head,
         frozen_inputs_measured=job.train.lora is not None,

@@ -9,7 +9,7 @@ import itertools
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES, Candidate, engine_spec
 from launcher.errors import ConfigError
-from launcher.planner.levers import frozen_inputs_measured, options
+from launcher.planner.levers import frozen_inputs_measured, options, reachable
 from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
@@ -54,7 +54,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
         spec = engine_spec(c.engine)
-        levers, limited = spec.levers, spec.lever_values(c)
+        levers, limited = reachable(req, spec.levers), spec.lever_values(c)
         limits = {name: values for name, (values, _) in limited.items()}
         key = (levers, accum, tuple(sorted(limits.items())))
         if key not in settings:

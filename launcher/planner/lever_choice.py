@@ -12,6 +12,7 @@ from launcher.engines import engine_spec
 from launcher.planner.levers import (
     LOSS_CHUNKS,
     MATH_LEVERS,
+    SCRIPT_LEVERS,
     allowed,
     frozen_inputs_measured,
     in_backward_possible,
@@ -70,6 +71,9 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             continue
         if not used and not _applicable(lever, s, req):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_applicable"))
+            continue
+        if not used and req.script and lever not in SCRIPT_LEVERS:
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="script_lacks"))
             continue
         other = _off_value(lever) if used else _on_value(lever, s, req)
         if not used and not exact and not allowed(req, lever, other):

@@ -27,6 +27,14 @@ MATH_LEVERS = {"low_memory_optimizer": ("adamw8bit", "adamw4bit", "adafactor"), 
 LOSS_CHUNKS = 8
 """Chunks of the chunked cross-entropy: torchtune's CEWithChunkedOutputLoss uses 8 (its num_output_chunks)."""
 
+SCRIPT_LEVERS = frozenset({"release_frozen_weights"})
+"""The levers a user's own script (launch --script) receives without a change: those the engine's config carries
+(ds_config.json's memory_efficient_linear, which DeepSpeed applies itself). The others live in the launcher's
+recipes: the loss (chunked cross-entropy), the blocks' checkpoint wrappers (every k-th block, the op policy; a
+script gets only LAUNCHER_GRADIENT_CHECKPOINTING, all blocks or none), the offload and step hooks, the optimizer
+and the model's load (low-memory optimizers, pure bf16, QLoRA): planned for a script that does not apply them, the
+prediction would not hold. A job that pins one says its script applies it."""
+
 CHECKPOINT_EVERY = (1, 2, 4)
 """The k of "checkpoint every k-th block" the search tries (torchtitan's selective_ac_option takes any k)."""
 
@@ -82,6 +90,15 @@ def frozen_inputs_measured(req: PlanRequest) -> bool:
     """Whether this job has frozen linears (LoRA) and the probe measured what their inputs add when saved
     (ActivationConstants.frozen_inputs_measured): without both release_frozen_weights is not offered."""
     return bool(req.model.lora_params) and bool(getattr(req.activations, "frozen_inputs_measured", False))
+
+
+def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
+    """The levers of ``supported`` (an engine's) the search may try for this job: all of them for the launcher's
+    recipes; for a user's script (PlanRequest.script) those it receives (SCRIPT_LEVERS) and those the job pins."""
+    if not req.script:
+        return supported
+    pinned_levers = {name for name in LEVER_FIELDS if getattr(req.pins, name) is not None}
+    return supported & (SCRIPT_LEVERS | pinned_levers)
 
 
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
@@ -152,5 +169,5 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "LeverSetting", "allowed", "changes_math",
-           "frozen_inputs_measured", "in_backward_possible", "options", "sac_measured"]
+__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "SCRIPT_LEVERS", "LeverSetting", "allowed",
+           "changes_math", "frozen_inputs_measured", "in_backward_possible", "options", "reachable", "sac_measured"]

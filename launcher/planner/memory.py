@@ -132,7 +132,8 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     The probe (launcher.model.activations) measures H' ≤ H ≤ (A + B·s) + H' (its full-recompute run holds the
     head's moment too, and H' is at most the head), so which moment is the peak follows from the layout alone:
     the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
-    else the backward start, since a block that keeps everything then follows every checkpointed one. Chosen
+    else the backward start, since a block that keeps everything then follows every checkpointed one; there the
+    checkpointed layers' kwargs are held too (ckpt_kwargs_bytes_per_token, once). Chosen
     by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so). With
     ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes). ``policy``: block_activations.
     """
@@ -141,7 +142,10 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
     head = c.head_ckpt_bytes_per_token if recompute_last else c.head_bytes_per_token
     head_bytes = chunked_head_bytes(c, head, tokens, loss_chunks) if loss_chunks else tokens * head
-    return saved + (live if recompute_last else 0), int(head_bytes)
+    # A mixed layout (block 0 checkpointed, the last not): the checkpointed layers' kwargs outlive the forward in
+    # torch.utils.checkpoint's recompute closure; H, measured without checkpointing, lacks them (terms.py).
+    kwargs = tokens * c.ckpt_kwargs_bytes_per_token if checkpointing and not recompute_last else 0
+    return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes)
 
 
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,

@@ -206,6 +206,13 @@ class ActivationConstants:
     """Bytes per token per block kept by op-level selective checkpointing (Strategy.checkpoint_policy "ops",
     launcher.model.sac): the block input and the outputs of the ops its policy saves. 0: not measured (the paper's
     constants, an old cache), and the planner does not offer the policy."""
+    ckpt_kwargs_bytes_per_token: float = 0.0
+    """Bytes per token a layout whose last block is not checkpointed holds at the backward start beyond its blocks'
+    and head's terms, once whatever the number of checkpointed blocks: the tensor kwargs of the checkpointed layers
+    (transformers' causal mask, mb·s² bool, and cache_position), which non-reentrant torch.utils.checkpoint keeps in
+    its recompute closure (checkpoint.py ``_checkpoint_without_reentrant_generator``: ``recompute_fn`` calls
+    ``fn(*args, **kwargs)``) until the block's backward, where without checkpointing sdpa frees the mask with the
+    forward. With every block checkpointed the head's checkpointed term holds them already. 0: not measured."""
     frozen_input_bytes_per_token: float = 0.0
     """Under LoRA, the bytes per token per block the frozen linears' inputs add when each linear saves its input
     (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0."""

@@ -68,7 +68,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
 
     check_launch(job, opts)
     try:
-        plan = plan_job(job, force=opts.force)
+        plan = plan_job(job, force=opts.force, script=opts.script is not None)
     except NoPlanError as e:
         raise e.with_hints(cluster_hints(job, e.short_of)) from None
     if opts.resume:

@@ -17,6 +17,8 @@ from benchmarks.accuracy.cells import (
     QUICK,
     SAC_DS_DEV,
     SAC_DS_VALIDATION,
+    SAC_DS_VALIDATION_2,
+    SAC_VALIDATION,
     SAC_Z3LORA_VALIDATION,
     SEEN_VALIDATION,
     SHARDINGS,
@@ -292,3 +294,21 @@ def test_the_zero3_lora_op_policy_validation_is_new():
     # Both of ZeRO-3's linears under LoRA: torch's and DeepSpeed's memory_efficient_linear (released frozen weights).
     assert {dict(c.levers).get("release_frozen_weights", False) for c in SAC_Z3LORA_VALIDATION} == {False, True}
     assert {sides_of_all()[c.name] for c in SAC_Z3LORA_VALIDATION} == {"sac-z3lora-validation"}
+
+
+def test_the_second_deepspeed_op_policy_validation_is_new():
+    """Mixed layouts on DeepSpeed with the op policy: some blocks checkpointed, the last not, on new shapes."""
+    from launcher.planner.plan import checkpointed
+
+    sac = SAC_VALIDATION + SAC_DS_DEV + SAC_DS_VALIDATION + SAC_Z3LORA_VALIDATION
+    earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()
+               if c not in SAC_DS_VALIDATION_2}
+    assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in SAC_DS_VALIDATION_2}
+    assert not {(c.model, c.seq_len) for c in sac} & {(c.model, c.seq_len) for c in SAC_DS_VALIDATION_2}
+    assert len(SAC_DS_VALIDATION_2) == 3 and {c.sharding for c in SAC_DS_VALIDATION_2} == {"z1", "z2", "z3"}
+    for c in SAC_DS_VALIDATION_2:
+        levers = dict(c.levers)
+        assert c.checkpointing and levers["checkpoint_policy"] == "ops"
+        blocks = MODELS[c.model]["num_layers"]
+        assert not checkpointed(blocks - 1, levers["checkpoint_every"])  # the backward start is the moment
+    assert {sides_of_all()[c.name] for c in SAC_DS_VALIDATION_2} == {"sac-ds-validation-2"}

@@ -119,9 +119,10 @@ def test_run_coefficients_are_token_counts_worked_by_hand(tmp_path, cache):
 
     # Runs without chunked cross-entropy: the chunked head's two constants (launcher.planner.memory) never enter.
     # Nor op-level selective checkpointing's saved bytes (checkpoint_policy "full" here), nor the frozen linears'
-    # inputs (full fine-tunes: release_frozen_weights off).
+    # inputs (full fine-tunes: release_frozen_weights off), nor a mixed layout's kwargs (every block or none checkpointed).
     UNCHUNKED = {"head_logit_bytes_per_token": 0, "head_weight_grad_bytes": 0, "sac_bytes_per_token": 0,
-                 "frozen_input_bytes_per_token": 0, "frozen_head_input_bytes_per_token": 0}
+                 "frozen_input_bytes_per_token": 0, "frozen_head_input_bytes_per_token": 0,
+                 "ckpt_kwargs_bytes_per_token": 0}
     no_ckpt = stub_sample(make_run(tmp_path, 0, ARCHS[0]), samples_from_run)
     ckpt = stub_sample(make_run(tmp_path, 2, ARCHS[2]), samples_from_run)
     assert no_ckpt.base_bytes == ckpt.base_bytes == 0

@@ -240,3 +240,24 @@ def test_a_forced_plan_says_what_it_overruns_first_and_keeps_the_numbers(capsys,
     assert plan["reasons"][0] == first
     code, out, err = run_cli(capsys, "plan", "--budget", "16MB", "--force", job)
     assert code == 0 and f"why this plan:\n  - {first}\n" in out
+
+
+def test_plan_for_a_script_tries_only_the_levers_a_script_receives(capsys, write_job, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    job = write_job()
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, "--json", job)
+    assert code == 0, err
+    plan = json.loads(out)
+    why = {d["lever"]: d["why"] for d in plan["levers"]}
+    assert why["activation_offload"] in ("script_lacks", "not_applicable")
+    assert why["checkpoint_every"] in ("script_lacks", "not_applicable")
+    assert "script_lacks" in why.values()
+    assert (plan["loss_chunks"], plan["checkpoint_every"], plan["checkpoint_policy"]) == (0, 1, "full")
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, job)
+    assert code == 0 and "not tried: your --script does not receive it" in out
+    # Refused, one line each, nothing planned: a missing script, and an sbatch that would run the recipe instead.
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", tmp_path / "no.py", job)
+    assert code == 2 and "--script: " in err and "does not exist" in err and out == ""
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, "--sbatch", job)
+    assert code == 2 and "--sbatch writes a script that runs the launcher's recipe" in err and out == ""

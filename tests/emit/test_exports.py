@@ -201,3 +201,16 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
         plugin = FullyShardedDataParallelPlugin()
         assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
         assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"] and plugin.activation_checkpointing is True
+
+
+def test_accelerate_yaml_says_which_of_the_plans_levers_a_script_would_not_apply(tmp_path):
+    # accelerate launch runs the user's script, which applies none of the recipes' levers: the header names them.
+    spec = engine_spec("deepspeed")
+    plain = spec.accelerate_yaml(make_plan(zero_stage=2), make_job(), config_dir=tmp_path)
+    assert "The plan counts on levers" not in plain
+    chunked = spec.accelerate_yaml(make_plan(zero_stage=2, loss_chunks=8), make_job(), config_dir=tmp_path)
+    assert "# The plan counts on levers the launcher's recipes apply and this file does not carry (loss_chunks: 8)" \
+        in chunked and "launch plan JOB --script train.py --out DIR" in chunked
+    # ds_config.json's own lever is carried: nothing to say for it.
+    released = spec.accelerate_yaml(make_plan(zero_stage=3, release_frozen_weights=True), make_job(), config_dir=tmp_path)
+    assert "The plan counts on levers" not in released

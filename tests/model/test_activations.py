@@ -135,3 +135,23 @@ def test_the_probe_measures_what_the_frozen_linears_inputs_add_under_lora(tmp_pa
     assert c.frozen_inputs_measured
     assert c.frozen_input_bytes_per_token == 4 * (h + inter)
     assert c.frozen_head_input_bytes_per_token == 4 * h
+
+
+def test_a_mixed_layout_is_predicted_as_a_whole_model_fake_run_measures_it(tmp_path):
+    # 4 blocks, every 2nd checkpointed with the op policy, the last not: the backward start holds blocks 0 and 2's
+    # checkpoints, 1 and 3 whole, the head, and the checkpointed layers' kwargs, which torch.utils.checkpoint's
+    # recompute closure keeps: the causal mask (s bytes a token, bool) and cache_position (s int64 a micro-batch).
+    # At the probe's own example count (2) its per-micro-batch tensors (RoPE's cos and sin) divide alike.
+    import torch
+
+    from launcher.model.activations import _peak_activation_bytes, _with_blocks
+    from launcher.model.build import model_config
+    from launcher.planner.memory import activation_bytes
+
+    j = job(tmp_path)
+    c = probe_activations(j, seq_len=128, precision="fp32")
+    assert c.ckpt_kwargs_bytes_per_token == 128 + 8 / 2
+    config = _with_blocks(model_config(j), 4)
+    measured = _peak_activation_bytes(j, config, seq_len=128, examples=2, checkpointing=True, dtype=torch.float32,
+                                      policy="ops", checkpoint_every=2)
+    assert sum(activation_bytes(c, 4, 2, 128, True, 2, policy="ops")) == measured

@@ -172,3 +172,38 @@ def test_a_lever_that_would_not_fit_names_the_limit_it_would_overrun(request_for
     # Where it fits, nothing is named.
     roomy = make_plan(request_for())
     assert all(d.other_problem is None for d in roomy.levers if d.why == "fits_without")
+
+
+def test_a_script_run_is_planned_with_only_the_levers_a_script_receives(request_for):
+    """launch --script: the user's script gets the engine's config and whole-model checkpointing, not the recipes'
+    loss, checkpoint wrappers, hooks or optimizers; planned with them, its prediction would not hold."""
+    from launcher.planner.levers import SCRIPT_LEVERS, reachable
+
+    every = frozenset(LEVER_FIELDS)
+    allow = tuple(w for ws in MATH_LEVERS.values() for w in ws)
+    script = request_for(script=True, allow_levers=allow)
+    assert reachable(script, every) == SCRIPT_LEVERS == {"release_frozen_weights"}
+    assert reachable(request_for(allow_levers=allow), every) == every
+    tried = candidates(script)  # the search applies it to every engine's levers
+    assert {(o.checkpoint_every, o.checkpoint_policy, o.loss_chunks, o.activation_offload, o.optimizer_in_backward,
+             o.low_memory_optimizer, o.pure_bf16) for o in tried} == {(1, "full", 0, False, False, "none", False)}
+    assert {o.activation_checkpointing for o in tried} == {False, True}  # whole-model AC reaches it (its env)
+    # A pin says the script applies it: kept.
+    pinned = request_for(script=True, pins=StrategyConfig(loss_chunks=8))
+    assert reachable(pinned, every) == SCRIPT_LEVERS | {"loss_chunks"}
+    plan = make_plan(pinned)
+    assert plan.strategy.loss_chunks == 8
+    why = {d.lever: d.why for d in plan.levers}
+    assert why["loss_chunks"] == "pinned" and why["activation_offload"] == "script_lacks"
+    # The same job for the launcher's recipe is free to use them.
+    assert "script_lacks" not in {d.why for d in make_plan(request_for()).levers}
+
+
+def test_a_script_plan_under_lora_at_zero3_still_chooses_the_linear(request_for, llama7b):
+    # release_frozen_weights reaches a script: ds_config.json's memory_efficient_linear, which DeepSpeed applies.
+    from tests.planner.test_release_frozen_weights import measured
+
+    lora = dataclasses.replace(llama7b, trainable_params=4_194_304, lora_params=4_194_304)
+    req = request_for(model=lora, activations=measured(lora), script=True,
+                      pins=StrategyConfig(engine="deepspeed", zero_stage=3))
+    assert {c.release_frozen_weights for c in candidates(req)} == {False, True}

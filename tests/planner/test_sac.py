@@ -49,6 +49,21 @@ def test_a_checkpointed_block_keeps_the_measured_op_outputs():
     assert blocks == tokens * (4 * 30 + 100)
 
 
+@pytest.mark.parametrize("policy", ["full", "ops"])
+def test_a_mixed_layout_holds_the_checkpointed_layers_kwargs_once_at_the_backward_start(policy):
+    # torch.utils.checkpoint's recompute closure keeps the checkpointed layers' kwargs (the causal mask) until their
+    # backward: at the backward start of a layout whose last block is not checkpointed, once, whatever the count.
+    c = dataclasses.replace(MEASURED, ckpt_kwargs_bytes_per_token=5.0)
+    tokens = 2 * 512
+    for n, every in ((4, 2), (6, 4), (2, 2)):
+        plain = activation_bytes(MEASURED, n, 2, 512, True, every, policy=policy)
+        assert activation_bytes(c, n, 2, 512, True, every, policy=policy) == (plain[0] + tokens * 5, plain[1])
+    # Every block checkpointed (the last one's recompute is the moment) or none: the probe's terms hold them already.
+    for every, ac in ((1, True), (3, True), (1, False)):
+        assert activation_bytes(c, 4, 2, 512, ac, every, policy=policy) == \
+            activation_bytes(MEASURED, 4, 2, 512, ac, every, policy=policy)
+
+
 def test_the_recompute_reruns_only_the_matmuls_the_policy_does_not_save():
     # Llama 7B: q, k, v, o are h x h, gate, up, down h x I; the policy re-runs k, o, up (every second aten.mm).
     m, h, inter = llama_stats(), 4096, 11008

@@ -74,6 +74,10 @@ def test_the_accelerate_example_takes_the_plan_from_accelerates_environment(tmp_
     assert "every rank within budget" in res.stdout
     log = (tmp_path / "run" / "logs" / "rank-0.log").read_text()
     assert "world 2, DEEPSPEED, precision bf16, micro-batch 2, accumulation 2" in log, log[-3000:]
+    # Planned for a script: no lever the script does not receive (chunked loss, hooks, wrappers, optimizers).
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert "script_lacks" in {d["why"] for d in plan["levers"]}
+    assert (plan["loss_chunks"], plan["checkpoint_every"], plan["activation_offload"]) == (0, 1, False)
     for rank in (0, 1):
         r = json.loads((tmp_path / "run" / "ranks" / f"rank-{rank}.json").read_text())
         assert r["status"] == "completed" and r["steps_done"] == 3 and r["measured_peak_bytes"] > 1_000_000, r
