@@ -14,6 +14,7 @@ from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
+from launcher.session.checks import check_script
 from launcher.session.prepare import plan_files, total_time_of
 
 EPILOG = """examples:
@@ -86,11 +87,10 @@ def run(args: argparse.Namespace) -> int:
     """`launch plan`: plan the job and print it (text or --json), write the exports with --out and the sbatch script
     with --sbatch; the exit code."""
     try:
-        if args.script is not None and args.sbatch:
+        if args.script and args.sbatch:
             raise ConfigError("--script: --sbatch writes a script that runs the launcher's recipe, not yours; drop "
                               "--sbatch, and submit your script with launch --slurm JOB --script PATH")
-        if args.script is not None and not Path(args.script).is_file():
-            raise ConfigError(f"--script: {args.script!r} does not exist; give the path of your training script")
+        check_script(args.script)
         if args.json and args.sbatch and not args.out:
             raise ConfigError("--sbatch: with --json the script cannot go to stdout too (--json prints one JSON "
                               "object); add --out DIR to write it there")
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
-        plan = plan_job(job, force=args.force, script=args.script is not None)
+        plan = plan_job(job, force=args.force, script=bool(args.script))
         script = None
         if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
             from launcher.emit.sbatch import sbatch_text

@@ -12,13 +12,13 @@ from launcher.engines import engine_spec
 from launcher.planner.levers import (
     LOSS_CHUNKS,
     MATH_LEVERS,
-    SCRIPT_LEVERS,
     allowed,
     frozen_inputs_measured,
     in_backward_possible,
+    reachable,
     sac_measured,
 )
-from launcher.planner.plan import LEVERS_OFF, LeverDecision, Strategy, Why
+from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, score
 
@@ -62,6 +62,7 @@ def _off_value(lever: str) -> object:
 def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
     """For each lever: used or not in ``best``, why, and what the other setting would predict."""
     s, spec = best.strategy, engine_spec(best.strategy.engine)
+    tried = reachable(req, frozenset(LEVER_FIELDS))  # the levers the search may try for this job
     out = []
     for lever in (*EXACT, *MATH_LEVERS):
         used = getattr(s, lever) != _off_value(lever)
@@ -72,7 +73,7 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not _applicable(lever, s, req):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_applicable"))
             continue
-        if not used and req.script and lever not in SCRIPT_LEVERS:
+        if not used and lever not in tried:  # a --script run's: what the search left off for the script
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="script_lacks"))
             continue
         other = _off_value(lever) if used else _on_value(lever, s, req)

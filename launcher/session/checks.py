@@ -159,10 +159,15 @@ def _state_of(path: Path) -> str | None:
         return None
 
 
+def check_script(script: str | None) -> None:
+    """--script names a file (launch run, and launch plan planning for it)."""
+    if script and not Path(script).is_file():
+        raise ConfigError(f"--script: {script!r} does not exist; give the path of your training script")
+
+
 def check_launch(job: Job, opts: RunOptions) -> None:
     """The flags against the job, before planning."""
-    if opts.script and not Path(opts.script).is_file():
-        raise ConfigError(f"--script: {opts.script!r} does not exist; give the path of your training script")
+    check_script(opts.script)
     if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
     check_resume(opts)

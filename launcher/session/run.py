@@ -68,7 +68,7 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
 
     check_launch(job, opts)
     try:
-        plan = plan_job(job, force=opts.force, script=opts.script is not None)
+        plan = plan_job(job, force=opts.force, script=bool(opts.script))
     except NoPlanError as e:
         raise e.with_hints(cluster_hints(job, e.short_of)) from None
     if opts.resume:
