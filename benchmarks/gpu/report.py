@@ -170,17 +170,21 @@ def judge_split(rows: list[dict]) -> list[str]:
 
 def _judge(name: str, named: list[dict], reserve: bool) -> list[str]:
     out = ["", f"## Validation split {name} (benchmarks/gpu/splits.py, named before it ran)", "",
-           "| run | outside: predicted / measured | peak error | worst allocated moment | "
+           "| run | outside: predicted / measured | peak error | worst allocated moment | worst allocated phase | "
            f"{'reserved - allocated: predicted / measured | ' if reserve else ''}within the criteria |",
-           f"|---|---|---|---|{'---|' if reserve else ''}---|"]
+           f"|---|---|---|---|---|{'---|' if reserve else ''}---|"]
     for r in named:
         if r["returncode"] != 0:  # stopped before its end (a time box, an OOM): its peaks are not the run's
-            out.append(f"| {r['run']} | - | - | - | {'- | ' if reserve else ''}not judged: exit {r['returncode']} |")
+            out.append(f"| {r['run']} | - | - | - | - | {'- | ' if reserve else ''}not judged: exit {r['returncode']} |")
             continue
         outside = rel(r["predicted_outside_bytes"], r["outside_bytes"])
         peak = rel(r["predicted_peak_bytes"], r["measured_peak_bytes"])
         errs = [m["error"] for m in r["allocated_moments"].values() if m["error"] is not None]
         worst = max(errs, key=abs) if errs else None
+        phase_errs = list(phase_errors(r["allocated_moments"]).values())
+        worst_phase = max(phase_errs, key=abs) if phase_errs else None
+        # The committed criterion reads every moment; the phase column is how the page's own note says to read
+        # it (a phase's smaller moment reads low). Both are shown; "within" keeps the committed one.
         ok = (outside is not None and abs(outside) <= OUTSIDE_TOLERANCE and peak is not None
               and abs(peak) <= PEAK_TOLERANCE and worst is not None and abs(worst) <= MOMENT_TOLERANCE)
         cells = ""
@@ -190,8 +194,20 @@ def _judge(name: str, named: list[dict], reserve: bool) -> list[str]:
             ok = ok and err is not None and abs(err) <= RESERVE_TOLERANCE
             cells = f"{_bytes(r['predicted_cache_bytes'])} / {_bytes(cache)} ({_pct(err)}) | "
         out.append(f"| {r['run']} | {_bytes(r['predicted_outside_bytes'])} / {_bytes(r['outside_bytes'])} "
-                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {cells}{'yes' if ok else 'NO'} |")
+                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {_pct(worst_phase)} | {cells}{'yes' if ok else 'NO'} |")
     return out
+
+
+def phase_errors(moments: dict[str, dict]) -> dict[str, float]:
+    """Each measured phase against the largest moment predicted in it: a phase peak is its largest moment, so this
+    is the comparison a phase can make (moment_totals rows in, relative error per phase out)."""
+    best: dict[str, dict] = {}
+    for m in moments.values():
+        phase = m.get("measured_phase")
+        if phase and m.get("measured_bytes") and (phase not in best
+                                                  or m["predicted_bytes"] > best[phase]["predicted_bytes"]):
+            best[phase] = m
+    return {phase: (m["predicted_bytes"] - m["measured_bytes"]) / m["measured_bytes"] for phase, m in best.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
