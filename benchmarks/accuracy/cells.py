@@ -459,7 +459,8 @@ def every_cell() -> list[Cell]:
             *EXPORT_VALIDATION, *EXPORT_VALIDATION_2, *SAC_VALIDATION, *BWDEND_DEV,
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
-            *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2]
+            *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
+            *ONE_RANK_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -470,7 +471,8 @@ def sides_of_all() -> dict[str, str]:
     "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
     "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
     checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
-    "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts)."""
+    "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
+    (ZeRO-3 and QLoRA on a single rank)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -490,7 +492,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "z3release-validation" for c in Z3_RELEASE_VALIDATION},
             **{c.name: "sac-z3lora-validation" for c in SAC_Z3LORA_VALIDATION},
             **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2},
-            **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2}}
+            **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2},
+            **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -574,3 +577,21 @@ SAC_DS_VALIDATION_2: tuple[Cell, ...] = (
     _c("z3", "gpt2s", "causal_lm", "fp32", True, 1, 576, checkpoint_policy="ops", checkpoint_every=2),
 )
 """Op-level selective checkpointing on DeepSpeed in mixed layouts, validation split 2 (out of sample, run once)."""
+
+ONE_RANK_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 17:50 UTC) before any of it ran, with the terms it judges, which came from the
+    # second GPU check (benchmarks/results/gpu-validation.md) and DeepSpeed's and torch's sources, and from two
+    # one-rank ZeRO-3 GPT-2 dev runs (/tmp, 128 tokens, with and without optimizer offload: over by exactly the
+    # gathered copy, then exact): no cell ran on a single rank before. ZeRO-3 alone gathers nothing (NoGatherHandle
+    # views the partition); QLoRA alone keeps its NF4 base outside FSDP2 (whose one-rank shortcut cannot gather
+    # NF4Tensor), on the device even with CPU offload. Shapes no cell used: ZeRO-3 under LoRA on the 4-block Llama,
+    # ZeRO-3 with its optimizer offloaded on the 9M GPT-2 with checkpointing, ZeRO-3 on MiniLM's classifier, QLoRA on
+    # the 4-block Llama without and with CPU offload.
+    _c("z3", "llama", "causal_lm", "fp32", False, 2, 208, ranks=1, lora=True),
+    _c("z3off", "gpt2m", "causal_lm", "fp32", True, 1, 416, ranks=1),
+    _c("z3", "minilm", "seq_cls", "fp32", False, 4, 56, ranks=1),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 2, 232, ranks=1, lora=True, qlora=True),
+    _c("fsdpoff", "llama", "causal_lm", "fp32", False, 1, 296, ranks=1, lora=True, qlora=True),
+)
+"""One rank, validation split (out of sample for the one-rank ZeRO-3 and QLoRA terms, run once)."""
+

@@ -27,6 +27,16 @@ stream_pools at the peak, less what the largest tensor moment exceeds the peak's
 peak another moment: the measured maxima come from those two moments; benchmarks/gpu/report.py run_row) within
 RESERVE_TOLERANCE."""
 
+GPU_VALIDATION_3 = ("z3-1-gpt2", "z0-init-llama-1b", "fsdp-lora-1", "qlora-1-llama-1b-ac")
+"""gpu-check run names, committed on 2026-11-26 (stop 30) before any of them ran, with the terms the second GPU
+check led to (benchmarks/results/gpu-validation.md, docs/memory-model.md "Measured on a GPU, second check"): the
+init moment (FSDP2's one whole tensor beside its shards; no cuBLAS workspace or kernels yet; ZeRO-3's bucket, master
+partition and zero gradient at initialize; ZeRO-0's step at initialize), ZeRO-3 gathering nothing on one rank, and
+QLoRA's NF4 base outside FSDP2 on one rank. Shapes the checks did not run: ZeRO-3 without offload on GPT-2, ZeRO-0
+in bf16 on the 1.2B Llama, FSDP2 LoRA on GPT-2 (a frozen base: the init tensor in bf16), QLoRA on the 1.2B Llama with
+op-level checkpointing. Criteria: GPU_VALIDATION_1's, with each measured phase judged by the largest moment
+predicted in it (benchmarks/gpu/report.py phase_errors), the init phase included."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

@@ -265,8 +265,13 @@ def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
         step_extra = step_extra_bytes(p, grads) + low_memory_step_bytes(inp, s, p)
     if p.pure:
         step_extra = pure_bf16_step_bytes(inp, s, p, grads)
+    # ZeRO-0 at bf16/fp16 wraps the optimizer in FP16_UnfusedOptimizer, whose __init__ calls
+    # initialize_optimizer_states (runtime/fp16/unfused_optimizer.py): zero .grad on every 16-bit and fp32
+    # parameter, then optimizer.step(), so the states and the step's temporaries exist before training. Measured
+    # on one H100 (GPU check 1, GPT-2 bf16 ZeRO-0): init 3.02 GB allocated beside a 3.09 GB step, planned 0.81.
+    runs_step = p.stage == 0 and p.mixed
     return States(params=params, optimizer=optimizer, grads=grads, step_extra=step_extra,
-                  model_states=params + p.grads16 + p.grads32 + optimizer)
+                  model_states=params + p.grads16 + p.grads32 + optimizer, init_runs_step=runs_step)
 
 
 def low_memory_state_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float:
@@ -381,6 +386,14 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
         gathered = p.w * released_gathered_elems(m, buckets)
     # Beyond the cap: the weights torch's linear pins until their backward (pinned_linear_elems; LoRA only).
     gathered = max(gathered, p.w * pinned_linear_elems(m, s))
+    # One partition (a single rank): nothing is gathered. partition_parameters.py all_gather_coalesced returns
+    # _no_gather_coalesced when every partition world size is 1, whose NoGatherHandle points param.data at a view of
+    # the partition itself (ds_tensor.data.to(its own device).view(ds_shape)): no copy, so neither the live
+    # parameters nor what a linear pins add bytes. Measured on one CPU rank (ZeRO-3 GPT-2, with and without
+    # optimizer offload): the prediction was over by exactly wΨ, the tracker's parameters one partition.
+    alone = p.shard_param == 1
+    if alone:
+        gathered = 0.0
     # A flush of the reduce bucket (stage3.py __reduce_and_partition_ipg_grads; reduce_scatter is DeepSpeed's
     # default, so __avg_scatter_grads, not the contiguous path): reduce_scatter_coalesced
     # (comm/coalesced_collectives.py) torch.cat's the bucket's gradients, interleaved per rank, into a new flat
@@ -399,13 +412,20 @@ def stage3_buffers(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
     # LoRA the embeddings are frozen and run no backward: there the largest layer gathered with its gradient stays
     # the estimate (not measured at the end of backward).
     if m.lora_params:
-        gathered_end = p.w * m.largest_layer_params * (1 + m.trainable_params / m.num_params)
+        gathered_end = p.w * m.largest_layer_params * ((0 if alone else 1) + m.trainable_params / m.num_params)
     else:
-        gathered_end = p.w * input_embedding_params(m)
+        gathered_end = 0.0 if alone else p.w * input_embedding_params(m)
     late = buffers + gathered_end + max(copies, tied_embedding_grad_bytes(m, p.w))
+    # On a GPU, deepspeed.initialize's own allocations come after the weight load (init_bytes): stage3.py
+    # _setup_for_real_optimizer makes the master partition on the device (_create_fp32_partitions: a converted
+    # clone per sub-group), then initialize_optimizer_states a zero gradient of the largest sub-group in the master
+    # dtype (freed at its end), then the reduce bucket (``bucket.buffer = torch.empty(reduce_bucket_size)`` with
+    # contiguous_gradients). offload_optimizer moves the master and that gradient to the host.
+    master = p.master_elem_bytes * p.psi_t / p.shard_opt
+    init_extra = master + max(p.master_elem_bytes * p.step_elems, buffers)
     return dataclasses.replace(
         st, buffers=buffers, model_states=st.model_states + 2 * p.w * m.largest_layer_params,
-        backward_extra=gathered, backward_end_extra=buffers + copies, backward_end_late=late)
+        backward_extra=gathered, backward_end_extra=buffers + copies, backward_end_late=late, init_extra=init_extra)
 
 
 def stage12_bucket(inp: MemoryInputs, p: Partition, buckets: Buckets, st: States) -> States:
@@ -463,10 +483,18 @@ def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buc
     partition stay on the device [DS: "gpu_mem = 2 * total_params" for ZeRO-2 offload]."""
     largest = inp.model.largest_layer_params
     moved = st.optimizer + 4 * p.psi_t / p.shard_opt
-    # ZeRO-3 keeps its 16-bit gradient partition on the device (measured; [DS] leaves it out).
-    grads = p.grads16 if p.stage == 3 else 0.0
-    st = dataclasses.replace(st, optimizer=0.0, grads=grads, step_extra=0.0,
-                             model_states=st.params + grads + (2 * p.w * largest if p.stage == 3 else 0.0))
+    # ZeRO-3's 16-bit gradient partition ([DS] leaves it out) goes to the host too: stage3.py sets self.device to
+    # "cpu" when the optimizer is offloaded and allocates grad_partitions_flat_buffer there (pinned with
+    # pin_memory), for CPU and NVMe offload alike. CPU ranks measured it all along (their host is the device); the
+    # first GPU check's ZeRO-3 offload run held the partition and the bucket at the step, not this buffer
+    # (566 MB measured, 814 predicted with it; benchmarks/results/gpu-validation.md).
+    pinned_grads = p.grads16 if p.stage == 3 else 0.0
+    # At ZeRO-3 only the reduce bucket of deepspeed.initialize's allocations stays on the device (stage3_buffers):
+    # measured on one H100 with the partition and one bf16 vocabulary table (init_bytes' wL), to the 0.1 MB.
+    init_extra = p.w * buckets.reduce_bucket_size if p.stage == 3 else st.init_extra
+    st = dataclasses.replace(st, optimizer=0.0, grads=0.0, step_extra=0.0, host=st.host + pinned_grads,
+                             model_states=st.params + (2 * p.w * largest if p.stage == 3 else 0.0),
+                             init_extra=init_extra)
     if p.stage in (1, 2):
         # stage_1_and_2.py's ZeRO-Offload staging: a 16-bit copy of the partition for the upload, a host and
         # a device buffer the size of the largest parameter (largest layer here), and with accumulation a

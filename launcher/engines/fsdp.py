@@ -49,6 +49,34 @@ def qlora_blocks(inp: MemoryInputs, s: Strategy) -> list[int]:
     return block_nf4(inp.model.block_linear_shapes, fsdp_shard_ranks(inp, s)) if s.qlora else []
 
 
+def nf4_outside_fsdp(inp: MemoryInputs, s: Strategy) -> bool:
+    """QLoRA over a one-rank shard group: FSDP2 copies only a parameter's first all-gather input there (torch
+    _fsdp_param_group.py wait_for_unshard, "if world_size == 1"), which NF4Tensor's three cannot pass, so the worker
+    leaves the NF4 weights out of FSDP2 (ignored_params): whole on the device, never gathered, not offloaded."""
+    return s.qlora and fsdp_shard_ranks(inp, s) == 1
+
+
+def init_copy_bytes(inp: MemoryInputs, s: Strategy) -> float:
+    """A GPU rank's one whole tensor beside its shards while they are filled: the largest module's parameters.
+
+    Over several ranks rank 0 alone builds (launcher.worker.loading) and set_model_state_dict(broadcast_from_rank0)
+    sends its fp32 state one tensor at a time, each received whole on the process group's device, CPU offload or
+    not (torch/distributed/_state_dict_utils.py _broadcast_tensors: ``full_state.detach().to(pg_device)``), then
+    copied into the shard. On one rank fully_shard moves each unit's parameters to the device and copies each into
+    its padded shard before the original goes (_fsdp_init.py _move_states_to_device, _fsdp_param.py
+    _init_sharded_param ``new_zeros`` + ``copy_``), in the dtype the worker gave it (frozen: the working dtype);
+    with CPUOffloadPolicy nothing reaches the device. Measured on one H100 (GPU check 2, 2026-11-26): GPT-2 and
+    Llama 3.2 1B held their shards plus one vocabulary table at init, the 14-16 % the plan was under.
+    """
+    m = inp.model
+    if inp.world_size > 1:
+        return 4.0 * m.largest_layer_params
+    if s.offload_params == "cpu":
+        return 0.0
+    frozen = m.trainable_params < m.num_params  # LoRA: the largest module (the embedding) is in the frozen base
+    return (BYTES[inp.precision] if frozen else kept_param_bytes(s.pure_bf16)) * m.largest_layer_params
+
+
 def sharded_param_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """This rank's parameter shards: trainable ones fp32 (bf16 under pure bf16); frozen ones (LoRA's base) in the
     working dtype, which the worker casts them to before sharding; QLoRA's NF4 weights at their own bytes."""
@@ -79,7 +107,8 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     pb = kept_param_bytes(s.pure_bf16)  # the shards, their gradients (reduce_dtype) and the optimizer's dtype
     # QLoRA: the frozen block linears NF4Tensor can shard (launcher.model.qlora), in the working dtype's NF4.
     nf4 = qlora_blocks(inp, s)
-    gathered_nf4 = sum(nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)  # one block's, all-gathered
+    # One block's, all-gathered; none where FSDP2 leaves the NF4 weights alone (nf4_outside_fsdp).
+    gathered_nf4 = 0.0 if nf4_outside_fsdp(inp, s) else sum(nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)
     # The unsharded working copies are resharded before the optimizer runs on the shards (measured).
     st = States(step_frees_buffers=True)
     st.params = sharded_param_bytes(inp, s)
@@ -155,9 +184,12 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
-        st.host = st.params + st.grads + st.optimizer
+        # NF4 weights outside FSDP2 stay on the device (nf4_outside_fsdp).
+        resident = m.num_blocks * sum(nf4_bytes(e, w) for e in nf4) if nf4_outside_fsdp(inp, s) else 0.0
+        st.host = st.params - resident + st.grads + st.optimizer
         st.host_step_extra = st.step_extra
-        st.params = st.grads = st.optimizer = st.step_extra = 0.0
+        st.grads = st.optimizer = st.step_extra = 0.0
+        st.params = resident
     return st
 
 
@@ -224,8 +256,8 @@ class FsdpSpec(EngineSpec):
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
         """Rank 0's fp32 build, kept as the state dict it scatters, beside its 4Ψ/N shards (2Ψ/N under pure bf16)
-        (on CPU ranks, where host memory is the device); on a GPU only the shards, and none when CPUOffloadPolicy
-        holds them."""
+        (on CPU ranks, where host memory is the device); on a GPU the shards (none when CPUOffloadPolicy holds them)
+        and the one whole tensor being filled into them (init_copy_bytes)."""
         m = inp.model
         shards = sharded_param_bytes(inp, s)
         # QLoRA quantizes each weight on the rank before it is sharded, one at a time (launcher.worker.qlora): the
@@ -236,7 +268,8 @@ class FsdpSpec(EngineSpec):
         if inp.hardware.device_is_host:
             consumed = 4 * sum(nf4[:nf4.index(max(nf4)) + 1]) if nf4 else 0.0
             return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
-        return (shards if s.offload_params == "none" else 0.0) + quantizing
+        resident = m.num_blocks * sum(nf4_bytes(e, BYTES[inp.precision]) for e in nf4) if nf4_outside_fsdp(inp, s) else 0.0
+        return (shards if s.offload_params == "none" else resident) + max(quantizing, init_copy_bytes(inp, s))
 
     def nccl_communicators(self, s: Strategy) -> int:
         """The default group; hybrid sharding's 2-D mesh adds one group per dimension (init_device_mesh creates the

@@ -136,6 +136,18 @@ def overhead_total(hw: HardwareProfile, world_size: int, communicators: int = 1)
     return total
 
 
+NOT_YET_AT_INIT = ("cublas_workspace", "cuda_kernels")
+"""Terms a rank does not hold yet while the weights load and the engine wraps them (the init moment): the cuBLAS
+workspace comes with a handle's first use on a stream ([BLAS]: getCurrentCUDABlasHandle sets it), a library's
+kernels with their first launch ([LAZY]); no matmul runs before the first forward. Measured on one H100 (GPU
+check 2): FSDP2's and ZeRO-3's init peaks held their tensors and no workspace."""
+
+
+def absent_at(moment: str) -> tuple[str, ...]:
+    """The cuda_overhead terms not yet there at ``moment``."""
+    return NOT_YET_AT_INIT if moment == "init" else ()
+
+
 OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_kernels", "nccl_communicators", "nccl_buffers")
 IN_RESERVED_NOT_ALLOCATED = ("allocator_reserve", "stream_pools")
 

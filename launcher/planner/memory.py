@@ -27,7 +27,7 @@ import dataclasses
 
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
-from launcher.planner.cuda_overhead import cuda_overhead, overhead_total, verdict_basis
+from launcher.planner.cuda_overhead import absent_at, cuda_overhead, overhead_total, verdict_basis
 from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpoint_count, checkpointed
 from launcher.planner.terms import (
@@ -252,7 +252,12 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         moments["step"] += st.host_step_extra
     # Offloaded state on CPU ranks is added to every training moment below (offloaded_on_device); the load is before it.
     loading = spec.init_bytes(inp, s)
-    moments["init"] = loading - (st.host if inp.hardware.device_is_host else 0.0)
+    host_side = st.host if inp.hardware.device_is_host else 0.0
+    if not inp.hardware.device_is_host:
+        loading += st.init_extra
+    if st.init_runs_step:
+        loading = max(loading, moments["step"] + host_side)
+    moments["init"] = loading - host_side
     hw = inp.hardware
     # CUDA ranks are judged on reserved plus context (what OOMs); CPU ranks on tensor bytes (MemTracker). The
     # side streams' cached blocks differ by moment (States.side_stream_cached), so the peak is the largest moment
@@ -262,11 +267,14 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     pools = {} if hw.device_is_host else st.side_stream_cached
 
     def overhead_at(k: str, tensors: float) -> dict[str, int]:
-        return cuda_overhead(hw, tensors, inp.world_size, comms, pools.get(k, 0.0))
+        terms = cuda_overhead(hw, tensors, inp.world_size, comms, pools.get(k, 0.0))
+        return {n: b for n, b in terms.items() if n not in absent_at(k)}
 
     total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(overhead_at(...).values()), cheaper
+    # What the init moment lacks yet (cuda_overhead.absent_at): the same terms for any tensors, so summed once.
+    not_yet = sum(b for n, b in cuda_overhead(hw, 0.0, inp.world_size, comms).items() if n in absent_at("init"))
     on_basis = {k: v + offloaded_on_device + total_overhead(v + offloaded_on_device, pools.get(k, 0.0))
-                for k, v in moments.items()}
+                - (not_yet if k == "init" else 0) for k, v in moments.items()}
     moment = max(on_basis, key=on_basis.get)
     moment_bytes = {k: int(v) for k, v in on_basis.items()}
 

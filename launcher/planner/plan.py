@@ -300,8 +300,9 @@ class LeverDecision:
         return cls(**kw)
 
 
-PLAN_SCHEMA = 1
-"""plan.json's schema version: raised when a field changes meaning or goes (added fields read with defaults)."""
+PLAN_SCHEMA = 2
+"""plan.json's schema version: raised when a field changes meaning or goes (added fields read with defaults).
+2: on CUDA the init moment of moment_bytes counts no cuBLAS workspace or kernels (cuda_overhead.absent_at)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -305,6 +305,13 @@ class States:
     """Bytes of the one frozen weight dequantized at a time in forward and backward (QLoRA's NF4 base): it meets the
     saved activations in the blocks' backward, after the loss's temporaries are freed, so the backward moment
     counts the larger of the two."""
+    init_extra: float = 0.0
+    """GPU ranks: device bytes the engine's own construction allocates beside what its init_bytes counts for the
+    weight load (DeepSpeed ZeRO-3's reduce bucket and device master partition). On CPU ranks the checkpoint read
+    earlier is the larger instant and init_bytes says so."""
+    init_runs_step: bool = False
+    """The engine's construction runs one optimizer step on zero gradients (DeepSpeed's FP16_UnfusedOptimizer,
+    initialize_optimizer_states): the init moment holds at least the step moment's tensors."""
     step_frees_buffers: bool = False
     """The engine frees its buffers before the optimizer step (FSDP2 reshards its unsharded working copies
     before stepping on the shards, measured)."""

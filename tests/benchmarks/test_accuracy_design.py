@@ -14,6 +14,7 @@ from benchmarks.accuracy.cells import (
     DS_PURE_BF16_VALIDATION,
     MATRIX,
     MODELS,
+    ONE_RANK_VALIDATION,
     QUICK,
     SAC_DS_DEV,
     SAC_DS_VALIDATION,
@@ -312,3 +313,16 @@ def test_the_second_deepspeed_op_policy_validation_is_new():
         blocks = MODELS[c.model]["num_layers"]
         assert not checkpointed(blocks - 1, levers["checkpoint_every"])  # the backward start is the moment
     assert {sides_of_all()[c.name] for c in SAC_DS_VALIDATION_2} == {"sac-ds-validation-2"}
+
+
+def test_the_one_rank_validation_is_new():
+    """No earlier cell ran on a single rank; each shape is new, ZeRO-3 and QLoRA each with and without offload."""
+    earlier = [c for c in every_cell() if c not in ONE_RANK_VALIDATION]
+    assert all(c.ranks > 1 for c in earlier)
+    assert {c.ranks for c in ONE_RANK_VALIDATION} == {1}
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in ONE_RANK_VALIDATION}
+    assert {c.sharding for c in ONE_RANK_VALIDATION} == {"z3", "z3off", "fsdp", "fsdpoff"}
+    assert {c.sharding for c in ONE_RANK_VALIDATION if dict(c.levers).get("qlora")} == {"fsdp", "fsdpoff"}
+    assert {sides_of_all()[c.name] for c in ONE_RANK_VALIDATION} == {"one-rank-validation"}
+

@@ -521,6 +521,34 @@ def test_a_relative_model_dir_runs_from_another_directory(tmp_path):
     assert written["train"]["max_steps"] == 2
 
 
+def test_fsdp_qlora_on_one_rank_keeps_the_nf4_base_outside_fsdp(tmp_path):
+    """QLoRA's usual case, one GPU: FSDP2's one-rank shortcut copies a parameter's first all-gather input alone, and
+    NF4Tensor has three (the first GPU check's crash, "expected 3, got 1"; torch 2.11 and 2.13 alike). The worker
+    leaves the NF4 weights out of FSDP2 there; the run trains and the plan, which gathers no NF4 copy, holds."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=256, vocab_size=1024, max_position_embeddings=256)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path / "llama"))
+    job = job_file(tmp_path, "qlora1", model=str(tmp_path / "llama"), gpus=1,
+                   data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
+                   train={"global_batch_size": 4, "precision": "fp32", "lr": 1e-2, "max_steps": 2,
+                          "allow_levers": ["qlora"], "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+                   strategy={"engine": "fsdp", "qlora": True, "micro_batch_size": 4})
+    res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
+    rank = json.loads((run / "ranks" / "rank-0.json").read_text())
+    assert plan["qlora"] is True and plan["world_size"] == 1
+    # The NF4 weights are module parameters FSDP2 does not manage: neither sharded nor gathered by it.
+    raw = rank["peak_by_category_raw"]
+    assert raw["All Gather"] == 0
+    assert plan["predicted_peak_bytes"] == pytest.approx(rank["measured_peak_bytes"], rel=0.05)
+    assert all(math.isfinite(v) for v in step_losses(run))
+
+
 def test_fsdp_pure_bf16_qlora_trains_on_an_nf4_base_and_merges(tmp_path):
     """Issue 21's math levers 6 and 7 on real gloo ranks: pure bf16 (bf16 shards and AdamW states) and QLoRA (the
     frozen block linears as NF4 shards, all-gathered through NF4Tensor's FSDP2 hooks, peft's LoRA over them)."""

@@ -42,8 +42,8 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
     assert cuda_init_bytes(memory_inputs(req), strategy(2)) == 2 * llama_stats().num_params
     # Since the first GPU check each moment also holds 1.15 GB more outside the allocator (the kernels and
     # DeepSpeed's two NCCL communicators, launcher.planner.cuda_overhead): 13.48 GB + context, cuBLAS, kernels,
-    # NCCL and allocator reserve.
-    assert round(m["init"] / GB, 2) == 16.53
+    # NCCL and allocator reserve; at init no cuBLAS workspace or kernels yet (cuda_overhead.absent_at: 0.22 GB).
+    assert round(m["init"] / GB, 2) == 16.31
     assert round(m["step"] / GB, 2) == 19.26
     assert m["init"] < m["step"]
     plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, zero_stage=2)))
@@ -53,9 +53,10 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
 def test_with_room_for_the_copy_deepspeed_flattens_on_the_device():
     # 80 GB: 26.95 GB + overhead fits, so DeepSpeed flattens on the device and the init moment holds both copies.
     req = request(llama_stats(), nodes=8, budget=80 * GB)
-    assert round(moments(req, strategy(2))["init"] / GB, 2) == 31.09  # 29.94 + 1.15 GB outside the allocator
+    # 29.94 + 1.15 GB outside the allocator, less the cuBLAS workspace and kernels not there yet at init (0.22 GB).
+    assert round(moments(req, strategy(2))["init"] / GB, 2) == 30.87
     # The same for ZeRO-1 (the same optimizer class); a LoRA run's flat copy is only its adapters.
-    assert round(moments(req, strategy(1))["init"] / GB, 2) == 31.09
+    assert round(moments(req, strategy(1))["init"] / GB, 2) == 30.87
 
 
 def test_cpu_ranks_keep_the_measured_init():
@@ -104,9 +105,11 @@ def test_a_partition_within_one_sub_group_counts_as_before():
 
 
 def test_nvme_optimizer_swap_buffers_are_four_sub_groups():
-    # OptimizerSwapper pins buffer_count (4) buffers of the largest sub-group, fp32.
+    # OptimizerSwapper pins buffer_count (4) buffers of the largest sub-group, fp32; the 16-bit gradient partition
+    # is in host memory too (stage3.py: self.device is "cpu" with the optimizer offloaded, NVMe included).
     req = request(LLAMA70B, nodes=4, budget=80 * GB)
     buckets = size_buckets(req)
     inp = memory_inputs(req)
     st = deepspeed_states(inp, strategy(3, offload_optimizer="nvme"), buckets)
-    assert st.host == 4 * 4 * sub_group_elems(inp, buckets.sub_group_size)
+    grads16 = 2 * LLAMA70B.trainable_params / 32
+    assert st.host == 4 * 4 * sub_group_elems(inp, buckets.sub_group_size) + grads16

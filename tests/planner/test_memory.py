@@ -55,18 +55,18 @@ def test_zero3_differs_from_deepspeed_only_by_the_16bit_param_partition(gpus, no
     assert abs(ours - (ds + 2 * P / (gpus * nodes))) <= 8
 
 
-def test_zero3_offloads_differ_from_deepspeed_by_the_gradient_partition():
-    # Measured on real ranks (benchmarks/results/accuracy.md): ZeRO-3 with an offloaded optimizer still keeps
-    # its 16-bit gradient partition on the device, 2Ψ/N, which [DS] leaves out of both offload figures.
-    grad_partition = 2 * P / 8
+def test_zero3_offloads_agree_with_deepspeed_on_the_device():
+    # With the optimizer offloaded, ZeRO-3's 16-bit gradient partition (2Ψ/N, which [DS] leaves out) is allocated
+    # on the host too (stage3.py: self.device is "cpu" then); CPU ranks measured it because their host is the
+    # device, and the first GPU check's ZeRO-3 offload step did not hold it. So the device figures agree with [DS].
     ours, m = states(3, opt="cpu")
     _, ds, _ = estimate_zero3_model_states_mem_needs(P, m.largest_layer_params, 8, 1, cpu_offload=True,
                                                      cpu_offload_params=False)
-    assert abs(ours - (ds + grad_partition)) <= 2
+    assert abs(ours - ds) <= 2
     ours, m = states(3, opt="cpu", par="cpu")
     _, ds, _ = estimate_zero3_model_states_mem_needs(P, m.largest_layer_params, 8, 1, cpu_offload=True,
                                                      cpu_offload_params=True)
-    assert abs(ours - (ds + grad_partition)) <= 2
+    assert abs(ours - ds) <= 2
 
 
 def test_zero_paper_table_1_for_7_5b_at_64_gpus():

@@ -68,6 +68,28 @@ def test_fsdp_params_are_the_nf4_shards_the_adapters_in_fp32_and_the_rest_of_the
     assert q.optimizer == base.optimizer
 
 
+def test_on_one_rank_the_nf4_base_is_never_gathered_and_stays_on_the_device_under_offload():
+    """FSDP2's one-rank shortcut cannot gather NF4Tensor, so the worker leaves the NF4 weights out of FSDP2
+    (launcher.engines.fsdp.nf4_outside_fsdp): no gathered NF4 copy, and CPUOffloadPolicy does not move them."""
+    m = lora_llama()
+    elems = [o * i for o, i in SHAPES]
+    one, two = fsdp_states(inputs(m, n=1), fsdp(True)), fsdp_states(inputs(m, n=2), fsdp(True))
+    assert one.buffers == pytest.approx(2 * (m.non_block_params + m.block_params - sum(elems)))
+    assert two.buffers == pytest.approx(one.buffers + sum(e / 2 + e / 64 + 2 * e / 16384 for e in elems))
+    off = dataclasses.replace(fsdp(True), offload_params="cpu", offload_optimizer="cpu")
+    on_host = fsdp_states(inputs(m, n=1), off)
+    resident = m.num_blocks * sum(nf4_bytes(e, 2) for e in elems)
+    assert on_host.params == pytest.approx(resident) and on_host.host == pytest.approx(one.params - resident + one.optimizer)
+    assert fsdp_states(inputs(m, n=2), off).params == 0
+    # At init the NF4 weights are on the device and nothing else FSDP2 holds is (one rank: no broadcast either).
+    from launcher.model.qlora import quantize_transient_bytes
+
+    spec = engine_spec("fsdp")
+    quantizing = quantize_transient_bytes(INTER * H, 2)
+    assert spec.init_bytes(inputs(m, n=1), off) == pytest.approx(resident + quantizing)
+    assert spec.init_bytes(inputs(m, n=2), off) == pytest.approx(max(quantizing, 4 * m.largest_layer_params))
+
+
 def test_dequant_transient_counts_only_where_it_exceeds_the_loss_temporaries(request_for):
     m = lora_llama()
     buckets = size_buckets(request_for())
@@ -97,8 +119,9 @@ def test_init_counts_the_largest_weights_quantization():
     spec = FsdpSpec()
     # to_nf4's nearest-code search: (value - nf4) and its abs(), 16 codes x 2 bytes per element of a 1M chunk.
     assert quantize_transient_bytes(INTER * H, 2) == 2 * 2 * INTER * H + INTER * H + 2 * 16 * 2 * 1024**2
+    # On a GPU the larger of the quantizing and the one whole fp32 tensor broadcast into the shards (8 ranks).
     extra = spec.init_bytes(inputs(m), fsdp(True)) - fsdp_states(inputs(m), fsdp(True)).params
-    assert extra == quantize_transient_bytes(INTER * H, 2)
+    assert extra == max(quantize_transient_bytes(INTER * H, 2), 4 * m.largest_layer_params)
     # On CPU ranks rank 0 still holds its fp32 state dict, less the first block's weights up to the largest.
     consumed = 4 * (2 * H * H + 2 * KV * H + INTER * H)
     shards = fsdp_states(cpu, fsdp(True)).params

@@ -38,15 +38,15 @@ def test_pinned_fields_are_kept(request_for):
 
 def test_nothing_fits_says_what_would_with_numbers(request_for):
     with pytest.raises(NoPlanError) as e:
-        make_plan(request_for(budget_bytes=7 * 10**9, seq_len=16384, gpus_per_node=2))
+        make_plan(request_for(budget_bytes=5 * 10**9, seq_len=16384, gpus_per_node=2))
     no_fit = e.value.no_fit
-    assert (no_fit.budget_bytes, no_fit.world_size) == (7 * 10**9, 2) and no_fit.tried > 0
-    assert no_fit.smallest.resource == "device" and no_fit.smallest_peak_bytes > 7 * 10**9 * 0.95
+    assert (no_fit.budget_bytes, no_fit.world_size) == (5 * 10**9, 2) and no_fit.tried > 0
+    assert no_fit.smallest.resource == "device" and no_fit.smallest_peak_bytes > 5 * 10**9 * 0.95
     assert any(s.change == "budget" for s in no_fit.suggestions)
     # The suggestion is real: the same request at the suggested length plans.
     seq = next(s.value for s in no_fit.suggestions if s.change == "seq_len")
     assert seq < 16384
-    assert make_plan(request_for(budget_bytes=7 * 10**9, seq_len=seq, gpus_per_node=2)).usable_bytes
+    assert make_plan(request_for(budget_bytes=5 * 10**9, seq_len=seq, gpus_per_node=2)).usable_bytes
 
 
 def test_nvme_only_offered_with_a_path(request_for):

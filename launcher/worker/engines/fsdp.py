@@ -225,19 +225,29 @@ class FsdpEngine:
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload else OffloadPolicy()
         kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
         home = torch.device("cpu") if self.offload else self.device
+        # QLoRA on a one-rank shard group: FSDP2 skips the all-gather there and copies each parameter's first
+        # all-gather input alone (torch _fsdp_param_group.py wait_for_unshard, "if world_size == 1"), which breaks
+        # NF4Tensor's three (fsdp_post_all_gather: "expected 3, got 1"; seen on one H100, 2026-11-26). With nothing
+        # to shard, the NF4 weights are left out of FSDP2 (ignored_params) and stay whole on the device, offload or
+        # not (LinearNF4 computes there); the planner counts them so (launcher.engines.fsdp.nf4_outside_fsdp).
+        outside = bool(self.qlora and shape[-1] == 1)
+        ignored: set[nn.Parameter] = set()
         for block, targets in zip(blocks, nf4_targets, strict=True):
             if targets:  # QLoRA: this block's frozen linears to NF4 just before it is sharded
                 from launcher.worker.qlora import quantize
 
-                quantize(targets, nf4_full, from_rank0=self.rank0_load, device=home,
+                quantize(targets, nf4_full, from_rank0=self.rank0_load, device=self.device if outside else home,
                          dtype=torch.bfloat16 if self.pure_bf16 else (dtype or torch.float32),
                          comm_device=self.device if dist.get_backend() == "nccl" else torch.device("cpu"))
-            fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw)
+                if outside:
+                    ignored |= {mod.weight for mod in targets.values()}
+            fully_shard(block, reshard_after_forward=self.reshard_after_forward, **kw,
+                        **({"ignored_params": ignored} if outside else {}))
         # The root (embeddings, final norm, head) is never resharded after forward: its pre-backward hook would
         # gather it again at once, holding the all-gather buffer and the unsharded copy together while every
         # activation is saved (measured on MiniLM, whose root is half the model: +2 x 48 MB at the backward start).
         # fully_shard does this itself only when reshard_after_forward is left unset (_fsdp_state.py _lazy_init).
-        fully_shard(model, reshard_after_forward=False, **kw)
+        fully_shard(model, reshard_after_forward=False, **kw, **({"ignored_params": ignored} if outside else {}))
         if self.rank0_load:
             # Shards allocated where the policy keeps them (host with CPU offload), then filled from rank 0.
             # The NF4 weights are real already: only what is still on meta is allocated and scattered.
