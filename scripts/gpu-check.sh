@@ -53,10 +53,11 @@ JOB
   .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet
   runs_args+=(--run "$runs/$1" "$?")
 }
-# First GPU_VALIDATION_3 (benchmarks/gpu/splits.py, named before it ran: the init moment, ZeRO-3 and QLoRA on one
-# rank), then the runs of GPU_VALIDATION_1 and _2, so a short lease still judges them; then the exact levers, 8-bit
+# First GPU_VALIDATION_3 and _4 (benchmarks/gpu/splits.py, named before they ran: the init moment, ZeRO-3 and QLoRA
+# on one rank), then the runs of GPU_VALIDATION_1 and _2, so a short lease still judges them; then the exact levers, 8-bit
 # AdamW and op-level SAC.
 lever_job z3-1-gpt2 deepspeed gpt2-124m ", zero_stage: 3" ""
+lever_job z2-init-gpt2 deepspeed gpt2-124m ", zero_stage: 2" ""  # GPU_VALIDATION_4
 lever_job z0-init-llama-1b deepspeed llama-1b ", zero_stage: 0" "" 2
 lever_job fsdp-lora-1 fsdp gpt2-124m "" ", lora: {r: 8, alpha: 16, target_modules: [c_attn]}"
 lever_job qlora-1-llama-1b-ac fsdp llama-1b ", qlora: true, activation_checkpointing: true, checkpoint_policy: ops" \

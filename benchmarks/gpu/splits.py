@@ -37,6 +37,12 @@ in bf16 on the 1.2B Llama, FSDP2 LoRA on GPT-2 (a frozen base: the init tensor i
 op-level checkpointing. Criteria: GPU_VALIDATION_1's, with each measured phase judged by the largest moment
 predicted in it (benchmarks/gpu/report.py phase_errors), the init phase included."""
 
+GPU_VALIDATION_4 = ("z2-init-gpt2",)
+"""gpu-check run names, committed on 2026-11-26 (stop 30) before it ran, after GPU_VALIDATION_3, with the ZeRO-1/2
+init term written after that split (deepspeed.cuda_init_bytes: after the flattening, the master partition and
+initialize_optimizer_states' zero gradient beside the model). ZeRO-2 on one GPU, GPT-2 bf16. Criteria:
+GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

@@ -565,7 +565,14 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     room = inp.device_room_bytes or inp.hardware.memory_bytes
     in_use = flatten_on_device + sum(cuda_overhead(inp.hardware, flatten_on_device, inp.world_size,
                                                    DEEPSPEED_COMMUNICATORS).values())
-    return flatten_on_device if in_use <= room else model
+    flattening = flatten_on_device if in_use <= room else model
+    # Then, the parameters views of the flat buffer (wΨ again), the master partition (a .clone() of the flat
+    # partition in the master dtype, single_partition_of_fp32_groups) and initialize_optimizer_states' zero gradient
+    # of the same size (freed at its end without offload), on the device unless the optimizer is offloaded: above the
+    # flattening where 2·4Ψt/N exceeds wΨt, at few ranks.
+    master = (PURE_BF16_BYTES if s.pure_bf16 else MASTER_BYTES) * m.trainable_params / inp.world_size
+    wrapped = model + (2 * master if s.offload_optimizer == "none" else 0.0)
+    return max(flattening, wrapped)
 
 
 class DeepSpeedSpec(EngineSpec):

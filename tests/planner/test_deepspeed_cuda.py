@@ -39,11 +39,14 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
     # the parameters go to the host, are flattened there and come back: the device holds 2Ψ = 13.48 GB.
     req = request(llama_stats(), nodes=8, budget=24 * GB)
     m = moments(req, strategy(2))
-    assert cuda_init_bytes(memory_inputs(req), strategy(2)) == 2 * llama_stats().num_params
+    # Then deepspeed.initialize's master partition and its zero gradient (2 x 4Ψ/64) join the model there.
+    assert cuda_init_bytes(memory_inputs(req), strategy(2)) == 2 * llama_stats().num_params \
+        + 2 * 4 * llama_stats().num_params / 64
     # Since the first GPU check each moment also holds 1.15 GB more outside the allocator (the kernels and
     # DeepSpeed's two NCCL communicators, launcher.planner.cuda_overhead): 13.48 GB + context, cuBLAS, kernels,
-    # NCCL and allocator reserve; at init no cuBLAS workspace or kernels yet (cuda_overhead.absent_at: 0.22 GB).
-    assert round(m["init"] / GB, 2) == 16.31
+    # NCCL and allocator reserve; at init no cuBLAS workspace or kernels yet (cuda_overhead.absent_at: 0.22 GB);
+    # with the master partition and its zero gradient (0.84 GB, and their allocator reserve).
+    assert round(m["init"] / GB, 2) == 17.22
     assert round(m["step"] / GB, 2) == 19.26
     assert m["init"] < m["step"]
     plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, zero_stage=2)))
