@@ -137,7 +137,8 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     # biases (aten.addmm, not saved), so it keeps attention's outputs, and the peak is still predicted.
     data["strategy"] = {"engine": "fsdp", "fsdp_reshard_after_forward": True, "activation_checkpointing": True,
                         "checkpoint_policy": "ops"}
-    data["train"]["max_steps"] = 8
+    # 3 steps: ~2 s each here; the losses of this data order are 1.56, 0.28, 0.49 (suite time, issue 21's note).
+    data["train"]["max_steps"] = 3
     data["train"]["precision"] = "fp32"  # the example says auto: pinned, so the test is the same on every CPU
     job = tmp_path / "minilm.yaml"
     job.write_text(yaml.safe_dump(data))
