@@ -117,6 +117,21 @@ def test_a_phase_is_judged_by_the_largest_moment_predicted_in_it():
     assert line.split("|")[4].strip().startswith("-59") and line.split("|")[5].strip() == "+4.3%"
 
 
+def test_the_third_split_judges_each_phase_by_its_largest_moment(tmp_path):
+    """GPU_VALIDATION_3's moment criterion is per phase (committed so): the pure-bf16 run, renamed into it, meets
+    every criterion there (outside -1.9 %, peak +2.9 %, worst phase +4.3 %), while GPU_VALIDATION_1's
+    every-moment criterion reads its backward_end against the backward phase (-59.8 %) and says NO."""
+    shutil.copytree(SPLIT_RUNS / "levers-pure-bf16-fsdp", tmp_path / "fsdp-lora-1")
+    page = render([run_row(tmp_path / "fsdp-lora-1", 0), run_row(SPLIT_RUNS / "levers-pure-bf16-fsdp", 0)],
+                  tests_rc=None, machine="1 x H100")
+    third = page[page.index("## Validation split GPU_VALIDATION_3"):]
+    line = next(ln for ln in third.splitlines() if ln.startswith("| fsdp-lora-1 | "))
+    assert line.rstrip().endswith("| yes |")
+    first = page[page.index("## Validation split GPU_VALIDATION_1"):page.index("## Validation split GPU_VALIDATION_3")]
+    line = next(ln for ln in first.splitlines() if ln.startswith("| levers-pure-bf16-fsdp | "))
+    assert line.rstrip().endswith("| NO |")
+
+
 def test_reserved_minus_allocated_takes_allocated_at_the_tensor_peak(tmp_path):
     """A hand-made CUDA plan whose side-stream pool (2 GB at backward_end) lifts backward_end (9 GB of tensors) over
     backward (10 GB) on the verdict basis, and a rank that measured exactly what the plan says: allocated peaks at
