@@ -491,7 +491,7 @@ def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buc
     pinned_grads = p.grads16 if p.stage == 3 else 0.0
     # At ZeRO-3 only the reduce bucket of deepspeed.initialize's allocations stays on the device (stage3_buffers):
     # measured on one H100 with the partition and one bf16 vocabulary table (init_bytes' wL), to the 0.1 MB.
-    init_extra = p.w * buckets.reduce_bucket_size if p.stage == 3 else st.init_extra
+    init_extra = st.buffers if p.stage == 3 else st.init_extra  # stage3_buffers' buffers: the bucket
     st = dataclasses.replace(st, optimizer=0.0, grads=0.0, step_extra=0.0, host=st.host + pinned_grads,
                              model_states=st.params + (2 * p.w * largest if p.stage == 3 else 0.0),
                              init_extra=init_extra)

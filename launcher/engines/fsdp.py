@@ -56,6 +56,13 @@ def nf4_outside_fsdp(inp: MemoryInputs, s: Strategy) -> bool:
     return s.qlora and fsdp_shard_ranks(inp, s) == 1
 
 
+def nf4_resident_bytes(inp: MemoryInputs, s: Strategy) -> float:
+    """Device bytes of the NF4 weights FSDP2 leaves alone (nf4_outside_fsdp): every block's, whole; else 0."""
+    if not nf4_outside_fsdp(inp, s):
+        return 0.0
+    return inp.model.num_blocks * sum(nf4_bytes(e, BYTES[inp.precision]) for e in qlora_blocks(inp, s))
+
+
 def init_copy_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """A GPU rank's one whole tensor beside its shards while they are filled: the largest module's parameters.
 
@@ -185,7 +192,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
         # NF4 weights outside FSDP2 stay on the device (nf4_outside_fsdp).
-        resident = m.num_blocks * sum(nf4_bytes(e, w) for e in nf4) if nf4_outside_fsdp(inp, s) else 0.0
+        resident = nf4_resident_bytes(inp, s)
         st.host = st.params - resident + st.grads + st.optimizer
         st.host_step_extra = st.step_extra
         st.grads = st.optimizer = st.step_extra = 0.0
@@ -268,8 +275,8 @@ class FsdpSpec(EngineSpec):
         if inp.hardware.device_is_host:
             consumed = 4 * sum(nf4[:nf4.index(max(nf4)) + 1]) if nf4 else 0.0
             return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
-        resident = m.num_blocks * sum(nf4_bytes(e, BYTES[inp.precision]) for e in nf4) if nf4_outside_fsdp(inp, s) else 0.0
-        return (shards if s.offload_params == "none" else resident) + max(quantizing, init_copy_bytes(inp, s))
+        on_device = shards if s.offload_params == "none" else nf4_resident_bytes(inp, s)
+        return on_device + max(quantizing, init_copy_bytes(inp, s))
 
     def nccl_communicators(self, s: Strategy) -> int:
         """The default group; hybrid sharding's 2-D mesh adds one group per dimension (init_device_mesh creates the
