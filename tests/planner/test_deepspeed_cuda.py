@@ -116,3 +116,38 @@ def test_nvme_optimizer_swap_buffers_are_four_sub_groups():
     st = deepspeed_states(inp, strategy(3, offload_optimizer="nvme"), buckets)
     grads16 = 2 * LLAMA70B.trainable_params / 32
     assert st.host == 4 * 4 * sub_group_elems(inp, buckets.sub_group_size) + grads16
+
+
+def one_gpu(model, **kw) -> PlanRequest:
+    return dataclasses.replace(request(model, nodes=1, budget=80 * GB, **kw), gpus_per_node=1, global_batch_size=8)
+
+
+def test_zero3_on_one_rank_gathers_nothing():
+    # NoGatherHandle views the partition: no gathered weights at the backward start or at its end (GPU check 2).
+    m = llama_stats()
+    alone, pair = one_gpu(m), dataclasses.replace(request(m, nodes=1, budget=80 * GB), gpus_per_node=2)
+    st1 = deepspeed_states(memory_inputs(alone), strategy(3), size_buckets(alone))
+    st2 = deepspeed_states(memory_inputs(pair), strategy(3), size_buckets(pair))
+    assert st1.backward_extra == 0 and st2.backward_extra > 0
+    assert st1.backward_end_late < st2.backward_end_late
+
+
+def test_the_init_moment_holds_deepspeeds_construction_and_no_cublas_workspace():
+    from launcher.planner.cuda_overhead import cublas_workspace_bytes
+
+    m = llama_stats(num_params=1_000_000_000, blocks=16, h=2048, inter=8192)
+    req = one_gpu(m)
+    inp, buckets = memory_inputs(req), size_buckets(req)
+    hw = inp.hardware
+    # ZeRO-0 in bf16: FP16_UnfusedOptimizer steps once in __init__, so init holds the step's tensors; less the
+    # cuBLAS workspace and kernels, which no matmul has loaded yet.
+    est = estimate_memory(inp, strategy(0, grad_accum_steps=8), buckets)
+    assert est.moment_bytes["init"] == est.moment_bytes["step"] - cublas_workspace_bytes(hw) - int(hw.kernel_bytes)
+    # ZeRO-3 with the optimizer offloaded: the weight load, then deepspeed.initialize's reduce bucket.
+    off = strategy(3, offload_optimizer="cpu")
+    st = deepspeed_states(inp, off, buckets)
+    assert st.init_extra == st.buffers == 2 * buckets.reduce_bucket_size
+    # Without offload the master partition too, and the larger of a sub-group's zero gradient and the bucket.
+    st = deepspeed_states(inp, strategy(3), buckets)
+    master = 4 * m.trainable_params
+    assert st.init_extra == master + max(4 * sub_group_elems(inp, buckets.sub_group_size), st.buffers)
