@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +58,7 @@ def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypat
 
     monkeypatch.setattr(launcher.rankenv, "default_extensions_dir", lambda: tmp_path / "ops")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # set_extensions_dir puts this interpreter's bin first
     plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
     run = RunDir.create(tmp_path / "fresh")
     assert rank_env(run, plan, load_job(planned / "job.yaml"), enforce=False)["TORCH_EXTENSIONS_DIR"] == \
@@ -60,6 +66,30 @@ def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypat
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
     assert set_extensions_dir() == str(tmp_path / "mine")
     run.unlock()
+
+
+def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(planned, tmp_path, monkeypatch):
+    """Ranks (the launcher's and a script's) and set-up find the ninja beside this interpreter first, whatever PATH
+    the launch came with: a different ninja hashes commands differently in .ninja_log and rebuilds every op it
+    loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked on the op cache the
+    suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
+    from launcher.config.jobfile import load_job
+    from launcher.rankenv import extensions_dir, tool_path
+    from launcher.session.prepare import rank_env
+
+    here = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", here, "/usr/local/bin"]))
+    plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
+    run = RunDir.create(tmp_path / "fresh")
+    path = rank_env(run, plan, load_job(planned / "job.yaml"), enforce=False)["PATH"]
+    run.unlock()
+    assert path.split(os.pathsep) == [here, "/usr/bin", "/bin", "/usr/local/bin"] == tool_path().split(os.pathsep)
+    ninja = shutil.which("ninja", path=path)
+    assert ninja and Path(ninja).parent == Path(here), ninja  # pip's ninja, a dependency of deepspeed
+    op = Path(extensions_dir()) / "deepspeed_shm_comm"
+    assert (op / "build.ninja").is_file(), f"{op}: scripts/setup.sh builds it (scripts/build_ops.py)"
+    out = subprocess.run([ninja, "-C", str(op), "-n", "-d", "explain"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "no work to do" in out.stdout, out.stdout + out.stderr
 
 
 def test_load_plan_refuses_a_plan_json_replaced_after_the_launch(planned, monkeypatch):
