@@ -178,6 +178,23 @@ def skip_shm_comm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def ask_cpu_info_once() -> None:
+    """Keep py-cpuinfo's first answer for the rest of the rank.
+
+    DeepSpeed's CPU optimizer asks py-cpuinfo three times on every rank: OpBuilder.cpu_arch and simd_width when it
+    loads cpu_adam (builder.py), then DeepSpeedCPUAdam.__init__ (cpu_adam.py). Each get_cpu_info() starts a Python
+    subprocess (cpuinfo.py get_cpu_info_json: ``[sys.executable, __file__, '--json']``), about 1 s of CPU apiece
+    (measured: 6 of them, 7 s of CPU, in a two-rank ZeRO-3 offload start on 2 cores). The CPU does not change
+    within a process, so the first answer serves all three. Each call site imports the function at call time
+    (``from cpuinfo import get_cpu_info``), so replacing the module's attribute reaches them."""
+    import functools
+
+    import cpuinfo
+
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
+
+
 def keep_optimizer_state_whole(zero_optimizer) -> None:
     """Stop ZeRO-1/2 from cutting the client optimizer's state into per-parameter fragments.
 
@@ -235,10 +252,12 @@ class DeepSpeedEngine:
 
     @staticmethod
     def init_process_group(backend: str) -> None:
-        """Form the process group through deepspeed.init_distributed (its CPU shared-memory kernel skipped)."""
+        """Form the process group through deepspeed.init_distributed (its CPU shared-memory kernel skipped, py-cpuinfo
+        asked once)."""
         import deepspeed
 
         skip_shm_comm_op()
+        ask_cpu_info_once()
         deepspeed.init_distributed(dist_backend=backend)
 
     def __init__(self, ds_config: dict, *, device: torch.device | None = None, activation_checkpointing: bool = False,
