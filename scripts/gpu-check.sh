@@ -40,7 +40,7 @@ runs_args=()
 
 # The memory levers (docs/levers.md) on 1 GPU, each pinned so its CUDA side runs: the exact ones together per
 # engine, and each math-changing one allowed and pinned on FSDP2 (the engine that offers them).
-lever_job() {  # name engine model strategy-extra train-extra [micro-batch, default 4: the global batch]
+lever_job() {  # name engine model strategy-extra train-extra [micro-batch, default 4: the global batch] [launch flag]
   cat > "$runs/$1.yaml" <<JOB
 name: $1
 model: $3
@@ -50,7 +50,7 @@ train: {global_batch_size: 4, precision: bf16, lr: 1.0e-4, max_steps: 4$5}
 strategy: {engine: $2, micro_batch_size: ${6:-4}$4}
 JOB
   echo "gpu-check: $1: launch --gpus 1 --budget $budget --enforce"
-  .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet
+  .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet ${7:+"$7"}
   runs_args+=(--run "$runs/$1" "$?")
 }
 # First GPU_VALIDATION_3 and _4 (benchmarks/gpu/splits.py, named before they ran: the init moment, ZeRO-3 and QLoRA
@@ -66,8 +66,10 @@ lever_job qlora-1-llama-1b-ac fsdp llama-1b ", qlora: true, activation_checkpoin
 lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
   ", allow_levers: [qlora], lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"
 lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_levers: [pure_bf16]"
-# ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use).
-lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimizer: cpu" ""
+# ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use). With the allocator's snapshot:
+# its segments carry their stream, which measures the reduce_and_partition stream's pool (DEEPSPEED_COMMUNICATORS,
+# launcher/engines/deepspeed.py, says why).
+lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimizer: cpu" "" 4 --memory-snapshot
 # Then GPU_VALIDATION_2 (named before it ran): FSDP2's side-stream pools. A 1.2 B model whose fp32 gradient shards
 # (4.9 GB) stay cached in the reduce-scatter stream's pool, and accumulation, where they are live at the backward start.
 lever_job pool-llama-1b-ac-fsdp fsdp llama-1b ", activation_checkpointing: true" ""

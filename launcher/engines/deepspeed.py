@@ -58,7 +58,22 @@ HF_EXPORT = "ds_config.hf.json"
 _OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
 DEEPSPEED_COMMUNICATORS = 2
 """NCCL communicators a DeepSpeed rank holds: the default group and its clone, DeepSpeed's data-parallel group
-(deepspeed/utils/groups.py _get_data_parallel_group -> _clone_world_group: dist.new_group(range(world_size)))."""
+(deepspeed/utils/groups.py _get_data_parallel_group -> _clone_world_group: dist.new_group(range(world_size))).
+
+On several GPUs the clone always holds one: DeepSpeed binds the default group to the device (comm/torch.py
+init_process_group passes device_id unless the world size is 1), and torch then builds every later group at once
+by ncclCommSplit (distributed_c10d.py new_group: split_from when the default group has a bound_device_id). On one
+GPU nothing is bound, and a group makes its communicator at its first collective: ZeRO-0/1/2 reduce and broadcast
+on the clone, while a ZeRO-3 model built under zero.Init (the launcher's ranks, HF Trainer, accelerate's
+zero3_init_flag) runs every collective on the world group (partition_parameters.py Init: ds_process_group =
+dist.get_world_group() when no data_parallel_group is given; engine.py skips _broadcast_model for it), so its
+clone holds none (tests/emit test_one_rank_zero3_runs_no_collective_outside_the_world_group; the second GPU
+check's one-GPU ZeRO-3 offload run measured one communicator). The plan still counts two there, on purpose: that
+same run's allocator cache was 874 MB against 279 MB planned (reserved - allocated, 30 % of allocated), most likely
+the pool of ZeRO-3's reduce_and_partition_stream, where stage3.py moves, reduces and partitions every gradient
+bucket and which no term models yet; counting one communicator would put its verdict 10.3 % under the measured
+peak instead of 2.5 %. scripts/gpu-check.sh runs it again with the allocator's snapshot, whose
+segments carry their stream: the count drops to one with a term for that pool."""
 
 
 LOW_MEMORY_REFUSED = {

@@ -9,13 +9,16 @@ applies its own batch assertion (train_batch_size == micro * accum * world_size)
 
 initialize: ``deepspeed.initialize`` on a 1-rank gloo group with a two-layer MLP of width W, then two optimizer
 steps: DeepSpeed builds the optimizer, scheduler and offload machinery from the config blocks, which
-DeepSpeedConfig never checks. Reports the swap files written under the configs' NVMe paths.
+DeepSpeedConfig never checks. Reports the swap files written under the configs' NVMe paths, and how many
+collectives ran on the world group and on any other (DeepSpeed's clone of it: on one GPU a group holds an NCCL
+communicator only once a collective runs on it, launcher.engines.deepspeed nccl_communicators).
 
 A fresh process because a process group is process-wide state, and so the test process stays clean.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -75,10 +78,30 @@ def _device(block) -> str:
     return "none" if block is None else str(getattr(block.device, "value", block.device))
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter",
+               "broadcast", "barrier", "reduce", "all_to_all_single", "gather", "scatter")
+
+
+def _count_collectives(counts: dict) -> None:
+    """Count every torch.distributed collective into ``counts`` by group: "world" (the default group, or none
+    named) or "other". Before DeepSpeed's comm starts: its backend keeps some of these functions at start."""
+    import torch.distributed as dist
+
+    for name in COLLECTIVES:
+        def counted(*args, _real=getattr(dist, name), **kwargs):
+            group = kwargs.get("group", next((a for a in args if isinstance(a, dist.ProcessGroup)), None))
+            counts["world" if group is None or group is dist.group.WORLD else "other"] += 1
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+
+
 def initialize(configs: dict, width: int) -> dict:
     import torch
     import torch.distributed as dist
 
+    counts = {"world": 0, "other": 0}
+    _count_collectives(counts)
     _quiet_deepspeed()
     import deepspeed
 
@@ -88,9 +111,15 @@ def initialize(configs: dict, width: int) -> dict:
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     out = {}
     for name, cfg in configs.items():
+        counts.update(world=0, other=0)
         try:
             torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(), torch.nn.Linear(2 * width, 1))
+            # ZeRO-3 models are built inside zero.Init, as the launcher's ranks and HF's and accelerate's (its
+            # zero3_init_flag) build them from these configs.
+            stage3 = cfg.get("zero_optimization", {}).get("stage") == 3
+            with deepspeed.zero.Init(config_dict_or_path=cfg) if stage3 else contextlib.nullcontext():
+                model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                            torch.nn.Linear(2 * width, 1))
             engine, _, _, scheduler = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                            config=cfg)
             dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
@@ -109,6 +138,7 @@ def initialize(configs: dict, width: int) -> dict:
                 "lr": engine.get_lr()[0],
                 "loss_finite": bool(torch.isfinite(loss).item()),
                 "swap_files": _swap_files(cfg),
+                "collectives": dict(counts),
             }
             engine.destroy()
         except Exception as e:

@@ -395,6 +395,16 @@ def test_deepspeed_initialize_trains(initialized, name):
         assert r["scheduler"] == "WarmupLR" and r["lr"] == pytest.approx(3e-4 * 2 / 11)
 
 
+def test_one_rank_zero3_runs_no_collective_outside_the_world_group(initialized):
+    """On one GPU no device is bound, so a group holds an NCCL communicator only once a collective runs on it.
+    ZeRO-0/1/2 reduce and broadcast on DeepSpeed's clone of the world group; a ZeRO-3 model built under zero.Init
+    runs every collective on the world group itself, so its clone holds none (launcher.engines.deepspeed
+    DEEPSPEED_COMMUNICATORS: why the plan still counts two there)."""
+    for name, (_, s, _) in ENGINE_CASES.items():
+        ran = initialized[name]["collectives"]
+        assert (ran["other"] > 0) == (s["zero_stage"] < 3), (name, ran)
+
+
 NVME_CASES = {
     "nvme_both": dict(offload_optimizer="nvme", offload_params="nvme"),
     "nvme_opt_params_cpu": dict(offload_optimizer="nvme", offload_params="cpu"),
