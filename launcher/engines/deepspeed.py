@@ -174,14 +174,19 @@ class Partition:
 
     @property
     def master_elem_bytes(self) -> int:
-        """Bytes per element of the master partition and its gradient: fp32, or bf16 under pure bf16."""
-        return PURE_BF16_BYTES if self.pure else MASTER_BYTES
+        """Bytes per element of the master partition and its gradient (master_elem_bytes)."""
+        return master_elem_bytes(self.pure)
 
     @property
     def grads32(self) -> float:
         """Master-dtype gradient bytes per rank the optimizer step holds, partitioned from ZeRO-1 on: fp32 (the
         "4_grads_32bit" of [DS]), bf16 under pure bf16."""
         return self.master_elem_bytes * self.psi_t / self.shard_opt
+
+
+def master_elem_bytes(pure_bf16: bool) -> int:
+    """Bytes per element of the master partition and its gradient: fp32, or bf16 under pure bf16."""
+    return PURE_BF16_BYTES if pure_bf16 else MASTER_BYTES
 
 
 def sub_group_elems(inp: MemoryInputs, sub_group_size: int) -> float:
@@ -585,7 +590,7 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     # partition in the master dtype, single_partition_of_fp32_groups) and initialize_optimizer_states' zero gradient
     # of the same size (freed at its end without offload), on the device unless the optimizer is offloaded: above the
     # flattening where 2·4Ψt/N exceeds wΨt, at few ranks.
-    master = (PURE_BF16_BYTES if s.pure_bf16 else MASTER_BYTES) * m.trainable_params / inp.world_size
+    master = master_elem_bytes(s.pure_bf16) * m.trainable_params / inp.world_size
     wrapped = model + (2 * master if s.offload_optimizer == "none" else 0.0)
     return max(flattening, wrapped)
 
