@@ -460,7 +460,7 @@ def every_cell() -> list[Cell]:
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
-            *ONE_RANK_VALIDATION]
+            *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -472,7 +472,7 @@ def sides_of_all() -> dict[str, str]:
     "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
     checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
     "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
-    (ZeRO-3 and QLoRA on a single rank)."""
+    (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -493,7 +493,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "sac-z3lora-validation" for c in SAC_Z3LORA_VALIDATION},
             **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2},
             **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2},
-            **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION}}
+            **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION},
+            **{c.name: "lora-dtype-validation" for c in LORA_DTYPE_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -594,4 +595,18 @@ ONE_RANK_VALIDATION: tuple[Cell, ...] = (
     _c("fsdpoff", "llama", "causal_lm", "fp32", False, 1, 296, ranks=1, lora=True, qlora=True),
 )
 """One rank, validation split (out of sample for the one-rank ZeRO-3 and QLoRA terms, run once)."""
+
+LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 21:24 UTC) before the probe builds LoRA's adapters in the working dtype, run
+    # once after it. Found verifying LitGPT's tiny-llama row (benchmarks/published/litgpt_tinyllama.py): the probe
+    # wraps its bf16 model with get_peft_model's default autocast_adapter_dtype, so the adapters are fp32 and PEFT
+    # casts each adapted linear's input to fp32 for them (a saved fp32 copy per adapter), while every engine's ranks
+    # compute the adapters in bf16 (DeepSpeed's engine casts the module; FSDP2's MixedPrecisionPolicy gathers bf16;
+    # checked on one-rank ZeRO-1 and FSDP2 runs). bf16 LoRA on shapes no cell used: the 6-block Llama on ZeRO-1, the
+    # 4-block Llama on FSDP2, the 9M GPT-2 with checkpointing on ZeRO-2.
+    _c("z1", "llama6", "causal_lm", "bf16", False, 2, 176, lora=True),
+    _c("fsdp", "llama", "causal_lm", "bf16", False, 2, 304, lora=True),
+    _c("z2", "gpt2m", "causal_lm", "bf16", True, 1, 368, lora=True),
+)
+"""bf16 LoRA with the adapters in the working dtype, validation split (out of sample for that change, run once)."""
 

@@ -8,7 +8,7 @@ with frozen parameters handled). LitGPT is not a dependency; install it beside t
 
     .venv/bin/python -m pip install --no-deps --target /tmp/litgpt_env litgpt==0.5.13 lightning lightning-utilities \
         "jsonargparse[signatures]<=4.41" torchmetrics docstring-parser typeshed-client
-    .venv/bin/python -m benchmarks.published.litgpt_tinyllama litgpt [LAYERS]   # then: hf [LAYERS]
+    .venv/bin/python -m benchmarks.published.litgpt_tinyllama litgpt [LAYERS]   # then: hf, hf-bf16 [LAYERS]
 
 Results (2026-11-26) in benchmarks/published/run.py MISS_NOTES["litgpt-tinyllama-lora-all"].
 """
@@ -65,7 +65,11 @@ def litgpt(layers: int) -> dict[str, float]:
     return _peak(tracker)
 
 
-def transformers_peft(layers: int) -> dict[str, float]:
+def transformers_peft(layers: int, adapters_in_fp32: bool = True) -> dict[str, float]:
+    """transformers' Llama with PEFT's LoRA. ``adapters_in_fp32``: get_peft_model's default (autocast_adapter_dtype),
+    as launcher.model.lora.apply_lora builds the probe's model; False: the adapters in bf16, as the launcher's ranks
+    run them (each engine computes every parameter in bf16: DeepSpeed's engine casts the module, FSDP2's
+    MixedPrecisionPolicy gathers bf16)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -77,7 +81,8 @@ def transformers_peft(layers: int) -> dict[str, float]:
     with torch.device("meta"):  # peft cannot wrap fake parameters: built on meta, then made fake
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model.config.use_cache = False
-    model = get_peft_model(model, LoraConfig(r=32, lora_alpha=16, lora_dropout=0.05, target_modules=TARGETS))
+    model = get_peft_model(model, LoraConfig(r=32, lora_alpha=16, lora_dropout=0.05, target_modules=TARGETS),
+                           autocast_adapter_dtype=adapters_in_fp32)
     ids = torch.randint(0, 32000, (BATCH, SEQ))
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
@@ -93,7 +98,10 @@ def transformers_peft(layers: int) -> dict[str, float]:
 def main() -> int:
     which = sys.argv[1]
     layers = int(sys.argv[2]) if len(sys.argv) > 2 else 22
-    peak = (litgpt if which == "litgpt" else transformers_peft)(layers)
+    if which == "litgpt":
+        peak = litgpt(layers)
+    else:
+        peak = transformers_peft(layers, adapters_in_fp32=which == "hf")
     print(json.dumps({"recipe": which, "layers": layers, "peak_GB_by_category": peak}))
     return 0
 

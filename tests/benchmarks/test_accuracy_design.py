@@ -12,6 +12,7 @@ from benchmarks.accuracy.cells import (
     CURRENT_VALIDATION,
     DS_PURE_BF16_DEV,
     DS_PURE_BF16_VALIDATION,
+    LORA_DTYPE_VALIDATION,
     MATRIX,
     MODELS,
     ONE_RANK_VALIDATION,
@@ -326,3 +327,13 @@ def test_the_one_rank_validation_is_new():
     assert {c.sharding for c in ONE_RANK_VALIDATION if dict(c.levers).get("qlora")} == {"fsdp", "fsdpoff"}
     assert {sides_of_all()[c.name] for c in ONE_RANK_VALIDATION} == {"one-rank-validation"}
 
+
+
+def test_the_lora_dtype_validation_is_new():
+    """bf16 LoRA on shapes no earlier cell used, one DeepSpeed stage without and one with checkpointing, and FSDP2."""
+    earlier = [c for c in every_cell() if c not in LORA_DTYPE_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in LORA_DTYPE_VALIDATION}
+    assert all(c.lora and c.precision == "bf16" for c in LORA_DTYPE_VALIDATION)
+    assert {c.sharding for c in LORA_DTYPE_VALIDATION} == {"z1", "z2", "fsdp"}
+    assert {sides_of_all()[c.name] for c in LORA_DTYPE_VALIDATION} == {"lora-dtype-validation"}
