@@ -600,13 +600,16 @@ LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
     # Decided and committed (2026-11-26 21:24 UTC) before the probe builds LoRA's adapters in the working dtype, run
     # once after it. Found verifying LitGPT's tiny-llama row (benchmarks/published/litgpt_tinyllama.py): the probe
     # wraps its bf16 model with get_peft_model's default autocast_adapter_dtype, so the adapters are fp32 and PEFT
-    # casts each adapted linear's input to fp32 for them (a saved fp32 copy per adapter), while every engine's ranks
-    # compute the adapters in bf16 (DeepSpeed's engine casts the module; FSDP2's MixedPrecisionPolicy gathers bf16;
-    # checked on one-rank ZeRO-1 and FSDP2 runs). bf16 LoRA on shapes no cell used: the 6-block Llama on ZeRO-1, the
-    # 4-block Llama on FSDP2, the 9M GPT-2 with checkpointing on ZeRO-2.
+    # casts each adapted linear's input to fp32 for them (a saved fp32 copy per adapter), while ZeRO-0/1/2's and
+    # FSDP2's ranks compute the adapters in bf16 (DeepSpeed's engine casts the module, engine.py
+    # _cast_module_mixed_precision; FSDP2's MixedPrecisionPolicy gathers bf16) and ZeRO-3's in fp32 (that cast skips
+    # a zero.Init model, and peft adds the adapters after it): checked on one-rank ZeRO-1, ZeRO-3, FSDP2 and FSDP2
+    # offload runs. bf16 LoRA on shapes no cell used: the 6-block Llama on ZeRO-1, the 4-block Llama on FSDP2, the 9M
+    # GPT-2 with checkpointing on ZeRO-2, and the 4-block Llama on ZeRO-3, whose fp32 adapters the change must keep.
     _c("z1", "llama6", "causal_lm", "bf16", False, 2, 176, lora=True),
     _c("fsdp", "llama", "causal_lm", "bf16", False, 2, 304, lora=True),
     _c("z2", "gpt2m", "causal_lm", "bf16", True, 1, 368, lora=True),
+    _c("z3", "llama", "causal_lm", "bf16", False, 1, 392, lora=True),
 )
 """bf16 LoRA with the adapters in the working dtype, validation split (out of sample for that change, run once)."""
 

@@ -330,10 +330,11 @@ def test_the_one_rank_validation_is_new():
 
 
 def test_the_lora_dtype_validation_is_new():
-    """bf16 LoRA on shapes no earlier cell used, one DeepSpeed stage without and one with checkpointing, and FSDP2."""
+    """bf16 LoRA on shapes no earlier cell used: ZeRO-1, ZeRO-2 with checkpointing and FSDP2 (adapters computed in bf16
+    there) and ZeRO-3 (in fp32 there)."""
     earlier = [c for c in every_cell() if c not in LORA_DTYPE_VALIDATION]
     shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
     assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in LORA_DTYPE_VALIDATION}
     assert all(c.lora and c.precision == "bf16" for c in LORA_DTYPE_VALIDATION)
-    assert {c.sharding for c in LORA_DTYPE_VALIDATION} == {"z1", "z2", "fsdp"}
+    assert {c.sharding for c in LORA_DTYPE_VALIDATION} == {"z1", "z2", "z3", "fsdp"}
     assert {sides_of_all()[c.name] for c in LORA_DTYPE_VALIDATION} == {"lora-dtype-validation"}
