@@ -30,7 +30,6 @@ from launcher.rankenv import (
     SNAPSHOT_ENV,
     extensions_dir,
     plan_digest,
-    tool_path,
 )
 from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.session.options import RunOptions
@@ -82,8 +81,6 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     # DeepSpeed compiles its ops once per machine into this cache instead of at every start.
     env[EXTENSIONS_ENV] = extensions_dir()
-    # ... built with the ninja beside this interpreter, for a script's ranks too (launcher.rankenv.tool_path).
-    env["PATH"] = tool_path()
     return env
 
 

@@ -68,22 +68,19 @@ def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypat
     run.unlock()
 
 
-def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(planned, tmp_path, monkeypatch):
-    """Ranks (the launcher's and a script's) and set-up find the ninja beside this interpreter first, whatever PATH
-    the launch came with: a different ninja hashes commands differently in .ninja_log and rebuilds every op it
-    loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked on the op cache the
-    suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
-    from launcher.config.jobfile import load_job
-    from launcher.rankenv import extensions_dir, tool_path
-    from launcher.session.prepare import rank_env
+def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(monkeypatch):
+    """Every rank (the worker's and a script's, launcher.rank_entry) and set-up find the ninja beside this interpreter
+    first, whatever PATH the node gave them: a different ninja hashes commands differently in .ninja_log and rebuilds
+    every op it loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked on the op
+    cache the suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
+    from launcher.rank_entry import use_local_tools
+    from launcher.rankenv import extensions_dir
 
     here = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", here, "/usr/local/bin"]))
-    plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
-    run = RunDir.create(tmp_path / "fresh")
-    path = rank_env(run, plan, load_job(planned / "job.yaml"), enforce=False)["PATH"]
-    run.unlock()
-    assert path.split(os.pathsep) == [here, "/usr/bin", "/bin", "/usr/local/bin"] == tool_path().split(os.pathsep)
+    use_local_tools()
+    path = os.environ["PATH"]
+    assert path.split(os.pathsep) == [here, "/usr/bin", "/bin", "/usr/local/bin"]  # the node's own PATH kept after
     ninja = shutil.which("ninja", path=path)
     assert ninja and Path(ninja).parent == Path(here), ninja  # pip's ninja, a dependency of deepspeed
     op = Path(extensions_dir()) / "deepspeed_shm_comm"
