@@ -22,20 +22,14 @@ def redirect_output(run_dir: Path, rank: int) -> None:
     os.close(fd)
 
 
-def use_local_tools() -> None:
-    """This interpreter's bin directory first on the rank's PATH, on the node the rank runs on (its own PATH kept
-    after it): DeepSpeed then builds and loads its ops with the ninja the op cache was built with, in the worker and
-    in a user's script alike (launcher.rankenv.tool_path says why that matters)."""
-    from launcher.rankenv import tool_path
-
-    os.environ["PATH"] = tool_path()
-
-
 def main(argv: list[str]) -> None:
     """One rank: output to its log, then the built-in worker or the user's --script; exits with its code."""
     run_dir = Path(argv[0])
     rank = int(os.environ.get("RANK", "0"))
     redirect_output(run_dir, rank)
+    from launcher.rankenv import use_local_tools
+
+    # On the node the rank runs on, before the worker or a script loads DeepSpeed's ops: the op cache's ninja.
     use_local_tools()
     if len(argv) > 2 and argv[1] == "--script":
         script, args = argv[2], argv[3:]

@@ -131,22 +131,24 @@ def rank_info() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def tool_path(path: str | None = None) -> str:
-    """``path`` (default $PATH) with the running interpreter's bin directory first, once.
+def use_local_tools() -> None:
+    """Put the running interpreter's bin directory first on this process's PATH, once, the rest kept after it.
 
     torch's cpp_extension builds DeepSpeed's ops with whichever ``ninja`` PATH finds first, and ninja versions hash
     commands differently in the cache's .ninja_log (apt's 1.11 against pip's 1.13, measured): a process that finds
     the other one rebuilds the op it finds, and the next process of the first kind rebuilds it back (~30 s each on 2
     cores). With the interpreter's own bin first, every launcher process and rank builds with the ninja installed
-    beside the interpreter (pip's, a dependency of deepspeed), as set-up did."""
+    beside the interpreter (pip's, a dependency of deepspeed), as set-up did. Called by every rank on its own node
+    (launcher.rank_entry, the worker's and a script's), by a process that builds ops (set_extensions_dir) and by
+    the test process."""
     bin_dir = str(Path(sys.executable).parent)
-    rest = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p and p != bin_dir]
-    return os.pathsep.join([bin_dir, *rest])
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    os.environ["PATH"] = os.pathsep.join([bin_dir, *rest])
 
 
 def set_extensions_dir() -> str:
     """Point TORCH_EXTENSIONS_DIR at the shared cache unless the user chose one, and put this interpreter's tools
-    first on PATH (tool_path: the ninja the cache was built with); call before importing deepspeed."""
+    first on PATH (use_local_tools: the ninja the cache was built with); call before importing deepspeed."""
     os.environ[EXTENSIONS_ENV] = chosen = extensions_dir()
-    os.environ["PATH"] = tool_path()
+    use_local_tools()
     return chosen

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.rankenv import tool_path
+from launcher.rankenv import use_local_tools
 from tests.slurm_fixtures import make_job, make_plan  # noqa: F401  (fixtures for tests/backends and tests/emit)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,9 +15,9 @@ TINY_GPT2 = {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 
 # Every test process shares one DeepSpeed op cache and reads no model hub.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# ... built with the ninja beside this interpreter, as set-up built it (launcher.rankenv.tool_path says why), by
-# every subprocess a test starts (accelerate launch, a script, a DeepSpeed check), not only the launcher's ranks.
-os.environ["PATH"] = tool_path()
+# ... built with the ninja beside this interpreter, as set-up built it (launcher.rankenv.use_local_tools says why),
+# by every subprocess a test starts (accelerate launch, a script, a DeepSpeed check), not only the launcher's ranks.
+use_local_tools()
 
 
 def base_job(data_path: str, **over) -> dict:

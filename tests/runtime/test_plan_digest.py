@@ -73,8 +73,7 @@ def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(monkeypatch):
     first, whatever PATH the node gave them: a different ninja hashes commands differently in .ninja_log and rebuilds
     every op it loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked on the op
     cache the suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
-    from launcher.rank_entry import use_local_tools
-    from launcher.rankenv import extensions_dir
+    from launcher.rankenv import extensions_dir, use_local_tools
 
     here = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", here, "/usr/local/bin"]))
