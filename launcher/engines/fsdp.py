@@ -278,6 +278,13 @@ class FsdpSpec(EngineSpec):
         on_device = shards if s.offload_params == "none" else nf4_resident_bytes(inp, s)
         return on_device + max(quantizing, init_copy_bytes(inp, s))
 
+    def fp32_adapters(self, s: Strategy) -> bool:
+        """Never: the rank's MixedPrecisionPolicy (param_dtype the working dtype, launcher.worker.engines.fsdp
+        setup; pure bf16 casts every parameter) all-gathers peft's fp32 adapters in bf16/fp16, so in forward
+        lora_A.weight has the working dtype and peft's input cast to it (BaseTunerLayer._cast_input_dtype) is a
+        no-op: no fp32 copy. Checked with a forward hook on one-rank FSDP2 and FSDP2-offload runs (stop 31)."""
+        return False
+
     def nccl_communicators(self, s: Strategy) -> int:
         """The default group; hybrid sharding's 2-D mesh adds one group per dimension (init_device_mesh creates the
         replicate and the shard group, launcher.worker.engines.fsdp); a 1-D mesh reuses the default group."""

@@ -95,6 +95,12 @@ class EngineSpec:
         """Host bytes per node while the weights load."""
         raise NotImplementedError
 
+    def fp32_adapters(self, s: Strategy) -> bool:
+        """Under LoRA in bf16/fp16, whether this layout's ranks compute the adapters in fp32, as peft makes them
+        (launcher.model.lora.apply_lora), rather than in the working dtype; the planner then adds the probe's
+        fp32-adapter terms (launcher.planner.memory.strategy_activations)."""
+        return False
+
     def nccl_communicators(self, s: Strategy) -> int:
         """NCCL communicators a CUDA rank of this engine holds (launcher.planner.cuda_overhead [COMM]): the default
         process group every rank creates (launcher.worker.main), plus the engine's own groups."""

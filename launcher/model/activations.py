@@ -18,9 +18,9 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 8
+PROBE_VERSION = 9
 """Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA; 8: the
-checkpointed layers' kwargs in a mixed layout)."""
+checkpointed layers' kwargs in a mixed layout; 9: LoRA's adapters in the working dtype, fp32 ones as a difference)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -71,7 +71,7 @@ def _saving_linear():
 
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
                            dtype, loss_chunks: int = 0, policy: str = "full", saving_linear: bool = False,
-                           checkpoint_every: int = 1) -> int:
+                           checkpoint_every: int = 1, fp32_adapters: bool = False) -> int:
     import torch
 
     from launcher.model.build import model_class
@@ -104,7 +104,7 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
         # Frozen weights need no saved inputs for their gradients: LoRA changes what a block keeps.
         from launcher.model.lora import apply_lora
 
-        model = apply_lora(model, job.train.lora, job.task)
+        model = apply_lora(model, job.train.lora, job.task, fp32_adapters=fp32_adapters)
     if loss_chunks:
         from launcher.model.chunked_loss import enable_chunked_loss
 
@@ -173,12 +173,13 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     examples = -(-tokens // s_long)
 
     def peak(blocks: int, s: int, ac: bool, policy: str = "full", saving_linear: bool = False,
-             every: int = 1) -> float:
-        """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``."""
+             every: int = 1, fp32_adapters: bool = False) -> float:
+        """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``; LoRA's adapters
+        in the working dtype unless ``fp32_adapters``."""
         n = examples * s_long // s
         total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
                                        checkpointing=ac, dtype=dtype, policy=policy, saving_linear=saving_linear,
-                                       checkpoint_every=every)
+                                       checkpoint_every=every, fp32_adapters=fp32_adapters)
         return total / (n * s)
 
     # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
@@ -201,15 +202,29 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     # alike under both policies. Measured with the op policy: its D, unlike C, is the backward start's own (C comes
     # out 0 where the 1- and 2-block runs with full recompute peak at one moment beyond the blocks, tests/model).
     kwargs_held = max(0.0, peak(2, s_long, True, "ops", every=2) - (sac + per_block_long + head))
+    # Under LoRA the runs above hold the adapters in the working dtype, as ZeRO-0/1/2 and FSDP2 compute them. What
+    # peft's own fp32 adapters add (an fp32 copy of each adapted linear's input, saved; the engines that keep them:
+    # EngineSpec.fp32_adapters) is measured as a difference, per block, outside the blocks and under the op policy.
+    fp32_block = fp32_head = fp32_sac = 0.0
+    block32, head32 = per_block_long, head
+    frozen_block = frozen_head = 0.0
+    if job.train.lora is not None and precision != "fp32":
+        f1 = peak(1, s_long, False, fp32_adapters=True)
+        block32 = peak(2, s_long, False, fp32_adapters=True) - f1
+        head32 = f1 - block32
+        fp32_block, fp32_head = max(0.0, block32 - per_block_long), max(0.0, head32 - head)
+        sac32 = (peak(2, s_long, True, "ops", fp32_adapters=True)
+                 - peak(1, s_long, True, "ops", fp32_adapters=True))
+        fp32_sac = max(0.0, sac32 - sac)
     # Under LoRA, what the frozen linears' inputs add when they run DeepSpeed's linear (Strategy.release_frozen_weights,
     # ZeRO-3's memory_efficient_linear): per block per token, and outside the blocks (a causal LM's frozen head).
-    # An input another op saves already (a LoRA adapter's, with no dropout) is the same tensor and adds nothing.
-    frozen_block = frozen_head = 0.0
+    # Measured with fp32 adapters, as ZeRO-3 runs them: an input another op saves already is the same tensor and adds
+    # nothing (a working-dtype adapter's, with no dropout; an fp32 adapter saves its own copy).
     if job.train.lora is not None:
-        saving_1 = peak(1, s_long, False, saving_linear=True)
-        saving_block = peak(2, s_long, False, saving_linear=True) - saving_1
-        frozen_block = max(0.0, saving_block - per_block_long)
-        frozen_head = max(0.0, (saving_1 - saving_block) - head)
+        saving_1 = peak(1, s_long, False, saving_linear=True, fp32_adapters=True)
+        saving_block = peak(2, s_long, False, saving_linear=True, fp32_adapters=True) - saving_1
+        frozen_block = max(0.0, saving_block - block32)
+        frozen_head = max(0.0, (saving_1 - saving_block) - head32)
     # What chunked cross-entropy divides (launcher.planner.memory.chunked_head_bytes), from the loss's source
     # (transformers' ForCausalLMLoss, launcher.model.chunked_loss): three fp32 values per logit at the head's
     # backward peak, the log-softmax output, its gradient and the logits' gradient.
@@ -224,6 +239,9 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         ckpt_bytes_per_token=ckpt,
         sac_bytes_per_token=sac,
         ckpt_kwargs_bytes_per_token=kwargs_held,
+        fp32_adapter_bytes_per_token=fp32_block,
+        fp32_adapter_head_bytes_per_token=fp32_head,
+        fp32_adapter_sac_bytes_per_token=fp32_sac,
         frozen_input_bytes_per_token=frozen_block,
         frozen_head_input_bytes_per_token=frozen_head,
         frozen_inputs_measured=job.train.lora is not None,

@@ -66,8 +66,14 @@ def lora_targets(model, lora: LoraConfig, task: str) -> list[str]:
     return found
 
 
-def apply_lora(model, lora: LoraConfig, task: str):
-    """Wrap with peft so only the adapters (and, for seq_cls, the classifier head) train."""
+def apply_lora(model, lora: LoraConfig, task: str, *, fp32_adapters: bool = True):
+    """Wrap with peft so only the adapters (and, for seq_cls, the classifier head) train.
+
+    ``fp32_adapters``: peft's default (get_peft_model's ``autocast_adapter_dtype``), which the worker keeps, as a
+    user's script does: adapters on a bf16/fp16 base are made fp32, and peft casts each adapted linear's input to
+    their dtype. An engine may cast them back (DeepSpeed's ZeRO-0/1/2, FSDP2's MixedPrecisionPolicy:
+    EngineSpec.fp32_adapters says which do not); the activation probe measures both (launcher.model.activations).
+    """
     from peft import LoraConfig as PeftLoraConfig
     from peft import TaskType, get_peft_model
 
@@ -83,7 +89,7 @@ def apply_lora(model, lora: LoraConfig, task: str):
         fan_in_fan_out=all(type(modules[n]).__name__ == "Conv1D" for n in targets),
         task_type=getattr(TaskType, PEFT_TASK[task]),
     )
-    return get_peft_model(model, cfg)
+    return get_peft_model(model, cfg, autocast_adapter_dtype=fp32_adapters)
 
 
 def trainable_counts(model) -> tuple[int, int]:

@@ -124,7 +124,8 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     """
     if not s.activation_offload or inp.hardware.device_is_host:
         return 0.0
-    *_, saved = offloaded_activation_bytes(strategy_activations(inp.activations, s), inp.model.num_blocks,
+    consts = strategy_activations(inp.activations, s, fp32_adapters=spec_for(inp, s).fp32_adapters(s))
+    *_, saved = offloaded_activation_bytes(consts, inp.model.num_blocks,
                                           s.micro_batch_size, inp.seq_len,
                                           s.activation_checkpointing, s.checkpoint_every)
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw

@@ -171,18 +171,32 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
     return int(device), int(head), int(saved + tokens * c.head_bytes_per_token)
 
 
-def strategy_activations(c: ActivationConstants, s: Strategy) -> ActivationConstants:
-    """The constants this strategy's forward saves by: with ``release_frozen_weights`` (ZeRO-3 under LoRA) every
-    frozen linear saves its input (DeepSpeed's LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.
-    save_for_backward(input, weight, bias)``), which the probe measured beside torch's linear (launcher.model
-    .activations: frozen_input_bytes_per_token per block, frozen_head_input_bytes_per_token outside them). A
-    checkpointed block keeps its input alone either way and its recompute is a whole block again, so only the
-    blocks' and the head's terms grow; chunked cross-entropy runs the head inside its own checkpoint
-    (launcher.model.chunked_loss), whose inputs it keeps anyway, so the head's part stays out there."""
-    if not s.release_frozen_weights:
+def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: bool = False) -> ActivationConstants:
+    """The constants this strategy's forward saves by.
+
+    ``fp32_adapters`` (the engine's EngineSpec.fp32_adapters: ZeRO-3 under LoRA): the ranks compute peft's fp32
+    adapters as made, casting each adapted linear's input to fp32 and saving that copy (peft's
+    BaseTunerLayer._cast_input_dtype, from lora.Linear.forward), where the probe's base measured them in the
+    working dtype; its fp32_adapter_* terms add the difference to the blocks, to op-level checkpointing's kept
+    bytes and to the head.
+
+    With ``release_frozen_weights`` (ZeRO-3 under LoRA) every frozen linear saves its input (DeepSpeed's
+    LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.save_for_backward(input, weight, bias)``),
+    which the probe measured beside torch's linear (launcher.model.activations: frozen_input_bytes_per_token per
+    block, frozen_head_input_bytes_per_token outside them), with fp32 adapters. A checkpointed block keeps its
+    input alone either way and its recompute is a whole block again, so only the blocks' and the head's terms
+    grow; chunked cross-entropy runs the head inside its own checkpoint (launcher.model.chunked_loss), whose inputs
+    it keeps anyway, so the head's part of the frozen inputs stays out there."""
+    block = c.fp32_adapter_bytes_per_token if fp32_adapters else 0.0
+    head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
+    sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
+    if s.release_frozen_weights:
+        block += c.frozen_input_bytes_per_token
+        head += 0.0 if s.loss_chunks else c.frozen_head_input_bytes_per_token
+    if not (block or head or sac):
         return c
-    head = 0.0 if s.loss_chunks else c.frozen_head_input_bytes_per_token
-    return dataclasses.replace(c, block_bytes_per_token=c.block_bytes_per_token + c.frozen_input_bytes_per_token,
+    return dataclasses.replace(c, block_bytes_per_token=c.block_bytes_per_token + block,
+                               sac_bytes_per_token=c.sac_bytes_per_token + sac,
                                head_bytes_per_token=c.head_bytes_per_token + head,
                                head_ckpt_bytes_per_token=c.head_ckpt_bytes_per_token + head)
 
@@ -218,7 +232,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
-    consts = strategy_activations(inp.activations, s)
+    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(s))
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)

@@ -215,9 +215,18 @@ class ActivationConstants:
     forward. With every block checkpointed the head's checkpointed term holds them already. 0: not measured."""
     frozen_input_bytes_per_token: float = 0.0
     """Under LoRA, the bytes per token per block the frozen linears' inputs add when each linear saves its input
-    (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0."""
+    (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0.
+    Measured with fp32 adapters, as ZeRO-3 computes them (on top of fp32_adapter_bytes_per_token)."""
     frozen_head_input_bytes_per_token: float = 0.0
     """The same outside the blocks, bytes per token (a causal LM's frozen head saving the final hidden states)."""
+    fp32_adapter_bytes_per_token: float = 0.0
+    """Under LoRA in bf16/fp16, the bytes per token per block fp32 adapters add over adapters in the working dtype
+    (peft's default autocast_adapter_dtype makes them fp32 and casts each adapted linear's input to fp32 for them,
+    a saved copy; EngineSpec.fp32_adapters says which engines keep them so). 0 in fp32 or without LoRA."""
+    fp32_adapter_head_bytes_per_token: float = 0.0
+    """The same outside the blocks, bytes per token."""
+    fp32_adapter_sac_bytes_per_token: float = 0.0
+    """The same for op-level selective checkpointing's kept bytes per token per block (sac_bytes_per_token)."""
     frozen_inputs_measured: bool = False
     """The probe measured the two frozen-input terms (LoRA jobs); without them the planner does not offer
     release_frozen_weights (the paper's constants and caches from before it do not say)."""

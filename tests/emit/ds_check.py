@@ -1,6 +1,6 @@
 """Run emitted DeepSpeed configs through DeepSpeed itself, in a fresh process (run as a script).
 
-stdin: {"mode": "parse" | "initialize", "world_size": N, "width": W, "configs": {name: config}}
+stdin: {"mode": "parse" | "initialize", "world_size": N, "width": W, "configs": {name: config}, "lora": [name]}
 stdout (last line): {name: {"ok": true, ...} | {"ok": false, "error": "..."}}
 
 parse: ``DeepSpeedConfig(config)`` with DeepSpeed's comm initialized on a fake process group of N ranks,
@@ -11,7 +11,10 @@ initialize: ``deepspeed.initialize`` on a 1-rank gloo group with a two-layer MLP
 steps: DeepSpeed builds the optimizer, scheduler and offload machinery from the config blocks, which
 DeepSpeedConfig never checks. Reports the swap files written under the configs' NVMe paths, and how many
 collectives ran on the world group and on any other (DeepSpeed's clone of it: on one GPU a group holds an NCCL
-communicator only once a collective runs on it, launcher.engines.deepspeed nccl_communicators).
+communicator only once a collective runs on it, launcher.engines.deepspeed nccl_communicators). The configs named
+in "lora" train LoRA adapters on the first layer, added by peft after the model is built (after zero.Init), with
+peft's default fp32 adapters, as the launcher's ranks add them (launcher.model.lora.apply_lora): reported is the
+dtype the adapters compute in (launcher.engines.deepspeed DeepSpeedSpec.fp32_adapters).
 
 A fresh process because a process group is process-wide state, and so the test process stays clean.
 """
@@ -96,7 +99,19 @@ def _count_collectives(counts: dict) -> None:
         setattr(dist, name, counted)
 
 
-def initialize(configs: dict, width: int) -> dict:
+def _with_lora(model):
+    """peft LoRA on the first Linear, peft's defaults; returns the model and the set of dtypes lora_A's input had."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["0"]))
+    seen: set[str] = set()
+    for name, mod in model.named_modules():
+        if name.endswith("lora_A.default"):
+            mod.register_forward_pre_hook(lambda _m, args: seen.add(str(args[0].dtype).removeprefix("torch.")))
+    return model, seen
+
+
+def initialize(configs: dict, width: int, lora: list[str]) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -120,8 +135,11 @@ def initialize(configs: dict, width: int) -> dict:
             with deepspeed.zero.Init(config_dict_or_path=cfg) if stage3 else contextlib.nullcontext():
                 model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
                                             torch.nn.Linear(2 * width, 1))
-            engine, _, _, scheduler = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                           config=cfg)
+            adapter_dtypes: set[str] = set()
+            if name in lora:
+                model, adapter_dtypes = _with_lora(model)
+            engine, _, _, scheduler = deepspeed.initialize(
+                model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg)
             dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
             accum = cfg["gradient_accumulation_steps"]
             micro = cfg["train_micro_batch_size_per_gpu"]
@@ -139,6 +157,7 @@ def initialize(configs: dict, width: int) -> dict:
                 "loss_finite": bool(torch.isfinite(loss).item()),
                 "swap_files": _swap_files(cfg),
                 "collectives": dict(counts),
+                "adapter_dtypes": sorted(adapter_dtypes),
             }
             engine.destroy()
         except Exception as e:
@@ -158,7 +177,7 @@ def main() -> None:
     if req["mode"] == "parse":
         out = parse(req["world_size"], req["configs"])
     else:
-        out = initialize(req["configs"], req.get("width", 32))
+        out = initialize(req["configs"], req.get("width", 32), req.get("lora", []))
     # DeepSpeed prints to stdout too; the answer is the last line.
     sys.stdout.write("\n" + json.dumps(out) + "\n")
 

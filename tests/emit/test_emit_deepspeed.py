@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from launcher.emit import ds_config
 from launcher.emit.deepspeed import template_name, templates
+from launcher.engines import engine_spec
 from launcher.engines.deepspeed import deepspeed_states
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES
@@ -372,13 +373,17 @@ ENGINE_CASES = {
                                "DeepSpeedCPUAdam"),
     "zero2_sgd": ({"train.optimizer": "sgd"}, dict(zero_stage=2), "SGD"),
     "zero3_adam_no_warmup": ({"train.optimizer": "adam", "train.warmup_steps": 0}, dict(zero_stage=3), "Adam"),
+    "zero1_lora": ({}, dict(zero_stage=1), "AdamW"),
+    "zero3_lora": ({}, dict(zero_stage=3), "AdamW"),
 }
+LORA_CASES = ("zero1_lora", "zero3_lora")
+"""The cases whose model trains peft's adapters (bf16, as every case here), added after the model is built."""
 
 
 @pytest.fixture(scope="module")
 def initialized() -> dict:
     configs = {name: emit(dict(world_size=1), job_kw, **s) for name, (job_kw, s, _) in ENGINE_CASES.items()}
-    return run_ds_check("initialize", configs)
+    return run_ds_check("initialize", configs, lora=LORA_CASES)
 
 
 @pytest.mark.parametrize("name", ENGINE_CASES)
@@ -403,6 +408,17 @@ def test_one_rank_zero3_runs_no_collective_outside_the_world_group(initialized):
     for name, (_, s, _) in ENGINE_CASES.items():
         ran = initialized[name]["collectives"]
         assert (ran["other"] > 0) == (s["zero_stage"] < 3), (name, ran)
+
+
+def test_bf16_lora_adapters_compute_in_the_dtype_the_spec_says(initialized):
+    """peft makes the adapters fp32; deepspeed.initialize casts them to bf16 at ZeRO-0/1/2 and leaves a zero.Init
+    model's alone at ZeRO-3 (DeepSpeedSpec.fp32_adapters, which adds the probe's fp32-adapter terms)."""
+    spec = engine_spec("deepspeed")
+    for name in LORA_CASES:
+        _, s, _ = ENGINE_CASES[name]
+        expected = "float32" if spec.fp32_adapters(make_plan(world_size=1, **s).strategy) else "bfloat16"
+        assert initialized[name]["adapter_dtypes"] == [expected], (name, initialized[name])
+    assert {initialized[n]["adapter_dtypes"][0] for n in LORA_CASES} == {"float32", "bfloat16"}
 
 
 NVME_CASES = {

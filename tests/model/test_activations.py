@@ -122,7 +122,7 @@ def test_the_probe_measures_what_a_block_keeps_under_the_op_policy(tmp_path):
     assert c.sac_bytes_per_token < c.block_bytes_per_token
 
 
-def test_the_probe_measures_what_the_frozen_linears_inputs_add_under_lora(tmp_path):
+def test_the_probe_measures_what_the_frozen_linears_inputs_and_fp32_adapters_add_under_lora(tmp_path):
     # LoRA on q and v (no dropout): their adapters save the normed input that k and v read too, and o's input is a
     # view of sdpa's output, which sdpa saves; so DeepSpeed's linear adds gate/up's shared input (h) and down's (I)
     # per block, and the frozen head's (h): fp32 bytes per token (Strategy.release_frozen_weights).
@@ -131,10 +131,24 @@ def test_the_probe_measures_what_the_frozen_linears_inputs_add_under_lora(tmp_pa
     assert not full.frozen_inputs_measured and full.frozen_input_bytes_per_token == 0
     j.train.lora = from_dict(LoraConfig, {"r": 4, "target_modules": ["q_proj", "v_proj"]})
     c = probe_activations(j, seq_len=128, precision="fp32")
-    h, inter = 64, 256
+    h, r, inter = 64, 4, 256
     assert c.frozen_inputs_measured
     assert c.frozen_input_bytes_per_token == 4 * (h + inter)
     assert c.frozen_head_input_bytes_per_token == 4 * h
+    # fp32 training has one adapter dtype: no difference.
+    assert (c.fp32_adapter_bytes_per_token, c.fp32_adapter_head_bytes_per_token,
+            c.fp32_adapter_sac_bytes_per_token) == (0, 0, 0)
+    # Under bf16 the probe holds the adapters in bf16. peft's default fp32 adapters cast their input to fp32 and
+    # save that copy, one per adapter (q's and v's, r = 4 outputs each in fp32), where bf16 adapters save the one
+    # bf16 input q, k and v share: 2·4(h + r) - 2(h + 2r) bytes per token per block, the difference ZeRO-3 adds
+    # (EngineSpec.fp32_adapters); nothing outside the blocks.
+    bf16 = probe_activations(j, seq_len=128, precision="bf16")
+    assert bf16.fp32_adapter_bytes_per_token == 2 * 4 * (h + r) - 2 * (h + 2 * r)
+    assert bf16.fp32_adapter_head_bytes_per_token == 0
+    assert bf16.fp32_adapter_sac_bytes_per_token > 0
+    # DeepSpeed's linear, measured beside fp32 adapters as ZeRO-3 runs them: q/k/v's shared input is then saved by
+    # no other op, beside gate/up's and down's (bf16).
+    assert bf16.frozen_input_bytes_per_token == 2 * (h + h + inter)
 
 
 def test_a_mixed_layout_is_predicted_as_a_whole_model_fake_run_measures_it(tmp_path):
