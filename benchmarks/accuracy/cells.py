@@ -611,5 +611,6 @@ LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
     _c("z2", "gpt2m", "causal_lm", "bf16", True, 1, 368, lora=True),
     _c("z3", "llama", "causal_lm", "bf16", False, 1, 392, lora=True),
 )
-"""bf16 LoRA with the adapters in the working dtype, validation split (out of sample for that change, run once)."""
+"""bf16 LoRA with the adapters in the working dtype, validation split (out of sample for that change, run once:
+2026-11-26 23:08, probe version 9; benchmarks/results/accuracy-lora-dtype-validation.md)."""
 

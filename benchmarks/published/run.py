@@ -76,17 +76,13 @@ MISS_NOTES = {
         "feeds its longest sample first, so a full 512-token batch did run). Verified on fake tensors, both recipes "
         "under the same tracker (benchmarks/published/litgpt_tinyllama.py): LitGPT's own (litgpt 0.5.13, the config "
         "hub's LoRA, bf16-true, lm_head_chunk_size 128 and chunked_cross_entropy as its finetune/lora.py) peaks at "
-        "13.96 GB, 3.4 % over the published figure; the launcher's probe (transformers' Llama with PEFT) at 22.95 "
-        "GB, the plan's 23.08 within 0.6 %. The blocks make most of the difference, 0.868 against 0.502 GB each (212 "
-        "against 122 KB/token): the probe wraps its bf16 model with get_peft_model's default autocast_adapter_dtype, so "
-        "the adapters are fp32 and PEFT casts each adapted linear's input to fp32 for its dropout and lora_A, saving "
-        "fp32 copies of it. The launcher's ZeRO-0 ranks compute the adapters in bf16 (DeepSpeed's engine casts the "
-        "module), as LitGPT's do: with bf16 adapters the same recipe holds 16.41 GB (0.573 GB a block), so the plan "
-        "over-predicts its own ranks by about 40 % here; the rest against LitGPT is its one dropout for the fused "
-        "q/k/v and its bf16 chunked loss (0.67 GB outside the blocks against transformers' fp32 logits path, 1.54). "
-        "The probe's adapter dtype is the next memory-model change (benchmarks/accuracy/cells.py "
-        "LORA_DTYPE_VALIDATION, committed before it: ZeRO-3's ranks keep fp32 adapters). Where the weights dominate "
-        "(the 7-13B rows) the same recipe is within 10 %. An over-prediction: the plan is safe, not tight"),
+        "13.96 GB, 3.4 % over the published figure; the launcher's recipe with its ZeRO-0 ranks' bf16 adapters at "
+        "16.41 GB, the plan within 1.2 % of it. The rest is the recipe: 0.573 against 0.502 GB a block (LitGPT's one "
+        "dropout for the fused q/k/v against PEFT's per adapter) and outside the blocks LitGPT's bf16 chunked loss "
+        "(0.67 GB against transformers' fp32 logits path, 1.54). Was +71 % until probe version 9 (stop 32): the probe "
+        "held PEFT's default fp32 adapters, whose fp32 input copies the launcher's ZeRO-0 ranks never make (DeepSpeed "
+        "casts the adapters to bf16; ZeRO-3 alone keeps them fp32, EngineSpec.fp32_adapters; validated out of sample "
+        "on LORA_DTYPE_VALIDATION). An over-prediction: the plan is safe, not tight"),
     "hf-bert-large-fp16amp-mb4": (
         "torch.cuda.amp runs softmax, dropout and layer norm in fp32, so BERT's eager attention probabilities at 512 "
         "tokens, the largest activations here, are saved in fp32; the launcher's fp16 recipe saves them in fp16. An "
@@ -108,7 +104,14 @@ MISS_NOTES = {
         "the same bitsandbytes 0.42 release as the Llama-2 row: its MatMul4Bit kept each 4-bit linear's input, "
         "2·b·s·(3h + i) bytes per block, 1.74 GB here with Mistral's wider MLP, more than the gap; torchao's NF4 linear "
         "keeps none. It crossed 10 % when one-GPU QLoRA stopped counting a gathered NF4 block (FSDP2 does not gather "
-        "on one rank: the worker leaves the NF4 weights outside it, docs/memory-model.md)"),
+        "on one rank: the worker leaves the NF4 weights outside it, docs/memory-model.md), and went further when the "
+        "probe stopped counting fp32 copies for the adapters the launcher's FSDP2 ranks compute in bf16 (probe "
+        "version 9)"),
+    "litgpt-llama3-8b-qlora": (
+        "the same bitsandbytes 0.42 release as the Llama-2 row: its MatMul4Bit kept each 4-bit linear's input, "
+        "2·b·s·(3h + i) bytes per block, 1.74 GB here with Llama-3's wider MLP, more than the gap; torchao's NF4 "
+        "linear keeps none. It crossed 10 % when the probe stopped counting fp32 copies for the adapters the "
+        "launcher's FSDP2 ranks compute in bf16 (probe version 9)"),
 }
 """Why a prediction misses by more than 10 %, where it could be worked out (no numbers: they come from the run)."""
 QWEN_SMALL_MISS = (
