@@ -460,7 +460,7 @@ def every_cell() -> list[Cell]:
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
-            *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION]
+            *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -472,7 +472,8 @@ def sides_of_all() -> dict[str, str]:
     "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
     checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
     "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
-    (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype)."""
+    (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
+    LoRA adapters in bf16)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -494,7 +495,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "z3release-validation-2" for c in Z3_RELEASE_VALIDATION_2},
             **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2},
             **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION},
-            **{c.name: "lora-dtype-validation" for c in LORA_DTYPE_VALIDATION}}
+            **{c.name: "lora-dtype-validation" for c in LORA_DTYPE_VALIDATION},
+            **{c.name: "z3-bf16-adapter-validation" for c in Z3_BF16_ADAPTER_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -613,4 +615,17 @@ LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
 )
 """bf16 LoRA with the adapters in the working dtype, validation split (out of sample for that change, run once:
 2026-11-26 23:08, probe version 9; benchmarks/results/accuracy-lora-dtype-validation.md)."""
+
+Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-26 23:40 UTC) before the launcher's ZeRO-3 ranks keep LoRA's adapters in the
+    # working dtype (apply_lora without peft's fp32 autocast, as ZeRO-0/1/2 and FSDP2 already compute them) and the
+    # plan stops adding the fp32-adapter terms there for the launcher's recipes (a user's script keeps peft's default
+    # and its terms); run once after. bf16 ZeRO-3 LoRA on shapes no cell used: the 6-block Llama on torch's linear,
+    # GPT-2's Conv1D blocks on DeepSpeed's memory_efficient_linear (the frozen inputs beside bf16 adapters), the
+    # 4-block Llama with offload and op-level checkpointing.
+    _c("z3", "llama6", "causal_lm", "bf16", False, 2, 208, lora=True),
+    _c("z3", "gpt2m", "causal_lm", "bf16", False, 1, 272, lora=True, release_frozen_weights=True),
+    _c("z3off", "llama", "causal_lm", "bf16", True, 1, 344, lora=True, checkpoint_policy="ops"),
+)
+"""ZeRO-3's LoRA adapters in bf16, validation split (out of sample for that change, run once)."""
 

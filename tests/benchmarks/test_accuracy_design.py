@@ -25,6 +25,7 @@ from benchmarks.accuracy.cells import (
     SEEN_VALIDATION,
     SHARDINGS,
     VALIDATION,
+    Z3_BF16_ADAPTER_VALIDATION,
     Z3_PIN_VALIDATION,
     Z3_RELEASE_VALIDATION,
     Z3_RELEASE_VALIDATION_2,
@@ -338,3 +339,13 @@ def test_the_lora_dtype_validation_is_new():
     assert all(c.lora and c.precision == "bf16" for c in LORA_DTYPE_VALIDATION)
     assert {c.sharding for c in LORA_DTYPE_VALIDATION} == {"z1", "z2", "z3", "fsdp"}
     assert {sides_of_all()[c.name] for c in LORA_DTYPE_VALIDATION} == {"lora-dtype-validation"}
+
+
+def test_the_zero3_bf16_adapter_validation_is_new():
+    """bf16 ZeRO-3 LoRA on shapes no earlier cell used: torch's linear, DeepSpeed's, offload with the op policy."""
+    earlier = [c for c in every_cell() if c not in Z3_BF16_ADAPTER_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in Z3_BF16_ADAPTER_VALIDATION}
+    assert all(c.lora and c.precision == "bf16" and c.sharding.startswith("z3") for c in Z3_BF16_ADAPTER_VALIDATION)
+    assert {dict(c.levers).get("release_frozen_weights", False) for c in Z3_BF16_ADAPTER_VALIDATION} == {False, True}
+    assert {sides_of_all()[c.name] for c in Z3_BF16_ADAPTER_VALIDATION} == {"z3-bf16-adapter-validation"}
