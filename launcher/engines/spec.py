@@ -95,10 +95,11 @@ class EngineSpec:
         """Host bytes per node while the weights load."""
         raise NotImplementedError
 
-    def fp32_adapters(self, s: Strategy) -> bool:
-        """Under LoRA in bf16/fp16, whether this layout's ranks compute the adapters in fp32, as peft makes them
-        (launcher.model.lora.apply_lora), rather than in the working dtype; the planner then adds the probe's
-        fp32-adapter terms (launcher.planner.memory.strategy_activations)."""
+    def fp32_adapters(self, inp: MemoryInputs, s: Strategy) -> bool:
+        """Under LoRA in bf16/fp16, whether this layout's ranks compute the adapters in fp32 rather than in the
+        working dtype; the planner then adds the probe's fp32-adapter terms (launcher.planner.memory
+        .strategy_activations). The launcher's recipes make them in the base's dtype (launcher.model.lora
+        .apply_lora); a user's script (``inp.script``) is taken to use peft's default, fp32 adapters."""
         return False
 
     def nccl_communicators(self, s: Strategy) -> int:

@@ -18,9 +18,10 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 9
+PROBE_VERSION = 10
 """Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA; 8: the
-checkpointed layers' kwargs in a mixed layout; 9: LoRA's adapters in the working dtype, fp32 ones as a difference)."""
+checkpointed layers' kwargs in a mixed layout; 9: LoRA's adapters in the working dtype, fp32 ones as differences;
+10: the frozen linears' inputs beside working-dtype adapters, and what fp32 ones add to them)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -202,9 +203,10 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     # alike under both policies. Measured with the op policy: its D, unlike C, is the backward start's own (C comes
     # out 0 where the 1- and 2-block runs with full recompute peak at one moment beyond the blocks, tests/model).
     kwargs_held = max(0.0, peak(2, s_long, True, "ops", every=2) - (sac + per_block_long + head))
-    # Under LoRA the runs above hold the adapters in the working dtype, as ZeRO-0/1/2 and FSDP2 compute them. What
-    # peft's own fp32 adapters add (an fp32 copy of each adapted linear's input, saved; the engines that keep them:
-    # EngineSpec.fp32_adapters) is measured as a difference, per block, outside the blocks and under the op policy.
+    # Under LoRA the runs above hold the adapters in the working dtype, as the launcher's ranks compute them on every
+    # engine. What peft's default fp32 adapters add (an fp32 copy of each adapted linear's input, saved), which a
+    # user's script keeps at ZeRO-3 (EngineSpec.fp32_adapters), is measured as a difference, per block, outside the
+    # blocks and under the op policy.
     fp32_block = fp32_head = fp32_sac = 0.0
     block32, head32 = per_block_long, head
     frozen_block = frozen_head = 0.0
@@ -217,14 +219,20 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
                  - peak(1, s_long, True, "ops", fp32_adapters=True))
         fp32_sac = max(0.0, sac32 - sac)
     # Under LoRA, what the frozen linears' inputs add when they run DeepSpeed's linear (Strategy.release_frozen_weights,
-    # ZeRO-3's memory_efficient_linear): per block per token, and outside the blocks (a causal LM's frozen head).
-    # Measured with fp32 adapters, as ZeRO-3 runs them: an input another op saves already is the same tensor and adds
-    # nothing (a working-dtype adapter's, with no dropout; an fp32 adapter saves its own copy).
+    # ZeRO-3's memory_efficient_linear): per block per token, and outside the blocks (a causal LM's frozen head). An
+    # input another op saves already is the same tensor and adds nothing (a working-dtype adapter's, with no dropout);
+    # beside fp32 adapters, which save their own fp32 copy, it does: measured there too, as the difference.
+    fp32_frozen_block = fp32_frozen_head = 0.0
     if job.train.lora is not None:
-        saving_1 = peak(1, s_long, False, saving_linear=True, fp32_adapters=True)
-        saving_block = peak(2, s_long, False, saving_linear=True, fp32_adapters=True) - saving_1
-        frozen_block = max(0.0, saving_block - block32)
-        frozen_head = max(0.0, (saving_1 - saving_block) - head32)
+        def frozen(fp32_adapters: bool, block: float, head: float) -> tuple[float, float]:
+            saving_1 = peak(1, s_long, False, saving_linear=True, fp32_adapters=fp32_adapters)
+            saving_block = peak(2, s_long, False, saving_linear=True, fp32_adapters=fp32_adapters) - saving_1
+            return max(0.0, saving_block - block), max(0.0, (saving_1 - saving_block) - head)
+
+        frozen_block, frozen_head = frozen(False, per_block_long, head)
+        if precision != "fp32":
+            block_f, head_f = frozen(True, block32, head32)
+            fp32_frozen_block, fp32_frozen_head = block_f - frozen_block, head_f - frozen_head
     # What chunked cross-entropy divides (launcher.planner.memory.chunked_head_bytes), from the loss's source
     # (transformers' ForCausalLMLoss, launcher.model.chunked_loss): three fp32 values per logit at the head's
     # backward peak, the log-softmax output, its gradient and the logits' gradient.
@@ -243,6 +251,8 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
         fp32_adapter_head_bytes_per_token=fp32_head,
         fp32_adapter_sac_bytes_per_token=fp32_sac,
         frozen_input_bytes_per_token=frozen_block,
+        fp32_adapter_frozen_input_bytes_per_token=fp32_frozen_block,
+        fp32_adapter_frozen_head_input_bytes_per_token=fp32_frozen_head,
         frozen_head_input_bytes_per_token=frozen_head,
         frozen_inputs_measured=job.train.lora is not None,
         head_bytes_per_token=head,

@@ -69,10 +69,12 @@ def lora_targets(model, lora: LoraConfig, task: str) -> list[str]:
 def apply_lora(model, lora: LoraConfig, task: str, *, fp32_adapters: bool = True):
     """Wrap with peft so only the adapters (and, for seq_cls, the classifier head) train.
 
-    ``fp32_adapters``: peft's default (get_peft_model's ``autocast_adapter_dtype``), which the worker keeps, as a
-    user's script does: adapters on a bf16/fp16 base are made fp32, and peft casts each adapted linear's input to
-    their dtype. An engine may cast them back (DeepSpeed's ZeRO-0/1/2, FSDP2's MixedPrecisionPolicy:
-    EngineSpec.fp32_adapters says which do not); the activation probe measures both (launcher.model.activations).
+    ``fp32_adapters``: peft's default (get_peft_model's ``autocast_adapter_dtype``), as a user's script has it:
+    adapters on a bf16/fp16 base are made fp32, and peft casts each adapted linear's input to their dtype, an fp32
+    copy saved per adapter. The worker passes False: the adapters take the base's dtype, fp32 where the engine casts
+    the model afterwards (ZeRO-0/1/2; FSDP2 gathers in the working dtype) and the working dtype under ZeRO-3's
+    zero.Init, so every engine computes them in the working dtype with an fp32 master. The activation probe
+    measures both (launcher.model.activations; EngineSpec.fp32_adapters says where a script's are fp32).
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import TaskType, get_peft_model

@@ -174,8 +174,8 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
 def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: bool = False) -> ActivationConstants:
     """The constants this strategy's forward saves by.
 
-    ``fp32_adapters`` (the engine's EngineSpec.fp32_adapters: ZeRO-3 under LoRA): the ranks compute peft's fp32
-    adapters as made, casting each adapted linear's input to fp32 and saving that copy (peft's
+    ``fp32_adapters`` (the engine's EngineSpec.fp32_adapters: a user's script at ZeRO-3): the ranks compute peft's
+    fp32 adapters as made, casting each adapted linear's input to fp32 and saving that copy (peft's
     BaseTunerLayer._cast_input_dtype, from lora.Linear.forward), where the probe's base measured them in the
     working dtype; its fp32_adapter_* terms add the difference to the blocks, to op-level checkpointing's kept
     bytes and to the head.
@@ -183,7 +183,8 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
     With ``release_frozen_weights`` (ZeRO-3 under LoRA) every frozen linear saves its input (DeepSpeed's
     LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.save_for_backward(input, weight, bias)``),
     which the probe measured beside torch's linear (launcher.model.activations: frozen_input_bytes_per_token per
-    block, frozen_head_input_bytes_per_token outside them), with fp32 adapters. A checkpointed block keeps its
+    block, frozen_head_input_bytes_per_token outside them), beside adapters in the working dtype, and beside fp32
+    ones with the fp32_adapter_frozen_* terms on top. A checkpointed block keeps its
     input alone either way and its recompute is a whole block again, so only the blocks' and the head's terms
     grow; chunked cross-entropy runs the head inside its own checkpoint (launcher.model.chunked_loss), whose inputs
     it keeps anyway, so the head's part of the frozen inputs stays out there."""
@@ -191,8 +192,10 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
     head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
     sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
     if s.release_frozen_weights:
-        block += c.frozen_input_bytes_per_token
-        head += 0.0 if s.loss_chunks else c.frozen_head_input_bytes_per_token
+        block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters else 0.0)
+        if not s.loss_chunks:
+            head += c.frozen_head_input_bytes_per_token + (
+                c.fp32_adapter_frozen_head_input_bytes_per_token if fp32_adapters else 0.0)
     if not (block or head or sac):
         return c
     return dataclasses.replace(c, block_bytes_per_token=c.block_bytes_per_token + block,
@@ -232,7 +235,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
-    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(s))
+    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(inp, s))
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)

@@ -28,7 +28,7 @@ def memory_inputs(req: PlanRequest) -> MemoryInputs:
     return MemoryInputs(model=req.model, world_size=req.world_size, gpus_per_node=req.gpus_per_node,
                         nodes=req.nodes, seq_len=req.seq_len, precision=req.precision, optimizer=req.optimizer,
                         hardware=req.hardware, activations=activation_constants(req),
-                        device_room_bytes=req.usable_bytes)
+                        device_room_bytes=req.usable_bytes, script=req.script)
 
 
 def activation_constants(req: PlanRequest) -> ActivationConstants:

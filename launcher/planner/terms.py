@@ -216,7 +216,7 @@ class ActivationConstants:
     frozen_input_bytes_per_token: float = 0.0
     """Under LoRA, the bytes per token per block the frozen linears' inputs add when each linear saves its input
     (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0.
-    Measured with fp32 adapters, as ZeRO-3 computes them (on top of fp32_adapter_bytes_per_token)."""
+    Measured beside adapters in the working dtype (fp32_adapter_frozen_input_bytes_per_token: beside fp32 ones)."""
     frozen_head_input_bytes_per_token: float = 0.0
     """The same outside the blocks, bytes per token (a causal LM's frozen head saving the final hidden states)."""
     fp32_adapter_bytes_per_token: float = 0.0
@@ -227,6 +227,11 @@ class ActivationConstants:
     """The same outside the blocks, bytes per token."""
     fp32_adapter_sac_bytes_per_token: float = 0.0
     """The same for op-level selective checkpointing's kept bytes per token per block (sac_bytes_per_token)."""
+    fp32_adapter_frozen_input_bytes_per_token: float = 0.0
+    """What frozen_input_bytes_per_token grows by beside fp32 adapters, bytes per token per block: an input a
+    working-dtype adapter saves already (the same tensor) is saved by no other op once the adapters cast it."""
+    fp32_adapter_frozen_head_input_bytes_per_token: float = 0.0
+    """The same for frozen_head_input_bytes_per_token (may be negative)."""
     frozen_inputs_measured: bool = False
     """The probe measured the two frozen-input terms (LoRA jobs); without them the planner does not offer
     release_frozen_weights (the paper's constants and caches from before it do not say)."""
@@ -268,6 +273,9 @@ class MemoryInputs:
     device_room_bytes: int = 0
     """Device bytes a rank may fill, the usable budget: what DeepSpeed's ZeRO-1/2 flatten sees as room (the rank
     caps its available_memory check there); 0 reads the device's whole memory."""
+    script: bool = False
+    """The ranks run the user's own script (PlanRequest.script): LoRA's adapters as peft makes them by default
+    (EngineSpec.fp32_adapters), where the launcher's recipes keep them in the working dtype."""
     memo: dict | None = field(default=None, init=False, compare=False, repr=False)
     """One request's memo of the engine terms (launcher.planner.memo); set by the search, None elsewhere. Not an
     init field, so dataclasses.replace never hands it to inputs with other values."""

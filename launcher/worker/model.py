@@ -77,7 +77,9 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, che
             kwargs["context_fn"] = sac_context  # a fresh policy context per checkpointed call, as FSDP2's wrapper
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **every)
     if job.train.lora is not None:
-        model = apply_lora(model, job.train.lora, recipe.task)
+        # Adapters in the base's dtype, not peft's fp32 (launcher.model.lora.apply_lora): bf16 under ZeRO-3, whose
+        # engine would otherwise compute them in fp32 alone of the engines, saving an fp32 copy of each adapted input.
+        model = apply_lora(model, job.train.lora, recipe.task, fp32_adapters=False)
     if recipe.loss_chunks:
         # After LoRA: peft must see the plain nn.Linear head (and a LoRA-wrapped head is refused there).
         enable_chunked_loss(model, recipe.loss_chunks)

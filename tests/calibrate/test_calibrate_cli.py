@@ -119,10 +119,13 @@ def test_run_coefficients_are_token_counts_worked_by_hand(tmp_path, cache):
 
     # Runs without chunked cross-entropy: the chunked head's two constants (launcher.planner.memory) never enter.
     # Nor op-level selective checkpointing's saved bytes (checkpoint_policy "full" here), nor the frozen linears'
-    # inputs (full fine-tunes: release_frozen_weights off), nor a mixed layout's kwargs (every block or none checkpointed).
+    # inputs (full fine-tunes: release_frozen_weights off), nor a mixed layout's kwargs (every block or none
+    # checkpointed), nor LoRA's fp32 adapters (full fine-tunes, the launcher's recipe).
     UNCHUNKED = {"head_logit_bytes_per_token": 0, "head_weight_grad_bytes": 0, "sac_bytes_per_token": 0,
                  "frozen_input_bytes_per_token": 0, "frozen_head_input_bytes_per_token": 0,
-                 "ckpt_kwargs_bytes_per_token": 0}
+                 "ckpt_kwargs_bytes_per_token": 0, "fp32_adapter_bytes_per_token": 0,
+                 "fp32_adapter_head_bytes_per_token": 0, "fp32_adapter_sac_bytes_per_token": 0,
+                 "fp32_adapter_frozen_input_bytes_per_token": 0, "fp32_adapter_frozen_head_input_bytes_per_token": 0}
     no_ckpt = stub_sample(make_run(tmp_path, 0, ARCHS[0]), samples_from_run)
     ckpt = stub_sample(make_run(tmp_path, 2, ARCHS[2]), samples_from_run)
     assert no_ckpt.base_bytes == ckpt.base_bytes == 0

@@ -1,6 +1,7 @@
 """Run emitted DeepSpeed configs through DeepSpeed itself, in a fresh process (run as a script).
 
-stdin: {"mode": "parse" | "initialize", "world_size": N, "width": W, "configs": {name: config}, "lora": [name]}
+stdin: {"mode": "parse" | "initialize", "world_size": N, "width": W, "configs": {name: config},
+        "lora": {name: fp32_adapters}}
 stdout (last line): {name: {"ok": true, ...} | {"ok": false, "error": "..."}}
 
 parse: ``DeepSpeedConfig(config)`` with DeepSpeed's comm initialized on a fake process group of N ranks,
@@ -12,9 +13,9 @@ steps: DeepSpeed builds the optimizer, scheduler and offload machinery from the 
 DeepSpeedConfig never checks. Reports the swap files written under the configs' NVMe paths, and how many
 collectives ran on the world group and on any other (DeepSpeed's clone of it: on one GPU a group holds an NCCL
 communicator only once a collective runs on it, launcher.engines.deepspeed nccl_communicators). The configs named
-in "lora" train LoRA adapters on the first layer, added by peft after the model is built (after zero.Init), with
-peft's default fp32 adapters, as the launcher's ranks add them (launcher.model.lora.apply_lora): reported is the
-dtype the adapters compute in (launcher.engines.deepspeed DeepSpeedSpec.fp32_adapters).
+in "lora" train LoRA adapters on the first layer, added by peft after the model is built (after zero.Init), as
+peft's default makes them (fp32_adapters true, a user's script) or in the base's dtype (false, the launcher's ranks:
+launcher.model.lora.apply_lora): reported is the dtype they compute in (DeepSpeedSpec.fp32_adapters).
 
 A fresh process because a process group is process-wide state, and so the test process stays clean.
 """
@@ -99,11 +100,11 @@ def _count_collectives(counts: dict) -> None:
         setattr(dist, name, counted)
 
 
-def _with_lora(model):
-    """peft LoRA on the first Linear, peft's defaults; returns the model and the set of dtypes lora_A's input had."""
+def _with_lora(model, fp32_adapters: bool):
+    """peft LoRA on the first Linear; returns the model and the set of dtypes lora_A's input had."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model, LoraConfig(r=4, target_modules=["0"]))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["0"]), autocast_adapter_dtype=fp32_adapters)
     seen: set[str] = set()
     for name, mod in model.named_modules():
         if name.endswith("lora_A.default"):
@@ -111,7 +112,7 @@ def _with_lora(model):
     return model, seen
 
 
-def initialize(configs: dict, width: int, lora: list[str]) -> dict:
+def initialize(configs: dict, width: int, lora: dict[str, bool]) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -137,7 +138,7 @@ def initialize(configs: dict, width: int, lora: list[str]) -> dict:
                                             torch.nn.Linear(2 * width, 1))
             adapter_dtypes: set[str] = set()
             if name in lora:
-                model, adapter_dtypes = _with_lora(model)
+                model, adapter_dtypes = _with_lora(model, lora[name])
             engine, _, _, scheduler = deepspeed.initialize(
                 model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg)
             dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
@@ -177,7 +178,7 @@ def main() -> None:
     if req["mode"] == "parse":
         out = parse(req["world_size"], req["configs"])
     else:
-        out = initialize(req["configs"], req.get("width", 32), req.get("lora", []))
+        out = initialize(req["configs"], req.get("width", 32), req.get("lora", {}))
     # DeepSpeed prints to stdout too; the answer is the last line.
     sys.stdout.write("\n" + json.dumps(out) + "\n")
 

@@ -89,11 +89,11 @@ def json_text(d: dict) -> str:
 
 
 def run_ds_check(mode: str, configs: dict[str, dict], *, world_size: int = 1, width: int = 32,
-                 timeout_s: int = 900, lora: tuple[str, ...] = ()) -> dict:
+                 timeout_s: int = 900, lora: dict[str, bool] | None = None) -> dict:
     """Run tests/emit/ds_check.py in a fresh interpreter; name -> {"ok": ..., ...}; ``lora``: the configs whose
-    model trains peft adapters."""
+    model trains peft adapters, each with peft's default fp32 adapters (True) or in the base's dtype (False)."""
     req = json.dumps({"mode": mode, "world_size": world_size, "width": width, "configs": configs,
-                      "lora": list(lora)})
+                      "lora": lora or {}})
     proc = subprocess.run([sys.executable, str(DS_CHECK)], input=req, capture_output=True, text=True,
                           timeout=timeout_s)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""

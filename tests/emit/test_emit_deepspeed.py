@@ -3,6 +3,7 @@ import dataclasses
 import importlib
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -373,11 +374,13 @@ ENGINE_CASES = {
                                "DeepSpeedCPUAdam"),
     "zero2_sgd": ({"train.optimizer": "sgd"}, dict(zero_stage=2), "SGD"),
     "zero3_adam_no_warmup": ({"train.optimizer": "adam", "train.warmup_steps": 0}, dict(zero_stage=3), "Adam"),
-    "zero1_lora": ({}, dict(zero_stage=1), "AdamW"),
+    "zero1_lora_script": ({}, dict(zero_stage=1), "AdamW"),
+    "zero3_lora_script": ({}, dict(zero_stage=3), "AdamW"),
     "zero3_lora": ({}, dict(zero_stage=3), "AdamW"),
 }
-LORA_CASES = ("zero1_lora", "zero3_lora")
-"""The cases whose model trains peft's adapters (bf16, as every case here), added after the model is built."""
+LORA_CASES = {"zero1_lora_script": True, "zero3_lora_script": True, "zero3_lora": False}
+"""The cases whose model trains peft's adapters (bf16, as every case here), added after the model is built: as a
+user's script does, peft's default fp32 adapters (True), or as the launcher's ranks, in the base's dtype."""
 
 
 @pytest.fixture(scope="module")
@@ -411,13 +414,14 @@ def test_one_rank_zero3_runs_no_collective_outside_the_world_group(initialized):
 
 
 def test_bf16_lora_adapters_compute_in_the_dtype_the_spec_says(initialized):
-    """peft makes the adapters fp32; deepspeed.initialize casts them to bf16 at ZeRO-0/1/2 and leaves a zero.Init
-    model's alone at ZeRO-3 (DeepSpeedSpec.fp32_adapters, which adds the probe's fp32-adapter terms)."""
+    """peft makes the adapters fp32 by default; deepspeed.initialize casts them to bf16 at ZeRO-0/1/2 and leaves a
+    zero.Init model's alone at ZeRO-3, so a script's compute in fp32 there, and the launcher's ranks, which make them
+    in the base's dtype, in bf16 (DeepSpeedSpec.fp32_adapters, which adds the probe's fp32-adapter terms)."""
     spec = engine_spec("deepspeed")
-    for name in LORA_CASES:
+    for name, script in LORA_CASES.items():
         _, s, _ = ENGINE_CASES[name]
-        expected = "float32" if spec.fp32_adapters(make_plan(world_size=1, **s).strategy) else "bfloat16"
-        assert initialized[name]["adapter_dtypes"] == [expected], (name, initialized[name])
+        fp32 = spec.fp32_adapters(SimpleNamespace(script=script), make_plan(world_size=1, **s).strategy)
+        assert initialized[name]["adapter_dtypes"] == ["float32" if fp32 else "bfloat16"], (name, initialized[name])
     assert {initialized[n]["adapter_dtypes"][0] for n in LORA_CASES} == {"float32", "bfloat16"}
 
 

@@ -136,19 +136,21 @@ def test_the_probe_measures_what_the_frozen_linears_inputs_and_fp32_adapters_add
     assert c.frozen_input_bytes_per_token == 4 * (h + inter)
     assert c.frozen_head_input_bytes_per_token == 4 * h
     # fp32 training has one adapter dtype: no difference.
-    assert (c.fp32_adapter_bytes_per_token, c.fp32_adapter_head_bytes_per_token,
-            c.fp32_adapter_sac_bytes_per_token) == (0, 0, 0)
+    assert (c.fp32_adapter_bytes_per_token, c.fp32_adapter_head_bytes_per_token, c.fp32_adapter_sac_bytes_per_token,
+            c.fp32_adapter_frozen_input_bytes_per_token, c.fp32_adapter_frozen_head_input_bytes_per_token) == (0,) * 5
     # Under bf16 the probe holds the adapters in bf16. peft's default fp32 adapters cast their input to fp32 and
     # save that copy, one per adapter (q's and v's, r = 4 outputs each in fp32), where bf16 adapters save the one
-    # bf16 input q, k and v share: 2·4(h + r) - 2(h + 2r) bytes per token per block, the difference ZeRO-3 adds
-    # (EngineSpec.fp32_adapters); nothing outside the blocks.
+    # bf16 input q, k and v share: 2·4(h + r) - 2(h + 2r) bytes per token per block, the difference a script's
+    # ZeRO-3 ranks add (EngineSpec.fp32_adapters); nothing outside the blocks.
     bf16 = probe_activations(j, seq_len=128, precision="bf16")
     assert bf16.fp32_adapter_bytes_per_token == 2 * 4 * (h + r) - 2 * (h + 2 * r)
     assert bf16.fp32_adapter_head_bytes_per_token == 0
     assert bf16.fp32_adapter_sac_bytes_per_token > 0
-    # DeepSpeed's linear, measured beside fp32 adapters as ZeRO-3 runs them: q/k/v's shared input is then saved by
-    # no other op, beside gate/up's and down's (bf16).
-    assert bf16.frozen_input_bytes_per_token == 2 * (h + h + inter)
+    # DeepSpeed's linear beside bf16 adapters adds gate/up's and down's input (bf16) and the head's, as in fp32;
+    # beside fp32 ones also q/k/v's shared bf16 input, which no other op saves then.
+    assert bf16.frozen_input_bytes_per_token == 2 * (h + inter)
+    assert bf16.frozen_head_input_bytes_per_token == 2 * h
+    assert bf16.fp32_adapter_frozen_input_bytes_per_token == 2 * h
 
 
 def test_a_mixed_layout_is_predicted_as_a_whole_model_fake_run_measures_it(tmp_path):
