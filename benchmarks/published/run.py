@@ -81,7 +81,8 @@ MISS_NOTES = {
         "dropout for the fused q/k/v against PEFT's per adapter) and outside the blocks LitGPT's bf16 chunked loss "
         "(0.67 GB against transformers' fp32 logits path, 1.54). Was +71 % until probe version 9 (stop 32): the probe "
         "held PEFT's default fp32 adapters, whose fp32 input copies the launcher's ZeRO-0 ranks never make (DeepSpeed "
-        "casts the adapters to bf16; ZeRO-3 alone keeps them fp32, EngineSpec.fp32_adapters; validated out of sample "
+        "casts the adapters to bf16; every engine computes the launcher's in bf16 since, EngineSpec.fp32_adapters; "
+        "validated out of sample "
         "on LORA_DTYPE_VALIDATION). An over-prediction: the plan is safe, not tight"),
     "hf-bert-large-fp16amp-mb4": (
         "torch.cuda.amp runs softmax, dropout and layer norm in fp32, so BERT's eager attention probabilities at 512 "

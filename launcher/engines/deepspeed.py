@@ -648,7 +648,7 @@ class DeepSpeedSpec(EngineSpec):
         """ZeRO's model states per rank (deepspeed_states: [ZeRO Table 1] with DeepSpeed's buffers)."""
         return deepspeed_states(inp, s, buckets)
 
-    def fp32_adapters(self, inp: MemoryInputs, s: Strategy) -> bool:
+    def fp32_adapters(self, s: Strategy, *, script: bool) -> bool:
         """A user's script at ZeRO-3 only. At ZeRO-0/1/2 deepspeed.initialize casts the whole module to the working dtype, peft's
         fp32 adapters included (runtime/engine.py _configure_distributed_model -> _cast_module_mixed_precision:
         ``p.data = p.data.to(param_dtype)`` for every parameter); a zero.Init model is not cast there ("ZeRO-Init
@@ -656,7 +656,7 @@ class DeepSpeedSpec(EngineSpec):
         them fp32: ZeRO-3 computes them in fp32 (checked on one-rank ZeRO-1 and ZeRO-3 engines with peft's default,
         tests/emit/test_emit_deepspeed.py test_bf16_lora_adapters_compute_in_the_dtype_the_spec_says). The
         launcher's ranks make them in the base's dtype, bf16 under zero.Init (launcher.worker.model.build)."""
-        return inp.script and (s.zero_stage or 0) == 3
+        return script and (s.zero_stage or 0) == 3
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
         """ZeRO-3: transformers reads the checkpoint into rank 0's host memory and copies it in one gathered

@@ -278,7 +278,7 @@ class FsdpSpec(EngineSpec):
         on_device = shards if s.offload_params == "none" else nf4_resident_bytes(inp, s)
         return on_device + max(quantizing, init_copy_bytes(inp, s))
 
-    def fp32_adapters(self, inp: MemoryInputs, s: Strategy) -> bool:
+    def fp32_adapters(self, s: Strategy, *, script: bool) -> bool:
         """Never: the rank's MixedPrecisionPolicy (param_dtype the working dtype, launcher.worker.engines.fsdp
         setup; pure bf16 casts every parameter) all-gathers peft's fp32 adapters in bf16/fp16, so in forward
         lora_A.weight has the working dtype and peft's input cast to it (BaseTunerLayer._cast_input_dtype) is a

@@ -95,11 +95,11 @@ class EngineSpec:
         """Host bytes per node while the weights load."""
         raise NotImplementedError
 
-    def fp32_adapters(self, inp: MemoryInputs, s: Strategy) -> bool:
+    def fp32_adapters(self, s: Strategy, *, script: bool) -> bool:
         """Under LoRA in bf16/fp16, whether this layout's ranks compute the adapters in fp32 rather than in the
         working dtype; the planner then adds the probe's fp32-adapter terms (launcher.planner.memory
         .strategy_activations). The launcher's recipes make them in the base's dtype (launcher.model.lora
-        .apply_lora); a user's script (``inp.script``) is taken to use peft's default, fp32 adapters."""
+        .apply_lora); a user's script (``script``, MemoryInputs.script) is taken to use peft's default, fp32."""
         return False
 
     def nccl_communicators(self, s: Strategy) -> int:
@@ -173,7 +173,16 @@ class EngineSpec:
                                     config=self.accelerate_config(plan, job, config_dir=config_dir),
                                     config_file=str((config_dir / "accelerate.yaml").resolve()),
                                     env=self.accelerate_env(plan),
-                                    notes=self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer))
+                                    notes=[*self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer),
+                                           *self._adapter_notes(plan, job)])
+
+    def _adapter_notes(self, plan: Plan, job: Job) -> list[str]:
+        """Under LoRA in bf16/fp16, where a script's peft defaults would cost what the recipe's plan does not count."""
+        if job.train.lora is None or plan.precision == "fp32" or not self.fp32_adapters(plan.strategy, script=True):
+            return []
+        return [f"LoRA: the plan counts the adapters in {plan.precision}, as the launcher's ranks make them:",
+                "  get_peft_model(model, config, autocast_adapter_dtype=False). peft's default fp32 adapters compute in",
+                "  fp32 here, an fp32 copy of each adapted linear's input saved (`launch plan --script` counts it)."]
 
     # -- words ---------------------------------------------------------------------------------------------------
     def title(self, s: Strategy, nodes: int) -> str:

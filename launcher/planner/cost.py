@@ -124,7 +124,8 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     """
     if not s.activation_offload or inp.hardware.device_is_host:
         return 0.0
-    consts = strategy_activations(inp.activations, s, fp32_adapters=spec_for(inp, s).fp32_adapters(inp, s))
+    fp32_adapters = spec_for(inp, s).fp32_adapters(s, script=inp.script)
+    consts = strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
     *_, saved = offloaded_activation_bytes(consts, inp.model.num_blocks,
                                           s.micro_batch_size, inp.seq_len,
                                           s.activation_checkpointing, s.checkpoint_every)

@@ -235,7 +235,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
-    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(inp, s))
+    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(s, script=inp.script))
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)

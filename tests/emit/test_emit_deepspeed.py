@@ -3,7 +3,6 @@ import dataclasses
 import importlib
 import itertools
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -420,7 +419,7 @@ def test_bf16_lora_adapters_compute_in_the_dtype_the_spec_says(initialized):
     spec = engine_spec("deepspeed")
     for name, script in LORA_CASES.items():
         _, s, _ = ENGINE_CASES[name]
-        fp32 = spec.fp32_adapters(SimpleNamespace(script=script), make_plan(world_size=1, **s).strategy)
+        fp32 = spec.fp32_adapters(make_plan(world_size=1, **s).strategy, script=script)
         assert initialized[name]["adapter_dtypes"] == ["float32" if fp32 else "bfloat16"], (name, initialized[name])
     assert {initialized[n]["adapter_dtypes"][0] for n in LORA_CASES} == {"float32", "bfloat16"}
 

@@ -214,3 +214,17 @@ def test_accelerate_yaml_says_which_of_the_plans_levers_a_script_would_not_apply
     # ds_config.json's own lever is carried: nothing to say for it.
     released = spec.accelerate_yaml(make_plan(zero_stage=3, release_frozen_weights=True), make_job(), config_dir=tmp_path)
     assert "The plan counts on levers" not in released
+
+
+def test_accelerate_yaml_says_how_a_lora_script_gets_the_adapters_the_plan_counts(tmp_path):
+    # A bf16 LoRA plan counts the adapters in bf16, as the launcher's ranks make them; a script with peft's default
+    # fp32 adapters computes them in fp32 at ZeRO-3 alone (DeepSpeedSpec.fp32_adapters): the header says so there.
+    lora = make_job(**{"train.lora": {"r": 4, "target_modules": ["c_attn"]}})
+    ds, fsdp = engine_spec("deepspeed"), engine_spec("fsdp")
+    z3 = ds.accelerate_yaml(make_plan(zero_stage=3), lora, config_dir=tmp_path)
+    assert "# LoRA: the plan counts the adapters in bf16" in z3 and "autocast_adapter_dtype=False" in z3
+    quiet = [ds.accelerate_yaml(make_plan(zero_stage=2), lora, config_dir=tmp_path),
+             ds.accelerate_yaml(make_plan(zero_stage=3), make_job(), config_dir=tmp_path),
+             ds.accelerate_yaml(make_plan(zero_stage=3, precision="fp32"), lora, config_dir=tmp_path),
+             fsdp.accelerate_yaml(make_plan(engine="fsdp", zero_stage=None), lora, config_dir=tmp_path)]
+    assert not any("autocast_adapter_dtype" in text for text in quiet)

@@ -4,7 +4,6 @@ probe measures the working dtype and the fp32 difference; an engine's spec says 
 (EngineSpec.fp32_adapters), and the planner adds the difference there (launcher.planner.memory.strategy_activations)."""
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 
@@ -29,11 +28,11 @@ def constants(m):
 
 def test_a_script_at_zero3_alone_computes_fp32_adapters():
     ds, fsdp = ENGINES["deepspeed"], ENGINES["fsdp"]
-    script, recipe = SimpleNamespace(script=True), SimpleNamespace(script=False)
-    by_stage = {c.zero_stage: ds.fp32_adapters(script, c) for c in ds.candidates(nodes=1, nvme=True)}
+    by_stage = {c.zero_stage: ds.fp32_adapters(c, script=True) for c in ds.candidates(nodes=1, nvme=True)}
     assert by_stage == {0: False, 1: False, 2: False, 3: True}
-    assert not any(ds.fp32_adapters(recipe, c) for c in ds.candidates(nodes=1, nvme=True))
-    assert not any(fsdp.fp32_adapters(i, c) for c in fsdp.candidates(nodes=2, nvme=True) for i in (script, recipe))
+    assert not any(ds.fp32_adapters(c, script=False) for c in ds.candidates(nodes=1, nvme=True))
+    assert not any(fsdp.fp32_adapters(c, script=script) for c in fsdp.candidates(nodes=2, nvme=True)
+                   for script in (True, False))
 
 
 def test_the_fp32_terms_are_added_where_asked(request_for):
