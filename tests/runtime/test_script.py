@@ -2,12 +2,15 @@
 its peak is measured, the rank files are written, and the run gets a verdict and its exit code."""
 
 import json
+import os
+import sys
+from pathlib import Path
 
 from tests.cli.test_run_cli import job_file, launch
 
 # A plain torch script: nothing from the launcher; it only holds argv[1] floats and takes three SGD steps.
 PLAIN = """
-import atexit, os, sys
+import atexit, os, shutil, sys
 import torch
 import torch.distributed as dist
 
@@ -23,6 +26,7 @@ for step in range(3):
         dist.all_reduce(p.grad)
     opt.step()
     opt.zero_grad()
+print("ninja:", shutil.which("ninja"), flush=True)
 print("plan:", os.environ["LAUNCHER_MICRO_BATCH_SIZE"], os.environ["LAUNCHER_GRAD_ACCUM_STEPS"],
       os.environ["ACCELERATE_MIXED_PRECISION"], os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"], flush=True)
 dist.destroy_process_group()
@@ -35,7 +39,10 @@ def test_a_plain_script_is_measured_and_judged_without_a_launcher_import(tmp_pat
     # The plan predicts about 11 MB per rank, so a 40 MB budget fits; the script's own tensors decide the verdict.
     job = job_file(tmp_path, "plain", budget="40MB")
     held = 1_000_000
-    res = launch(job, "--run-dir", tmp_path / "ok", "--quiet", "--script", script, "--", held)
+    # Launched with a PATH that lacks this interpreter's bin: each rank puts it first itself (rank_entry's
+    # use_local_tools), so a script's ninja is the one the op cache was built with (tests/runtime/test_plan_digest.py).
+    env = {**os.environ, "PATH": os.pathsep.join(["/usr/bin", "/bin"])}
+    res = launch(job, "--run-dir", tmp_path / "ok", "--quiet", "--script", script, "--", held, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     plan = json.loads((tmp_path / "ok" / "plan.json").read_text())
     for rank in (0, 1):
@@ -48,6 +55,7 @@ def test_a_plain_script_is_measured_and_judged_without_a_launcher_import(tmp_pat
         assert [s["step"] for s in steps] == [1, 2, 3] and r["steps_done"] == 3
         log = (tmp_path / "ok" / "logs" / f"rank-{rank}.log").read_text()
         assert f"plan: {plan['micro_batch_size']} {plan['grad_accum_steps']} no {plan['grad_accum_steps']}" in log, log
+        assert f"ninja: {Path(sys.executable).parent / 'ninja'}" in log, log
     assert (tmp_path / "ok" / "atexit-0").is_file() and (tmp_path / "ok" / "atexit-1").is_file()
     report = json.loads((tmp_path / "ok" / "report.json").read_text())
     assert report["within_budget"] is True and report["basis"] == "cpu_tensor_bytes", report
