@@ -184,10 +184,10 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
     LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.save_for_backward(input, weight, bias)``),
     which the probe measured beside torch's linear (launcher.model.activations: frozen_input_bytes_per_token per
     block, frozen_head_input_bytes_per_token outside them), beside adapters in the working dtype, and beside fp32
-    ones with the fp32_adapter_frozen_* terms on top. A checkpointed block keeps its
-    input alone either way and its recompute is a whole block again, so only the blocks' and the head's terms
-    grow; chunked cross-entropy runs the head inside its own checkpoint (launcher.model.chunked_loss), whose inputs
-    it keeps anyway, so the head's part of the frozen inputs stays out there."""
+    ones with the fp32_adapter_frozen_* terms on top. A checkpointed block keeps its input alone either way and its
+    recompute is a whole block again, so only the blocks' and the head's terms grow; chunked cross-entropy runs the
+    head inside its own checkpoint (launcher.model.chunked_loss), whose inputs it keeps anyway, so the head's part
+    of the frozen inputs stays out there."""
     block = c.fp32_adapter_bytes_per_token if fp32_adapters else 0.0
     head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
     sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
