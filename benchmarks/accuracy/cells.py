@@ -617,7 +617,7 @@ LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
 2026-11-26 23:08, probe version 9; benchmarks/results/accuracy-lora-dtype-validation.md)."""
 
 Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
-    # Decided and committed (2026-11-26 23:40 UTC) before the launcher's ZeRO-3 ranks keep LoRA's adapters in the
+    # Decided and committed (2026-11-26 23:25 UTC, 8e8c2d6) before the launcher's ZeRO-3 ranks keep LoRA's adapters in the
     # working dtype (apply_lora without peft's fp32 autocast, as ZeRO-0/1/2 and FSDP2 already compute them) and the
     # plan stops adding the fp32-adapter terms there for the launcher's recipes (a user's script keeps peft's default
     # and its terms); run once after. bf16 ZeRO-3 LoRA on shapes no cell used: the 6-block Llama on torch's linear,
