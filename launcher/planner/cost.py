@@ -25,7 +25,7 @@ Each engine's spec (launcher.engines) gives its communication, offload and engin
 from __future__ import annotations
 
 from launcher.planner.memo import spec_for
-from launcher.planner.memory import offloaded_activation_bytes, strategy_activations
+from launcher.planner.memory import offloaded_activation_bytes, rank_activations
 from launcher.planner.plan import Strategy, checkpoint_count
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
 
@@ -124,9 +124,7 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     """
     if not s.activation_offload or inp.hardware.device_is_host:
         return 0.0
-    fp32_adapters = spec_for(inp, s).fp32_adapters(s, script=inp.script)
-    consts = strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
-    *_, saved = offloaded_activation_bytes(consts, inp.model.num_blocks,
+    *_, saved = offloaded_activation_bytes(rank_activations(inp, s), inp.model.num_blocks,
                                           s.micro_batch_size, inp.seq_len,
                                           s.activation_checkpointing, s.checkpoint_every)
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw

@@ -204,6 +204,13 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
                                head_ckpt_bytes_per_token=c.head_ckpt_bytes_per_token + head)
 
 
+def rank_activations(inp: MemoryInputs, s: Strategy) -> ActivationConstants:
+    """The constants this strategy's ranks save by for this request: strategy_activations with the engine's answer
+    on LoRA's adapter dtype for the launcher's recipe or a user's script (EngineSpec.fp32_adapters)."""
+    fp32_adapters = spec_for(inp, s).fp32_adapters(s, script=inp.script)
+    return strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
+
+
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """Rank 0's bytes while the weights load and the engine wraps them, before any forward (measured, init phase).
 
@@ -235,7 +242,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     m = inp.model
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
-    consts = strategy_activations(inp.activations, s, fp32_adapters=spec.fp32_adapters(s, script=inp.script))
+    consts = rank_activations(inp, s)
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)
@@ -366,5 +373,5 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 __all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
            "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
            "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
-           "offloaded_activation_bytes", "strategy_activations",
+           "offloaded_activation_bytes", "rank_activations", "strategy_activations",
            "nvme_param_buffer_elems"]

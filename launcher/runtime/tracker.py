@@ -141,7 +141,7 @@ class _PhasePeaks:
 
     def _update_peak_stats(self, peak_state) -> None:
         # The global peak only (MemTracker._update_peak_stats's second half). Its first half walks every tracked
-        # module at every op to keep per-module peaks, which nothing here reads: measured at a quarter of the
+        # module at every op to keep per-module peaks, which nothing here reads: measured at over half of the
         # fake-tensor probe's time, and it runs on every op of every rank's step too.
         for dev, dev_snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:

@@ -68,7 +68,7 @@ def pinned(stage: int) -> StrategyConfig:
 
 @pytest.mark.parametrize("stage,script", [(2, True), (3, True), (3, False)])
 def test_a_scripts_zero3_plan_counts_the_fp32_copies_and_no_other_does(request_for, stage, script):
-    m = dataclasses.replace(llama_stats(trainable=4_194_304))
+    m = llama_stats(trainable=4_194_304)
     with_fp32 = request_for(model=m, activations=constants(m), pins=pinned(stage), script=script)
     without = request_for(model=m, activations=dataclasses.replace(
         constants(m), fp32_adapter_bytes_per_token=0.0, fp32_adapter_head_bytes_per_token=0.0),
