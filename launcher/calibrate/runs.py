@@ -98,7 +98,7 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
     job = run_job(run_dir)
     job.cluster.hardware = plan.hardware
     stats = model_stats(job)
-    req = plan_request(job)
+    req = plan_request(job, script=plan.script)  # a script's run is refit as the script it ran
     consts = req.activations
     current = constants_dict(consts)
 

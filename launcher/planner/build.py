@@ -78,6 +78,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         problem=best.problem if status == "forced" else None,
         largest_layer_params=req.model.largest_layer_params, block_class=req.model.block_class,
         precision_reason=req.precision_reason, levers=decide(req, best), math_notes=math_notes,
+        script=req.script,
     )
 
 

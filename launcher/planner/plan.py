@@ -361,6 +361,9 @@ class Plan:
     math_notes: list[str] = field(default_factory=list)
     """What the plan turns off in the job's training math, a sentence each (also among the reasons): the optimizer
     step in backward and clipping. The report repeats them (launcher.report)."""
+    script: bool = False
+    """Planned for the user's own script (launch --script, PlanRequest.script), not the launcher's recipe: what
+    re-plans this run (the fallback ladder, --resume, calibrate --from) plans for the script again."""
 
     def to_json(self) -> dict:
         """The plan as plan.json's dict: the strategy's fields, the estimate, the request's numbers and the reasons."""
@@ -417,6 +420,8 @@ class Plan:
             "block_class": self.block_class,
             "levers": [d.to_json() for d in self.levers],
             "math_notes": list(self.math_notes),
+            # Only a script's plan has it: a recipe's plan.json is as before the field.
+            **({"script": True} if self.script else {}),
         }
 
     @classmethod
@@ -454,4 +459,5 @@ class Plan:
             largest_layer_params=d.get("largest_layer_params", 0), block_class=d.get("block_class"),
             precision_reason=d.get("precision_reason", ""),
             levers=[LeverDecision.from_json(x) for x in d.get("levers", [])], math_notes=d.get("math_notes", []),
+            script=bool(d.get("script", False)),
         )

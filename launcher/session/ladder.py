@@ -83,7 +83,7 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
                   file=sys.stderr)
             code = EXIT_OVER_BUDGET
             break
-        req = plan_request(job, force=True)
+        req = plan_request(job, force=True, script=plan.script)
         fb = next_strategy(plan.strategy, plan.estimate, req, m, tried)
         if fb.strategy is None:  # no rung left, or none predicted to fit: nothing over budget is launched
             record.stopped = fb.reason
@@ -98,7 +98,7 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
         print(f"launch: auto-fallback {attempt}/{tries}: {fb.reason}; attempt {attempt} kept in "
               f"{run_dir.path / record.dir}", file=sys.stderr, flush=True)
         job = dataclasses.replace(job, strategy=pins_for(fb.strategy, job.strategy.safety_margin))
-        plan = plan_job(job, force=True)  # every field pinned: the planner rebuilds buckets and configs for it
+        plan = plan_job(job, force=True, script=plan.script)  # every field pinned: the planner rebuilds buckets and configs for it
         tried.append(plan.strategy)
         attempt += 1
         run_dir.write_yaml("job.yaml", job_to_data(job))

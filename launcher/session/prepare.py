@@ -52,7 +52,7 @@ def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
           file=sys.stderr)
     from launcher.plan_inputs import plan_job
 
-    return job, plan_job(job, force=True)
+    return job, plan_job(job, force=True, script=plan.script)
 
 
 def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = False) -> dict[str, str]:

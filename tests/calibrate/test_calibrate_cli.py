@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from launcher.cli.main import main
+from tests.conftest import TINY_GPT2
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
@@ -135,3 +136,32 @@ def test_run_coefficients_are_token_counts_worked_by_hand(tmp_path, cache):
     assert ckpt.coefficients == {"block_bytes_per_token": 128, "block_bytes_per_token_per_seq": 8_192,
                                  "ckpt_bytes_per_token": 256, "head_bytes_per_token": 0,
                                  "head_ckpt_bytes_per_token": 128, **UNCHUNKED}
+
+
+def test_a_script_run_is_refit_as_the_script_it_ran(tmp_path, cache):
+    # A bf16 LoRA run at ZeRO-3 under the user's script computes peft's fp32 adapters (EngineSpec.fp32_adapters),
+    # the launcher's recipe does not: the refit must model the run the plan predicted, so plan.json says which.
+    from launcher.calibrate.runs import samples_from_run
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    coefs = {}
+    for kind in ("recipe", "script"):
+        job = {"name": kind, "task": "causal_lm", "model": dict(TINY_GPT2),
+               "data": {"path": DATA, "max_seq_len": 32},
+               "train": {"global_batch_size": 4, "max_steps": 3, "precision": "bf16",
+                         "lora": {"r": 4, "alpha": 8, "target_modules": ["c_attn"]}},
+               "strategy": {"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "none",
+                            "offload_params": "none", "micro_batch_size": 2, "activation_checkpointing": False},
+               "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": "4GB"}
+        src = tmp_path / f"{kind}.yaml"
+        src.write_text(yaml.safe_dump(job))
+        extra = ["--script", str(script)] if kind == "script" else []
+        assert main(["plan", str(src), *extra, "--out", str(tmp_path / kind)]) == 0
+        assert json.loads((tmp_path / kind / "plan.json").read_text()).get("script", False) == (kind == "script")
+        coefs[kind] = stub_sample(tmp_path / kind, samples_from_run).coefficients
+    fp32 = [k for k in coefs["script"] if k.startswith("fp32_adapter_")]
+    assert fp32 and not any(coefs["recipe"][k] for k in fp32)
+    # 2 x 32 tokens per micro-batch, each of the 2 blocks saving the fp32 copies, the head once.
+    assert coefs["script"]["fp32_adapter_bytes_per_token"] == 2 * 2 * 32
+    assert coefs["script"]["fp32_adapter_head_bytes_per_token"] == 2 * 32

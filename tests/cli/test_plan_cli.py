@@ -249,6 +249,7 @@ def test_plan_for_a_script_tries_only_the_levers_a_script_receives(capsys, write
     code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, "--json", job)
     assert code == 0, err
     plan = json.loads(out)
+    assert plan["script"] is True  # what re-plans the run (ladder, --resume, calibrate --from) reads
     why = {d["lever"]: d["why"] for d in plan["levers"]}
     assert why["activation_offload"] in ("script_lacks", "not_applicable")
     assert why["checkpoint_every"] in ("script_lacks", "not_applicable")
@@ -256,6 +257,8 @@ def test_plan_for_a_script_tries_only_the_levers_a_script_receives(capsys, write
     assert (plan["loss_chunks"], plan["checkpoint_every"], plan["checkpoint_policy"]) == (0, 1, "full")
     code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, job)
     assert code == 0 and "not tried: your --script does not receive it" in out
+    code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--json", job)
+    assert code == 0 and "script" not in json.loads(out)  # a recipe's plan.json is as before the field
     # Refused, one line each, nothing planned: a missing script, and an sbatch that would run the recipe instead.
     code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", tmp_path / "no.py", job)
     assert code == 2 and "--script: " in err and "does not exist" in err and out == ""

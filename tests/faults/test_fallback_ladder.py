@@ -208,6 +208,27 @@ def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_
     assert "ended within budget on attempt 3" in capsys.readouterr().err
 
 
+def test_a_scripts_relaunch_is_planned_for_the_script(data_file, tmp_path):
+    # launch --script --auto-fallback: each rung is planned for the user's script, as attempt 1 was (the levers a
+    # script receives, the adapters' dtype it computes in: PlanRequest.script), not for the launcher's recipe.
+    from launcher.plan_inputs import plan_job
+    from launcher.rundir import RunDir
+    from launcher.session.ladder import run_ladder
+
+    job = _ladder_job(data_file, tmp_path, tries=2)
+    run = RunDir.create(tmp_path / "run")
+    fake, seen = _fake_attempts(run, ["oom", "ok"])
+    plans = []
+
+    def attempt(job, plan):
+        plans.append(plan)
+        return fake(job, plan)
+
+    assert run_ladder(job, plan_job(job, force=True, script=True), run, attempt) == 0
+    assert [p.script for p in plans] == [True, True] and seen[0] != seen[1]
+    assert json.loads((run.path / "plan.json").read_text())["script"] is True
+
+
 def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, capsys):
     from launcher.errors import EXIT_OVER_BUDGET
     from launcher.plan_inputs import plan_job
