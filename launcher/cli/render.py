@@ -193,15 +193,26 @@ WHY_WORDS = {
     "not_allowed": "not allowed: changes the training math; add it to train.allow_levers to let the planner use it",
     "engine_lacks": "not offered by this engine",
     "not_applicable": "not applicable to this job",
+    "plan_lacks": "not with this plan's shape",
     "script_lacks": "not tried: your --script does not receive it (the launcher's recipes apply it); pin it under "
                     "strategy: if your script does",
 }
 
 
+PLAN_LACKS_WORDS = {
+    "checkpoint_every": "not with this plan: it refines activation checkpointing, which the plan leaves off",
+    "checkpoint_policy": "not with this plan: it refines activation checkpointing, which the plan leaves off",
+    "optimizer_in_backward": "not with this plan: it needs no gradient accumulation (each parameter steps as its "
+                             "gradient is made), and the plan accumulates micro-batches",
+}
+"""plan_lacks, per lever: what the chosen plan's shape lacks (a plan of another shape could use it)."""
+
+
 def lever_line(d: LeverDecision) -> str:
     """One lever's decision in words, with what the other setting would predict."""
     kind = "exact" if d.exact else "permit"
-    out = f"{LEVER_NAMES.get(d.lever, d.lever)} [{kind}]: {WHY_WORDS.get(d.why, d.why)}"
+    words = PLAN_LACKS_WORDS.get(d.lever) if d.why == "plan_lacks" else None
+    out = f"{LEVER_NAMES.get(d.lever, d.lever)} [{kind}]: {words or WHY_WORDS.get(d.why, d.why)}"
     if d.other_value is not None and d.why != "not_allowed":
         dp, dt = d.peak_delta_bytes, d.step_time_delta_s
         sign = "+" if dp >= 0 else "-"

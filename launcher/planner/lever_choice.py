@@ -55,6 +55,16 @@ def _applicable(lever: str, s: Strategy, req: PlanRequest) -> bool:
     }.get(lever, True)
 
 
+def _job_applicable(lever: str, req: PlanRequest) -> bool:
+    """Whether some plan of this job could use the lever, where _applicable says the chosen one cannot: the
+    refinements of checkpointing need it on, the optimizer step in backward needs no accumulation."""
+    return {
+        "checkpoint_every": req.model.num_blocks > 1,
+        "checkpoint_policy": sac_measured(req),
+        "optimizer_in_backward": in_backward_possible(req, 1),
+    }.get(lever, False)
+
+
 def _off_value(lever: str) -> object:
     return LEVERS_OFF[lever]
 
@@ -71,7 +81,10 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             out.append(LeverDecision(lever=lever, exact=exact, used=used, why="pinned"))
             continue
         if not used and not _applicable(lever, s, req):
-            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_applicable"))
+            # Not for this job at all, or not for the chosen plan's shape (what a faster plan gave up for it).
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why=(
+                "not_applicable" if not _job_applicable(lever, req) else "script_lacks" if lever not in tried
+                else "engine_lacks" if lever not in spec.levers else "plan_lacks")))
             continue
         if not used and lever not in tried:  # a --script run's: what the search left off for the script
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="script_lacks"))

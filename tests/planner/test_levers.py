@@ -207,3 +207,22 @@ def test_a_script_plan_under_lora_at_zero3_still_chooses_the_linear(request_for,
     req = request_for(model=lora, activations=measured(lora), script=True,
                       pins=StrategyConfig(engine="deepspeed", zero_stage=3))
     assert {c.release_frozen_weights for c in candidates(req)} == {False, True}
+
+
+def test_a_lever_the_plans_shape_excludes_is_told_apart_from_one_the_job_excludes(request_for):
+    """Checkpointing's refinements with checkpointing off and the step in backward under accumulation: another plan
+    of the same job could use them (plan_lacks); fp16's loss scaling excludes the step in backward for every plan."""
+    from launcher.cli.render import lever_line
+
+    shape = StrategyConfig(engine="fsdp", micro_batch_size=1, activation_checkpointing=False)
+    plan = make_plan(request_for(pins=shape))
+    assert plan.strategy.grad_accum_steps == 8
+    by = {d.lever: d for d in plan.levers}
+    assert {k: by[k].why for k in ("checkpoint_every", "optimizer_in_backward")} == {
+        "checkpoint_every": "plan_lacks", "optimizer_in_backward": "plan_lacks"}
+    assert "the plan accumulates micro-batches" in lever_line(by["optimizer_in_backward"])
+    assert "which the plan leaves off" in lever_line(by["checkpoint_every"])
+    fp16 = {d.lever: d.why for d in make_plan(request_for(pins=shape, precision="fp16")).levers}
+    assert fp16["optimizer_in_backward"] == "not_applicable"
+    ds = {d.lever: d.why for d in make_plan(request_for(pins=dataclasses.replace(shape, engine="deepspeed"))).levers}
+    assert ds["optimizer_in_backward"] == "engine_lacks"  # DeepSpeed steps in its engine, not in a hook
