@@ -247,6 +247,10 @@ class FsdpSpec(EngineSpec):
     # (launcher.worker.engines.optimizers).
     levers = frozenset({"loss_chunks", "pure_bf16", "qlora", "optimizer_in_backward", "low_memory_optimizer",
                         "checkpoint_every", "checkpoint_policy", "activation_offload"})
+    # torchao's low-bit AdamW steps bf16 shards with bf16_stochastic_round (optimizers.low_memory_optimizer): the
+    # parameters, gradients and step of pure bf16 with the quantized moments. Adafactor would keep bf16 factors
+    # and round to nearest: not paired.
+    pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit"})
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
@@ -401,7 +405,9 @@ class FsdpSpec(EngineSpec):
             notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
             # The rank side's step (launcher.worker.engines.base.build_optimizer): Adam/AdamW round stochastically
             # (optimizers.stochastic_round_adam), SGD is torch's.
-            if optimizer in PURE_BF16_CLIENT:
+            if plan.strategy.low_memory_optimizer != "none":
+                pass  # the low-bit AdamW rounds stochastically: its own note below says how to build it
+            elif optimizer in PURE_BF16_CLIENT:
                 name = ADAM_TITLES[optimizer]
                 notes.append(f"  The plan's {name} rounds stochastically: build {PURE_BF16_CLIENT[optimizer]};")
                 notes.append(f"  torch's {name} rounds to nearest and drops updates under half a bf16 spacing of the "
@@ -422,6 +428,11 @@ class FsdpSpec(EngineSpec):
             # accelerate carries no optimizer: the script builds the one the plan's memory assumes.
             notes.append(f"The plan assumes the {opt} optimizer: build {LOW_MEMORY_CLASSES[opt]} over the prepared "
                          "model's parameters (docs/memory-model.md, Low-memory optimizers).")
+            if plan.strategy.pure_bf16:
+                # optimizers.low_memory_optimizer(stochastic_round=True): the rank side's pure-bf16 low-bit step.
+                notes.append("  With pure bf16 pass bf16_stochastic_round=True, as the plan's ranks do: rounding to "
+                             "nearest drops updates")
+                notes.append("  under half a bf16 spacing of the weight.")
         return notes
 
     def title(self, s: Strategy, nodes: int) -> str:

@@ -71,6 +71,9 @@ class EngineSpec:
     levers: frozenset[str] = frozenset()
     """The lever fields (launcher.planner.plan.LEVER_FIELDS) this engine's rank side implements; the search
     leaves the others off for it (launcher.planner.levers)."""
+    pure_bf16_optimizers: frozenset[str] = frozenset()
+    """The low-memory optimizers (Strategy.low_memory_optimizer) this engine's rank side steps pure bf16 weights
+    with; the search pairs pure bf16 with no other (launcher.planner.levers.options)."""
 
     # -- search --------------------------------------------------------------------------------------------------
     def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:

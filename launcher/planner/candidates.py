@@ -56,9 +56,9 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         spec = engine_spec(c.engine)
         levers, limited = reachable(req, spec.levers), spec.lever_values(c)
         limits = {name: values for name, (values, _) in limited.items()}
-        key = (levers, accum, tuple(sorted(limits.items())))
+        key = (levers, accum, tuple(sorted(limits.items())), spec.pure_bf16_optimizers)
         if key not in settings:
-            settings[key] = [lv.fields() for lv in options(req, levers, accum, limits)]
+            settings[key] = [lv.fields() for lv in options(req, levers, accum, limits, spec.pure_bf16_optimizers)]
         refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {spec.title(c, req.nodes)}"
                     f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout" for name, (values, why) in limited.items()
                     if getattr(p, name) is not None and getattr(p, name) not in values]
@@ -72,8 +72,9 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "
             "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
-            f"only the levers it implements ({lever_support()}) and the optimizer step in backward needs "
-            "grad_accum_steps 1 and no fp16; unpin one of them"
+            f"only the levers it implements ({lever_support()}), pure bf16 pairs only with the low-memory "
+            f"optimizers its engine steps bf16 weights with ({pure_bf16_support()}) and the optimizer step in "
+            "backward needs grad_accum_steps 1, no fp16 and no low-memory optimizer; unpin one of them"
         )
     return out
 
@@ -85,6 +86,12 @@ def _offload_words(c) -> str:
 def lever_support() -> str:
     """Which engine implements which lever, for the message of pins that admit nothing."""
     return "; ".join(f"{name}: {', '.join(sorted(spec.levers)) or 'none'}" for name, spec in ENGINES.items())
+
+
+def pure_bf16_support() -> str:
+    """Which engine pairs pure bf16 with which low-memory optimizer, for the same message."""
+    return "; ".join(f"{name}: {', '.join(sorted(spec.pure_bf16_optimizers)) or 'none'}"
+                     for name, spec in ENGINES.items())
 
 
 def pinned(p: StrategyConfig) -> list[str]:

@@ -94,7 +94,11 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
         offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
-        if not used and (lever not in spec.levers or other not in offered):
+        # Pure bf16 and a low-memory optimizer go together only where the engine pairs them.
+        opt = other if lever == "low_memory_optimizer" else s.low_memory_optimizer
+        unpaired = (lever in ("low_memory_optimizer", "pure_bf16") and opt != "none"
+                    and (s.pure_bf16 or lever == "pure_bf16") and opt not in spec.pure_bf16_optimizers)
+        if not used and (lever not in spec.levers or other not in offered or unpaired):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
             continue
         alt = score(req, dataclasses.replace(s, **{lever: other}))

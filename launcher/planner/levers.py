@@ -102,12 +102,15 @@ def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
 
 
 def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
-            limits: dict[str, tuple[object, ...]] | None = None) -> list[LeverSetting]:
+            limits: dict[str, tuple[object, ...]] | None = None,
+            pure_bf16_optimizers: frozenset[str] = frozenset()) -> list[LeverSetting]:
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
     ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
     stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible). ``limits``:
     field -> the only values this layout offers (EngineSpec.lever_values), a pin outside them admits nothing.
+    ``pure_bf16_optimizers``: the low-memory optimizers the engine pairs with pure bf16
+    (EngineSpec.pure_bf16_optimizers).
     """
     limits = limits or {}
     p, m = req.pins, req.model
@@ -161,8 +164,9 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
         for k, policy, *rest in itertools.product(ks, policies if on else ["full"], *axes.values()):
             lv = dict(zip(axes, rest, strict=True))
-            if lv["low_memory_optimizer"] != "none" and (lv["optimizer_in_backward"] or lv["pure_bf16"]):
-                continue  # not modelled together: its step copies would sit in backward, or its states in bf16
+            opt = lv["low_memory_optimizer"]
+            if opt != "none" and (lv["optimizer_in_backward"] or (lv["pure_bf16"] and opt not in pure_bf16_optimizers)):
+                continue  # not modelled together: its step copies would sit in backward; pure bf16: the engine's pairs
             if policy == "ops" and lv["activation_offload"]:
                 continue  # the policy's saved outputs bypass the offload hooks: not modelled together
             out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, checkpoint_policy=policy, **lv))

@@ -96,18 +96,21 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
         return 4 * (tables * (_table_rows(m.vocab_size, n)[0] + h) + 2 * rest / h)
     code, block = LOW_BIT_STATE[opt]
     per_elem = 2 * (code + 4 / block)
-    table = max(low_bit_tensor_bytes(opt, r * h) for r in _table_rows(m.vocab_size, n))
+    table = max(low_bit_tensor_bytes(opt, r * h, param_bytes=kept_param_bytes(s.pure_bf16))
+                for r in _table_rows(m.vocab_size, n))
     return tables * table + per_elem * rest / n
 
 
-def low_bit_tensor_bytes(opt: str, numel: int) -> float:
+def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTES) -> float:
     """The two moments torchao's AdamW8bit / AdamW4bit keep for one (local) tensor of ``numel`` elements, bytes:
     block-wise quantized (LOW_BIT_STATE) when it has at least LOW_BIT_MIN_NUMEL elements and its block divides it,
-    else two fp32 moments (_AdamBase._new_buffer). DeepSpeed's ZeRO-1/2 hand it one flat partition
+    else two moments in the parameter's dtype (_AdamBase._new_buffer: torch.zeros_like(p); ``param_bytes``, 2
+    under pure bf16). The quantized codes' scales are fp32 whatever the parameter's dtype (subclass_8bit.py
+    OptimState8bit.zeros: torch.zeros(n // block_size)). DeepSpeed's ZeRO-1/2 hand it one flat partition
     (launcher.engines.deepspeed.flat_partition_elems), FSDP2 each parameter's shard."""
     code, block = LOW_BIT_STATE[opt]
     quantized = numel >= LOW_BIT_MIN_NUMEL and numel % block == 0
-    return numel * (2 * (code + 4 / block) if quantized else 8.0)
+    return numel * (2 * (code + 4 / block) if quantized else 2.0 * param_bytes)
 
 
 def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:
@@ -124,7 +127,10 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     """
     opt = s.low_memory_optimizer
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
-    if stochastic_rounds(inp, s):
+    # A low-bit AdamW stepping bf16 weights runs the same single_param_adam with BF16_STOCHASTIC_ROUND: p.float()
+    # and grad.float() are copies now, then _fp32_to_bf16_sr's; measured SR_STEP_COPIES for 8- and 4-bit states
+    # alike (2^20 elements, MemTracker, torch 2.13, torchao 0.18), as for bf16 states.
+    if stochastic_rounds(inp, s) or low_bit_rounds(s):
         # Eager on the host; on CUDA torchao compiles single_param_adam into fused kernels, as for the low-bit
         # states, which hold none. The tensor stepped is a trainable one: under LoRA an adapter, not the largest
         # (frozen) module, so no more than the trainable parameters in all (10 fp32 copies of a frozen vocabulary
@@ -148,7 +154,9 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
     (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
     bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
-    and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0.
+    and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0. A low-bit AdamW
+    stepping pure bf16 weights (low_bit_rounds) is counted as the low-bit step: measured 1.06-1.22 times the same
+    optimizer over fp32 weights (2.4M elements, eager, 1 and 2 threads), well inside the low-bit ratio's spread.
     """
     hw = inp.hardware
     if not on_host:
@@ -162,8 +170,16 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
 
 def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
     """Whether the plan's step is pure bf16's stochastically rounded Adam/AdamW (the rank side's build_optimizer):
-    always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step."""
+    always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step. A low-bit AdamW
+    under pure bf16 rounds too, through the same single_param_adam: low_bit_rounds."""
     return s.pure_bf16 and s.low_memory_optimizer == "none" and inp.optimizer in ("adam", "adamw")
+
+
+def low_bit_rounds(s: Strategy) -> bool:
+    """Whether the plan steps pure bf16 weights with a low-bit AdamW (torchao's AdamW8bit / AdamW4bit with
+    bf16_stochastic_round=True: launcher.worker.engines.optimizers.low_memory_optimizer), on the engines that pair
+    them (EngineSpec.pure_bf16_optimizers)."""
+    return s.pure_bf16 and s.low_memory_optimizer in LOW_BIT_STATE
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:

@@ -157,3 +157,66 @@ def test_the_export_moment_starts_from_the_state_the_step_leaves_not_its_working
     kept = st.params + st.grads + st.optimizer + (0.0 if st.step_frees_buffers else st.buffers)
     assert export == pytest.approx(kept + export_host_bytes(llama7b, "bf16"), abs=2)
     assert step - export >= copies - export_host_bytes(llama7b, "bf16")  # the copies are not in the export
+
+
+def test_pure_bf16_pairs_with_a_low_bit_adamw_where_the_engine_steps_them_together(request_for):
+    """FSDP2 steps bf16 shards with torchao's low-bit AdamW (bf16_stochastic_round): 2 + 2 bytes per parameter
+    and the quantized moments. DeepSpeed pairs none (its pure bf16 is its own bf16 master path), nor does
+    Adafactor (no stochastically rounding step); the step in backward takes no low-memory optimizer."""
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.candidates import candidates
+
+    fsdp_spec, ds_spec = engine_spec("fsdp"), engine_spec("deepspeed")
+    assert fsdp_spec.pure_bf16_optimizers == {"adamw8bit", "adamw4bit"} and not ds_spec.pure_bf16_optimizers
+    req = request_for(allow_levers=("adamw8bit", "adamw4bit", "adafactor", "pure_bf16"))
+    pairs = {(o.low_memory_optimizer, o.pure_bf16, o.optimizer_in_backward)
+             for o in options(req, fsdp_spec.levers, 1, pure_bf16_optimizers=fsdp_spec.pure_bf16_optimizers)}
+    assert {("adamw8bit", True, False), ("adamw4bit", True, False), ("adafactor", False, False)} <= pairs
+    assert not {p for p in pairs if p[0] != "none" and (p[2] or p == ("adafactor", True, False))}
+    assert not {p for p in (o.low_memory_optimizer for o in options(req, ds_spec.levers, 1) if o.pure_bf16)
+                if p != "none"}
+    by_engine = {(s.engine, s.low_memory_optimizer) for s in candidates(req) if s.pure_bf16}
+    assert ("fsdp", "adamw8bit") in by_engine and not {e for e in by_engine if e[0] == "deepspeed" and e[1] != "none"}
+    # Pinned together on DeepSpeed: refused in one line that says which engine pairs what.
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pure bf16 pairs only with .*fsdp: adamw4bit, adamw8bit"):
+        candidates(dataclasses.replace(req, pins=StrategyConfig(engine="deepspeed", zero_stage=2, offload_optimizer="none", pure_bf16=True,
+                                                                low_memory_optimizer="adamw8bit")))
+
+
+def test_pure_bf16_low_bit_memory_and_step_terms(llama7b):
+    from launcher.planner.terms import low_bit_tensor_bytes, optimizer_state_bytes
+
+    inp, n = inputs(llama7b), 8
+    mixed8 = dataclasses.replace(fsdp(False), low_memory_optimizer="adamw8bit")
+    pure8 = dataclasses.replace(fsdp(True), low_memory_optimizer="adamw8bit")
+    # The quantized moments do not depend on the weights' dtype; a tensor torchao leaves unquantized keeps its
+    # moments in the weights' dtype (zeros_like): 8 bytes per element over fp32 weights, 4 over bf16.
+    assert optimizer_state_bytes(inp, pure8, n) == optimizer_state_bytes(inp, mixed8, n)
+    assert low_bit_tensor_bytes("adamw8bit", 100) == 800 and low_bit_tensor_bytes("adamw8bit", 100, param_bytes=2) == 400
+    mixed, pure = fsdp_states(inp, mixed8), fsdp_states(inp, pure8)
+    assert mixed.params - pure.params == pytest.approx(2 * llama7b.num_params / n)
+    assert mixed.optimizer == pure.optimizer
+    # Its step: the stochastically rounded single_param_adam's SR_STEP_COPIES fp32 copies on the host (measured
+    # the same for 8- and 4-bit moments), none on CUDA (compiled); timed as the low-bit step.
+    local = 4 * -(-llama7b.largest_layer_params // n)
+    cpu = inputs(llama7b, hw="cpu")
+    assert optimizer_step_temp_bytes(cpu, pure8, n, on_host=True) == SR_STEP_COPIES * local
+    assert optimizer_step_temp_bytes(inp, pure8, n, on_host=False) == 0.0
+    assert optimizer_step_s(cpu, pure8, 1e6, on_host=True) == optimizer_step_s(cpu, mixed8, 1e6, on_host=True) > 0
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_a_pure_bf16_plan_says_whether_its_engine_pairs_a_low_bit_adamw(request_for, engine):
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.search import make_plan
+
+    pins = StrategyConfig(engine=engine, pure_bf16=True, offload_optimizer="none",
+                          **({"zero_stage": 2} if engine == "deepspeed" else {}))
+    plan = make_plan(request_for(allow_levers=("adamw8bit", "pure_bf16"), pins=pins))
+    d = next(d for d in plan.levers if d.lever == "low_memory_optimizer")
+    if engine == "deepspeed":
+        assert (d.used, d.why) == (False, "engine_lacks")
+    else:  # scored the other way: 8-bit moments in place of bf16 Adam's 4 bytes per parameter
+        assert d.used or (d.other_value == "adamw8bit" and d.peak_delta_bytes < 0)

@@ -171,9 +171,44 @@ def test_zero3_sub_groups_stepped_by_one_optimizer_round_with_different_bits():
     assert len(torch.unique(parts[0])) > 1 and not torch.equal(parts[0], parts[1])
 
 
-@pytest.mark.parametrize("in_backward", [False, True])
-def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backward, tmp_path, single_rank,
-                                                                       examples_data):
+@pytest.mark.parametrize(("name", "state_class"), [("adamw8bit", "OptimState8bit"), ("adamw4bit", "OptimState4bit")])
+def test_pure_bf16_low_bit_adamw_rounds_stochastically_over_quantized_moments(name, state_class):
+    # Pure bf16 with a low-bit AdamW (FsdpSpec.pure_bf16_optimizers): torchao's AdamW8bit / 4bit with
+    # bf16_stochastic_round, the moments quantized where torchao's rule allows and in the weights' bf16 elsewhere
+    # (terms.low_bit_tensor_bytes); an update under half a bf16 spacing is kept in expectation, with the same bits
+    # on replicas (rounding_seed) and the caller's random stream untouched.
+    train = TrainConfig(global_batch_size=1, lr=1e-3, weight_decay=0.0)
+
+    def run(rank_seed: int) -> list[torch.Tensor]:
+        torch.manual_seed(rank_seed)
+        ps = [torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16)) for n in (32768, 64)]
+        opt = build_optimizer(train, ps, name, pure_bf16=True)
+        assert type(opt).__name__ == {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit"}[name]
+        assert opt.bf16_stochastic_round
+        for _ in range(20):
+            for p in ps:
+                p.grad = torch.ones_like(p)
+            state = torch.get_rng_state()
+            opt.step()
+            assert torch.equal(torch.get_rng_state(), state)
+        kinds = [(type(opt.state[p]["exp_avg"]).__name__, opt.state[p]["exp_avg_sq"].dtype) for p in ps]
+        assert kinds[0][0] == state_class and kinds[1] == ("Tensor", torch.bfloat16)
+        return [p.detach() for p in ps]
+
+    big, small = run(1)
+    assert big.dtype == torch.bfloat16 and len(torch.unique(big)) > 1
+    # 20 steps of lr 1e-3 from 1.0: 0.98 in fp32; rounding to nearest would stay at 1.0. The quantized moments
+    # make each step's size only close to lr: 1 % of the way.
+    assert float(big.float().mean()) == pytest.approx(1 - 20 * train.lr, abs=2e-4)
+    assert all(torch.equal(a, b) for a, b in zip((big, small), run(2), strict=True))
+    with pytest.raises(ValueError, match="adafactor has no stochastically rounding step"):
+        build_optimizer(train, [torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))], "adafactor",
+                        pure_bf16=True)
+
+
+@pytest.mark.parametrize(("in_backward", "low_memory"), [(False, "none"), (True, "none"), (False, "adamw8bit")])
+def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backward, low_memory, tmp_path,
+                                                                       single_rank, examples_data):
     # FSDP2's bf16 DTensor shards step through the stochastically rounding AdamW (one per parameter with the step
     # in backward); DCP saves its bf16 states, and the resumed engine rounds with the same bits (rounding_seed
     # reads the restored step count), so it steps exactly as the one that saved.
@@ -198,11 +233,13 @@ def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backwar
         e = FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
                        activation_checkpointing=False, precision="bf16", grad_accum_steps=1,
                        device=torch.device("cpu"), pure_bf16=True, optimizer_in_backward=in_backward)
+        e.low_memory_optimizer = low_memory  # as from_plan sets it
         e.setup(model, job.train, memory_probe(device="cpu", track_categories=False))
         return e
 
     a, b = engine(), engine()
     assert all(isinstance(opt, _AdamBase) and opt.bf16_stochastic_round for opt in a.optimizers)
+    assert {type(opt).__name__ for opt in a.optimizers} == {"AdamW8bit" if low_memory == "adamw8bit" else "_AdamBase"}
     assert len(a.optimizers) == (len(list(a.model.parameters())) if in_backward else 1)
     before = {k: v.full_tensor().clone() for k, v in a.model.state_dict().items()}
     train_step(a)

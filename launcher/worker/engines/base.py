@@ -138,12 +138,14 @@ def build_optimizer(train: TrainConfig, params, low_memory: str = "none", *,
     ``low_memory``: the plan's Strategy.low_memory_optimizer, in place of train.optimizer when not "none"
     (launcher.worker.engines.optimizers). ``pure_bf16``: the plan's Strategy.pure_bf16, whose Adam and AdamW
     round the bf16 weights stochastically (optimizers.stochastic_round_adam; ``salt``: this optimizer's index
-    among one-parameter optimizers, so theirs draw different rounding bits)."""
+    among one-parameter optimizers, so theirs draw different rounding bits), as do the low-bit AdamWs
+    (optimizers.low_memory_optimizer with ``stochastic_round``)."""
     params = list(params)
     if low_memory != "none":
         from launcher.worker.engines.optimizers import low_memory_optimizer
 
-        return low_memory_optimizer(low_memory, train, params, betas=ADAM_BETAS, eps=ADAM_EPS)
+        return low_memory_optimizer(low_memory, train, params, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                    stochastic_round=pure_bf16, salt=salt)
     if pure_bf16 and train.optimizer in ("adam", "adamw"):
         from launcher.worker.engines.optimizers import stochastic_round_adam
 

@@ -53,6 +53,28 @@ def _eager(cls):
     return Eager
 
 
+def _fp32_appearance(cls, name: str):
+    """``cls`` (a torchao low-bit AdamW) whose quantized moments appear as fp32 over bf16 weights.
+
+    torchao gives a quantized state the weight's dtype as its appearance (adam.py _subclass_zeros: dtype=p.dtype).
+    Over bf16 DTensor shards single_param_adam's exp_avg.float() then stays a bf16 DTensor while the gradient's
+    .float() is fp32, and DTensor's sharding propagation refuses their lerp (torch 2.13, torchao 0.18). An fp32
+    appearance, what they have over fp32 weights, makes .float() a no-op there; the codes and scales stored are
+    the same (uint8, fp32 scales), and the moments torchao does not quantize stay in the weights' bf16."""
+    from torchao.optim.subclass_4bit import OptimState4bit
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    state = OptimState8bit if name == "adamw8bit" else OptimState4bit
+
+    class Fp32Appearance(cls):
+        @staticmethod
+        def _subclass_zeros(p: torch.Tensor, signed: bool, block_size: int):
+            return state.zeros(p.shape, signed, block_size, p.device, dtype=torch.float32)
+
+    Fp32Appearance.__name__ = Fp32Appearance.__qualname__ = cls.__name__
+    return Fp32Appearance
+
+
 def _shard_group(p: torch.Tensor):
     """The process group a DTensor parameter is sharded over along dim 0 (None: a plain or replicated tensor)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -160,18 +182,32 @@ class ShardedAdafactor(torch.optim.Adafactor):
         x.add_(update, alpha=-alpha / max(1.0, update_rms / d))
 
 
-def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, float],
-                         eps: float) -> torch.optim.Optimizer:
-    """Strategy.low_memory_optimizer ``name`` over ``params`` with the job's lr and weight decay."""
+def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, float], eps: float,
+                         stochastic_round: bool = False, salt: int = 0) -> torch.optim.Optimizer:
+    """Strategy.low_memory_optimizer ``name`` over ``params`` with the job's lr and weight decay.
+
+    ``stochastic_round`` (pure bf16, the engines of EngineSpec.pure_bf16_optimizers): the low-bit AdamW steps the
+    bf16 weights with torchao's bf16_stochastic_round, the same single_param_adam rounding as
+    stochastic_round_adam, with replica-consistent bits (rounding_seed, ``salt``); its moments stay quantized
+    (the few tensors torchao does not quantize keep moments in the weights' bf16: _new_buffer's zeros_like).
+    Adafactor has no stochastically rounding step: refused."""
     if name == "adafactor":
+        if stochastic_round:
+            raise ValueError("adafactor has no stochastically rounding step; pure bf16 pairs with adamw8bit or "
+                             "adamw4bit")
         return ShardedAdafactor(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)
     if name not in LOW_BIT_BLOCK:
         raise ValueError(f"unknown low_memory_optimizer {name!r}")
     from torchao.optim import AdamW4bit, AdamW8bit
 
     cls = _eager(AdamW8bit if name == "adamw8bit" else AdamW4bit)
-    return cls(params, lr=train.lr, betas=betas, eps=eps, weight_decay=train.weight_decay,
-               block_size=LOW_BIT_BLOCK[name])
+    if stochastic_round:
+        cls = _replica_consistent(_fp32_appearance(cls, name))
+    opt = cls(params, lr=train.lr, betas=betas, eps=eps, weight_decay=train.weight_decay,
+              block_size=LOW_BIT_BLOCK[name], bf16_stochastic_round=stochastic_round)
+    if stochastic_round:
+        opt.rounding_salt = salt
+    return opt
 
 
 def rounding_seed(opt: torch.optim.Optimizer, salt: int, part: int = 0) -> int:
