@@ -460,7 +460,8 @@ def every_cell() -> list[Cell]:
             *BWDEND_VALIDATION, *BWDEND_VALIDATION_2, *SAC_DS_DEV, *SAC_DS_VALIDATION, *DS_PURE_BF16_DEV,
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
-            *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION]
+            *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION,
+            *PURE_BF16_LOW_BIT_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -473,7 +474,7 @@ def sides_of_all() -> dict[str, str]:
     checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
     "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
     (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
-    LoRA adapters in bf16)."""
+    LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -496,7 +497,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "sac-ds-validation-2" for c in SAC_DS_VALIDATION_2},
             **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION},
             **{c.name: "lora-dtype-validation" for c in LORA_DTYPE_VALIDATION},
-            **{c.name: "z3-bf16-adapter-validation" for c in Z3_BF16_ADAPTER_VALIDATION}}
+            **{c.name: "z3-bf16-adapter-validation" for c in Z3_BF16_ADAPTER_VALIDATION},
+            **{c.name: "pbf16-lowbit-validation" for c in PURE_BF16_LOW_BIT_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -629,3 +631,18 @@ Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
 )
 """ZeRO-3's LoRA adapters in bf16, validation split (out of sample for that change, run once)."""
 
+
+PURE_BF16_LOW_BIT_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-27 02:12 UTC) before pure bf16 and a low-bit AdamW ran together on any rank
+    # (FsdpSpec.pure_bf16_optimizers: torchao's AdamW8bit / 4bit with bf16_stochastic_round over FSDP2's bf16 shards,
+    # the quantized moments with an fp32 appearance; terms.low_bit_rounds), run once after. The terms it judges: the
+    # bf16 shards and gradients beside the quantized moments, the unquantized moments in bf16, and the eager step's
+    # SR_STEP_COPIES fp32 copies of the largest trainable shard (measured 10.25 on one 2^20 tensor, 8- and 4-bit).
+    # Shapes no cell used: the 6-block Llama (untied head) with 8-bit, the 9M GPT-2 keeping its parameters after
+    # forward with checkpointing and accumulation under 4-bit, the 4-block Llama with CPU offload under 8-bit.
+    _c("fsdp", "llama6", "causal_lm", "bf16", False, 2, 168, pure_bf16=True, low_memory_optimizer="adamw8bit"),
+    _c("fsdp-noreshard", "gpt2m", "causal_lm", "bf16", True, 1, 288, accum=2, pure_bf16=True,
+       low_memory_optimizer="adamw4bit"),
+    _c("fsdpoff", "llama", "causal_lm", "bf16", False, 1, 240, pure_bf16=True, low_memory_optimizer="adamw8bit"),
+)
+"""Pure bf16 with a low-bit AdamW on FSDP2, validation split (out of sample for that pairing, run once)."""

@@ -16,6 +16,7 @@ from benchmarks.accuracy.cells import (
     MATRIX,
     MODELS,
     ONE_RANK_VALIDATION,
+    PURE_BF16_LOW_BIT_VALIDATION,
     QUICK,
     SAC_DS_DEV,
     SAC_DS_VALIDATION,
@@ -349,3 +350,16 @@ def test_the_zero3_bf16_adapter_validation_is_new():
     assert all(c.lora and c.precision == "bf16" and c.sharding.startswith("z3") for c in Z3_BF16_ADAPTER_VALIDATION)
     assert {dict(c.levers).get("release_frozen_weights", False) for c in Z3_BF16_ADAPTER_VALIDATION} == {False, True}
     assert {sides_of_all()[c.name] for c in Z3_BF16_ADAPTER_VALIDATION} == {"z3-bf16-adapter-validation"}
+
+
+def test_the_pure_bf16_low_bit_validation_is_new():
+    earlier = [c for c in every_cell() if c not in PURE_BF16_LOW_BIT_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in PURE_BF16_LOW_BIT_VALIDATION}
+    levers = [dict(c.levers) for c in PURE_BF16_LOW_BIT_VALIDATION]
+    assert all(lv["pure_bf16"] and lv["low_memory_optimizer"] in ("adamw8bit", "adamw4bit") for lv in levers)
+    assert {lv["low_memory_optimizer"] for lv in levers} == {"adamw8bit", "adamw4bit"}
+    assert not any(dict(c.levers).get("pure_bf16") and dict(c.levers).get("low_memory_optimizer", "none") != "none"
+                   for c in earlier)
+    assert {c.sharding for c in PURE_BF16_LOW_BIT_VALIDATION} == {"fsdp", "fsdp-noreshard", "fsdpoff"}
+    assert {sides_of_all()[c.name] for c in PURE_BF16_LOW_BIT_VALIDATION} == {"pbf16-lowbit-validation"}
