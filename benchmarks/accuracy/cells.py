@@ -633,7 +633,7 @@ Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
 
 
 PURE_BF16_LOW_BIT_VALIDATION: tuple[Cell, ...] = (
-    # Decided and committed (2026-11-27 02:12 UTC) before pure bf16 and a low-bit AdamW ran together on any rank
+    # Decided and committed (2026-11-27 02:11 UTC, 7140c3d) before pure bf16 and a low-bit AdamW ran together on any rank
     # (FsdpSpec.pure_bf16_optimizers: torchao's AdamW8bit / 4bit with bf16_stochastic_round over FSDP2's bf16 shards,
     # the quantized moments with an fp32 appearance; terms.low_bit_rounds), run once after. The terms it judges: the
     # bf16 shards and gradients beside the quantized moments, the unquantized moments in bf16, and the eager step's
