@@ -24,6 +24,7 @@ them into moments, a breakdown and a peak. All inputs are plain numbers; nothing
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from launcher.engines import engine_spec
 from launcher.model.introspect import ModelStats
@@ -236,6 +237,22 @@ TRAINING_MOMENTS = ("backward", "backward_end", "step")
 """The moments inside a training step (the others: rank 0's weight load, and on CPU ranks its export)."""
 
 
+def _overhead_terms(inp: MemoryInputs, comms: int) -> tuple[Callable[[float, float], int], int]:
+    """The CUDA overheads' total as a function of (tensor bytes, pool bytes), sum(overhead_at(...).values()) but
+    cheaper, and what the init moment lacks yet (cuda_overhead.absent_at: the same terms for any tensors). Both
+    depend on the request and the communicator count alone: kept in the request's memo where the search set one."""
+    memo = getattr(inp, "memo", None)
+    key = ("cuda_overhead", comms)
+    if memo is not None and key in memo:
+        return memo[key]
+    hw = inp.hardware
+    total = overhead_total(hw, inp.world_size, comms)
+    not_yet = sum(b for n, b in cuda_overhead(hw, 0.0, inp.world_size, comms).items() if n in absent_at("init"))
+    if memo is not None:
+        memo[key] = (total, not_yet)
+    return total, not_yet
+
+
 def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
     """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward,
     backward end, step, init, and on CPU ranks the export), the CUDA overheads, and host and NVMe bytes per node."""
@@ -294,9 +311,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         terms = cuda_overhead(hw, tensors, inp.world_size, comms, pools.get(k, 0.0))
         return {n: b for n, b in terms.items() if n not in absent_at(k)}
 
-    total_overhead = overhead_total(hw, inp.world_size, comms)  # sum(overhead_at(...).values()), cheaper
-    # What the init moment lacks yet (cuda_overhead.absent_at): the same terms for any tensors, so summed once.
-    not_yet = sum(b for n, b in cuda_overhead(hw, 0.0, inp.world_size, comms).items() if n in absent_at("init"))
+    total_overhead, not_yet = _overhead_terms(inp, comms)
     on_basis = {k: v + offloaded_on_device + total_overhead(v + offloaded_on_device, pools.get(k, 0.0))
                 - (not_yet if k == "init" else 0) for k, v in moments.items()}
     moment = max(on_basis, key=on_basis.get)
