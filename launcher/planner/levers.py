@@ -69,9 +69,15 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
     return name in req.allow_levers
 
 
-def changes_math(fields) -> bool:
-    """Whether a Strategy (or LeverSetting) uses a lever that changes the training math (MATH_LEVERS)."""
-    return any(getattr(fields, name) not in (False, "none") for name in MATH_LEVERS)
+def math_departure(fields) -> int:
+    """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's tie-break
+    (launcher.planner.scoring.Searched.best): 0 for none; each math lever used adds 1, a low-memory optimizer its
+    rank in MATH_LEVERS (8-bit moments 1, 4-bit 2, Adafactor's factored second moment and no first 3). So among
+    plans equally fast, the job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit,
+    either alone before with pure bf16): a job that allows 4-bit gets it only where it is faster or alone fits."""
+    opt = fields.low_memory_optimizer
+    n = MATH_LEVERS["low_memory_optimizer"].index(opt) + 1 if opt != "none" else 0
+    return n + sum(bool(getattr(fields, name)) for name in MATH_LEVERS if name != "low_memory_optimizer")
 
 
 def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
@@ -174,4 +180,4 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
 
 
 __all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "SCRIPT_LEVERS", "LeverSetting", "allowed",
-           "changes_math", "frozen_inputs_measured", "in_backward_possible", "options", "reachable", "sac_measured"]
+           "frozen_inputs_measured", "math_departure", "in_backward_possible", "options", "reachable", "sac_measured"]

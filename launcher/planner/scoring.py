@@ -11,7 +11,7 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
-from launcher.planner.levers import changes_math
+from launcher.planner.levers import math_departure
 from launcher.planner.memory import (
     ActivationConstants,
     MemoryEstimate,
@@ -139,7 +139,8 @@ class Searched:
     @property
     def best(self) -> Scored | None:
         """The fastest fitting candidate; on a tie the one with the job's own math (a lever that changes the math
-        wins only by being faster), then the smaller peak, then the earlier candidate."""
+        wins only by being faster), then the fewest and mildest math levers (levers.math_departure), then the
+        smaller peak, then the earlier candidate."""
         fits = [c for c in self.scored if c.problem is None]
         return min(fits, key=_rank) if fits else None
 
@@ -186,8 +187,8 @@ Alternatives = Callable[[Scored, list[Scored]], list]
 ``why`` ("slower" for a fitting one) and ``step_time_s``, the list stopping at ``limit``."""
 
 
-def _rank(c: Scored) -> tuple[float, bool, int]:
-    return c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes
+def _rank(c: Scored) -> tuple[float, int, int]:
+    return c.estimate.step_time_s, math_departure(c.strategy), c.estimate.peak_bytes
 
 
 def _blocking(done: dict[int, Scored], best: tuple, bound: float,

@@ -24,7 +24,7 @@ from launcher.planner.scoring import Scored, Searched, evaluate, score, search
 
 def make_plan(req: PlanRequest) -> Plan:
     """The fastest strategy whose predicted peak fits the usable budget, host RAM and NVMe (on a tie, the one with
-    the job's own math, then the smaller peak: launcher.planner.scoring.Searched.best)."""
+    the job's own math, then the mildest math levers, then the smaller peak: launcher.planner.scoring.Searched.best)."""
     found = search(req, top_rejected)
     best, scored = found.best, found.scored
     pins = pinned(req.pins)

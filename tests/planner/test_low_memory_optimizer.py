@@ -191,3 +191,30 @@ def test_never_combined_with_the_step_in_backward_or_pure_bf16(request_for):
     for o in options(request_for(allow_levers=allow), frozenset({"low_memory_optimizer", "optimizer_in_backward",
                                                                   "pure_bf16"}), 1):
         assert o.low_memory_optimizer == "none" or not (o.optimizer_in_backward or o.pure_bf16)
+
+
+def test_among_equally_fast_plans_the_mildest_math_lever_wins(request_for):
+    """On CUDA the low-bit step costs no time, so AdamW, 8-bit and 4-bit plans of one layout tie: the job's own
+    math wins where it fits, then 8-bit (levers.math_departure), and 4-bit only where it alone fits."""
+    import dataclasses
+
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.scoring import score
+    from launcher.planner.search import make_plan
+
+    pins = StrategyConfig(engine="fsdp", fsdp_reshard_after_forward=True, offload_optimizer="none",
+                          offload_params="none", micro_batch_size=1, activation_checkpointing=True,
+                          checkpoint_every=1, checkpoint_policy="full", loss_chunks=0, activation_offload=False,
+                          optimizer_in_backward=False, pure_bf16=False, qlora=False)
+    req = request_for(pins=pins, allow_levers=("adamw8bit", "adamw4bit"))
+    chosen = make_plan(req).strategy
+    peak = {opt: score(req, dataclasses.replace(chosen, low_memory_optimizer=opt)).estimate.peak_bytes
+            for opt in ("none", "adamw8bit", "adamw4bit")}
+    assert chosen.low_memory_optimizer == "none" and peak["none"] > peak["adamw8bit"] > peak["adamw4bit"]
+
+    def planned_under(usable: float) -> str:
+        budget = int(usable / (1 - req.pins.safety_margin))
+        return make_plan(dataclasses.replace(req, budget_bytes=budget)).strategy.low_memory_optimizer
+
+    assert planned_under((peak["none"] + peak["adamw8bit"]) / 2) == "adamw8bit"  # 4-bit's smaller peak loses
+    assert planned_under((peak["adamw8bit"] + peak["adamw4bit"]) / 2) == "adamw4bit"

@@ -12,7 +12,7 @@ from launcher.planner import advice, scoring
 from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import pinned
 from launcher.planner.hardware import PROFILES
-from launcher.planner.levers import MATH_LEVERS, changes_math
+from launcher.planner.levers import MATH_LEVERS, math_departure
 from launcher.planner.memo import TracedMemo
 from launcher.planner.plan import LEVER_FIELDS
 from launcher.planner.search import candidates, evaluate, make_plan, search
@@ -79,7 +79,7 @@ def exhaustive_search(req, alternatives=None):
 def exhaustive_plan(req):
     scored = evaluate(req, memo=False)
     fits = sorted((c for c in scored if c.problem is None),
-                  key=lambda c: (c.estimate.step_time_s, changes_math(c.strategy), c.estimate.peak_bytes))
+                  key=lambda c: (c.estimate.step_time_s, math_departure(c.strategy), c.estimate.peak_bytes))
     if not fits:
         return None
     return build_plan(req, fits[0], scored, pinned(req.pins), status="fits", total=len(scored))
