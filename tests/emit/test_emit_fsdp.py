@@ -211,3 +211,9 @@ def test_pure_bf16_notes_tell_the_script_to_round_stochastically(tmp_path):
     sgd = notes("sgd", pure_bf16=True)
     assert "torchao.optim" not in sgd and "AdamW" not in sgd and "torch.optim.SGD" in sgd and "rounds to nearest" in sgd
     assert "stochastic" not in notes("adamw")
+    # Pure bf16 with a low-bit AdamW (FsdpSpec.pure_bf16_optimizers): the script builds torchao's low-bit AdamW
+    # with bf16_stochastic_round, as the ranks do (optimizers.low_memory_optimizer), not _AdamW.
+    low_bit = notes("adamw", pure_bf16=True, low_memory_optimizer="adamw8bit")
+    assert "torchao.optim.AdamW8bit" in low_bit and "bf16_stochastic_round=True" in low_bit
+    assert "_AdamW(" not in low_bit
+    assert "bf16_stochastic_round" not in notes("adamw", low_memory_optimizer="adamw8bit")
