@@ -66,6 +66,9 @@ lever_job qlora-1-llama-1b-ac fsdp llama-1b ", qlora: true, activation_checkpoin
 lever_job levers-qlora-fsdp fsdp llama-1b ", qlora: true" \
   ", allow_levers: [qlora], lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"
 lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_levers: [pure_bf16]"
+# GPU_VALIDATION_5: pure bf16 with torchao's 8-bit AdamW (stochastically rounded, compiled on CUDA).
+lever_job levers-pbf16-adamw8bit-fsdp fsdp gpt2-124m ", pure_bf16: true, low_memory_optimizer: adamw8bit" \
+  ", allow_levers: [pure_bf16, adamw8bit]"
 # ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use). With the allocator's snapshot:
 # its segments carry their stream, which measures the reduce_and_partition stream's pool (DEEPSPEED_COMMUNICATORS,
 # launcher/engines/deepspeed.py, says why).

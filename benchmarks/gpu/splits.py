@@ -43,6 +43,12 @@ init term written after that split (deepspeed.cuda_init_bytes: after the flatten
 initialize_optimizer_states' zero gradient beside the model). ZeRO-2 on one GPU, GPT-2 bf16. Criteria:
 GPU_VALIDATION_3's."""
 
+GPU_VALIDATION_5 = ("levers-pbf16-adamw8bit-fsdp",)
+"""gpu-check run name, committed on 2026-11-27 (stop 33, no GPU lent) before it ran anywhere: FSDP2's pure bf16 with
+8-bit AdamW (torchao's AdamW8bit with bf16_stochastic_round, compiled on CUDA; its quantized moments with an fp32
+appearance, launcher.worker.engines.optimizers._fp32_appearance), whose CUDA step the plan counts with no working
+copies (terms.optimizer_step_temp_bytes). GPT-2 124M, bf16, one GPU. Criteria: GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

@@ -179,3 +179,18 @@ def test_reserved_minus_allocated_takes_allocated_at_the_tensor_peak(tmp_path):
     page = render([row], tests_rc=None, machine="hand-made")
     line = next(ln for ln in page.splitlines() if ln.startswith("| pool-accum-fsdp | ") and "(+0.0%)" in ln)
     assert "1.90 GB / 1.90 GB (+0.0%)" in line  # GPU_VALIDATION_2's reserved - allocated cell
+
+
+def test_every_run_a_gpu_split_names_is_one_gpu_check_runs_before_the_rest():
+    """A split names runs before they run: each must be a run of scripts/gpu-check.sh, and one it makes under
+    GPU_CHECK_RUNS=splits (a short lease), that is before other_runs."""
+    import re
+
+    from benchmarks.gpu import splits
+
+    script = (REPO / "scripts" / "gpu-check.sh").read_text()
+    first = script[:script.index("other_runs() {")]
+    made = set(re.findall(r"^\s*lever_job (\S+)", first, flags=re.MULTILINE))
+    named = {run for name in dir(splits) if name.startswith("GPU_VALIDATION_") for run in getattr(splits, name)}
+    assert "levers-pbf16-adamw8bit-fsdp" in named
+    assert named <= made, named - made
