@@ -456,3 +456,16 @@ def test_gradient_clipping_is_the_jobs_max_grad_norm(max_grad_norm, clipping):
     # The same number FSDP2 clips to in the worker; 0 is DeepSpeed's "off".
     assert emit(job_kw={"train.max_grad_norm": max_grad_norm})["gradient_clipping"] == clipping
     assert emit()["gradient_clipping"] == 1.0  # the default
+
+
+def test_pure_bf16_with_a_low_bit_adamw_notes_name_the_rounding_low_bit_client(tmp_path):
+    # ZeRO-1/2 pair pure bf16 with a low-bit AdamW (DeepSpeedSpec.pure_bf16_optimizers): ds_config.json keeps bf16
+    # masters and names no optimizer; the script builds torchao's low-bit AdamW with bf16_stochastic_round.
+    from launcher.engines import ENGINES
+
+    plan = make_plan(zero_stage=2, pure_bf16=True, low_memory_optimizer="adamw8bit")
+    cfg = emit(zero_stage=2, pure_bf16=True, low_memory_optimizer="adamw8bit")
+    assert "optimizer" not in cfg and cfg["bf16"]["bf16_master_weights_and_grads"] is True
+    notes = " ".join(ENGINES["deepspeed"].accelerate_notes(plan, tmp_path, optimizer="adamw"))
+    assert "torchao.optim.AdamW8bit(params, lr, weight_decay=..., bf16_stochastic_round=True)" in notes
+    assert "_AdamW(" not in notes

@@ -142,3 +142,22 @@ def test_accelerate_notes_follow_the_jobs_optimizer_under_pure_bf16(request_for,
     else:
         assert "not DummyOptim" in notes and "DeepSpeed's own Adam " in notes
         assert "is_adamw=False" in notes and "bf16_stochastic_round=True" in notes and "_AdamW" not in notes
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("opt", ["adamw8bit", "adamw4bit"])
+def test_zero12_pairs_pure_bf16_with_a_low_bit_client_optimizer(stage, opt):
+    # The client optimizer steps the flat bf16 master with torchao's low-bit AdamW and bf16_stochastic_round: the
+    # master at 2 bytes, the quantized moments of the one flat tensor (or, where torchao leaves it unquantized,
+    # moments in the master's bf16), and the step's rounding copies of the partition on CPU ranks.
+    from launcher.planner.terms import low_bit_tensor_bytes
+
+    m, inp, s = _bf16(stage, low_memory_optimizer=opt)
+    st = deepspeed_states(inp, s, _buckets())
+    moments = low_bit_tensor_bytes(opt, PARTITION, param_bytes=2)
+    assert st.optimizer == pytest.approx(2 * m.trainable_params / 2 + moments)
+    assert st.step_extra == pytest.approx(2 * m.trainable_params / 2 + SR_STEP_COPIES * 4 * PARTITION)
+    assert low_bit_tensor_bytes(opt, 1001, param_bytes=2) == 1001 * 4  # unquantized: two bf16 moments
+    offered_values = ENGINES["deepspeed"].lever_values(s)
+    assert opt in offered_values["low_memory_optimizer"][0] and "pure_bf16" not in offered_values
+    assert opt in ENGINES["deepspeed"].pure_bf16_optimizers

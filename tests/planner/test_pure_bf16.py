@@ -161,28 +161,29 @@ def test_the_export_moment_starts_from_the_state_the_step_leaves_not_its_working
 
 def test_pure_bf16_pairs_with_a_low_bit_adamw_where_the_engine_steps_them_together(request_for):
     """FSDP2 steps bf16 shards with torchao's low-bit AdamW (bf16_stochastic_round): 2 + 2 bytes per parameter
-    and the quantized moments. DeepSpeed pairs none (its pure bf16 is its own bf16 master path), nor does
-    Adafactor (no stochastically rounding step); the step in backward takes no low-memory optimizer."""
+    and the quantized moments; DeepSpeed at ZeRO-1/2 over its flat bf16 master (not ZeRO-3: no low-memory client
+    optimizer there). No engine pairs Adafactor (no stochastically rounding step); the step in backward takes none."""
     from launcher.config.job import StrategyConfig
     from launcher.planner.candidates import candidates
 
     fsdp_spec, ds_spec = engine_spec("fsdp"), engine_spec("deepspeed")
-    assert fsdp_spec.pure_bf16_optimizers == {"adamw8bit", "adamw4bit"} and not ds_spec.pure_bf16_optimizers
+    assert fsdp_spec.pure_bf16_optimizers == ds_spec.pure_bf16_optimizers == {"adamw8bit", "adamw4bit"}
     req = request_for(allow_levers=("adamw8bit", "adamw4bit", "adafactor", "pure_bf16"))
     pairs = {(o.low_memory_optimizer, o.pure_bf16, o.optimizer_in_backward)
              for o in options(req, fsdp_spec.levers, 1, pure_bf16_optimizers=fsdp_spec.pure_bf16_optimizers)}
     assert {("adamw8bit", True, False), ("adamw4bit", True, False), ("adafactor", False, False)} <= pairs
     assert not {p for p in pairs if p[0] != "none" and (p[2] or p == ("adafactor", True, False))}
     assert not {p for p in (o.low_memory_optimizer for o in options(req, ds_spec.levers, 1) if o.pure_bf16)
-                if p != "none"}
-    by_engine = {(s.engine, s.low_memory_optimizer) for s in candidates(req) if s.pure_bf16}
-    assert ("fsdp", "adamw8bit") in by_engine and not {e for e in by_engine if e[0] == "deepspeed" and e[1] != "none"}
-    # Pinned together on DeepSpeed: refused in one line that says which engine pairs what.
+                if p != "none"}  # without the engine's pairs
+    by_engine = {(s.engine, s.zero_stage, s.low_memory_optimizer) for s in candidates(req) if s.pure_bf16}
+    assert {("fsdp", None, "adamw8bit"), ("deepspeed", 1, "adamw8bit"), ("deepspeed", 2, "adamw4bit")} <= by_engine
+    assert not {e for e in by_engine if e[0] == "deepspeed" and e[1] == 3 and e[2] != "none"}
+    # Pinned with Adafactor, which no engine pairs: refused in one line that says which engine pairs what.
     from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError, match="pure bf16 pairs only with .*fsdp: adamw4bit, adamw8bit"):
-        candidates(dataclasses.replace(req, pins=StrategyConfig(engine="deepspeed", zero_stage=2, offload_optimizer="none", pure_bf16=True,
-                                                                low_memory_optimizer="adamw8bit")))
+        candidates(dataclasses.replace(req, pins=StrategyConfig(engine="fsdp", pure_bf16=True,
+                                                                low_memory_optimizer="adafactor")))
 
 
 def test_pure_bf16_low_bit_memory_and_step_terms(llama7b):
@@ -213,10 +214,10 @@ def test_a_pure_bf16_plan_says_whether_its_engine_pairs_a_low_bit_adamw(request_
     from launcher.planner.search import make_plan
 
     pins = StrategyConfig(engine=engine, pure_bf16=True, offload_optimizer="none",
-                          **({"zero_stage": 2} if engine == "deepspeed" else {}))
+                          **({"zero_stage": 3} if engine == "deepspeed" else {}))
     plan = make_plan(request_for(allow_levers=("adamw8bit", "pure_bf16"), pins=pins))
     d = next(d for d in plan.levers if d.lever == "low_memory_optimizer")
-    if engine == "deepspeed":
+    if engine == "deepspeed":  # ZeRO-3 runs no low-memory client optimizer (its ZeRO-1/2 pair them)
         assert (d.used, d.why) == (False, "engine_lacks")
     else:  # scored the other way: 8-bit moments in place of bf16 Adam's 4 bytes per parameter
         assert d.used or (d.other_value == "adamw8bit" and d.peak_delta_bytes < 0)

@@ -20,9 +20,12 @@ def test_deepspeed_pure_bf16_keeps_bf16_masters_and_resumes_exactly(tmp_path, si
     # so a second test's new group would be unknown to it.
     for stage in (2, 3):
         check_stage(stage, tmp_path / f"z{stage}", examples_data)
+    # ZeRO-2 with the low-bit AdamW as the client optimizer over the flat bf16 master (DeepSpeedSpec
+    # .pure_bf16_optimizers): torchao's AdamW8bit with bf16_stochastic_round.
+    check_stage(2, tmp_path / "z2-adamw8bit", examples_data, low_memory="adamw8bit")
 
 
-def check_stage(stage: int, ckpt_root, examples_data) -> None:
+def check_stage(stage: int, ckpt_root, examples_data, low_memory: str = "none") -> None:
     from torchao.optim.adam import _AdamBase
 
     from launcher.config.job import Job
@@ -40,6 +43,7 @@ def check_stage(stage: int, ckpt_root, examples_data) -> None:
     for _ in range(2):
         torch.manual_seed(0)
         e = DeepSpeedEngine(ds_pure_bf16_config(stage), pure_bf16=True)
+        e.low_memory_optimizer = low_memory  # as from_plan sets it
         if not dist.is_initialized():
             e.init_process_group("gloo")
         e.before_build()
@@ -50,6 +54,7 @@ def check_stage(stage: int, ckpt_root, examples_data) -> None:
 
     basic = a.optimizer.optimizer  # the client optimizer inside ZeRO's
     assert isinstance(basic, _AdamBase) and basic.bf16_stochastic_round
+    assert type(basic).__name__ == {"none": "_AdamBase", "adamw8bit": "AdamW8bit"}[low_memory]
     # No fp32 master anywhere: ZeRO's master partitions (what the client optimizer steps) and every state it keeps
     # are bf16.
     masters = _attrs(a.optimizer, _MASTER_ATTRS)
@@ -59,7 +64,10 @@ def check_stage(stage: int, ckpt_root, examples_data) -> None:
     torch.manual_seed(3)
     train_step(a)
     states = [v for s in basic.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1]
-    assert states and all(v.dtype == torch.bfloat16 for v in states)
+    # bf16 moments, or 8-bit codes where torchao quantizes the flat partition (its block divides it).
+    assert states and all(v.dtype == torch.bfloat16 or type(v).__name__ == "OptimState8bit" for v in states)
+    if low_memory != "none":
+        assert {type(v).__name__ for v in states} <= {"OptimState8bit", "Tensor"}
 
     state = checkpoint.TrainerState(global_step=1, micro_steps=1, samples_per_rank=2, world_size=1,
                                     samples_per_step_per_rank=2, engine="deepspeed", first_loss=7.0)
