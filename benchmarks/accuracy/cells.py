@@ -461,7 +461,7 @@ def every_cell() -> list[Cell]:
             *DS_PURE_BF16_VALIDATION, *CURRENT_VALIDATION, *Z3_PIN_VALIDATION,
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
             *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION,
-            *PURE_BF16_LOW_BIT_VALIDATION]
+            *PURE_BF16_LOW_BIT_VALIDATION, *DS_PURE_BF16_LOW_BIT_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -474,7 +474,8 @@ def sides_of_all() -> dict[str, str]:
     checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
     "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
     (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
-    LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2)."""
+    LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2), "ds-pbf16-lowbit-validation"
+    (the same on DeepSpeed ZeRO-1/2)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -498,7 +499,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "one-rank-validation" for c in ONE_RANK_VALIDATION},
             **{c.name: "lora-dtype-validation" for c in LORA_DTYPE_VALIDATION},
             **{c.name: "z3-bf16-adapter-validation" for c in Z3_BF16_ADAPTER_VALIDATION},
-            **{c.name: "pbf16-lowbit-validation" for c in PURE_BF16_LOW_BIT_VALIDATION}}
+            **{c.name: "pbf16-lowbit-validation" for c in PURE_BF16_LOW_BIT_VALIDATION},
+            **{c.name: "ds-pbf16-lowbit-validation" for c in DS_PURE_BF16_LOW_BIT_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -646,3 +648,16 @@ PURE_BF16_LOW_BIT_VALIDATION: tuple[Cell, ...] = (
     _c("fsdpoff", "llama", "causal_lm", "bf16", False, 1, 240, pure_bf16=True, low_memory_optimizer="adamw8bit"),
 )
 """Pure bf16 with a low-bit AdamW on FSDP2, validation split (out of sample for that pairing, run once)."""
+
+DS_PURE_BF16_LOW_BIT_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-27 02:52 UTC) before DeepSpeed's ZeRO-1/2 stepped pure bf16 with a low-bit
+    # AdamW on any multi-rank run (DeepSpeedSpec.pure_bf16_optimizers: the client optimizer is torchao's AdamW8bit /
+    # 4bit with bf16_stochastic_round over the flat bf16 master), run once after. The terms it judges: the bf16
+    # master and the flat partition's moments (quantized whole, or bf16 where the block does not divide it), the
+    # step's SR_STEP_COPIES fp32 copies of the partition. Shapes no cell used: the 6-block Llama on ZeRO-2 with 8-bit,
+    # the 9M GPT-2 on ZeRO-1 with checkpointing and accumulation under 4-bit.
+    _c("z2", "llama6", "causal_lm", "bf16", False, 2, 184, pure_bf16=True, low_memory_optimizer="adamw8bit"),
+    _c("z1", "gpt2m", "causal_lm", "bf16", True, 1, 176, accum=2, pure_bf16=True, low_memory_optimizer="adamw4bit"),
+)
+"""Pure bf16 with a low-bit AdamW on DeepSpeed ZeRO-1/2, validation split (out of sample for that pairing, run
+once)."""

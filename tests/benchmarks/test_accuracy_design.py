@@ -11,6 +11,7 @@ from benchmarks.accuracy.cells import (
     BWDEND_VALIDATION_2,
     CURRENT_VALIDATION,
     DS_PURE_BF16_DEV,
+    DS_PURE_BF16_LOW_BIT_VALIDATION,
     DS_PURE_BF16_VALIDATION,
     LORA_DTYPE_VALIDATION,
     MATRIX,
@@ -359,7 +360,19 @@ def test_the_pure_bf16_low_bit_validation_is_new():
     levers = [dict(c.levers) for c in PURE_BF16_LOW_BIT_VALIDATION]
     assert all(lv["pure_bf16"] and lv["low_memory_optimizer"] in ("adamw8bit", "adamw4bit") for lv in levers)
     assert {lv["low_memory_optimizer"] for lv in levers} == {"adamw8bit", "adamw4bit"}
-    assert not any(dict(c.levers).get("pure_bf16") and dict(c.levers).get("low_memory_optimizer", "none") != "none"
-                   for c in earlier)
+    assert not any(c.sharding.startswith("fsdp") and dict(c.levers).get("pure_bf16")
+                   and dict(c.levers).get("low_memory_optimizer", "none") != "none" for c in earlier)
     assert {c.sharding for c in PURE_BF16_LOW_BIT_VALIDATION} == {"fsdp", "fsdp-noreshard", "fsdpoff"}
     assert {sides_of_all()[c.name] for c in PURE_BF16_LOW_BIT_VALIDATION} == {"pbf16-lowbit-validation"}
+
+
+def test_the_deepspeed_pure_bf16_low_bit_validation_is_new():
+    earlier = [c for c in every_cell() if c not in DS_PURE_BF16_LOW_BIT_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in DS_PURE_BF16_LOW_BIT_VALIDATION}
+    assert {c.sharding for c in DS_PURE_BF16_LOW_BIT_VALIDATION} == {"z1", "z2"}
+    assert not any(c.sharding.startswith("z") and dict(c.levers).get("pure_bf16")
+                   and dict(c.levers).get("low_memory_optimizer", "none") != "none" for c in earlier)
+    assert {dict(c.levers)["low_memory_optimizer"] for c in DS_PURE_BF16_LOW_BIT_VALIDATION} == {"adamw8bit",
+                                                                                              "adamw4bit"}
+    assert {sides_of_all()[c.name] for c in DS_PURE_BF16_LOW_BIT_VALIDATION} == {"ds-pbf16-lowbit-validation"}
