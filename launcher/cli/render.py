@@ -212,6 +212,8 @@ def lever_line(d: LeverDecision) -> str:
     """One lever's decision in words, with what the other setting would predict."""
     kind = "exact" if d.exact else "permit"
     words = PLAN_LACKS_WORDS.get(d.lever) if d.why == "plan_lacks" else None
+    if d.why == "engine_lacks" and d.layout_reason:
+        words = f"not offered with this plan's layout: {d.layout_reason}"
     out = f"{LEVER_NAMES.get(d.lever, d.lever)} [{kind}]: {words or WHY_WORDS.get(d.why, d.why)}"
     if d.other_value is not None and d.why != "not_allowed":
         dp, dt = d.peak_delta_bytes, d.step_time_delta_s

@@ -93,13 +93,16 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not exact and not allowed(req, lever, other):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        offered = spec.lever_values(s).get(lever, ((other,), ""))[0]
+        limited = spec.lever_values(s)
+        offered = limited.get(lever, ((other,), ""))[0]
         # Pure bf16 and a low-memory optimizer go together only where the engine pairs them.
         opt = other if lever == "low_memory_optimizer" else s.low_memory_optimizer
         unpaired = (lever in ("low_memory_optimizer", "pure_bf16") and opt != "none"
                     and (s.pure_bf16 or lever == "pure_bf16") and opt not in spec.pure_bf16_optimizers)
         if not used and (lever not in spec.levers or other not in offered or unpaired):
-            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks"))
+            # The layout's own refusal, where the engine implements the lever elsewhere (ZeRO-Offload's CPU Adam).
+            reason = limited[lever][1] if lever in spec.levers and other not in offered else ""
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks", layout_reason=reason))
             continue
         alt = score(req, dataclasses.replace(s, **{lever: other}))
         if used:

@@ -287,10 +287,16 @@ class LeverDecision:
     other_problem: Problem | None = None
     """The limit the other value would overrun (the device budget, host RAM or NVMe per node); None where it
     fits or nothing was scored. A lever can save device memory and still not fit: activation offload's host RAM."""
+    layout_reason: str = ""
+    """engine_lacks where the engine implements the lever but not on the chosen layout: why, in the engine spec's
+    words (EngineSpec.lever_values); "" otherwise."""
 
     def to_json(self) -> dict:
-        """The decision as plan.json's dict (from_json reads it back)."""
-        return dataclasses.asdict(self)
+        """The decision as plan.json's dict (from_json reads it back); layout_reason only where there is one."""
+        d = dataclasses.asdict(self)
+        if not d["layout_reason"]:
+            del d["layout_reason"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> LeverDecision:

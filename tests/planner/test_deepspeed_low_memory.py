@@ -149,6 +149,15 @@ def test_the_lever_decision_says_the_layout_lacks_it(request_for):
                       hardware=PROFILES["cpu"], allow_levers=("adamw8bit",), pins=pins, budget_bytes=10**10)
     decision = next(d for d in make_plan(req).levers if d.lever == "low_memory_optimizer")
     assert (decision.used, decision.why) == (False, "engine_lacks")
+    # The layout's own reason, in the plan and its lever line; an engine that lacks the lever has none.
+    from launcher.cli.render import lever_line
+    from launcher.planner.plan import LeverDecision
+
+    assert decision.layout_reason.startswith("ZeRO-3 steps flat sub-groups")
+    assert "not offered with this plan's layout: ZeRO-3 steps flat sub-groups" in lever_line(decision)
+    assert LeverDecision.from_json(decision.to_json()) == decision
+    oib = next(d for d in make_plan(req).levers if d.lever == "optimizer_in_backward")
+    assert oib.layout_reason == "" and "layout_reason" not in oib.to_json()
 
 
 def test_exports_say_where_the_optimizer_is_built(request_for):
