@@ -192,6 +192,8 @@ WHY_WORDS = {
     "no_fit_either": "not used (forced plan): it would not fit either",
     "not_allowed": "not allowed: changes the training math; add it to train.allow_levers to let the planner use it",
     "engine_lacks": "not offered by this engine",
+    "not_paired": "not together with the plan's other math lever: pure bf16 pairs only with 8-bit or 4-bit AdamW "
+                  "(Adafactor has no stochastically rounding step)",
     "not_applicable": "not applicable to this job",
     "plan_lacks": "not with this plan's shape",
     "script_lacks": "not tried: your --script does not receive it (the launcher's recipes apply it); pin it under "

@@ -99,10 +99,13 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         opt = other if lever == "low_memory_optimizer" else s.low_memory_optimizer
         unpaired = (lever in ("low_memory_optimizer", "pure_bf16") and opt != "none"
                     and (s.pure_bf16 or lever == "pure_bf16") and opt not in spec.pure_bf16_optimizers)
-        if not used and (lever not in spec.levers or other not in offered or unpaired):
+        if not used and (lever not in spec.levers or other not in offered):
             # The layout's own refusal, where the engine implements the lever elsewhere (ZeRO-Offload's CPU Adam).
-            reason = limited[lever][1] if lever in spec.levers and other not in offered else ""
+            reason = limited[lever][1] if lever in spec.levers else ""
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks", layout_reason=reason))
+            continue
+        if not used and unpaired:
+            out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_paired", other_value=other))
             continue
         alt = score(req, dataclasses.replace(s, **{lever: other}))
         if used:

@@ -255,13 +255,14 @@ class Rejected:
 
 
 Why = Literal["needed_to_fit", "faster", "lower_peak", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
-              "not_allowed", "engine_lacks", "not_applicable", "plan_lacks", "script_lacks"]
+              "not_allowed", "engine_lacks", "not_paired", "not_applicable", "plan_lacks", "script_lacks"]
 """Used: needed_to_fit (without it the plan is over a limit), faster (it fits without, but steps slower) or
 lower_peak (it fits without and steps as fast, with a higher peak).
 Not used: fits_without (the plan fits, and would with it too: the deltas say what it would cost or save),
 would_not_fit (switched on, the plan would go over: selective checkpointing keeps more than full), would_fit /
 no_fit_either (a forced plan over its budget), not_allowed (a math lever train.allow_levers does not list),
-engine_lacks (the chosen engine does not implement it), not_applicable (not for this job: task, precision, LoRA,
+engine_lacks (the chosen engine does not implement it), not_paired (pure bf16 and this low-memory optimizer
+together, which the engine does not step: EngineSpec.pure_bf16_optimizers), not_applicable (not for this job: task, precision, LoRA,
 optimizer), plan_lacks (not with the chosen plan's shape, which another plan of the job could have: the
 checkpointing refinements with checkpointing off, the optimizer step in backward under accumulation), script_lacks (a launch --script run: the user's script does not receive it,
 launcher.planner.levers.SCRIPT_LEVERS). pinned: the job fixed it."""

@@ -221,3 +221,18 @@ def test_a_pure_bf16_plan_says_whether_its_engine_pairs_a_low_bit_adamw(request_
         assert (d.used, d.why) == (False, "engine_lacks")
     else:  # scored the other way: 8-bit moments in place of bf16 Adam's 4 bytes per parameter
         assert d.used or (d.other_value == "adamw8bit" and d.peak_delta_bytes < 0)
+
+
+def test_adafactor_beside_pure_bf16_is_said_to_be_unpaired(request_for):
+    from launcher.cli.render import lever_line
+    from launcher.config.job import StrategyConfig
+    from launcher.planner.search import make_plan
+
+    plan = make_plan(request_for(allow_levers=("adafactor", "pure_bf16"),
+                                 pins=StrategyConfig(engine="fsdp", pure_bf16=True)))
+    d = next(d for d in plan.levers if d.lever == "low_memory_optimizer")
+    assert (d.used, d.why, d.other_value) == (False, "not_paired", "adafactor")
+    assert "pure bf16 pairs only with 8-bit or 4-bit AdamW" in lever_line(d)
+    plan = make_plan(request_for(allow_levers=("adafactor", "pure_bf16"),
+                                 pins=StrategyConfig(engine="fsdp", low_memory_optimizer="adafactor")))
+    assert next(d.why for d in plan.levers if d.lever == "pure_bf16") == "not_paired"
