@@ -40,14 +40,13 @@ from launcher.planner.terms import (
     Traffic,
     gloo_reduce_scatter_copies,
     input_embedding_params,
-    low_bit_rounds,
     low_bit_tensor_bytes,
     nvme_param_buffer_elems,
     optimizer_offload_s,
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     over_links,
-    stochastic_rounds,
+    rounds_stochastically,
     tied_embedding_grad_bytes,
     untied_head_bytes,
 )
@@ -252,12 +251,11 @@ def pure_bf16_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition, grads: fl
                tensor it steps, the flat partition (flat_partition_elems); none on CUDA (compiled), none for SGD.
       ZeRO-3   one sub-group at a time: its flat bf16 gradient, beside the persistent 16-bit gradient partition,
                and the rounding copies of the sub-group (step_elems).
-    A low-bit AdamW over the bf16 master (ZeRO-1/2, low_bit_rounds) steps the same flat partition through the same
+    A low-bit AdamW over the bf16 master (ZeRO-1/2, rounds_stochastically) steps the same flat partition through the same
     stochastically rounding single_param_adam: the same copies (measured 10.25 for 8- and 4-bit moments), its
     quantized moments in low_memory_state_bytes.
     """
-    rounds = stochastic_rounds(inp, s) or low_bit_rounds(s)
-    copies = SR_STEP_COPIES * 4 if rounds and inp.hardware.device_is_host else 0.0
+    copies = SR_STEP_COPIES * 4 if rounds_stochastically(inp, s) and inp.hardware.device_is_host else 0.0
     if p.stage == 3:
         return (PURE_BF16_BYTES + copies) * p.step_elems
     flatten = (p.grads16 - grads) + p.grads32 + (p.grads16 if p.stage == 2 else 0.0)

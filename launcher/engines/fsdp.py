@@ -399,14 +399,18 @@ class FsdpSpec(EngineSpec):
         """What a script launched with this accelerate.yaml must do, and what pure bf16, the optimizer step in
         backward or a low-memory optimizer add to it."""
         notes = list(FSDP_NOTES)
+        opt = plan.strategy.low_memory_optimizer
         if plan.strategy.pure_bf16:
             # accelerate's mixed_precision keeps fp32 parameters; pure bf16 is the script's own cast.
             notes.append("Pure bf16: cast the model to bfloat16 (model.to(torch.bfloat16)) before accelerator.prepare;")
             notes.append("  accelerate's bf16 mixed precision alone keeps fp32 parameters and optimizer states.")
-            # The rank side's step (launcher.worker.engines.base.build_optimizer): Adam/AdamW round stochastically
-            # (optimizers.stochastic_round_adam), SGD is torch's.
-            if plan.strategy.low_memory_optimizer != "none":
-                pass  # the low-bit AdamW rounds stochastically: its own note below says how to build it
+            # The rank side's step (launcher.worker.engines.base.build_optimizer): a low-bit AdamW rounds
+            # stochastically (optimizers.low_memory_optimizer), as do Adam/AdamW (optimizers.stochastic_round_adam);
+            # SGD is torch's.
+            if opt != "none":
+                notes.append(f"  The plan's {opt} rounds stochastically: build it (below) with "
+                             "bf16_stochastic_round=True; rounding to nearest")
+                notes.append("  drops updates under half a bf16 spacing of the weight.")
             elif optimizer in PURE_BF16_CLIENT:
                 name = ADAM_TITLES[optimizer]
                 notes.append(f"  The plan's {name} rounds stochastically: build {PURE_BF16_CLIENT[optimizer]};")
@@ -423,16 +427,10 @@ class FsdpSpec(EngineSpec):
                       "  param.register_post_accumulate_grad_hook (as torchtune's optimizer_in_bwd), with no "
                       "clip_grad_norm;",
                       "  a plain optimizer.step() holds every gradient at the step, beyond the plan's peak."]
-        opt = plan.strategy.low_memory_optimizer
         if opt != "none":
             # accelerate carries no optimizer: the script builds the one the plan's memory assumes.
             notes.append(f"The plan assumes the {opt} optimizer: build {LOW_MEMORY_CLASSES[opt]} over the prepared "
                          "model's parameters (docs/memory-model.md, Low-memory optimizers).")
-            if plan.strategy.pure_bf16:
-                # optimizers.low_memory_optimizer(stochastic_round=True): the rank side's pure-bf16 low-bit step.
-                notes.append("  With pure bf16 pass bf16_stochastic_round=True, as the plan's ranks do: rounding to "
-                             "nearest drops updates")
-                notes.append("  under half a bf16 spacing of the weight.")
         return notes
 
     def title(self, s: Strategy, nodes: int) -> str:

@@ -72,8 +72,8 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             f"strategy: the pinned fields {pinned(p)} admit no strategy; FSDP offloads params and optimizer "
             "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
-            f"only the levers it implements ({lever_support()}), pure bf16 pairs only with the low-memory "
-            f"optimizers its engine steps bf16 weights with ({pure_bf16_support()}) and the optimizer step in "
+            f"only the levers it implements ({per_engine('levers')}), pure bf16 pairs only with the low-memory "
+            f"optimizers its engine steps bf16 weights with ({per_engine('pure_bf16_optimizers')}) and the optimizer step in "
             "backward needs grad_accum_steps 1, no fp16 and no low-memory optimizer; unpin one of them"
         )
     return out
@@ -83,15 +83,10 @@ def _offload_words(c) -> str:
     return f" (optimizer offload: {c.offload_optimizer})" if c.offload_optimizer != "none" else ""
 
 
-def lever_support() -> str:
-    """Which engine implements which lever, for the message of pins that admit nothing."""
-    return "; ".join(f"{name}: {', '.join(sorted(spec.levers)) or 'none'}" for name, spec in ENGINES.items())
-
-
-def pure_bf16_support() -> str:
-    """Which engine pairs pure bf16 with which low-memory optimizer, for the same message."""
-    return "; ".join(f"{name}: {', '.join(sorted(spec.pure_bf16_optimizers)) or 'none'}"
-                     for name, spec in ENGINES.items())
+def per_engine(attr: str) -> str:
+    """An EngineSpec set by engine, for the message of pins that admit nothing: "levers" (which engine implements
+    which lever), "pure_bf16_optimizers" (which low-memory optimizers it pairs with pure bf16)."""
+    return "; ".join(f"{name}: {', '.join(sorted(getattr(spec, attr))) or 'none'}" for name, spec in ENGINES.items())
 
 
 def pinned(p: StrategyConfig) -> list[str]:

@@ -17,6 +17,7 @@ from launcher.planner.levers import (
     in_backward_possible,
     reachable,
     sac_measured,
+    unpaired,
 )
 from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF, LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
@@ -95,19 +96,16 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             continue
         limited = spec.lever_values(s)
         offered = limited.get(lever, ((other,), ""))[0]
-        # Pure bf16 and a low-memory optimizer go together only where the engine pairs them.
-        opt = other if lever == "low_memory_optimizer" else s.low_memory_optimizer
-        unpaired = (lever in ("low_memory_optimizer", "pure_bf16") and opt != "none"
-                    and (s.pure_bf16 or lever == "pure_bf16") and opt not in spec.pure_bf16_optimizers)
+        switched = dataclasses.replace(s, **{lever: other})
         if not used and (lever not in spec.levers or other not in offered):
             # The layout's own refusal, where the engine implements the lever elsewhere (ZeRO-Offload's CPU Adam).
             reason = limited[lever][1] if lever in spec.levers else ""
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="engine_lacks", layout_reason=reason))
             continue
-        if not used and unpaired:
+        if not used and unpaired(switched, spec.pure_bf16_optimizers):
             out.append(LeverDecision(lever=lever, exact=exact, used=False, why="not_paired", other_value=other))
             continue
-        alt = score(req, dataclasses.replace(s, **{lever: other}))
+        alt = score(req, switched)
         if used:
             why: Why = ("needed_to_fit" if alt.problem is not None
                         else "faster" if alt.estimate.step_time_s > best.estimate.step_time_s else "lower_peak")

@@ -80,6 +80,13 @@ def math_departure(fields) -> int:
     return n + sum(bool(getattr(fields, name)) for name in MATH_LEVERS if name != "low_memory_optimizer")
 
 
+def unpaired(fields, pure_bf16_optimizers: frozenset[str]) -> bool:
+    """Whether a Strategy (or LeverSetting) sets pure bf16 beside a low-memory optimizer its engine does not step
+    bf16 weights with (EngineSpec.pure_bf16_optimizers): the search does not offer it, the plan says not_paired."""
+    opt = fields.low_memory_optimizer
+    return bool(fields.pure_bf16) and opt != "none" and opt not in pure_bf16_optimizers
+
+
 def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
     """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
     torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
@@ -169,15 +176,18 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     for on in ac:
         ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
         for k, policy, *rest in itertools.product(ks, policies if on else ["full"], *axes.values()):
-            lv = dict(zip(axes, rest, strict=True))
-            opt = lv["low_memory_optimizer"]
-            if opt != "none" and (lv["optimizer_in_backward"] or (lv["pure_bf16"] and opt not in pure_bf16_optimizers)):
-                continue  # not modelled together: its step copies would sit in backward; pure bf16: the engine's pairs
-            if policy == "ops" and lv["activation_offload"]:
+            setting = LeverSetting(activation_checkpointing=on, checkpoint_every=k, checkpoint_policy=policy,
+                                   **dict(zip(axes, rest, strict=True)))
+            if setting.low_memory_optimizer != "none" and setting.optimizer_in_backward:
+                continue  # not modelled together: its step copies would sit in backward
+            if unpaired(setting, pure_bf16_optimizers):
+                continue  # pure bf16 only beside the low-memory optimizers the engine steps bf16 weights with
+            if policy == "ops" and setting.activation_offload:
                 continue  # the policy's saved outputs bypass the offload hooks: not modelled together
-            out.append(LeverSetting(activation_checkpointing=on, checkpoint_every=k, checkpoint_policy=policy, **lv))
+            out.append(setting)
     return out
 
 
 __all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "SCRIPT_LEVERS", "LeverSetting", "allowed",
-           "frozen_inputs_measured", "math_departure", "in_backward_possible", "options", "reachable", "sac_measured"]
+           "frozen_inputs_measured", "math_departure", "in_backward_possible", "options", "reachable", "sac_measured",
+           "unpaired"]

@@ -130,7 +130,7 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     # A low-bit AdamW stepping bf16 weights runs the same single_param_adam with BF16_STOCHASTIC_ROUND: p.float()
     # and grad.float() are copies now, then _fp32_to_bf16_sr's; measured SR_STEP_COPIES for 8- and 4-bit states
     # alike (2^20 elements, MemTracker, torch 2.13, torchao 0.18), as for bf16 states.
-    if stochastic_rounds(inp, s) or low_bit_rounds(s):
+    if rounds_stochastically(inp, s):
         # Eager on the host; on CUDA torchao compiles single_param_adam into fused kernels, as for the low-bit
         # states, which hold none. The tensor stepped is a trainable one: under LoRA an adapter, not the largest
         # (frozen) module, so no more than the trainable parameters in all (10 fp32 copies of a frozen vocabulary
@@ -155,7 +155,7 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
     bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
     and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0. A low-bit AdamW
-    stepping pure bf16 weights (low_bit_rounds) is counted as the low-bit step: measured 1.06-1.22 times the same
+    stepping pure bf16 weights is counted as the low-bit step: measured 1.06-1.22 times the same
     optimizer over fp32 weights (2.4M elements, eager, 1 and 2 threads), well inside the low-bit ratio's spread.
     """
     hw = inp.hardware
@@ -171,15 +171,16 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
 def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
     """Whether the plan's step is pure bf16's stochastically rounded Adam/AdamW (the rank side's build_optimizer):
     always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step. A low-bit AdamW
-    under pure bf16 rounds too, through the same single_param_adam: low_bit_rounds."""
+    under pure bf16 rounds too, through the same single_param_adam: rounds_stochastically."""
     return s.pure_bf16 and s.low_memory_optimizer == "none" and inp.optimizer in ("adam", "adamw")
 
 
-def low_bit_rounds(s: Strategy) -> bool:
-    """Whether the plan steps pure bf16 weights with a low-bit AdamW (torchao's AdamW8bit / AdamW4bit with
-    bf16_stochastic_round=True: launcher.worker.engines.optimizers.low_memory_optimizer), on the engines that pair
-    them (EngineSpec.pure_bf16_optimizers)."""
-    return s.pure_bf16 and s.low_memory_optimizer in LOW_BIT_STATE
+def rounds_stochastically(inp: MemoryInputs, s: Strategy) -> bool:
+    """Whether the plan's step is torchao's stochastically rounding single_param_adam, whose eager run holds
+    SR_STEP_COPIES: pure bf16's Adam/AdamW (stochastic_rounds), or pure bf16 weights stepped by a low-bit AdamW
+    (AdamW8bit / AdamW4bit with bf16_stochastic_round=True: launcher.worker.engines.optimizers.low_memory_optimizer,
+    on the engines that pair them, EngineSpec.pure_bf16_optimizers)."""
+    return stochastic_rounds(inp, s) or (s.pure_bf16 and s.low_memory_optimizer in LOW_BIT_STATE)
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:
