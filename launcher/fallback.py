@@ -32,7 +32,8 @@ from typing import Literal
 from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
 from launcher.engines import engine_spec
-from launcher.planner.plan import LEVER_FIELDS, Estimate, Strategy
+from launcher.levers import LEVERS, REFINEMENTS
+from launcher.planner.plan import Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
 from launcher.units import format_bytes
 
@@ -155,10 +156,10 @@ def rung_options(rung: str, s: Strategy, req: PlanRequest) -> list[Strategy]:
         smaller = sorted((mb for mb in micro_batches(req) if mb < s.micro_batch_size), reverse=True)
         return [_with_micro_batch(s, mb, per_rank) for mb in smaller]
     if rung == "activation_checkpointing":
-        # Selective checkpointing (every k-th block) still has full recompute left to try.
-        full = s.activation_checkpointing and s.checkpoint_every == 1 and s.checkpoint_policy == "full"
-        return [] if full else [dataclasses.replace(s, activation_checkpointing=True, checkpoint_every=1,
-                                                    checkpoint_policy="full")]
+        # Selective checkpointing (every k-th block, or the op policy) still has full recompute left to try.
+        full = s.activation_checkpointing and not any(spec.on(s) for spec in REFINEMENTS)
+        return [] if full else [dataclasses.replace(s, activation_checkpointing=True,
+                                                    **{spec.field: spec.off for spec in REFINEMENTS})]
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}")
     return engine_spec(s.engine).rung_options(rung, s, nvme=req.nvme_free_bytes is not None)
@@ -181,12 +182,11 @@ def describe_change(old: Strategy, new: Strategy) -> str:
     if new.micro_batch_size != old.micro_batch_size:
         parts.append(f"micro-batch {old.micro_batch_size} -> {new.micro_batch_size} "
                      f"(accumulation {old.grad_accum_steps} -> {new.grad_accum_steps})")
-    if new.activation_checkpointing != old.activation_checkpointing:
+    turned_on = new.activation_checkpointing != old.activation_checkpointing
+    if turned_on:
         parts.append("activation checkpointing on")
-    elif new.checkpoint_every != old.checkpoint_every:
-        parts.append(f"activation checkpointing every {old.checkpoint_every} -> every {new.checkpoint_every} block")
-    if new.activation_checkpointing and new.checkpoint_policy != old.checkpoint_policy:
-        parts.append(f"checkpoint policy {old.checkpoint_policy} -> {new.checkpoint_policy}")
+    if new.activation_checkpointing:
+        parts += [words for spec in REFINEMENTS if (words := spec.change_words(spec.of(old), spec.of(new), turned_on))]
     if new.zero_stage != old.zero_stage:
         parts.append(f"ZeRO stage {old.zero_stage} -> {new.zero_stage}")
     if new.fsdp_reshard_after_forward != old.fsdp_reshard_after_forward:
@@ -267,7 +267,7 @@ def pins_for(s: Strategy, safety_margin: float) -> StrategyConfig:
     return StrategyConfig(engine=s.engine, zero_stage=s.zero_stage, fsdp_reshard_after_forward=s.fsdp_reshard_after_forward,
                           fsdp_sharding=s.fsdp_sharding, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
                           micro_batch_size=s.micro_batch_size, activation_checkpointing=s.activation_checkpointing,
-                          safety_margin=safety_margin, **{name: getattr(s, name) for name in LEVER_FIELDS})
+                          safety_margin=safety_margin, **{spec.field: spec.of(s) for spec in LEVERS.values()})
 
 
 __all__ = ["RUNGS", "Correction", "Fallback", "Measurement", "correction_for", "next_strategy",

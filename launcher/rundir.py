@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from launcher.engines import ENGINES
 from launcher.errors import ConfigError
 from launcher.fsutil import FILE_MODE, atomic_write, private_dir
 from launcher.rankreport import RankReport
@@ -50,14 +51,15 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|(^
 SECRET_MIN_CHARS = 8
 """Shorter values are not redacted: replacing every '1' or 'true' in a log would destroy it and hide nothing."""
 REDACTED = "[redacted]"
-ATTEMPT_ITEMS = ("job.yaml", "plan.json", "ds_config.json", "fsdp.yaml", "report.json", "memory.png", "ranks",
-                 "steps", "logs", "checkpoint", "heartbeat")
+ATTEMPT_ITEMS = ("job.yaml", "plan.json", *(n for spec in ENGINES.values() for n in spec.config_names), "report.json",
+                 "memory.png", "ranks", "steps", "logs", "checkpoint", "heartbeat")
 """What one attempt of the fallback ladder leaves in RUN; moved to RUN/attempts/<k>/ before the next."""
 
 MARKER = ".launcher-run"
 """The file that says launch made this dir: --overwrite and `plan --out` replace nothing in a dir without it."""
-ENGINE_FILES = ("ds_config.json", "ds_config.hf.json", "fsdp.yaml")
-"""The engines' configs: a plan for one engine removes the other's, so a dir never holds both."""
+ENGINE_FILES = tuple(n for spec in ENGINES.values() for n in (*spec.config_names, *spec.export_names))
+"""The engines' configs and exports (EngineSpec.config_names, export_names): a plan for one engine removes the
+other's, so a dir never holds both."""
 EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGINE_FILES)
 """What `launch plan --out` writes."""
 RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "memory.png", "slurm.json", "sweep.json",

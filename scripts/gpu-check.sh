@@ -71,7 +71,7 @@ lever_job levers-pbf16-adamw8bit-fsdp fsdp gpt2-124m ", pure_bf16: true, low_mem
   ", allow_levers: [pure_bf16, adamw8bit]"
 # ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use). With the allocator's snapshot:
 # its segments carry their stream, which measures the reduce_and_partition stream's pool (DEEPSPEED_COMMUNICATORS,
-# launcher/engines/deepspeed.py, says why).
+# launcher/engines/deepspeed/memory.py, says why).
 lever_job zero3-offload-1 deepspeed gpt2-124m ", zero_stage: 3, offload_optimizer: cpu" "" 4 --memory-snapshot
 # Then GPU_VALIDATION_2 (named before it ran): FSDP2's side-stream pools. A 1.2 B model whose fp32 gradient shards
 # (4.9 GB) stay cached in the reduce-scatter stream's pool, and accumulation, where they are live at the backward start.

@@ -1,8 +1,8 @@
-"""The one patch of DeepSpeed at plan time (launcher.dscheck.rank_query_answered) is undone on leaving."""
+"""The one patch of DeepSpeed at plan time (launcher.engines.deepspeed.check.rank_query_answered) is undone on leaving."""
 
 import pytest
 
-from launcher.dscheck import DeepSpeedRefused, check_ds_config, rank_query_answered
+from launcher.engines.deepspeed.check import DeepSpeedRefused, check_ds_config, rank_query_answered
 
 
 def test_get_rank_answers_zero_inside_and_is_the_real_one_after_an_error_too():

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
 # layer -> what it must never import (prefixes of dotted module names)
 FORBIDDEN = {
     **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
-       for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.model", "launcher.units",
+       for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.engines", "launcher.model",
+                   "launcher.units",
                    "launcher.plan_words",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report",
                    "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport",
@@ -215,15 +216,19 @@ def test_an_engine_name_comparison_is_caught(tmp_path, line):
 
 
 def engine_module_imports(root: Path = PACKAGE) -> list[str]:
-    """Modules outside ENGINE_HOMES that import one engine's module (launcher.engines.<name> or
+    """Modules outside ENGINE_HOMES that import one engine's module (launcher.engines.<name>.* or
     launcher.worker.engines.<name>): type checks such as isinstance(engine, FsdpEngine) or calls to one engine's
     helpers branch on the engine as surely as comparing its name does."""
     from launcher.engines import ENGINES
 
     homes = tuple(h.rstrip("/").replace("/", ".") for h in ENGINE_HOMES)
-    own = {f"{home}.{name}" for home in homes for name in ENGINES}
+    own = tuple(f"{home}.{name}" for home in homes for name in ENGINES)  # a package (plan side) or a module
+
+    def owned(dep: str) -> bool:
+        return any(dep == o or dep.startswith(o + ".") for o in own)
+
     return sorted(f"{mod} imports {dep}" for mod, deps in import_graph(root).items()
-                  if not mod.startswith(homes) for dep in deps & own)
+                  if not mod.startswith(homes) for dep in deps if owned(dep))
 
 
 def test_only_the_engines_import_an_engine_module():
@@ -239,3 +244,54 @@ def test_an_engine_module_import_is_caught(tmp_path):
     target.write_text(target.read_text() + "\n\ndef f(engine):\n    from launcher.worker.engines.fsdp import FsdpEngine\n"
                       "    return isinstance(engine, FsdpEngine)\n")
     assert engine_module_imports(root) == ["launcher.worker.export imports launcher.worker.engines.fsdp"]
+
+
+# Where a lever's field may be named (issue 37 §1): its own module in launcher/levers/, and the rank side, which
+# runs the model the lever changes (the worker, the script runtime, and the model code the ranks and the probe share).
+LEVER_RANK_SIDE = ("launcher/worker/", "launcher/runtime/", "launcher/model/")
+
+
+def lever_field_names(root: Path = PACKAGE) -> list[str]:
+    """Every place outside a lever's own module and the rank side that names its field: an attribute (``s.qlora``),
+    a keyword (``qlora=``), a string (``"qlora"``, a dict key) or an annotated name, as path:line field. Everything
+    else asks the lever's spec (LeverSpec.of / on / field) or the tables launcher.levers derives from the registry."""
+    from launcher.levers import LEVERS
+
+    home = {field: type(spec).__module__.replace(".", "/") + ".py" for field, spec in LEVERS.items()}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel.startswith(LEVER_RANK_SIDE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = (node.attr if isinstance(node, ast.Attribute)
+                    else node.arg if isinstance(node, ast.keyword)
+                    else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    else node.target.id if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    else None)
+            if name in home and rel != home[name]:
+                found.append(f"{rel}:{node.lineno} {name}")
+    return found
+
+
+def test_a_levers_field_is_named_only_in_its_module_and_the_rank_side():
+    """A lever has one home: adding one is its module plus its rank side (docs/architecture.md)."""
+    assert lever_field_names() == []
+
+
+@pytest.mark.parametrize("where, line", [
+    ("planner/memory.py", "x = s.loss_chunks"),  # an attribute
+    ("engines/fsdp/spec.py", "d = {'pure_bf16': 1}"),  # a key
+    ("cli/render.py", "def f(s):\n    return dataclasses.replace(s, qlora=True)\n"),  # a keyword
+    ("levers/pure_bf16.py", "y = s.qlora"),  # another lever's module
+])
+def test_a_levers_field_named_elsewhere_is_caught(tmp_path, where, line):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / where
+    first = len(target.read_text().splitlines()) + 3
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    hits = [f for f in lever_field_names(root) if f.startswith(f"launcher/{where}:")]
+    assert hits and all(int(f.split(":")[1].split()[0]) >= first for f in hits), hits

@@ -24,8 +24,7 @@ import hashlib
 from dataclasses import dataclass
 
 from benchmarks.accuracy.harness import DATA
-from launcher.planner.lever_choice import EXACT
-from launcher.planner.plan import LEVERS_OFF
+from launcher.levers import EXACT, LEVERS_OFF
 
 RANKS = 2
 """Default ranks of a cell."""

@@ -116,7 +116,7 @@ def record(out: Path, only: str = "") -> None:
         shutil.rmtree(target, ignore_errors=True)
         (out / f"{name}.log").write_text(launch([*argv, "--out", str(target)], env))
         if target.is_dir():
-            shutil.copytree(target, out / name, ignore=shutil.ignore_patterns(".launcher-run"))
+            shutil.copytree(target, out / name, ignore=shutil.ignore_patterns(".launcher-run", ".lock"))
         print(name, flush=True)
 
 

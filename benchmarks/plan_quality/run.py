@@ -91,7 +91,7 @@ def key(s) -> str:
 
 def pins(s) -> dict:
     """Every strategy field, levers included, so the run is the candidate (and not the planner's pick of levers)."""
-    from launcher.planner.plan import LEVER_FIELDS
+    from launcher.levers import LEVER_FIELDS
 
     return {"engine": s.engine, "zero_stage": s.zero_stage, "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
             "offload_optimizer": s.offload_optimizer, "offload_params": s.offload_params,

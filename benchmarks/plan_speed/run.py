@@ -64,7 +64,7 @@ def child(argv: list[str]) -> None:
 
 def every_lever() -> None:
     from launcher.engines import ENGINES
-    from launcher.planner.plan import LEVER_FIELDS
+    from launcher.levers import LEVER_FIELDS
 
     for spec in ENGINES.values():
         type(spec).levers = frozenset(LEVER_FIELDS)

@@ -36,10 +36,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from launcher.levers import EXACT, LEVERS_OFF  # noqa: E402
 from launcher.planner.cuda_overhead import peak_on_basis  # noqa: E402
 from launcher.planner.hardware import PROFILES  # noqa: E402
-from launcher.planner.lever_choice import EXACT  # noqa: E402
-from launcher.planner.plan import LEVERS_OFF  # noqa: E402
 from launcher.units import GB, GiB, MiB  # noqa: E402
 
 ENTRIES = Path(__file__).resolve().parent / "entries"

@@ -12,6 +12,7 @@ from launcher.emit.slurm_params import (
 )
 from launcher.engines import engine_spec
 from launcher.errors import LauncherError, NoPlanError
+from launcher.levers import LEVERS, REFINEMENTS
 from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
@@ -59,8 +60,7 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
         f"  batch       global {plan.global_batch_size} = micro-batch {s.micro_batch_size} x "
         f"{s.grad_accum_steps} accumulation x {plan.world_size} ranks, seq {plan.seq_len}, {plan.precision}",
         f"  strategy    {engine}, activation checkpointing "
-        + (("on" if s.checkpoint_every == 1 else f"on for 1 block in {s.checkpoint_every}")
-           + (", op-level (torchtitan's policy: attention and every other matmul output kept)" if s.checkpoint_policy == "ops" else "")
+        + ("on" + "".join(spec.checkpointing_words(spec.of(s))[1] for spec in REFINEMENTS)
            if s.activation_checkpointing else "off"),
         f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
     ]
@@ -174,13 +174,6 @@ def error_lines(e: LauncherError) -> list[str]:
     return no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines()
 
 
-LEVER_NAMES = {
-    "loss_chunks": "chunked cross-entropy", "checkpoint_every": "selective checkpointing (every k-th block)",
-    "checkpoint_policy": "op-level selective checkpointing",
-    "activation_offload": "activation offload", "optimizer_in_backward": "optimizer step in backward",
-    "low_memory_optimizer": "low-memory optimizer", "pure_bf16": "pure bf16", "qlora": "QLoRA (NF4 base)",
-    "release_frozen_weights": "frozen weights released after forward (ZeRO-3)",
-}
 WHY_WORDS = {
     "needed_to_fit": "used: without it the plan does not fit",
     "faster": "used: it fits without it, but steps slower",
@@ -201,22 +194,14 @@ WHY_WORDS = {
 }
 
 
-PLAN_LACKS_WORDS = {
-    "checkpoint_every": "not with this plan: it refines activation checkpointing, which the plan leaves off",
-    "checkpoint_policy": "not with this plan: it refines activation checkpointing, which the plan leaves off",
-    "optimizer_in_backward": "not with this plan: it needs no gradient accumulation (each parameter steps as its "
-                             "gradient is made), and the plan accumulates micro-batches",
-}
-"""plan_lacks, per lever: what the chosen plan's shape lacks (a plan of another shape could use it)."""
-
-
 def lever_line(d: LeverDecision) -> str:
     """One lever's decision in words, with what the other setting would predict."""
     kind = "exact" if d.exact else "permit"
-    words = PLAN_LACKS_WORDS.get(d.lever) if d.why == "plan_lacks" else None
+    spec = LEVERS.get(d.lever)
+    words = spec.plan_lacks if spec is not None and d.why == "plan_lacks" else None
     if d.why == "engine_lacks" and d.layout_reason:
         words = f"not offered with this plan's layout: {d.layout_reason}"
-    out = f"{LEVER_NAMES.get(d.lever, d.lever)} [{kind}]: {words or WHY_WORDS.get(d.why, d.why)}"
+    out = f"{spec.title if spec is not None else d.lever} [{kind}]: {words or WHY_WORDS.get(d.why, d.why)}"
     if d.other_value is not None and d.why != "not_allowed":
         dp, dt = d.peak_delta_bytes, d.step_time_delta_s
         sign = "+" if dp >= 0 else "-"

@@ -11,6 +11,8 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.levers import PERMITS, with_lever_fields
+
 Task = Literal["causal_lm", "seq_cls", "sentence_embedding"]
 Precision = Literal["bf16", "fp16", "fp32"]
 PrecisionChoice = Literal["auto", "bf16", "fp16", "fp32"]
@@ -21,13 +23,9 @@ FsdpSharding = Literal["full", "hybrid"]
 """FSDP2 sharding group: full shards over every rank; hybrid shards within a node and replicates across nodes
 (HSDP, FSDP1's HYBRID_SHARD)."""
 Family = Literal["gpt2", "llama", "bert"]
-LowMemoryOptimizer = Literal["none", "adamw8bit", "adamw4bit", "adafactor"]
-CheckpointPolicy = Literal["full", "ops"]
-"""What a checkpointed block keeps: its input alone (full recompute) or also the outputs of the ops torchtitan's
-op-level policy saves (launcher.model.sac)."""
-"""An optimizer that keeps less state than fp32 Adam (launcher.planner.levers): none keeps the job's optimizer."""
-MathLever = Literal["adamw8bit", "adamw4bit", "adafactor", "pure_bf16", "qlora"]
-"""A memory lever that changes the training math, used only when train.allow_levers lists it (docs/levers.md)."""
+MathLever = Literal[PERMITS]
+"""A memory lever that changes the training math, used only when train.allow_levers lists it (docs/levers.md): the
+words its LeverSpec permits (launcher.levers)."""
 
 
 def _yaml(key: str, **kw):
@@ -157,8 +155,10 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+@with_lever_fields(pins=True, after="activation_checkpointing")
 class StrategyConfig:
-    """Each field left out (None) is chosen by the planner; a given one is kept."""
+    """Each field left out (None) is chosen by the planner; a given one is kept. Each lever's pin follows
+    activation_checkpointing, one per registered lever (launcher.levers: its LeverSpec.pin_doc says what it sets)."""
 
     engine: Engine | None = None
     """deepspeed or fsdp (FSDP2)."""
@@ -176,30 +176,6 @@ class StrategyConfig:
     """Sequences per rank per forward pass."""
     activation_checkpointing: bool | None = None
     """Recompute blocks' activations in backward (every checkpoint_every-th block)."""
-    checkpoint_every: int | None = None
-    """With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."""
-    checkpoint_policy: CheckpointPolicy | None = None
-    """With activation_checkpointing: full recomputes a checkpointed block from its input; ops also keeps the
-    outputs of its matmuls (every other one) and attention, torchtitan's op-level selective checkpointing, and
-    recomputes the rest (FSDP2 and DeepSpeed)."""
-    loss_chunks: int | None = None
-    """Chunked cross-entropy: the head and the loss run over this many chunks of tokens, each recomputed in
-    backward, so one chunk's fp32 logits exist at a time; 0 computes the whole logits at once (no unit)."""
-    activation_offload: bool | None = None
-    """Saved activations move to host memory in forward and back in backward."""
-    optimizer_in_backward: bool | None = None
-    """Each parameter steps in its gradient hook (no full gradient buffer; no global-norm clipping)."""
-    low_memory_optimizer: LowMemoryOptimizer | None = None
-    """adamw8bit, adamw4bit or adafactor in place of the job's optimizer (train.allow_levers must list it); none
-    keeps the job's."""
-    pure_bf16: bool | None = None
-    """bf16 weights, gradients and optimizer states with no fp32 master (train.allow_levers must list it)."""
-    qlora: bool | None = None
-    """The frozen LoRA base in 4-bit NF4 (train.allow_levers must list it)."""
-    release_frozen_weights: bool | None = None
-    """DeepSpeed ZeRO-3 under LoRA: frozen linears run DeepSpeed's memory_efficient_linear, which saves their inputs
-    and frees their gathered weights after forward; false keeps torch's linear, which holds each gathered weight
-    until its backward."""
     safety_margin: float = 0.05
     """Share of the budget kept free for what the model does not see, 0 to 0.5."""
 

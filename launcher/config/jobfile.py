@@ -16,6 +16,7 @@ from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value,
 from launcher.config.problem import Problem
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
+from launcher.levers import LEVERS
 from launcher.units import GB, MB, format_bytes
 
 DATA_SUFFIXES = FILE_SUFFIXES
@@ -279,58 +280,21 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
     return p
 
 
-LEVER_COUNT_MAX = 4096
-"""Most loss chunks or blocks between checkpoints a job may ask for (no model has more blocks; a chunk per token
-of a 4k sequence is already far past any saving)."""
-MATH_LEVER_FIELDS = {"low_memory_optimizer": None, "pure_bf16": "pure_bf16", "qlora": "qlora"}
-"""strategy: fields of the levers that change the training math -> the train.allow_levers word that permits them
-(None: the field's value is the word, e.g. adamw8bit)."""
-
-
 def lever_problems(job: Job) -> list[Problem]:
-    """The lever pins and permissions must agree (launcher.planner.levers chooses among what they leave)."""
+    """The lever pins and permissions must agree (launcher.planner.levers chooses among what they leave): a math
+    lever's pin needs its train.allow_levers word, and each lever's own rules (LeverSpec.pin_problems)."""
     pins, allow, out = job.strategy, job.train.allow_levers, []
     if len(set(allow)) != len(allow):
         out.append(Problem("train.allow_levers", f"{allow!r} names a lever twice; list each once"))
-    for name, word in MATH_LEVER_FIELDS.items():
-        v = getattr(pins, name)
-        if v in (None, False, "none"):
-            continue
-        word = word or str(v)
-        if word not in allow:
-            out.append(Problem(f"strategy.{name}", f"{v!r} changes the training math, which this job does not allow; "
-                               f"add {word} to train.allow_levers, or leave strategy.{name} out",
+    for spec in LEVERS.values():
+        v = spec.of(pins)
+        word = None if v is None else spec.permit_word(v)
+        if word is not None and word not in allow:
+            out.append(Problem(f"strategy.{spec.field}", f"{v!r} changes the training math, which this job does not "
+                               f"allow; add {word} to train.allow_levers, or leave strategy.{spec.field} out",
                                reads=("train.allow_levers",)))
-    if pins.qlora and job.train.lora is None:
-        out.append(Problem("strategy.qlora", "true quantizes the frozen base of a LoRA run, but this job has no "
-                           "train.lora; add train.lora, or leave strategy.qlora out", reads=("train.lora",)))
-    if pins.release_frozen_weights and job.train.lora is None:
-        out.append(Problem("strategy.release_frozen_weights", "true changes how a LoRA run's frozen linears keep "
-                           "their weights, but this job has no train.lora (a full fine-tune releases them already); "
-                           "add train.lora, or leave strategy.release_frozen_weights out", reads=("train.lora",)))
-    if pins.pure_bf16 and job.train.precision != "bf16":
-        out.append(Problem("strategy.pure_bf16", f"true keeps weights, gradients and optimizer states in bf16, but "
-                           f"train.precision is {job.train.precision!r}; set train.precision: bf16, or leave "
-                           "strategy.pure_bf16 out", reads=("train.precision",)))
-    if pins.optimizer_in_backward and job.train.precision == "fp16":
-        out.append(Problem("strategy.optimizer_in_backward", "true steps each parameter in backward, but fp16 needs "
-                           "loss scaling, which checks every gradient for overflow before any step; use "
-                           "train.precision: bf16 or fp32, or leave strategy.optimizer_in_backward out",
-                           reads=("train.precision",)))
-    if pins.checkpoint_every is not None and not 1 <= pins.checkpoint_every <= LEVER_COUNT_MAX:
-        out.append(Problem("strategy.checkpoint_every", f"{pins.checkpoint_every!r} must be 1 to {LEVER_COUNT_MAX} "
-                           "(1 checkpoints every block); use e.g. 2, or leave it out"))
-    if pins.checkpoint_policy == "ops" and pins.activation_checkpointing is False:
-        out.append(Problem("strategy.checkpoint_policy", "'ops' chooses what a checkpointed block keeps, but "
-                           "strategy.activation_checkpointing is false; set it true, or leave "
-                           "strategy.checkpoint_policy out", reads=("strategy.activation_checkpointing",)))
-    if pins.checkpoint_policy == "ops" and pins.activation_offload:
-        out.append(Problem("strategy.checkpoint_policy", "'ops' keeps op outputs that activation offload's hooks "
-                           "never see, which the plan does not model; leave one of strategy.checkpoint_policy and "
-                           "strategy.activation_offload out", reads=("strategy.activation_offload",)))
-    if pins.loss_chunks is not None and not 0 <= pins.loss_chunks <= LEVER_COUNT_MAX:
-        out.append(Problem("strategy.loss_chunks", f"{pins.loss_chunks!r} must be 0 (whole logits) to "
-                           f"{LEVER_COUNT_MAX}; use e.g. 8, or leave it out"))
+    for spec in LEVERS.values():
+        out += spec.pin_problems(job)
     return out
 
 

@@ -68,6 +68,11 @@ class EngineSpec:
     """The engine reads the planner's communication buckets (sized to the budget, retried at their smallest)."""
     config_env: tuple[tuple[str, str], ...] = ()
     """(environment variable, file in the run dir) pairs the ranks read their config through."""
+    config_names: tuple[str, ...] = ()
+    """The files ``config_files`` writes into a run dir (each attempt of the fallback ladder archives them)."""
+    export_names: tuple[str, ...] = ()
+    """The files ``export_files`` adds for `plan --out`. A plan for another engine removes both kinds
+    (launcher.rundir.ENGINE_FILES)."""
     levers: frozenset[str] = frozenset()
     """The lever fields (launcher.planner.plan.LEVER_FIELDS) this engine's rank side implements; the search
     leaves the others off for it (launcher.planner.levers)."""
@@ -142,7 +147,7 @@ class EngineSpec:
 
     # -- emit ----------------------------------------------------------------------------------------------------
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
-        """File name -> text of the engine's configs in the run dir (launcher.emit)."""
+        """File name -> text of the engine's configs in the run dir (launcher.engines.<name>.emit)."""
         raise NotImplementedError
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:

@@ -10,8 +10,8 @@ DS_DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size defa
 BUCKET_BUDGET_SHARE = 0.02  # share of the usable budget one communication bucket may take
 MIN_BUCKET = 1_000_000
 DS_DEFAULT_SUB_GROUP = 1_000_000_000  # DeepSpeed's sub_group_size default, elements (zero/config.py)
-# ZeRO-3's step holds three fp32 tensors of one sub-group at a time (launcher.engines.deepspeed.stage3_step_extra):
-# they may take this share of the usable budget. DeepSpeed's default stays from 3 x 4 B x 1e9 / 0.2 = 60 GB usable
+# ZeRO-3's step holds three fp32 tensors of one sub-group at a time (engines.deepspeed.memory.step_extra_bytes): they
+# may take this share of the usable budget. DeepSpeed's default stays from 3 x 4 B x 1e9 / 0.2 = 60 GB usable
 # on (80 GB cards); below, smaller sub-groups cost only more, shorter optimizer launches.
 SUB_GROUP_BUDGET_SHARE = 0.2
 SUB_GROUP_STEP_BYTES = 3 * 4

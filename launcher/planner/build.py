@@ -8,9 +8,10 @@ from collections import Counter
 from operator import itemgetter
 from typing import Literal
 
+from launcher.levers import LEVER_FIELDS, LEVERS, LEVERS_OFF
 from launcher.planner.lever_choice import decide
 from launcher.planner.memory import ActivationConstants
-from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF, Plan, Rejected, Strategy
+from launcher.planner.plan import Plan, Rejected, Strategy
 from launcher.planner.request import PlanRequest
 from launcher.planner.scoring import Scored, activation_constants
 from launcher.units import format_bytes
@@ -55,9 +56,8 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
-    math_notes = [in_backward_reason(req)] if best.strategy.optimizer_in_backward else []
-    if best.strategy.pure_bf16:
-        math_notes.append(pure_bf16_reason(req))
+    # What the plan's levers turn off in the job's math (LeverSpec.math_note), in the registry's order.
+    math_notes = [note for spec in LEVERS.values() if spec.on(best.strategy) and (note := spec.math_note(req))]
     reasons += math_notes
     if req.precision_reason:
         reasons.append(req.precision_reason)
@@ -80,25 +80,6 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
         precision_reason=req.precision_reason, levers=decide(req, best), math_notes=math_notes,
         script=req.script,
     )
-
-
-def in_backward_reason(req: PlanRequest) -> str:
-    """The one thing the lever changes in the math (its peak and time deltas are in the plan's lever lines)."""
-    if req.max_grad_norm > 0:
-        return (f"optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm {req.max_grad_norm:g} "
-                "is not applied, since each parameter steps before the global norm of all gradients exists; pin "
-                "strategy.optimizer_in_backward: false to keep it")
-    return "optimizer step in backward: no clipping is lost (train.max_grad_norm is off)"
-
-
-def pure_bf16_reason(req: PlanRequest) -> str:
-    """How pure bf16's step rounds (launcher.worker.engines.build_optimizer): stochastically for Adam/AdamW."""
-    if req.optimizer in ("adam", "adamw"):
-        return ("pure bf16: no fp32 master; the step rounds each new bf16 weight stochastically (torchao's "
-                "bf16_stochastic_round), so updates under half a bf16 spacing of the weight are kept in expectation, "
-                "not lost")
-    return (f"pure bf16: no fp32 master; {req.optimizer}'s step rounds to nearest (no stochastic rounding for it), "
-            "so updates under half a bf16 spacing of the weight are lost")
 
 
 def activation_reasons(c: ActivationConstants) -> list[str]:

@@ -7,9 +7,11 @@ import dataclasses
 import itertools
 
 from launcher.config.job import StrategyConfig
-from launcher.engines import ENGINES, Candidate, engine_spec
+from launcher.engines import ENGINES, engine_spec
+from launcher.engines.spec import Candidate
 from launcher.errors import ConfigError
-from launcher.planner.levers import frozen_inputs_measured, options, reachable
+from launcher.levers import LEVERS
+from launcher.planner.levers import options, reachable
 from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
@@ -41,12 +43,9 @@ def candidates(req: PlanRequest) -> list[Strategy]:
                 f"{req.global_batch_size // req.world_size}; use one of {mbs}"
             )
         mbs = [p.micro_batch_size]
-    if p.release_frozen_weights and not frozen_inputs_measured(req):
-        source = getattr(req.activations, "source", "the paper's constants")
-        raise ConfigError(
-            "strategy.release_frozen_weights: true saves every frozen linear's input, which the activation constants "
-            f"in use do not measure ({source}); leave strategy.release_frozen_weights out (the planner then counts "
-            "the pinned weights of torch's linear)")
+    refusal = next((why for spec in LEVERS.values() if (why := spec.request_problem(req))), "")
+    if refusal:
+        raise ConfigError(refusal)
     out = []
     # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy.
     settings: dict[tuple, list[dict[str, object]]] = {}

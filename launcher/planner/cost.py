@@ -24,18 +24,19 @@ Each engine's spec (launcher.engines) gives its communication, offload and engin
 
 from __future__ import annotations
 
+from launcher.levers import ACTIVATION_OFFLOAD, CHECKPOINT_EVERY, LOW_MEMORY_OPTIMIZER
+from launcher.levers.checkpoint_every import checkpoint_count
+from launcher.levers.checkpoint_policy import recomputed_share
+from launcher.levers.chunked_loss import recompute_flops_per_token
+from launcher.levers.optimizer_in_backward import CALL_S, step_calls_s
 from launcher.planner.memo import spec_for
 from launcher.planner.memory import offloaded_activation_bytes, rank_activations
-from launcher.planner.plan import Strategy, checkpoint_count
+from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
 
-IN_BACKWARD_CALL_S = 1e-4
-"""Seconds one more optimizer.step() call costs with the optimizer step in backward (a per-parameter optimizer
-stepped from each gradient hook, launcher.worker.engines.fsdp): the same per-tensor AdamW (foreach=False) as one
-optimizer's step, plus each call's own Python overhead (Optimizer.step's hooks and profiling wrapper, zero_grad).
-Measured on a shared 2-core CPU host: 200 tensors stepped by 200 optimizers against one, +138 us per tensor; a
-loaded host, so an upper end. It is what makes the lever lose a tie: it is chosen when it fits what the plain step
-does not, or lets a faster layout fit, never for nothing (it drops global-norm clipping)."""
+IN_BACKWARD_CALL_S = CALL_S
+"""Seconds one more optimizer call costs with the optimizer step in backward (launcher.levers
+.optimizer_in_backward.CALL_S says why)."""
 
 
 def communication(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> Traffic:
@@ -56,9 +57,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
     recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m) * recomputed_share(m, s)
     flops_per_token = fwd_bwd * m.active_params + recompute
-    if s.loss_chunks:
-        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
-        flops_per_token += 2.0 * m.hidden_size * m.vocab_size
+    # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
+    flops_per_token += recompute_flops_per_token(m, s)
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
@@ -66,9 +66,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
     overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
-    if s.optimizer_in_backward:
-        # The same step arithmetic, moved into backward; only the per-tensor calls are new (at least one tensor).
-        overhead += max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S
+    # With the optimizer step in backward the same arithmetic moves into backward: only the per-tensor calls are new.
+    overhead += step_calls_s(m, s)
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
@@ -79,7 +78,7 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     exposed_comm = comm * (1.0 - hw.comm_overlap)
     terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
              "engine": spec.step_overhead_s(hw)}
-    if s.low_memory_optimizer != "none" or stochastic_rounds(inp, s):
+    if LOW_MEMORY_OPTIMIZER.on(s) or stochastic_rounds(inp, s):
         terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),
                                               on_host=hw.device_is_host or spec.optimizer_on_host(s))
     return terms
@@ -89,23 +88,7 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     """How many blocks recompute in backward: ceil(n / k) with every k-th checkpointed (memory.checkpointed)."""
     if not s.activation_checkpointing:
         return 0
-    return checkpoint_count(num_blocks, s.checkpoint_every)
-
-
-def recomputed_share(m, s: Strategy) -> float:
-    """Share of a checkpointed block's matmul FLOPs its recompute runs again: all of them under full recompute.
-
-    Under the op policy (checkpoint_policy "ops", launcher.model.sac) the outputs of every odd aten.mm in forward
-    order are saved and only the even ones re-run. A Llama-style block (gated MLP, bias-free linears, each an
-    aten.mm) runs q, k, v, o, gate, up, down: k (h·kv·d), o (h²) and up (h·I) re-run. Linears with a bias run as
-    aten.addmm, which the policy does not save (GPT-2's Conv1D, BERT): their recompute is whole.
-    """
-    if s.checkpoint_policy != "ops" or not m.gated_mlp:
-        return 1.0
-    h, inter, kv = m.hidden_size, m.intermediate_size, m.num_kv_heads * m.head_dim
-    attn_q, attn_kv = m.num_heads * m.head_dim * h, kv * h
-    total = 2 * attn_q + 2 * attn_kv + 3 * h * inter
-    return (attn_kv + attn_q + h * inter) / total
+    return checkpoint_count(num_blocks, CHECKPOINT_EVERY.of(s))
 
 
 def active_block_params(m) -> float:
@@ -122,11 +105,11 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     bytes are what forward and the loss save (launcher.planner.memory.offloaded_activation_bytes), each way, per
     micro-batch.
     """
-    if not s.activation_offload or inp.hardware.device_is_host:
+    if not ACTIVATION_OFFLOAD.on(s) or inp.hardware.device_is_host:
         return 0.0
     *_, saved = offloaded_activation_bytes(rank_activations(inp, s), inp.model.num_blocks,
                                           s.micro_batch_size, inp.seq_len,
-                                          s.activation_checkpointing, s.checkpoint_every)
+                                          s.activation_checkpointing, CHECKPOINT_EVERY.of(s))
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw
 
 

@@ -1,15 +1,10 @@
-"""The memory levers beyond sharding, offload and micro-batch: which settings the search may try for one layout.
+"""The lever settings the search tries for one layout and micro-batch, from the registered levers' specs.
 
-Two kinds (docs/levers.md):
-  exact   the same math as without them, so the planner chooses them freely: chunked cross-entropy
-          (loss_chunks), selective activation checkpointing (checkpoint_every), activation offload and the
-          optimizer step in backward;
-  math    they change what is computed, so only a job whose train.allow_levers lists them gets them:
-          low-memory optimizers (adamw8bit, adamw4bit, adafactor), pure bf16 and QLoRA (NF4 base).
-
-An engine offers a lever only when its rank side implements it (EngineSpec.levers); a lever the job pinned is
-kept. Pure: plain data in, lists of settings out; the memory and cost terms of each lever live with the
-engine specs and launcher.planner.memory / cost.
+Two kinds (docs/levers.md): exact levers keep the training math, so the planner chooses them freely; math levers
+change it, so only a job whose train.allow_levers lists them gets them. Each lever's spec (launcher.levers) says
+which values the search tries for a request (LeverSpec.values: also where the lever applies, which the lever
+decisions read), and which combinations it leaves out (LeverSpec.excludes). An engine offers a lever only when its
+rank side implements it (EngineSpec.levers); a lever the job pinned is kept. Pure: plain data in, settings out.
 """
 
 from __future__ import annotations
@@ -17,92 +12,43 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF
+from launcher.levers import LEVER_FIELDS, LEVERS, SCRIPT_LEVERS, LeverSpec, Shape, with_lever_fields
 from launcher.planner.request import PlanRequest
 
-MATH_LEVERS = {"low_memory_optimizer": ("adamw8bit", "adamw4bit", "adafactor"), "pure_bf16": ("pure_bf16",),
-               "qlora": ("qlora",)}
-"""Strategy field -> the train.allow_levers names that permit its non-default values."""
-
-LOSS_CHUNKS = 8
-"""Chunks of the chunked cross-entropy: torchtune's CEWithChunkedOutputLoss uses 8 (its num_output_chunks)."""
-
-SCRIPT_LEVERS = frozenset({"release_frozen_weights"})
-"""The levers a user's own script (launch --script) receives without a change: those the engine's config carries
-(ds_config.json's memory_efficient_linear, which DeepSpeed applies itself). The others live in the launcher's
-recipes: the loss (chunked cross-entropy), the blocks' checkpoint wrappers (every k-th block, the op policy; a
-script gets only LAUNCHER_GRADIENT_CHECKPOINTING, all blocks or none), the offload and step hooks, the optimizer
-and the model's load (low-memory optimizers, pure bf16, QLoRA): planned for a script that does not apply them, the
-prediction would not hold. A job that pins one says its script applies it."""
-
-CHECKPOINT_EVERY = (1, 2, 4)
-"""The k of "checkpoint every k-th block" the search tries (torchtitan's selective_ac_option takes any k)."""
+_EXCLUDING = tuple(spec for spec in LEVERS.values() if type(spec).excludes is not LeverSpec.excludes)
+"""The specs whose ``excludes`` rule is their own (the others exclude nothing): the only ones asked per setting."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+@with_lever_fields()
 class LeverSetting:
-    """One combination of the levers for a candidate: the Strategy fields of LEVER_FIELDS."""
+    """One combination of the levers for a candidate: activation checkpointing and a field per registered lever
+    (launcher.levers), each off by default."""
 
-    # Each lever's default is its "off" value, defined once in launcher.planner.plan.LEVERS_OFF.
     activation_checkpointing: bool = False
-    checkpoint_every: int = LEVERS_OFF["checkpoint_every"]
-    checkpoint_policy: str = LEVERS_OFF["checkpoint_policy"]
-    loss_chunks: int = LEVERS_OFF["loss_chunks"]
-    activation_offload: bool = LEVERS_OFF["activation_offload"]
-    optimizer_in_backward: bool = LEVERS_OFF["optimizer_in_backward"]
-    low_memory_optimizer: str = LEVERS_OFF["low_memory_optimizer"]
-    pure_bf16: bool = LEVERS_OFF["pure_bf16"]
-    qlora: bool = LEVERS_OFF["qlora"]
-    release_frozen_weights: bool = LEVERS_OFF["release_frozen_weights"]
+    """Recompute of blocks in backward (the refinements among the levers say which and how)."""
 
     def fields(self) -> dict[str, object]:
-        """The setting as Strategy keyword arguments: activation_checkpointing and every LEVER_FIELDS field."""
+        """The setting as Strategy keyword arguments: activation_checkpointing and every lever's field."""
         return {"activation_checkpointing": self.activation_checkpointing,
                 **{name: getattr(self, name) for name in LEVER_FIELDS}}
 
 
 def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
-    """Whether the job's train.allow_levers permits ``value`` of a math lever's field (off is always allowed)."""
-    if field_name not in MATH_LEVERS or value in (False, "none"):
-        return True
-    name = "pure_bf16" if field_name == "pure_bf16" else "qlora" if field_name == "qlora" else str(value)
-    return name in req.allow_levers
+    """Whether the job's train.allow_levers permits ``value`` of a lever's field (off, and exact levers, always)."""
+    return LEVERS[field_name].permitted(req, value)
 
 
 def math_departure(fields) -> int:
     """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's tie-break
-    (launcher.planner.scoring.Searched.best): 0 for none; each math lever used adds 1, a low-memory optimizer its
-    rank in MATH_LEVERS (8-bit moments 1, 4-bit 2, Adafactor's factored second moment and no first 3). So among
-    plans equally fast, the job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit,
-    either alone before with pure bf16): a job that allows 4-bit gets it only where it is faster or alone fits."""
-    opt = fields.low_memory_optimizer
-    n = MATH_LEVERS["low_memory_optimizer"].index(opt) + 1 if opt != "none" else 0
-    return n + sum(bool(getattr(fields, name)) for name in MATH_LEVERS if name != "low_memory_optimizer")
+    (launcher.planner.scoring.Searched.best): the sum of its levers' LeverSpec.departure, 0 for none. Each math lever
+    used adds 1, a low-memory optimizer its rank (8-bit moments 1, 4-bit 2, Adafactor 3). So among plans equally
+    fast, the job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit, either alone
+    before with pure bf16): a job that allows 4-bit gets it only where it is faster or alone fits."""
+    return sum(spec.departure(spec.of(fields)) for spec in _MATH)
 
 
-def unpaired(fields, pure_bf16_optimizers: frozenset[str]) -> bool:
-    """Whether a Strategy (or LeverSetting) sets pure bf16 beside a low-memory optimizer its engine does not step
-    bf16 weights with (EngineSpec.pure_bf16_optimizers): the search does not offer it, the plan says not_paired."""
-    opt = fields.low_memory_optimizer
-    return bool(fields.pure_bf16) and opt != "none" and opt not in pure_bf16_optimizers
-
-
-def in_backward_possible(req: PlanRequest, grad_accum_steps: int) -> bool:
-    """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
-    torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
-    return grad_accum_steps == 1 and req.precision != "fp16"
-
-
-def sac_measured(req: PlanRequest) -> bool:
-    """Whether the probe measured what a block keeps under the op policy (ActivationConstants.sac_bytes_per_token;
-    the paper's constants and caches from before it do not say): without it the policy is not offered."""
-    return getattr(req.activations, "sac_bytes_per_token", 0.0) > 0
-
-
-def frozen_inputs_measured(req: PlanRequest) -> bool:
-    """Whether this job has frozen linears (LoRA) and the probe measured what their inputs add when saved
-    (ActivationConstants.frozen_inputs_measured): without both release_frozen_weights is not offered."""
-    return bool(req.model.lora_params) and bool(getattr(req.activations, "frozen_inputs_measured", False))
+_MATH = tuple(spec for spec in LEVERS.values() if not spec.exact)
 
 
 def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
@@ -110,7 +56,7 @@ def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
     recipes; for a user's script (PlanRequest.script) those it receives (SCRIPT_LEVERS) and those the job pins."""
     if not req.script:
         return supported
-    pinned_levers = {name for name in LEVER_FIELDS if getattr(req.pins, name) is not None}
+    pinned_levers = {spec.field for spec in LEVERS.values() if spec.of(req.pins) is not None}
     return supported & (SCRIPT_LEVERS | pinned_levers)
 
 
@@ -120,74 +66,52 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     """Every lever setting the search tries for one layout and micro-batch, the pins and permissions applied.
 
     ``supported``: the lever fields the engine implements (EngineSpec.levers); a lever it does not implement
-    stays off. ``grad_accum_steps``: the optimizer step in backward needs 1 (in_backward_possible). ``limits``:
-    field -> the only values this layout offers (EngineSpec.lever_values), a pin outside them admits nothing.
-    ``pure_bf16_optimizers``: the low-memory optimizers the engine pairs with pure bf16
+    stays off. ``grad_accum_steps``: the plan's shape, with activation checkpointing on or off (LeverSpec.values).
+    ``limits``: field -> the only values this layout offers (EngineSpec.lever_values), a pin outside them admits
+    nothing. ``pure_bf16_optimizers``: the low-memory optimizers the engine pairs with pure bf16
     (EngineSpec.pure_bf16_optimizers).
     """
     limits = limits or {}
-    p, m = req.pins, req.model
+    p = req.pins
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
-    if p.checkpoint_policy == "ops" and p.activation_checkpointing is None:
-        ac = [True]  # the pinned policy is what checkpointed blocks keep: it needs checkpointing
-    every = [k for k in CHECKPOINT_EVERY if k < max(m.num_blocks, 2)] if "checkpoint_every" in supported else [1]
-    axes: dict[str, list] = {
-        # Not where the head cannot compute it (ModelStats.chunk_problem: a LoRA-wrapped head, soft-capped logits).
-        "loss_chunks": [0, LOSS_CHUNKS] if m.task == "causal_lm" and not m.chunk_problem else [0],
-        # On CPU ranks the saved tensors are already in host memory: offload moves nothing and saves nothing.
-        "activation_offload": [False] if req.hardware.device_is_host else [False, True],
-        "optimizer_in_backward": [False, True] if in_backward_possible(req, grad_accum_steps) else [False],
-        # In place of Adam only, and not under LoRA: its adapters' state is already small.
-        "low_memory_optimizer": ["none", *(o for o in MATH_LEVERS["low_memory_optimizer"]
-                                           if req.optimizer in ("adamw", "adam") and not m.lora_params)],
-        "pure_bf16": [False, True] if req.precision == "bf16" else [False],
-        # Only where some frozen block linear could be NF4 (launcher.model.qlora; none for Conv1D models, GPT-2).
-        "qlora": [False, True] if m.lora_params and m.block_linear_shapes else [False],
-        # Only where the probe measured the frozen linears' inputs (LoRA; frozen_inputs_measured).
-        "release_frozen_weights": [False, True] if frozen_inputs_measured(req) else [False],
-    }
-    for name in axes:
-        pin = getattr(p, name)
-        if pin is not None and name not in supported and pin != axes[name][0]:
-            return []  # pinned on, and this engine does not implement it
-        if pin is not None:
-            axes[name] = [pin]
-            if name == "optimizer_in_backward" and pin and not in_backward_possible(req, grad_accum_steps):
-                return []  # pinned on where it cannot step in backward
-        elif name not in supported:
-            axes[name] = [axes[name][0]]
-        if name in limits:
-            if pin is not None and pin not in limits[name]:
-                return []  # pinned to a value this layout does not offer
-            axes[name] = [v for v in axes[name] if v in limits[name]]
-        axes[name] = [v for v in axes[name] if pin is not None or allowed(req, name, v)]
-    out = []
-    if p.checkpoint_every not in (None, 1) and "checkpoint_every" not in supported:
-        return []
-    if p.checkpoint_policy == "ops" and "checkpoint_policy" not in supported:
-        return []  # pinned on, and this engine does not implement it
-    # The op policy only where checkpointing is on (it chooses what a checkpointed block keeps) and measured.
-    policies = ([p.checkpoint_policy] if p.checkpoint_policy is not None
-                else ["full", "ops"] if "checkpoint_policy" in supported and sac_measured(req) else ["full"])
-    if "checkpoint_policy" in limits:
-        if p.checkpoint_policy is not None and p.checkpoint_policy not in limits["checkpoint_policy"]:
-            return []  # pinned to a policy this layout does not offer
-        policies = [policy for policy in policies if policy in limits["checkpoint_policy"]]
+    if p.activation_checkpointing is None and any(spec.forces_checkpointing(spec.of(p)) for spec in LEVERS.values()):
+        ac = [True]  # a pinned refinement chooses what checkpointed blocks keep: it needs checkpointing
+    per_ac = []
     for on in ac:
-        ks = ([p.checkpoint_every] if p.checkpoint_every is not None else every) if on else [1]
-        for k, policy, *rest in itertools.product(ks, policies if on else ["full"], *axes.values()):
-            setting = LeverSetting(activation_checkpointing=on, checkpoint_every=k, checkpoint_policy=policy,
-                                   **dict(zip(axes, rest, strict=True)))
-            if setting.low_memory_optimizer != "none" and setting.optimizer_in_backward:
-                continue  # not modelled together: its step copies would sit in backward
-            if unpaired(setting, pure_bf16_optimizers):
-                continue  # pure bf16 only beside the low-memory optimizers the engine steps bf16 weights with
-            if policy == "ops" and setting.activation_offload:
-                continue  # the policy's saved outputs bypass the offload hooks: not modelled together
+        shape = Shape(grad_accum_steps, on)
+        axes = [_axis(req, spec, shape, supported, limits) for spec in LEVERS.values()]
+        if any(axis is None for axis in axes):
+            return []
+        per_ac.append((on, axes))
+    out = []
+    for on, axes in per_ac:
+        for values in itertools.product(*axes):
+            setting = LeverSetting(activation_checkpointing=on, **dict(zip(LEVERS, values, strict=True)))
+            if any(spec.excludes(setting, pure_bf16_optimizers) for spec in _EXCLUDING):
+                continue
             out.append(setting)
     return out
 
 
-__all__ = ["CHECKPOINT_EVERY", "LOSS_CHUNKS", "MATH_LEVERS", "SCRIPT_LEVERS", "LeverSetting", "allowed",
-           "frozen_inputs_measured", "math_departure", "in_backward_possible", "options", "reachable", "sac_measured",
-           "unpaired"]
+def _axis(req: PlanRequest, spec: LeverSpec, shape: Shape, supported: frozenset[str],
+          limits: dict[str, tuple[object, ...]]) -> list | None:
+    """The values of one lever the search tries at ``shape``; None where a pin admits no setting at all (pinned on
+    where the engine does not implement it, where the shape cannot run it, or outside the layout's limits)."""
+    pin, name = spec.of(req.pins), spec.field
+    if pin is not None and name not in supported and pin != spec.off:
+        return None  # pinned on, and this engine does not implement it
+    if pin is not None and spec.pin_refused(req, shape, pin):
+        return None  # pinned on where this shape cannot run it
+    if name in limits and pin is not None and pin not in limits[name]:
+        return None  # pinned to a value this layout does not offer
+    if spec.refines_checkpointing and not shape.activation_checkpointing:
+        return [spec.off]  # without checkpointing its refinements are off, pinned or not
+    if pin is not None:
+        return [pin]
+    values = spec.values(req, shape) if name in supported else (spec.off,)
+    if name in limits:
+        values = [v for v in values if v in limits[name]]
+    return [v for v in values if spec.permitted(req, v)]
+
+
+__all__ = ["LeverSetting", "allowed", "math_departure", "options", "reachable"]

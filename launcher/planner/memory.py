@@ -27,10 +27,19 @@ import dataclasses
 from collections.abc import Callable
 
 from launcher.engines import engine_spec
+from launcher.levers import (
+    ACTIVATION_OFFLOAD,
+    CHECKPOINT_EVERY,
+    CHECKPOINT_POLICY,
+    CHUNKED_LOSS,
+    RELEASE_FROZEN_WEIGHTS,
+)
+from launcher.levers.checkpoint_every import checkpoint_count, checkpointed
+from launcher.levers.chunked_loss import chunked_head_bytes
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import absent_at, cuda_overhead, overhead_total, verdict_basis
 from launcher.planner.memo import spec_for
-from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpoint_count, checkpointed
+from launcher.planner.plan import Buckets, MemoryEstimate, Strategy
 from launcher.planner.terms import (
     BYTES,
     NVME_PARAM_BUFFER_COUNT,
@@ -73,29 +82,6 @@ def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -
 def head_weight_grad_bytes(vocab_size: int, hidden_size: int, dtype_bytes: float, trainable: bool) -> float:
     """One gradient of the output embedding, V·h in the working dtype, if it trains (ActivationConstants)."""
     return float(vocab_size * hidden_size * dtype_bytes) if trainable else 0.0
-
-
-def chunked_head_bytes(c: ActivationConstants, head_per_token: float, tokens: int, chunks: int) -> float:
-    """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss).
-
-    Non-reentrant checkpoint keeps each piece's inputs (views of the hidden states, in the non-logit part) and
-    rebuilds one piece's logits in backward, so of the vocabulary-sized tensors (L per token: fp32 log-softmax
-    output, its gradient, the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The pieces'
-    weight gradients all flow into the head weight's one AccumulateGrad node, whose input buffer sums them
-    while the blocks' activations are still saved: a piece's log-softmax backward runs beside that buffer
-    (G = V·h·w, from the second piece on), its matmul backward beside the buffer and its own weight gradient
-    (2G) with only the logits' gradient (L/3) left. The first sum is out of place (3G): the weight gradient of
-    F.linear arrives as the transpose of the matmul's result, a view, which the engine's input buffer never
-    adds into in place; the sum is a fresh tensor, and later pieces add into it in place. Unchunked the weight
-    gradient appears after the logits are freed, so it is not at this peak. Linear in the constants
-    (launcher.calibrate scales them)."""
-    logits = min(c.head_logit_bytes_per_token, head_per_token)
-    rest = tokens * (head_per_token - logits)
-    piece = tokens * logits / chunks
-    if chunks == 1:
-        return rest + piece
-    g = c.head_weight_grad_bytes
-    return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
 
 
 PINNED_ROUNDING = 2
@@ -192,9 +178,9 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
     block = c.fp32_adapter_bytes_per_token if fp32_adapters else 0.0
     head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
     sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
-    if s.release_frozen_weights:
+    if RELEASE_FROZEN_WEIGHTS.on(s):
         block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters else 0.0)
-        if not s.loss_chunks:
+        if not CHUNKED_LOSS.on(s):
             head += c.frozen_head_input_bytes_per_token + (
                 c.fp32_adapter_frozen_head_input_bytes_per_token if fp32_adapters else 0.0)
     if not (block or head or sac):
@@ -260,16 +246,15 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
     st = spec.states(inp, s, buckets)
     consts = rank_activations(inp, s)
+    every, chunks = CHECKPOINT_EVERY.of(s), CHUNKED_LOSS.of(s)
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
-                                    s.checkpoint_policy)
+                                    s.activation_checkpointing, every, chunks, CHECKPOINT_POLICY.of(s))
     pinned = 0
-    if s.activation_offload and not inp.hardware.device_is_host:
+    if ACTIVATION_OFFLOAD.on(s) and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
         # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
         blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, s.micro_batch_size,
-                                                         inp.seq_len, s.activation_checkpointing, s.checkpoint_every,
-                                                         s.loss_chunks)
+                                                         inp.seq_len, s.activation_checkpointing, every, chunks)
         pinned = PINNED_ROUNDING * saved
     persistent = st.params + st.grads + st.optimizer + st.buffers
     # The end of backward is the larger of two instants: the gradient reduce (with the blocks' activations where

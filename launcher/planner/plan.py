@@ -9,7 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.config.job import CheckpointPolicy, Engine, FsdpSharding, LowMemoryOptimizer, Offload, Precision
+from launcher.config.job import Engine, FsdpSharding, Offload, Precision
+from launcher.levers import LEVER_FIELDS, LEVERS, REFINEMENTS, with_lever_fields
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,8 +33,11 @@ class Buckets:
 
 
 @dataclass(kw_only=True, slots=True)
+@with_lever_fields()
 class Strategy:
-    """One point of the search space."""
+    """One point of the search space. After the fields below, one per registered lever (launcher.levers: its
+    LeverSpec says what it holds), off by default, so a plan.json written before a lever reads back as the plan it
+    was."""
 
     engine: Engine
     """deepspeed or fsdp (no unit)."""
@@ -54,28 +58,6 @@ class Strategy:
     fsdp_sharding: FsdpSharding | None = None
     """FSDP2 shard group: full (all ranks) or hybrid (the ranks of one node, replicated across nodes); None for
     DeepSpeed, and read as full where an older plan.json lacks it."""
-    # The levers beyond sharding (launcher.planner.levers; docs/levers.md). Defaults are "off", so a plan.json
-    # written before them reads back as the plan it was.
-    checkpoint_every: int = 1
-    """With activation_checkpointing: every k-th block is checkpointed (1: all of them), blocks."""
-    checkpoint_policy: CheckpointPolicy = "full"
-    """With activation_checkpointing: what a checkpointed block keeps; ops is op-level selective checkpointing
-    (launcher.model.sac), full its input alone."""
-    loss_chunks: int = 0
-    """Chunked cross-entropy over this many chunks of tokens, each recomputed in backward; 0: whole logits."""
-    activation_offload: bool = False
-    """Saved activations are moved to host memory in forward and back in backward."""
-    optimizer_in_backward: bool = False
-    """Each parameter steps in its gradient hook: no full gradient buffer, no global-norm clipping."""
-    low_memory_optimizer: LowMemoryOptimizer = "none"
-    """adamw8bit, adamw4bit or adafactor in place of the job's optimizer; none keeps the job's."""
-    pure_bf16: bool = False
-    """bf16 weights, gradients and optimizer states, no fp32 master copy."""
-    qlora: bool = False
-    """The frozen LoRA base quantized to 4-bit NF4."""
-    release_frozen_weights: bool = False
-    """ZeRO-3 under LoRA: the frozen linears save their inputs and let their gathered weights go after forward
-    (DeepSpeed's memory_efficient_linear); off, torch's linear keeps each gathered weight until its backward."""
 
     @property
     def fsdp_hybrid(self) -> bool:
@@ -97,57 +79,14 @@ class Strategy:
             s += f" +params->{self.offload_params}"
         s += f", mb={self.micro_batch_size}x{self.grad_accum_steps}"
         if self.activation_checkpointing:
-            s += ", AC" if self.checkpoint_every == 1 else f", AC every {self.checkpoint_every}"
-            if self.checkpoint_policy == "ops":
-                s += " (ops)"
+            s += ", AC" + "".join(spec.checkpointing_words(spec.of(self))[0] for spec in REFINEMENTS)
         return s + "".join(f", {word}" for word in self.lever_words())
 
     def lever_words(self) -> list[str]:
-        """The levers in use beyond sharding, offload, micro-batch and checkpointing, a short word each."""
-        out = []
-        if self.loss_chunks:
-            out.append(f"chunked loss/{self.loss_chunks}")
-        if self.activation_offload:
-            out.append("act->cpu")
-        if self.optimizer_in_backward:
-            out.append("opt-in-bwd")
-        if self.low_memory_optimizer != "none":
-            out.append(self.low_memory_optimizer)
-        if self.pure_bf16:
-            out.append("pure bf16")
-        if self.qlora:
-            out.append("QLoRA NF4")
-        if self.release_frozen_weights:
-            out.append("frozen weights released")
-        return out
-
-
-def checkpointed(index: int, every: int) -> bool:
-    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
-
-    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
-    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
-    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
-    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
-    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
-    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
-    """
-    return index % every == 0
-
-
-def checkpoint_count(num_blocks: int, every: int) -> int:
-    """How many of ``num_blocks`` blocks are checkpointed when every ``every``-th is (``checkpointed``): blocks 0, k,
-    2k, ..., ceil(n / k) of them."""
-    return -(-num_blocks // every)
-
-
-LEVER_FIELDS = ("checkpoint_every", "checkpoint_policy", "loss_chunks", "activation_offload", "optimizer_in_backward",
-                "low_memory_optimizer", "pure_bf16", "qlora", "release_frozen_weights")
-"""Strategy fields of the levers beyond sharding (launcher.planner.levers), by the job's strategy: names."""
-LEVERS_OFF = {"checkpoint_every": 1, "checkpoint_policy": "full", "loss_chunks": 0, "activation_offload": False, "optimizer_in_backward": False,
-              "low_memory_optimizer": "none", "pure_bf16": False, "qlora": False,
-              "release_frozen_weights": False}
-"""Each lever field's "off" value: Strategy's defaults, what a plan.json from before the levers means."""
+        """The levers in use beyond sharding, offload, micro-batch and checkpointing, a short word each
+        (LeverSpec.word)."""
+        return [word for spec in LEVERS.values()
+                if not spec.refines_checkpointing and (word := spec.word(spec.of(self)))]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -265,14 +204,14 @@ engine_lacks (the chosen engine does not implement it), not_paired (pure bf16 an
 together, which the engine does not step: EngineSpec.pure_bf16_optimizers), not_applicable (not for this job: task, precision, LoRA,
 optimizer), plan_lacks (not with the chosen plan's shape, which another plan of the job could have: the
 checkpointing refinements with checkpointing off, the optimizer step in backward under accumulation), script_lacks (a launch --script run: the user's script does not receive it,
-launcher.planner.levers.SCRIPT_LEVERS). pinned: the job fixed it."""
+launcher.levers.SCRIPT_LEVERS). pinned: the job fixed it."""
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LeverDecision:
     """One lever of the chosen plan: used or not, and why, with what switching it would change."""
 
     lever: str
-    """The strategy field (launcher.planner.plan.LEVER_FIELDS)."""
+    """The strategy field (launcher.levers.LEVER_FIELDS)."""
     exact: bool
     """True: the training math is the same with it; False: it needs train.allow_levers."""
     used: bool

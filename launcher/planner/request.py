@@ -50,7 +50,7 @@ class PlanRequest:
     script: bool = False
     """The ranks run the user's own training script (launch --script), not the launcher's recipe: a lever the
     script does not receive through the engine's config is not tried unless the job pins it
-    (launcher.planner.levers.SCRIPT_LEVERS)."""
+    (launcher.levers.SCRIPT_LEVERS)."""
     max_grad_norm: float = 0.0
     """The job's gradient clipping (train.max_grad_norm; 0: off): the optimizer step in backward cannot clip, and
     the plan says so."""

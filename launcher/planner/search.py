@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.errors import NoPlanError
+from launcher.levers import LEVER_FIELDS
 from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
 from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import candidates, pinned
-from launcher.planner.plan import LEVER_FIELDS, Plan
+from launcher.planner.plan import Plan
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 from launcher.planner.scoring import Scored, Searched, evaluate, score, search
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from launcher.levers import LOW_MEMORY_OPTIMIZER, PURE_BF16
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Strategy
@@ -85,10 +86,10 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
                       (_adafactor.py _init_group): 4(rows/n + cols) bytes per matrix. Tables exactly; a block's
                       matrices have one side the hidden size h, so rows + cols <= 2 x params / h per block.
     """
-    m, n, opt = inp.model, shard_ranks, s.low_memory_optimizer
+    m, n, opt = inp.model, shard_ranks, LOW_MEMORY_OPTIMIZER.of(s)
     if opt == "none":
         # Pure bf16: the states take the parameters' dtype, half of fp32's.
-        k = OPTIMIZER_STATE_BYTES[inp.optimizer] * (PURE_BF16_BYTES / 4 if s.pure_bf16 else 1)
+        k = OPTIMIZER_STATE_BYTES[inp.optimizer] * (PURE_BF16_BYTES / 4 if PURE_BF16.on(s) else 1)
         return k * m.trainable_params / n
     tables, h = _embedding_tables(m), max(1, m.hidden_size)
     rest = max(0, m.trainable_params - tables * m.vocab_size * h)
@@ -96,7 +97,7 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
         return 4 * (tables * (_table_rows(m.vocab_size, n)[0] + h) + 2 * rest / h)
     code, block = LOW_BIT_STATE[opt]
     per_elem = 2 * (code + 4 / block)
-    table = max(low_bit_tensor_bytes(opt, r * h, param_bytes=kept_param_bytes(s.pure_bf16))
+    table = max(low_bit_tensor_bytes(opt, r * h, param_bytes=kept_param_bytes(PURE_BF16.on(s)))
                 for r in _table_rows(m.vocab_size, n))
     return tables * table + per_elem * rest / n
 
@@ -107,7 +108,7 @@ def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTE
     else two moments in the parameter's dtype (_AdamBase._new_buffer: torch.zeros_like(p); ``param_bytes``, 2
     under pure bf16). The quantized codes' scales are fp32 whatever the parameter's dtype (subclass_8bit.py
     OptimState8bit.zeros: torch.zeros(n // block_size)). DeepSpeed's ZeRO-1/2 hand it one flat partition
-    (launcher.engines.deepspeed.flat_partition_elems), FSDP2 each parameter's shard."""
+    (launcher.engines.deepspeed.memory.flat_partition_elems), FSDP2 each parameter's shard."""
     code, block = LOW_BIT_STATE[opt]
     quantized = numel >= LOW_BIT_MIN_NUMEL and numel % block == 0
     return numel * (2 * (code + 4 / block) if quantized else 2.0 * param_bytes)
@@ -125,7 +126,7 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     SR_STEP_COPIES on the host, none on CUDA (compiled). Engines that step their own flat partitions (DeepSpeed)
     count their step apart.
     """
-    opt = s.low_memory_optimizer
+    opt = LOW_MEMORY_OPTIMIZER.of(s)
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
     # A low-bit AdamW stepping bf16 weights runs the same single_param_adam with BF16_STOCHASTIC_ROUND: p.float()
     # and grad.float() are copies now, then _fp32_to_bf16_sr's; measured SR_STEP_COPIES for 8- and 4-bit states
@@ -163,7 +164,7 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
         return 0.0
     if stochastic_rounds(inp, s):
         return (SR_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
-    if s.low_memory_optimizer not in LOW_BIT_STATE:
+    if LOW_MEMORY_OPTIMIZER.of(s) not in LOW_BIT_STATE:
         return 0.0
     return (LOW_BIT_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
 
@@ -172,7 +173,7 @@ def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
     """Whether the plan's step is pure bf16's stochastically rounded Adam/AdamW (the rank side's build_optimizer):
     always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step. A low-bit AdamW
     under pure bf16 rounds too, through the same single_param_adam: rounds_stochastically."""
-    return s.pure_bf16 and s.low_memory_optimizer == "none" and inp.optimizer in ("adam", "adamw")
+    return PURE_BF16.on(s) and not LOW_MEMORY_OPTIMIZER.on(s) and inp.optimizer in ("adam", "adamw")
 
 
 def rounds_stochastically(inp: MemoryInputs, s: Strategy) -> bool:
@@ -180,7 +181,7 @@ def rounds_stochastically(inp: MemoryInputs, s: Strategy) -> bool:
     SR_STEP_COPIES: pure bf16's Adam/AdamW (stochastic_rounds), or pure bf16 weights stepped by a low-bit AdamW
     (AdamW8bit / AdamW4bit with bf16_stochastic_round=True: launcher.worker.engines.optimizers.low_memory_optimizer,
     on the engines that pair them, EngineSpec.pure_bf16_optimizers)."""
-    return stochastic_rounds(inp, s) or (s.pure_bf16 and s.low_memory_optimizer in LOW_BIT_STATE)
+    return stochastic_rounds(inp, s) or (PURE_BF16.on(s) and LOW_MEMORY_OPTIMIZER.of(s) in LOW_BIT_STATE)
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:

@@ -1,6 +1,6 @@
 """`launch export RUN_DIR`: the Hugging Face model dir from a checkpoint, in one process, no ranks.
 
-The engine's own offline readers consolidate the shards on the host:
+The engine that saved the checkpoint reads it back on the host (Engine.read_checkpoint, launcher.worker.engines):
   DeepSpeed ZeRO-1/2/3  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint (the fp32 masters,
                         frozen parameters included), then cast to the saved dtype.
   DeepSpeed ZeRO-0      the module file (mp_rank_00_model_states.pt) holds the whole model.
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
 
 from launcher.errors import ConfigError
 from launcher.worker import checkpoint
@@ -44,37 +42,10 @@ def check_out(out: Path) -> None:
                           "empty directory")
 
 
-def read_deepspeed(root: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
-    """A DeepSpeed checkpoint tag's full fp32 state dict on the CPU: ZeRO-0's module states, or the ZeRO-1/2/3
-    partitions gathered by DeepSpeed's zero_to_fp32."""
-    if zero_stage == 0:
-        files = sorted((root / tag).glob("mp_rank_*_model_states.pt"))
-        if not files:
-            raise ConfigError(f"{root / tag}: no mp_rank_00_model_states.pt; the checkpoint is incomplete")
-        return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
-
-
-def read_dcp(path: Path) -> dict[str, torch.Tensor]:
-    """The "model" entries of an FSDP2 DCP checkpoint (the optimizer state is not read)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    reader = dcp.FileSystemReader(str(path))
-    meta = reader.read_metadata()
-    sd = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
-          for k, m in meta.state_dict_metadata.items()
-          if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    state = {"model": sd}
-    dcp.load(state, storage_reader=reader, no_dist=True)
-    return state["model"]
-
-
 def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path | None) -> tuple[Path, dict]:
     """Write the export of RUN_DIR's checkpoint (``step`` or the latest) into ``out`` (default RUN_DIR/model)."""
     from launcher.worker.data import read_records
+    from launcher.worker.engines import engine_class
     from launcher.worker.main import load_run_dir
     from launcher.worker.model import build, tokenizer_for
     from launcher.worker.recipes import make_recipe
@@ -93,10 +64,8 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     recipe = make_recipe(job.task, job.data)
     if job.task == "seq_cls":
         recipe.fit_labels(read_records(job.data.path))
-    if (root / tag / "dcp").is_dir():  # FSDP2 saves a DCP dir (engines/fsdp.py); DeepSpeed its own files
-        sd = read_dcp(root / tag / "dcp")
-    else:
-        sd = read_deepspeed(root, tag, plan.strategy.zero_stage or 0)
+    # The engine that saved the checkpoint reads it (DeepSpeed's zero_to_fp32, FSDP2's DCP dir).
+    sd = engine_class(plan.strategy.engine).read_checkpoint(root, tag, plan)
     merge = merge or bool(job.train.lora is not None and job.train.lora.merge)
     dtype = export_dtype(plan.precision)
     if job.train.lora is not None and not merge:

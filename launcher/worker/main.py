@@ -39,9 +39,10 @@ def rank_process_env(run_dir: Path) -> None:
 USAGE = "usage: python -m launcher.rank_entry RUN_DIR   (started by torchrun on every rank)"
 
 
-def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
-    """The job, plan, (DeepSpeed plans) ds_config in ``run_dir`` and the plan's sha256; relative data paths
-    resolve against it. A plan.json other than the one the launcher wrote for this attempt is refused."""
+def load_run_dir(run_dir: Path) -> tuple[Job, Plan, str]:
+    """The job and plan in ``run_dir`` and the plan's sha256; relative data paths resolve against it. A plan.json
+    other than the one the launcher wrote for this attempt is refused. (The engine reads its own config files:
+    make_engine.)"""
     missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).exists()]
     if missing:
         raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; pass a run dir the launcher wrote")
@@ -52,16 +53,15 @@ def load_run_dir(run_dir: Path) -> tuple[Job, Plan, dict | None, str]:
     raw = (run_dir / "plan.json").read_bytes()
     digest = rankenv.check_plan_digest(raw, run_dir / "plan.json")
     plan = Plan.from_json(json.loads(raw))
-    ds_path = run_dir / "ds_config.json"
-    ds_config = json.loads(ds_path.read_text()) if ds_path.exists() else None
-    return job, plan, ds_config, digest
+    return job, plan, digest
 
 
-def make_engine(plan: Plan, ds_config: dict | None, device: torch.device):
-    """The rank-side Engine the plan's engine names (launcher.worker.engines.engine_class)."""
+def make_engine(plan: Plan, run_dir: Path, device: torch.device):
+    """The rank-side Engine the plan's engine names (launcher.worker.engines.engine_class), built from the plan and
+    its own config files in ``run_dir``."""
     from launcher.worker.engines import engine_class
 
-    return engine_class(plan.strategy.engine).from_plan(plan, ds_config, device)
+    return engine_class(plan.strategy.engine).from_plan(plan, run_dir, device)
 
 
 def init_distributed(engine, device: torch.device) -> None:
@@ -98,14 +98,14 @@ def main(argv: list[str]) -> int:
     probe = memory_probe(device=device, run_dir=run_dir)
     status, code, error = "failed", 1, None
     try:
-        job, plan, ds_config, digest = load_run_dir(run_dir)
+        job, plan, digest = load_run_dir(run_dir)
         probe.record(plan_sha256=digest)  # what this rank trains, for the report to compare with the launcher's
         if plan.precision == "fp16" and device.type != "cuda":
             raise ConfigError(
                 "train.precision: 'fp16' needs CUDA (loss scaling and fp16 kernels); these ranks run on CPU; "
                 "use bf16 or fp32"
             )
-        engine = make_engine(plan, ds_config, device)
+        engine = make_engine(plan, run_dir, device)
         init_distributed(engine, device)
         trainer = Trainer(job=job, plan=plan, engine=engine, run_dir=run_dir, device=device, probe=probe)
         trainer.prepare_data()

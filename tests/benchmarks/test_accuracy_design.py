@@ -303,7 +303,7 @@ def test_the_zero3_lora_op_policy_validation_is_new():
 
 def test_the_second_deepspeed_op_policy_validation_is_new():
     """Mixed layouts on DeepSpeed with the op policy: some blocks checkpointed, the last not, on new shapes."""
-    from launcher.planner.plan import checkpointed
+    from launcher.levers.checkpoint_every import checkpointed
 
     sac = SAC_VALIDATION + SAC_DS_DEV + SAC_DS_VALIDATION + SAC_Z3LORA_VALIDATION
     earlier = {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in every_cell()

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from benchmarks.plan_quality.run import evaluate_budgets, fastest_round_s, key, pins, same_work_pairs, select
-from launcher.planner.plan import LEVER_FIELDS, LEVERS_OFF
+from launcher.levers import LEVER_FIELDS, LEVERS_OFF
 
 
 def strat(engine="deepspeed", zero=2, reshard=None, opt="none", par="none", mb=1, ac=False, **levers):

@@ -1,4 +1,4 @@
-"""The DeepSpeed templates (launcher/emit/templates/): loadable, "auto" only where HF Trainer fills it, valid once filled."""
+"""The DeepSpeed templates (launcher/engines/deepspeed/templates/): loadable, "auto" only where HF Trainer fills it, valid once filled."""
 
 import copy
 import json
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from emit_helpers import run_ds_check
 
-from launcher.emit.deepspeed import TEMPLATE_FOR, templates
+from launcher.engines.deepspeed.emit import TEMPLATE_FOR, templates
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "launcher" / "emit" / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "launcher" / "engines" / "deepspeed" / "templates"
 
 EXPECTED = {"zero0", "zero1", "zero2", "zero2_offload_cpu", "zero3", "zero3_offload_cpu", "zero3_offload_nvme"}
 
@@ -77,7 +77,7 @@ def hf_filled_parsed() -> dict:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_hf_trainer_fills_every_auto(hf_filled_parsed, name):
-    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed launcher/emit/templates/<name>.json`.
+    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed launcher/engines/deepspeed/templates/<name>.json`.
     assert '"auto"' not in json.dumps(hf_filled_parsed["filled"][name])
 
 
@@ -95,7 +95,7 @@ def test_templates_ship_in_the_wheel(tmp_path):
     import sys
     import zipfile
 
-    repo, src = TEMPLATES_DIR.parents[2], tmp_path / "src"  # built from a copy: setuptools writes build/ beside it
+    repo, src = TEMPLATES_DIR.parents[3], tmp_path / "src"  # built from a copy: setuptools writes build/ beside it
     shutil.copytree(repo / "launcher", src / "launcher", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(repo / name, src / name)
@@ -103,7 +103,7 @@ def test_templates_ship_in_the_wheel(tmp_path):
                     "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("launcher-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import launcher.emit.deepspeed as d; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import launcher.engines.deepspeed.emit as d; "
             "print(d.__file__.startswith(sys.argv[1]), sorted(d.templates()))")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout

@@ -10,10 +10,9 @@ from emit_helpers import BUCKETS, LARGEST_LAYER_PARAMS, check_golden, json_text,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.emit import ds_config
-from launcher.emit.deepspeed import template_name, templates
 from launcher.engines import engine_spec
-from launcher.engines.deepspeed import deepspeed_states
+from launcher.engines.deepspeed.emit import ds_config, template_name, templates
+from launcher.engines.deepspeed.memory import deepspeed_states
 from launcher.errors import ConfigError
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import NVME_PARAM_BUFFER_COUNT, MemoryInputs, analytic_constants

@@ -6,8 +6,7 @@ import torch
 import yaml
 from emit_helpers import check_golden, make_job, make_plan
 
-from launcher.emit import fsdp_config, fsdp_yaml_text
-from launcher.emit.fsdp import BLOCK_CLASS_BY_FAMILY, accelerate_yaml_text
+from launcher.engines.fsdp.emit import BLOCK_CLASS_BY_FAMILY, accelerate_yaml_text, fsdp_config, fsdp_yaml_text
 from launcher.errors import ConfigError
 
 TWO_NODES = dict(world_size=16, nodes=2)

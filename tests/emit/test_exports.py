@@ -9,9 +9,9 @@ import yaml
 from emit_helpers import check_golden, json_text, make_job, make_plan, run_ds_check
 from test_ds_templates import hf_fill
 
-from launcher.emit.exports import deepspeed_accelerate_config, hf_ds_config
-from launcher.emit.fsdp import fsdp_config
 from launcher.engines import engine_spec
+from launcher.engines.deepspeed.exports import deepspeed_accelerate_config, hf_ds_config
+from launcher.engines.fsdp.emit import fsdp_config
 
 DS_FILE = "/runs/plan/ds_config.json"
 
@@ -146,8 +146,8 @@ def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
 
 
 def test_deepspeed_parser_is_given_the_world_size():
-    from launcher.dscheck import DeepSpeedRefused, check_ds_config
-    from launcher.emit import ds_config
+    from launcher.engines.deepspeed.check import DeepSpeedRefused, check_ds_config
+    from launcher.engines.deepspeed.emit import ds_config
 
     plan = make_plan(world_size=8)  # 2 x 4 x 8 = 64
     parsed = check_ds_config(ds_config(plan, make_job()), 8)
@@ -166,9 +166,9 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
     (precision, accumulation), which carry the plan's values; accelerate's plugins read the plan back from them."""
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-    from launcher.emit.deepspeed import ds_config
     from launcher.emit.exports import accelerate_env
     from launcher.engines import engine_spec
+    from launcher.engines.deepspeed.emit import ds_config
 
     pins = {"zero_stage": 3} if engine == "deepspeed" else {"engine": "fsdp", "activation_checkpointing": True}
     plan, job = make_plan(world_size=4, **pins), make_job()

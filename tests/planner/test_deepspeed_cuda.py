@@ -3,7 +3,7 @@ through host memory when the device lacks room, and ZeRO-3 stepping one optimize
 
 import dataclasses
 
-from launcher.engines.deepspeed import cuda_init_bytes, deepspeed_states, sub_group_elems
+from launcher.engines.deepspeed.memory import cuda_init_bytes, deepspeed_states, sub_group_elems
 from launcher.planner.buckets import size_buckets
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import estimate_memory

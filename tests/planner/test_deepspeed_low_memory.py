@@ -11,7 +11,7 @@ import pytest
 
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
-from launcher.engines.deepspeed import deepspeed_states, flat_partition_elems
+from launcher.engines.deepspeed.memory import deepspeed_states, flat_partition_elems
 from launcher.errors import ConfigError
 from launcher.planner.candidates import candidates
 from launcher.planner.hardware import PROFILES

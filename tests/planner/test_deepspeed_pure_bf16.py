@@ -8,7 +8,7 @@ import pytest
 
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
-from launcher.engines.deepspeed import deepspeed_states, flat_partition_elems, sub_group_elems
+from launcher.engines.deepspeed.memory import deepspeed_states, flat_partition_elems, sub_group_elems
 from launcher.errors import ConfigError
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
@@ -125,7 +125,7 @@ def test_accelerate_notes_name_the_rounding_client_optimizer(request_for):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_accelerate_notes_follow_the_jobs_optimizer_under_pure_bf16(request_for, optimizer):
     # ds_config.json keeps SGD's block (torch's SGD, to nearest: DummyOptim) and leaves Adam to the client optimizer,
-    # the rounding _AdamBase with is_adamw=False (launcher.emit.deepspeed._fill_optimizer, worker build_optimizer;
+    # the rounding _AdamBase with is_adamw=False (launcher.engines.deepspeed.emit._fill_optimizer, worker build_optimizer;
     # tests/emit/test_emit_deepspeed.py checks the blocks).
     from launcher.planner.search import make_plan
 

@@ -27,9 +27,10 @@ def test_the_node_counts_the_export_on_top_of_what_its_ranks_hold():
 def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
     # Where the host is the device, rank 0's export copy is measured with the rank: a 7B fp32 full fine-tune with
     # short sequences peaks there, and the plan's peak (the sum of its breakdown) is that moment.
+    from launcher.levers import LEVERS_OFF
     from launcher.planner.hardware import PROFILES
     from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
-    from launcher.planner.plan import LEVERS_OFF, Strategy
+    from launcher.planner.plan import Strategy
     from launcher.planner.search import PlanRequest, size_buckets
     from tests.planner.test_advice import llama_stats
 
@@ -46,7 +47,7 @@ def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
     mb = est.moment_bytes
     # The state that outlives the step: its gradients and AdamW's working copies are gone by then, and FSDP2's
     # root is resharded (measured on EXPORT_VALIDATION's FSDP2 cell: shards plus Adam's states).
-    from launcher.engines.fsdp import fsdp_states
+    from launcher.engines.fsdp.memory import fsdp_states
 
     st = fsdp_states(inp, s)
     kept = st.params + st.grads + st.optimizer + (0.0 if st.step_frees_buffers else st.buffers)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from launcher.config.job import StrategyConfig
-from launcher.engines.fsdp import fsdp_states
+from launcher.engines.fsdp.memory import fsdp_states
 from launcher.errors import ConfigError
 from launcher.planner.cost import communication
 from launcher.planner.hardware import PROFILES

@@ -8,8 +8,9 @@ from launcher.config.job import StrategyConfig
 from launcher.config.jobfile import job_from_data
 from launcher.engines import ENGINES
 from launcher.errors import ConfigError
-from launcher.planner.levers import MATH_LEVERS, options
-from launcher.planner.plan import LEVER_FIELDS, Plan
+from launcher.levers import LEVER_FIELDS, MATH_LEVERS
+from launcher.planner.levers import options
+from launcher.planner.plan import Plan
 from launcher.planner.search import candidates, make_plan
 
 ALL = frozenset(LEVER_FIELDS)
@@ -137,8 +138,48 @@ def test_chunked_loss_is_tried_on_both_engines_unless_the_head_cannot_compute_it
     seq_cls = dataclasses.replace(llama7b, task="seq_cls")
     assert {o.loss_chunks for o in options(request_for(model=seq_cls), ALL, 1)} == {0}
 
+def test_a_lever_the_search_would_not_try_is_not_scored_for_the_plan(request_for, llama7b):
+    """The lever decisions and the search read one rule (LeverSpec.values): a head that cannot chunk its loss (a
+    LoRA-wrapped lm_head) was never offered chunked loss, yet the plan scored it as an alternative that fits, one the
+    ranks would refuse (issue 37). Likewise activation offload on CPU ranks (it moves nothing there) and checkpointing
+    every k-th block of a model with no more than k blocks: no plan of these jobs could use them."""
+    lora_head = dataclasses.replace(llama7b, trainable_params=4_194_304, lora_params=4_194_304,
+                                    chunk_problem="needs an nn.Linear lm_head, and this model has a Linear head "
+                                                  "(LoRA on lm_head?)")
+    req = request_for(model=lora_head)
+    assert {o.loss_chunks for o in options(req, ALL, 1)} == {0}
+    d = next(d for d in make_plan(req).levers if d.lever == "loss_chunks")
+    assert (d.used, d.why, d.other_value) == (False, "not_applicable", None)
+
+    from launcher.planner.hardware import PROFILES
+
+    cpu = request_for(hardware=PROFILES["cpu"], budget_bytes=10**12, host_ram_per_node_bytes=10**13)
+    d = next(d for d in make_plan(cpu).levers if d.lever == "activation_offload")
+    assert (d.why, d.other_value) == ("not_applicable", None)
+    two_blocks = request_for(model=dataclasses.replace(llama7b, num_blocks=2),
+                             pins=StrategyConfig(activation_checkpointing=True))
+    assert {o.checkpoint_every for o in options(two_blocks, ALL, 1)} == {1}
+    d = next(d for d in make_plan(two_blocks).levers if d.lever == "checkpoint_every")
+    assert (d.why, d.other_value) == ("not_applicable", None)
+
+
+def test_every_scored_lever_value_is_one_the_search_tries_for_that_plan(request_for, llama7b):
+    """Whatever a plan's lever lines compare it with is a value its search could have tried at the plan's shape."""
+    from launcher.levers import LEVERS
+    from launcher.planner.lever_choice import shape_of
+    from launcher.planner.search import make_plan as plan_for
+
+    for req in (request_for(), request_for(global_batch_size=512), request_for(precision="fp32"),
+                request_for(model=dataclasses.replace(llama7b, task="seq_cls")),
+                request_for(allow_levers=tuple(w for ws in MATH_LEVERS.values() for w in ws))):
+        plan = plan_for(req)
+        for d in plan.levers:
+            if d.other_value is not None and d.why != "not_allowed":
+                assert d.other_value in LEVERS[d.lever].values(req, shape_of(plan.strategy)), d
+
+
 def test_the_plan_says_for_every_lever_whether_it_was_used_and_why(request_for, monkeypatch):
-    from launcher.engines.fsdp import FsdpSpec
+    from launcher.engines.fsdp.spec import FsdpSpec
 
     plan = make_plan(request_for())
     assert {d.lever for d in plan.levers} == set(LEVER_FIELDS)
@@ -177,7 +218,8 @@ def test_a_lever_that_would_not_fit_names_the_limit_it_would_overrun(request_for
 def test_a_script_run_is_planned_with_only_the_levers_a_script_receives(request_for):
     """launch --script: the user's script gets the engine's config and whole-model checkpointing, not the recipes'
     loss, checkpoint wrappers, hooks or optimizers; planned with them, its prediction would not hold."""
-    from launcher.planner.levers import SCRIPT_LEVERS, reachable
+    from launcher.levers import SCRIPT_LEVERS
+    from launcher.planner.levers import reachable
 
     every = frozenset(LEVER_FIELDS)
     allow = tuple(w for ws in MATH_LEVERS.values() for w in ws)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from launcher.engines import ENGINES
-from launcher.engines.fsdp import fsdp_states
+from launcher.engines.fsdp.memory import fsdp_states
 from launcher.planner.cost import step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants

@@ -134,7 +134,7 @@ def test_eager_attention_keeps_korthikanti_5as_scores_and_sdpa_none():
 
 
 def _fp32_states(stage, accum=1, n=2):
-    from launcher.engines.deepspeed import deepspeed_states
+    from launcher.engines.deepspeed.memory import deepspeed_states
 
     m = llama_stats(num_params=10_000_000, blocks=2, h=256, inter=1024, vocab=1000)
     inp = MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=1, precision="fp32",
@@ -164,7 +164,7 @@ def test_fp32_zero12_step_holds_three_fp32_partitions(stage):
 def _zero3_moments(*, live, bucket, lora, opt="none"):
     from dataclasses import replace
 
-    from launcher.engines.deepspeed import deepspeed_states
+    from launcher.engines.deepspeed.memory import deepspeed_states
 
     m = llama_stats()
     if lora:
@@ -204,7 +204,7 @@ def test_zero3_backward_end_holds_the_reduce_scatter_copies_of_the_last_flush():
 def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_input_at_once():
     # _fsdp_collectives.py foreach_reduce: copy-in to the fp32 reduce-scatter input happens before the unsharded
     # gradients are cleared, so at fp32 8 bytes per element of the root unit live together (not 4 + 4/n).
-    from launcher.engines.fsdp import fsdp_states
+    from launcher.engines.fsdp.memory import fsdp_states
 
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=1, precision="fp32",
@@ -222,7 +222,7 @@ def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_
 def test_fsdp2_step_in_backward_holds_no_gradient_for_a_step(precision):
     # Each unit's sharded gradient is stepped and dropped in its hook inside foreach_reduce: the step moment has no
     # gradients and the end of backward no blocks' gradients waiting, the root's reduce buffers unchanged.
-    from launcher.engines.fsdp import fsdp_states
+    from launcher.engines.fsdp.memory import fsdp_states
     from launcher.planner.memory import estimate_memory
 
     m = llama_stats()
@@ -310,7 +310,7 @@ def _lever_estimate(*, ac=True, every=1, offload=False, hw="a100-80gb", mb=1):
 
 
 def test_every_kth_block_from_the_first_is_checkpointed_as_transformers_every_n_layers_does():
-    from launcher.planner.memory import checkpointed
+    from launcher.levers.checkpoint_every import checkpointed
 
     assert [i for i in range(12) if checkpointed(i, 1)] == list(range(12))
     assert [i for i in range(12) if checkpointed(i, 2)] == [0, 2, 4, 6, 8, 10]

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from launcher.engines import engine_spec
-from launcher.engines.fsdp import fsdp_states
+from launcher.engines.fsdp.memory import fsdp_states
 from launcher.planner.hardware import PROFILES
 from launcher.planner.levers import options
 from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from launcher.engines import engine_spec
-from launcher.engines.fsdp import fsdp_states
+from launcher.engines.fsdp.memory import fsdp_states
 from launcher.model.qlora import block_nf4, dequant_transient_bytes, nf4_bytes, nf4_eligible
 from launcher.planner.hardware import PROFILES
 from launcher.planner.levers import options
@@ -111,7 +111,7 @@ def test_offered_only_with_lora_and_quantizable_linears(request_for):
 
 
 def test_init_counts_the_largest_weights_quantization():
-    from launcher.engines.fsdp import FsdpSpec
+    from launcher.engines.fsdp.spec import FsdpSpec
     from launcher.model.qlora import quantize_transient_bytes
 
     m = lora_llama()
@@ -144,7 +144,7 @@ def test_step_time_pays_dequantization_and_gathers_fewer_bytes(request_for):
 
 
 def test_dequantization_is_repeated_only_in_the_recomputed_blocks():
-    from launcher.engines.fsdp import FsdpSpec
+    from launcher.engines.fsdp.spec import FsdpSpec
 
     inp = inputs(lora_llama())
     full, every2 = fsdp(True), dataclasses.replace(fsdp(True), checkpoint_every=2)

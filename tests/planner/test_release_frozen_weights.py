@@ -9,13 +9,14 @@ import pytest
 
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
-from launcher.engines import deepspeed as deepspeed_engine
-from launcher.engines.deepspeed import RELEASE_REFUSED, pinned_linear_elems, refetched_params, released_gathered_elems
+from launcher.engines.deepspeed import memory as deepspeed_engine
+from launcher.engines.deepspeed.memory import pinned_linear_elems, refetched_params, released_gathered_elems
+from launcher.engines.deepspeed.spec import RELEASE_REFUSED
 from launcher.errors import ConfigError
+from launcher.levers import LEVER_FIELDS
 from launcher.planner.buckets import size_buckets
 from launcher.planner.levers import options
 from launcher.planner.memory import analytic_constants, strategy_activations
-from launcher.planner.plan import LEVER_FIELDS
 from launcher.planner.scoring import score
 from launcher.planner.search import candidates, make_plan
 from tests.planner.conftest import llama_stats

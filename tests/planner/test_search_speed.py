@@ -8,13 +8,13 @@ import pytest
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
 from launcher.errors import NoPlanError
+from launcher.levers import LEVER_FIELDS, MATH_LEVERS
 from launcher.planner import advice, scoring
 from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import pinned
 from launcher.planner.hardware import PROFILES
-from launcher.planner.levers import MATH_LEVERS, math_departure
+from launcher.planner.levers import math_departure
 from launcher.planner.memo import TracedMemo
-from launcher.planner.plan import LEVER_FIELDS
 from launcher.planner.search import candidates, evaluate, make_plan, search
 from tests.planner.conftest import llama_stats
 

@@ -20,7 +20,7 @@ M = llama_stats()
 
 def lift_backward_pool(monkeypatch) -> None:
     """FSDP2's states with a 50 GB side-stream pool at the backward moment, large enough to make it the peak."""
-    import launcher.engines.fsdp as fsdp
+    import launcher.engines.fsdp.spec as fsdp
 
     real = fsdp.fsdp_states
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from launcher.engines.deepspeed import deepspeed_states, pinned_linear_elems
+from launcher.engines.deepspeed.memory import deepspeed_states, pinned_linear_elems
 from launcher.planner.plan import Buckets
 from tests.planner.conftest import llama_stats
 from tests.planner.test_backward_end import ZERO3, inputs

@@ -108,7 +108,7 @@ def test_the_worker_refuses_it_before_building_anything(planned, monkeypatch):
 
     digest = hashlib.sha256((planned / "plan.json").read_bytes()).hexdigest()
     monkeypatch.setenv(PLAN_DIGEST_ENV, digest)
-    assert load_run_dir(planned)[3] == digest
+    assert load_run_dir(planned)[2] == digest
     monkeypatch.setenv(PLAN_DIGEST_ENV, "0" * 64)
     with pytest.raises(ConfigError, match="is not the one the launcher wrote for this run"):
         load_run_dir(planned)

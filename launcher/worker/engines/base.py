@@ -30,7 +30,7 @@ WORK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
-"""torch's AdamW defaults, written out so the worker's optimizer and DeepSpeed's (launcher.emit.deepspeed, which
+"""torch's AdamW defaults, written out so the worker's optimizer and DeepSpeed's (launcher.engines.deepspeed.emit, which
 writes the same numbers into ds_config.json) cannot drift apart; tests/worker/test_step_contract.py checks both."""
 
 CLIP_EPS = 1e-6
@@ -55,8 +55,15 @@ class Engine(Protocol):
     """With transformers' checkpointing: "full" or "ops" (launcher.model.sac's op policy)."""
 
     @classmethod
-    def from_plan(cls, plan, ds_config: dict | None, device: torch.device) -> Engine:
-        """The engine for ``plan`` (launcher.worker.engines.engine_class finds the class by the plan's engine)."""
+    def from_plan(cls, plan, run_dir: Path, device: torch.device) -> Engine:
+        """The engine for ``plan``, reading its own config files from ``run_dir`` (launcher.worker.engines
+        .engine_class finds the class by the plan's engine)."""
+        ...
+
+    @staticmethod
+    def read_checkpoint(root: Path, tag: str, plan) -> dict[str, torch.Tensor]:
+        """`launch export`'s reader (launcher.worker.export_offline): the full state dict of the checkpoint this
+        engine's ``save`` wrote under root/tag, on the host, in one process without a process group."""
         ...
 
     @staticmethod

@@ -13,12 +13,14 @@ other ranks receive it by broadcast onto their devices (launcher.worker.loading)
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from launcher.config.job import TrainConfig
+from launcher.engines.deepspeed.emit import DS_CONFIG_FILE
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.worker.engines.base import WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
@@ -57,7 +59,7 @@ _ABSENT = object()
 
 _ROUNDING_ADAM = ("adam", "adamw")
 """ds_config optimizer types (case-insensitive, as DeepSpeed reads them) that pure bf16 steps with its own rounding
-client optimizer instead (launcher.emit.deepspeed._fill_optimizer)."""
+client optimizer instead (launcher.engines.deepspeed.emit._fill_optimizer)."""
 
 
 def _ds_value(ds: dict, key: str):
@@ -240,15 +242,31 @@ class DeepSpeedEngine:
     name = "deepspeed"
 
     @classmethod
-    def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> DeepSpeedEngine:
-        """The engine for a DeepSpeed plan, its ds_config.json checked against it; ConfigError without one."""
-        if ds_config is None:
+    def from_plan(cls, plan: Plan, run_dir: Path, device: torch.device) -> DeepSpeedEngine:
+        """The engine for a DeepSpeed plan, the run dir's ds_config.json checked against it; ConfigError without
+        one."""
+        path = Path(run_dir) / DS_CONFIG_FILE
+        if not path.exists():
             raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
+        ds_config = json.loads(path.read_text())
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,
                    usable_bytes=plan.usable_bytes, checkpoint_every=plan.strategy.checkpoint_every,
                    low_memory_optimizer=plan.strategy.low_memory_optimizer, pure_bf16=plan.strategy.pure_bf16,
                    checkpoint_policy=plan.strategy.checkpoint_policy)
+
+    @staticmethod
+    def read_checkpoint(root: Path, tag: str, plan: Plan) -> dict[str, torch.Tensor]:
+        """A checkpoint tag's full fp32 state dict on the CPU (`launch export`): ZeRO-0's module states, or the
+        ZeRO-1/2/3 partitions gathered by DeepSpeed's zero_to_fp32."""
+        if (plan.strategy.zero_stage or 0) == 0:
+            files = sorted((root / tag).glob("mp_rank_*_model_states.pt"))
+            if not files:
+                raise ConfigError(f"{root / tag}: no mp_rank_00_model_states.pt; the checkpoint is incomplete")
+            return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag))
 
     @staticmethod
     def init_process_group(backend: str) -> None:

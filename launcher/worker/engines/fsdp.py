@@ -27,8 +27,8 @@ from torch import nn
 
 from launcher.config.job import FsdpSharding, TrainConfig
 from launcher.errors import ConfigError
+from launcher.levers.checkpoint_every import checkpointed
 from launcher.model.introspect import find_blocks
-from launcher.planner.memory import checkpointed
 from launcher.planner.plan import Plan
 from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
 
@@ -71,8 +71,9 @@ class FsdpEngine:
     """The plan's Strategy.low_memory_optimizer (set by from_plan): build_optimizer's choice."""
 
     @classmethod
-    def from_plan(cls, plan: Plan, ds_config: dict | None, device: torch.device) -> FsdpEngine:
-        """The engine for an FSDP2 plan, configured from its strategy, precision and levers (ds_config is not used)."""
+    def from_plan(cls, plan: Plan, run_dir: Path, device: torch.device) -> FsdpEngine:
+        """The engine for an FSDP2 plan, configured from its strategy, precision and levers (plan.json holds them
+        all; fsdp.yaml in ``run_dir`` documents the same settings)."""
         s = plan.strategy
         engine = cls(
             reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
@@ -92,6 +93,22 @@ class FsdpEngine:
         )
         engine.low_memory_optimizer = s.low_memory_optimizer
         return engine
+
+    @staticmethod
+    def read_checkpoint(root: Path, tag: str, plan: Plan) -> dict[str, torch.Tensor]:
+        """The "model" entries of the DCP dir ``save`` wrote under root/tag (`launch export`; the optimizer state is
+        not read), without a process group."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        reader = dcp.FileSystemReader(str(root / tag / "dcp"))
+        meta = reader.read_metadata()
+        sd = {k.removeprefix("model."): torch.empty(m.size, dtype=m.properties.dtype)
+              for k, m in meta.state_dict_metadata.items()
+              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+        state = {"model": sd}
+        dcp.load(state, storage_reader=reader, no_dist=True)
+        return state["model"]
 
     @staticmethod
     def init_process_group(backend: str) -> None:
@@ -300,7 +317,7 @@ class FsdpEngine:
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(shape, dimension names) of the device mesh: (world,) or, hybrid, (nodes, ranks per node)."""
-        from launcher.emit.fsdp import MESH_DIM_NAMES_FULL, MESH_DIM_NAMES_HYBRID
+        from launcher.engines.fsdp.emit import MESH_DIM_NAMES_FULL, MESH_DIM_NAMES_HYBRID
 
         world = dist.get_world_size()
         if self.sharding != "hybrid":

@@ -18,7 +18,9 @@ from __future__ import annotations
 import yaml
 
 from launcher.config.job import InlineArch, Job
+from launcher.emit.exports import accelerate_base
 from launcher.errors import ConfigError
+from launcher.levers import PURE_BF16
 from launcher.planner.plan import Plan
 
 BLOCK_CLASS_BY_FAMILY = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "bert": "BertLayer"}
@@ -38,40 +40,6 @@ _YAML_HEADER = """\
 # (the accumulation goes in ACCELERATE_GRADIENT_ACCUMULATION_STEPS; several nodes add --machine_rank and
 # --main_process_ip).
 """
-
-
-
-MACHINE_RANK_UNSET = "SET_BY_--machine_rank"
-"""machine_rank of a multi-node accelerate config: each node passes its own with `--machine_rank`. accelerate
-takes the flag over the file; without the flag it stops at once (int() of this text names the flag)."""
-MAIN_PROCESS_IP_UNSET = "SET_BY_--main_process_ip"
-"""main_process_ip of a multi-node accelerate config: the head node is known only when the job runs. Without
-`--main_process_ip` torchrun retries this name, and its warning names the flag (never a wrong host: leaving the key
-out would rendezvous at `None:29500`)."""
-
-
-def accelerate_base(plan: Plan, distributed_type: str, mixed_precision: str | None) -> dict:
-    """The keys every accelerate config file needs, for one machine's view of the plan's world.
-
-    On one node the file is complete. On several, the node's rank and the head node's address are not in the
-    plan, so they hold a marker that accelerate refuses unless `--machine_rank` / `--main_process_ip` are given.
-    """
-    multinode = plan.nodes > 1
-    return {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": distributed_type,
-        # Required by accelerate's loader; None for DeepSpeed, whose config file holds the precision.
-        "mixed_precision": mixed_precision,
-        "num_machines": plan.nodes,
-        "num_processes": plan.world_size,
-        "machine_rank": MACHINE_RANK_UNSET if multinode else 0,
-        **({"main_process_ip": MAIN_PROCESS_IP_UNSET} if multinode else {}),
-        "main_training_function": "main",
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-        "debug": False,
-    }
 
 
 def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict:
@@ -104,7 +72,7 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         # torch dtype attribute names: getattr(torch, name) gives MixedPrecisionPolicy's arguments.
         "param_dtype": _PARAM_DTYPE[plan.precision],
         # Pure bf16: the parameters themselves are cast to bf16 before fully_shard and gradients reduce in bf16.
-        "reduce_dtype": "bfloat16" if s.pure_bf16 else "float32",
+        "reduce_dtype": "bfloat16" if PURE_BF16.on(s) else "float32",
         "cpu_offload": cpu_offload,
         "activation_checkpointing": s.activation_checkpointing,
         # One FSDP unit per block_class module, then the root (the rest: embeddings, final norm, head).
@@ -112,8 +80,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         "block_class": block_class,
         "wrap": [block_class or "_no_split_modules", "root"],
     }
-    if s.pure_bf16:
-        fsdp2["pure_bf16"] = True  # the parameters themselves bf16 before fully_shard: no fp32 master
+    if PURE_BF16.on(s):
+        fsdp2[PURE_BF16.field] = True  # the parameters themselves bf16 before fully_shard: no fp32 master
 
     fsdp_section = {
         "fsdp_version": 2,

@@ -1,4 +1,5 @@
-"""The DeepSpeed config for a plan: a template from ``launcher/emit/templates/`` with the plan's numbers filled in.
+"""The DeepSpeed config for a plan: a template from ``templates/`` (beside this module) with the plan's numbers
+filled in.
 
 Pure but for reading the templates: package data (so an installed wheel has them), read once, on first use;
 they double as HF Trainer ``--deepspeed`` files (templates/README.md).
@@ -16,6 +17,7 @@ import json
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
+from launcher.levers import LOW_MEMORY_OPTIMIZER, PURE_BF16, RELEASE_FROZEN_WEIGHTS
 from launcher.planner.plan import Plan
 from launcher.planner.terms import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_elems
 
@@ -23,9 +25,12 @@ from launcher.planner.terms import NVME_PARAM_BUFFER_COUNT, nvme_param_buffer_el
 @functools.cache
 def templates() -> dict[str, dict]:
     """Template name (file stem) to its parsed JSON; read once, on first use."""
-    root = importlib.resources.files("launcher.emit") / "templates"
+    root = importlib.resources.files("launcher.engines.deepspeed") / "templates"
     files = sorted((p for p in root.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
     return {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in files}
+
+DS_CONFIG_FILE = "ds_config.json"
+"""The run dir's DeepSpeed config: written by the spec (config_files), read by the ranks (DeepSpeedEngine.from_plan)."""
 
 _OFFLOAD_TIER = {"none": 0, "cpu": 1, "nvme": 2}
 
@@ -105,8 +110,8 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
     left = _auto_paths(cfg)
     if left:
         raise RuntimeError(
-            f"launcher/emit/templates/{name}.json: {', '.join(left)} still 'auto' after filling; "
-            "fill it in launcher/emit/deepspeed.py or give it a concrete value in the template"
+            f"launcher/engines/deepspeed/templates/{name}.json: {', '.join(left)} still 'auto' after filling; "
+            "fill it in launcher/engines/deepspeed/emit.py or give it a concrete value in the template"
         )
     return cfg
 
@@ -132,7 +137,7 @@ def _strategy_problems(plan: Plan) -> list[str]:
             f"strategy.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.zero_stage}; "
             "set zero_stage: 3 or offload_optimizer: cpu"
         )
-    if s.pure_bf16 and (s.zero_stage == 0 or s.offload_optimizer != "none"):
+    if PURE_BF16.on(s) and (s.zero_stage == 0 or s.offload_optimizer != "none"):
         problems.append(
             f"strategy.pure_bf16: true is emitted for ZeRO-1/2/3 without optimizer offload, got zero_stage "
             f"{s.zero_stage} with offload_optimizer {s.offload_optimizer!r} (launcher.engines.deepspeed "
@@ -169,7 +174,7 @@ def _fill_precision(cfg: dict, plan: Plan) -> None:
     # and a reader should not have to know that. fp32 enables neither.
     cfg.setdefault("bf16", {})["enabled"] = plan.precision == "bf16"
     cfg.setdefault("fp16", {})["enabled"] = plan.precision == "fp16"
-    if plan.strategy.pure_bf16:
+    if PURE_BF16.on(plan.strategy):
         # Pure bf16: the ZeRO optimizer's master partition, its gradient and the optimizer states take bf16
         # (runtime/base_optimizer.py _configure_master_weights: master dtype bf16; the states follow the bf16
         # master partition they are built on). No fp32 copy anywhere.
@@ -180,7 +185,7 @@ def _fill_precision(cfg: dict, plan: Plan) -> None:
 def _fill_optimizer(cfg: dict, plan: Plan, job: Job) -> None:
     s = plan.strategy
     t = job.train
-    if s.low_memory_optimizer != "none" or (s.pure_bf16 and t.optimizer in ("adam", "adamw")):
+    if LOW_MEMORY_OPTIMIZER.of(s) != "none" or (PURE_BF16.on(s) and t.optimizer in ("adam", "adamw")):
         # The rank side passes the low-memory optimizer to deepspeed.initialize as a client optimizer
         # (launcher.worker.engines.deepspeed builds one only when the config names none). An "optimizer" block
         # here would claim AdamW: DeepSpeed 0.19 would quietly prefer the client's (engine.py
@@ -265,7 +270,7 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # linear. Under LoRA the planner chooses (Strategy.release_frozen_weights): DeepSpeed's, whose frozen
         # linears' inputs it counts as activations, or torch's, whose pinned weights it counts
         # (launcher.engines.deepspeed.pinned_linear_elems).
-        z["memory_efficient_linear"] = job.train.lora is None or s.release_frozen_weights
+        z["memory_efficient_linear"] = job.train.lora is None or RELEASE_FROZEN_WEIGHTS.on(s)
 
     for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
         if device == "none":

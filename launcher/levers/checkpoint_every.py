@@ -1,0 +1,73 @@
+"""Selective activation checkpointing: every k-th block checkpointed rather than all of them (exact).
+
+The rank side: launcher.worker.engines (transformers' every_n_layers for DeepSpeed, FSDP2's own wrappers) by the
+rule ``checkpointed`` states; docs/memory-model.md, "Selective checkpointing".
+"""
+
+from __future__ import annotations
+
+from launcher.config.problem import Problem
+from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape
+
+TRIED = (1, 2, 4)
+"""The k of "checkpoint every k-th block" the search tries (torchtitan's selective_ac_option takes any k)."""
+
+
+def checkpointed(index: int, every: int) -> bool:
+    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
+
+    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
+    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
+    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
+    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
+    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
+    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
+    """
+    return index % every == 0
+
+
+def checkpoint_count(num_blocks: int, every: int) -> int:
+    """How many of ``num_blocks`` blocks are checkpointed when every ``every``-th is (``checkpointed``): blocks 0, k,
+    2k, ..., ceil(n / k) of them."""
+    return -(-num_blocks // every)
+
+
+class CheckpointEvery(LeverSpec):
+    """Checkpointing every k-th block: more activations kept, fewer blocks recomputed."""
+
+    field = "checkpoint_every"
+    off = 1
+    type = int
+    doc = "With activation_checkpointing: every k-th block is checkpointed (1: all of them), blocks."
+    pin_doc = "With activation_checkpointing: checkpoint every k-th block (1: every block; 2: half of them), blocks."
+    title = "selective checkpointing (every k-th block)"
+    refines_checkpointing = True
+    plan_lacks = "not with this plan: it refines activation checkpointing, which the plan leaves off"
+
+    def values(self, req, shape: Shape | None = None) -> tuple:
+        """1, 2 and 4 where the model has more blocks than k, with checkpointing on."""
+        if shape is not None and not shape.activation_checkpointing:
+            return (self.off,)
+        return tuple(k for k in TRIED if k < max(req.model.num_blocks, 2))
+
+    def checkpointing_words(self, value: object) -> tuple[str, str]:
+        """" every k" after "AC"; " for 1 block in k" after "activation checkpointing on"."""
+        return ("", "") if value == 1 else (f" every {value}", f" for 1 block in {value}")
+
+    def change_words(self, old: object, new: object, checkpointing_turned_on: bool) -> str:
+        """"activation checkpointing every 2 -> every 1 block" (nothing where checkpointing itself came on)."""
+        if checkpointing_turned_on or old == new:
+            return ""
+        return f"activation checkpointing every {old} -> every {new} block"
+
+    def pin_problems(self, job) -> list:
+        """A k from 1 to LEVER_COUNT_MAX."""
+        k = self.of(job.strategy)
+        if k is not None and not 1 <= k <= LEVER_COUNT_MAX:
+            return [Problem(f"strategy.{self.field}", f"{k!r} must be 1 to {LEVER_COUNT_MAX} (1 checkpoints every "
+                            "block); use e.g. 2, or leave it out")]
+        return []
+
+
+SPEC = CheckpointEvery()
+"""The registered spec (launcher.levers.LEVERS)."""

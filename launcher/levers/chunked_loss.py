@@ -1,0 +1,77 @@
+"""Chunked cross-entropy: the head and the loss over pieces of the tokens, one piece's logits at a time (exact).
+
+The rank side: launcher.model.chunked_loss (the head that computes it, and ``chunk_problem``: where a head cannot),
+which the recipes switch on; docs/memory-model.md, "Chunked cross-entropy".
+"""
+
+from __future__ import annotations
+
+from launcher.config.problem import Problem
+from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape
+
+CHUNKS = 8
+"""Chunks of the chunked cross-entropy: torchtune's CEWithChunkedOutputLoss uses 8 (its num_output_chunks)."""
+
+
+def chunked_head_bytes(c, head_per_token: float, tokens: int, chunks: int) -> float:
+    """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss), from
+    the activation constants ``c`` (launcher.planner.terms.ActivationConstants).
+
+    Non-reentrant checkpoint keeps each piece's inputs (views of the hidden states, in the non-logit part) and
+    rebuilds one piece's logits in backward, so of the vocabulary-sized tensors (L per token: fp32 log-softmax
+    output, its gradient, the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The pieces'
+    weight gradients all flow into the head weight's one AccumulateGrad node, whose input buffer sums them
+    while the blocks' activations are still saved: a piece's log-softmax backward runs beside that buffer
+    (G = V·h·w, from the second piece on), its matmul backward beside the buffer and its own weight gradient
+    (2G) with only the logits' gradient (L/3) left. The first sum is out of place (3G): the weight gradient of
+    F.linear arrives as the transpose of the matmul's result, a view, which the engine's input buffer never
+    adds into in place; the sum is a fresh tensor, and later pieces add into it in place. Unchunked the weight
+    gradient appears after the logits are freed, so it is not at this peak. Linear in the constants
+    (launcher.calibrate scales them)."""
+    logits = min(c.head_logit_bytes_per_token, head_per_token)
+    rest = tokens * (head_per_token - logits)
+    piece = tokens * logits / chunks
+    if chunks == 1:
+        return rest + piece
+    g = c.head_weight_grad_bytes
+    return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
+
+
+def recompute_flops_per_token(m, s) -> float:
+    """FLOPs per token the lever adds: the head's matmul runs again in backward (2·h·V), where ``s`` uses it."""
+    return 2.0 * m.hidden_size * m.vocab_size if SPEC.of(s) else 0.0
+
+
+class ChunkedLoss(LeverSpec):
+    """The loss in pieces: one piece's fp32 logits live at a time, the head's matmul recomputed."""
+
+    field = "loss_chunks"
+    off = 0
+    type = int
+    doc = "Chunked cross-entropy over this many chunks of tokens, each recomputed in backward; 0: whole logits."
+    pin_doc = ("Chunked cross-entropy: the head and the loss run over this many chunks of tokens, each recomputed "
+               "in backward, so one chunk's fp32 logits exist at a time; 0 computes the whole logits at once (no "
+               "unit).")
+    title = "chunked cross-entropy"
+
+    def values(self, req, shape: Shape | None = None) -> tuple:
+        """0 and CHUNKS for a causal LM whose head can compute it (not a LoRA-wrapped head, not soft-capped logits:
+        ModelStats.chunk_problem)."""
+        m = req.model
+        return (0, CHUNKS) if m.task == "causal_lm" and not m.chunk_problem else (0,)
+
+    def word(self, value: object) -> str:
+        """"chunked loss/8"."""
+        return f"chunked loss/{value}" if value else ""
+
+    def pin_problems(self, job) -> list:
+        """0 to LEVER_COUNT_MAX chunks."""
+        n = self.of(job.strategy)
+        if n is not None and not 0 <= n <= LEVER_COUNT_MAX:
+            return [Problem(f"strategy.{self.field}", f"{n!r} must be 0 (whole logits) to {LEVER_COUNT_MAX}; use "
+                            "e.g. 8, or leave it out")]
+        return []
+
+
+SPEC = ChunkedLoss()
+"""The registered spec (launcher.levers.LEVERS)."""

@@ -1,0 +1,80 @@
+"""The optimizer step in backward: each parameter steps in its gradient hook, so no full gradient buffer exists
+(exact, but global-norm clipping is off). The rank side: launcher.worker.engines.fsdp (per-parameter optimizers
+stepped from post-accumulate-grad hooks, torchtune's optimizer_in_bwd); docs/memory-model.md, "Optimizer step in
+backward".
+"""
+
+from __future__ import annotations
+
+from launcher.config.problem import Problem
+from launcher.levers import low_memory_optimizer
+from launcher.levers.spec import LeverSpec, Shape
+
+CALL_S = 1e-4
+"""Seconds one more optimizer.step() call costs with the optimizer step in backward (a per-parameter optimizer
+stepped from each gradient hook, launcher.worker.engines.fsdp): the same per-tensor AdamW (foreach=False) as one
+optimizer's step, plus each call's own Python overhead (Optimizer.step's hooks and profiling wrapper, zero_grad).
+Measured on a shared 2-core CPU host: 200 tensors stepped by 200 optimizers against one, +138 us per tensor; a
+loaded host, so an upper end. It is what makes the lever lose a tie: it is chosen when it fits what the plain step
+does not, or lets a faster layout fit, never for nothing (it drops global-norm clipping)."""
+
+
+def in_backward_possible(req, grad_accum_steps: int) -> bool:
+    """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
+    torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
+    return grad_accum_steps == 1 and req.precision != "fp16"
+
+
+def step_calls_s(m, s) -> float:
+    """Seconds per step the lever adds where ``s`` uses it: one optimizer call per trainable tensor (CALL_S each, at
+    least one tensor); the step's arithmetic is the same, moved into backward."""
+    return max(m.trainable_tensors, 1) * CALL_S if SPEC.on(s) else 0.0
+
+
+class OptimizerInBackward(LeverSpec):
+    """Each parameter's step in its gradient hook: no gradient buffer at the step, no clipping."""
+
+    field = "optimizer_in_backward"
+    off = False
+    type = bool
+    doc = "Each parameter steps in its gradient hook: no full gradient buffer, no global-norm clipping."
+    pin_doc = "Each parameter steps in its gradient hook (no full gradient buffer; no global-norm clipping)."
+    title = "optimizer step in backward"
+    plan_lacks = ("not with this plan: it needs no gradient accumulation (each parameter steps as its gradient is "
+                  "made), and the plan accumulates micro-batches")
+
+    def values(self, req, shape: Shape | None = None) -> tuple:
+        """Off and on where the plan does not accumulate (every plan of the job may not) and the job is not fp16."""
+        return (False, True) if in_backward_possible(req, shape.grad_accum_steps if shape else 1) else (False,)
+
+    def pin_refused(self, req, shape: Shape, pin: object) -> bool:
+        """Pinned on where this plan cannot step in backward."""
+        return bool(pin) and not in_backward_possible(req, shape.grad_accum_steps)
+
+    def excludes(self, setting, pure_bf16_optimizers: frozenset[str]) -> bool:
+        """Not with a low-memory optimizer: not modelled together (its step copies would sit in backward)."""
+        return self.on(setting) and low_memory_optimizer.SPEC.on(setting)
+
+    def math_note(self, req) -> str:
+        """Clipping is off: the one thing the lever changes in the math (its deltas are in the lever lines)."""
+        if req.max_grad_norm > 0:
+            return (f"optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm "
+                    f"{req.max_grad_norm:g} is not applied, since each parameter steps before the global norm of all "
+                    f"gradients exists; pin strategy.{self.field}: false to keep it")
+        return "optimizer step in backward: no clipping is lost (train.max_grad_norm is off)"
+
+    def word(self, value: object) -> str:
+        """"opt-in-bwd"."""
+        return "opt-in-bwd" if value else ""
+
+    def pin_problems(self, job) -> list:
+        """Not under fp16, whose loss scaling checks every gradient before any step."""
+        if self.of(job.strategy) and job.train.precision == "fp16":
+            return [Problem(f"strategy.{self.field}", "true steps each parameter in backward, but fp16 needs loss "
+                            "scaling, which checks every gradient for overflow before any step; use train.precision: "
+                            f"bf16 or fp32, or leave strategy.{self.field} out", reads=("train.precision",))]
+        return []
+
+
+SPEC = OptimizerInBackward()
+"""The registered spec (launcher.levers.LEVERS)."""
