@@ -182,17 +182,18 @@ def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
             return any(named(e) for e in node.elts)
         return False
 
-    found = []
+    return [f"{rel}:{node.lineno}" for rel, node in nodes_outside(root, ENGINE_HOMES)
+            if ((isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)))
+                or (isinstance(node, ast.MatchValue) and named(node.value))  # case "deepspeed":
+                or (isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys)))]
+
+
+def nodes_outside(root: Path, homes: tuple[str, ...]):
+    """(path relative to the package's parent, node) for every syntax node of the modules outside ``homes``."""
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
-        if rel.startswith(ENGINE_HOMES):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if ((isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)))
-                    or (isinstance(node, ast.MatchValue) and named(node.value))  # case "deepspeed":
-                    or (isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys))):
-                found.append(f"{rel}:{node.lineno}")
-    return found
+        if not rel.startswith(homes):
+            yield from ((rel, node) for node in ast.walk(ast.parse(path.read_text(), str(path))))
 
 
 def test_engine_names_are_compared_only_inside_the_engines():
@@ -259,18 +260,14 @@ def lever_field_names(root: Path = PACKAGE) -> list[str]:
 
     home = {field: type(spec).__module__.replace(".", "/") + ".py" for field, spec in LEVERS.items()}
     found = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root.parent).as_posix()
-        if rel.startswith(LEVER_RANK_SIDE):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            name = (node.attr if isinstance(node, ast.Attribute)
-                    else node.arg if isinstance(node, ast.keyword)
-                    else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    else node.target.id if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    else None)
-            if name in home and rel != home[name]:
-                found.append(f"{rel}:{node.lineno} {name}")
+    for rel, node in nodes_outside(root, LEVER_RANK_SIDE):
+        name = (node.attr if isinstance(node, ast.Attribute)
+                else node.arg if isinstance(node, ast.keyword)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else node.target.id if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                else None)
+        if name in home and rel != home[name]:
+            found.append(f"{rel}:{node.lineno} {name}")
     return found
 
 

@@ -6,8 +6,7 @@ rule ``checkpointed`` states; docs/memory-model.md, "Selective checkpointing".
 
 from __future__ import annotations
 
-from launcher.config.problem import Problem
-from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape
+from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape, count_problems
 
 TRIED = (1, 2, 4)
 """The k of "checkpoint every k-th block" the search tries (torchtitan's selective_ac_option takes any k)."""
@@ -62,11 +61,7 @@ class CheckpointEvery(LeverSpec):
 
     def pin_problems(self, job) -> list:
         """A k from 1 to LEVER_COUNT_MAX."""
-        k = self.of(job.strategy)
-        if k is not None and not 1 <= k <= LEVER_COUNT_MAX:
-            return [Problem(f"strategy.{self.field}", f"{k!r} must be 1 to {LEVER_COUNT_MAX} (1 checkpoints every "
-                            "block); use e.g. 2, or leave it out")]
-        return []
+        return count_problems(self, self.of(job.strategy), 1, f"1 to {LEVER_COUNT_MAX} (1 checkpoints every block)", 2)
 
 
 SPEC = CheckpointEvery()

@@ -6,8 +6,7 @@ which the recipes switch on; docs/memory-model.md, "Chunked cross-entropy".
 
 from __future__ import annotations
 
-from launcher.config.problem import Problem
-from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape
+from launcher.levers.spec import LEVER_COUNT_MAX, LeverSpec, Shape, count_problems
 
 CHUNKS = 8
 """Chunks of the chunked cross-entropy: torchtune's CEWithChunkedOutputLoss uses 8 (its num_output_chunks)."""
@@ -66,11 +65,7 @@ class ChunkedLoss(LeverSpec):
 
     def pin_problems(self, job) -> list:
         """0 to LEVER_COUNT_MAX chunks."""
-        n = self.of(job.strategy)
-        if n is not None and not 0 <= n <= LEVER_COUNT_MAX:
-            return [Problem(f"strategy.{self.field}", f"{n!r} must be 0 (whole logits) to {LEVER_COUNT_MAX}; use "
-                            "e.g. 8, or leave it out")]
-        return []
+        return count_problems(self, self.of(job.strategy), 0, f"0 (whole logits) to {LEVER_COUNT_MAX}", CHUNKS)
 
 
 SPEC = ChunkedLoss()

@@ -11,9 +11,19 @@ from __future__ import annotations
 import operator
 from typing import NamedTuple
 
+from launcher.config.problem import Problem
+
 LEVER_COUNT_MAX = 4096
 """Most loss chunks or blocks between checkpoints a job may pin (no model has more blocks; a chunk per token of a
 4k sequence is already far past any saving)."""
+
+
+def count_problems(spec: LeverSpec, value: int | None, low: int, words: str, example: int) -> list[Problem]:
+    """A pinned count outside ``low`` to LEVER_COUNT_MAX as the job's problem: ``words`` say what the bounds mean,
+    ``example`` is a value to pin instead."""
+    if value is None or low <= value <= LEVER_COUNT_MAX:
+        return []
+    return [Problem(f"strategy.{spec.field}", f"{value!r} must be {words}; use e.g. {example}, or leave it out")]
 
 
 class Shape(NamedTuple):
