@@ -31,7 +31,7 @@ from typing import Literal
 
 from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
-from launcher.engines import engine_spec
+from launcher.engines import engine_spec, flat_layout
 from launcher.levers import LEVERS, REFINEMENTS
 from launcher.planner.plan import Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
@@ -187,14 +187,7 @@ def describe_change(old: Strategy, new: Strategy) -> str:
         parts.append("activation checkpointing on")
     if new.activation_checkpointing:
         parts += [words for spec in REFINEMENTS if (words := spec.change_words(spec.of(old), spec.of(new), turned_on))]
-    if new.zero_stage != old.zero_stage:
-        parts.append(f"ZeRO stage {old.zero_stage} -> {new.zero_stage}")
-    if new.fsdp_reshard_after_forward != old.fsdp_reshard_after_forward:
-        parts.append("FSDP2 full-shard (reshard after forward)")
-    if new.offload_optimizer != old.offload_optimizer:
-        parts.append(f"optimizer state -> {new.offload_optimizer}")
-    if new.offload_params != old.offload_params:
-        parts.append(f"parameters -> {new.offload_params}")
+    parts += new.layout.change_words(old.layout)  # the engine's words (the ladder never changes the engine)
     return ", ".join(parts) or "no change"
 
 
@@ -217,7 +210,7 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
     usable = req.usable_bytes
     skipped: list[str] = []
     cur = failed
-    host_blocked = failed.offload_optimizer == "nvme" or failed.offload_params == "nvme"
+    host_blocked = "nvme" in (failed.layout.offload_optimizer, failed.layout.offload_params)
     for rung in RUNGS:
         if rung == "nvme" and not host_blocked:
             continue  # NVMe frees host RAM, not device memory: only a way round offload that host RAM cannot hold
@@ -264,8 +257,7 @@ def next_strategy(failed: Strategy, failed_estimate: Estimate, req: PlanRequest,
 
 def pins_for(s: Strategy, safety_margin: float) -> StrategyConfig:
     """A job's strategy: section that pins every field to ``s`` (so the planner reproduces it)."""
-    return StrategyConfig(engine=s.engine, zero_stage=s.zero_stage, fsdp_reshard_after_forward=s.fsdp_reshard_after_forward,
-                          fsdp_sharding=s.fsdp_sharding, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
+    return StrategyConfig(engine=s.engine, **flat_layout(s.layout),
                           micro_batch_size=s.micro_batch_size, activation_checkpointing=s.activation_checkpointing,
                           safety_margin=safety_margin, **{spec.field: spec.of(s) for spec in LEVERS.values()})
 

@@ -200,6 +200,7 @@ class Attempt:
     def to_json(self) -> dict:
         """The attempt as report.json's dict (``stopped`` only when set)."""
         out = dataclasses.asdict(self)
+        out["strategy"] = self.strategy.to_json()  # flat, as plan.json writes it
         if self.stopped is None:
             del out["stopped"]
         return out
@@ -208,8 +209,7 @@ class Attempt:
     def from_json(cls, d: dict) -> Attempt:
         """An attempt read from report.json, with its strategy, OOM and next rung; unknown keys are ignored."""
         known = _known(cls, d)
-        known["strategy"] = Strategy(**{f.name: d["strategy"][f.name] for f in dataclasses.fields(Strategy)
-                                        if f.name in d["strategy"]})
+        known["strategy"] = Strategy.from_json(d["strategy"])
         known["oom"] = AttemptOom(**_known(AttemptOom, d["oom"])) if d.get("oom") else None
         known["next"] = NextRung(**_known(NextRung, d["next"])) if d.get("next") else None
         return cls(**known)

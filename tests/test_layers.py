@@ -292,3 +292,43 @@ def test_a_levers_field_named_elsewhere_is_caught(tmp_path, where, line):
     target.write_text(target.read_text() + "\n\n" + line + "\n")
     hits = [f for f in lever_field_names(root) if f.startswith(f"launcher/{where}:")]
     assert hits and all(int(f.split(":")[1].split()[0]) >= first for f in hits), hits
+
+
+def layout_field_names(root: Path = PACKAGE) -> list[str]:
+    """Every place outside an engine's package and the rank side that names one of its layout's own fields (an
+    attribute, a keyword, a string): the shared types carry a layout (Strategy.layout), and what reads one asks it
+    or the registry's flat LAYOUT_KEYS."""
+    from launcher.engines import LAYOUTS
+
+    home = {f.name: f"launcher/engines/{name}/" for name, layout in LAYOUTS.items() for f in layout.own_fields()}
+    found = []
+    for rel, node in nodes_outside(root, ("launcher/worker/", "launcher/runtime/")):
+        name = (node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.keyword)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+        if name in home and not rel.startswith(home[name]):
+            found.append(f"{rel}:{node.lineno} {name}")
+    return found
+
+
+def test_an_engines_layout_fields_are_named_only_in_its_package_and_the_rank_side():
+    assert layout_field_names() == []
+
+
+def test_the_shared_strategy_carries_a_layout_not_every_engines_fields():
+    import dataclasses
+
+    from launcher.levers import LEVER_FIELDS
+    from launcher.planner.plan import Strategy
+
+    assert [f.name for f in dataclasses.fields(Strategy)] == [
+        "layout", "micro_batch_size", "grad_accum_steps", "activation_checkpointing", *LEVER_FIELDS]
+
+
+def test_a_layout_field_named_elsewhere_is_caught(tmp_path):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "cli" / "render.py"
+    target.write_text(target.read_text() + "\n\ndef f(s):\n    return s.layout.zero_stage == 3\n")
+    assert [f.split(" ")[1] for f in layout_field_names(root) if f.startswith("launcher/cli/render.py")] == ["zero_stage"]

@@ -80,9 +80,10 @@ def base_job(budget_mb: float, steps: int) -> dict:
 
 def key(s) -> str:
     """A file-name-safe id of a strategy."""
-    eng = f"z{s.zero_stage}" if s.engine == "deepspeed" else ("fsdp" if s.fsdp_reshard_after_forward else "fsdpnr")
-    off = f"-opt{s.offload_optimizer}" if s.offload_optimizer != "none" else ""
-    off += f"-par{s.offload_params}" if s.offload_params != "none" else ""
+    eng = (f"z{s.layout.zero_stage}" if s.engine == "deepspeed"
+           else ("fsdp" if s.layout.fsdp_reshard_after_forward else "fsdpnr"))
+    off = f"-opt{s.layout.offload_optimizer}" if s.layout.offload_optimizer != "none" else ""
+    off += f"-par{s.layout.offload_params}" if s.layout.offload_params != "none" else ""
     ac = f"-ac{s.checkpoint_every if s.checkpoint_every > 1 else ''}" if s.activation_checkpointing else ""
     lev = (f"-lc{s.loss_chunks}" if s.loss_chunks else "") + ("-oib" if s.optimizer_in_backward else "") \
         + ("-aoff" if s.activation_offload else "")
@@ -93,10 +94,9 @@ def pins(s) -> dict:
     """Every strategy field, levers included, so the run is the candidate (and not the planner's pick of levers)."""
     from launcher.levers import LEVER_FIELDS
 
-    return {"engine": s.engine, "zero_stage": s.zero_stage, "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
-            "offload_optimizer": s.offload_optimizer, "offload_params": s.offload_params,
-            "micro_batch_size": s.micro_batch_size, "activation_checkpointing": s.activation_checkpointing,
-            **{name: getattr(s, name) for name in LEVER_FIELDS}}
+    flat = s.to_json()  # the engine's layout fields flat, null where it has none
+    return {k: flat[k] for k in ("engine", "zero_stage", "fsdp_reshard_after_forward", "offload_optimizer",
+                                 "offload_params", "micro_batch_size", "activation_checkpointing", *LEVER_FIELDS)}
 
 
 def ensure_calibrated(force: bool) -> dict:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 def dimensions(s) -> dict[str, object]:
     """The values a candidate takes on each axis the planner chooses: engine/sharding, offload, micro-batch,
     checkpointing (off or 1 block in k) and each exact lever."""
-    return {"engine": key(s).split("-")[0], "offload": (s.offload_optimizer, s.offload_params),
+    return {"engine": key(s).split("-")[0], "offload": (s.layout.offload_optimizer, s.layout.offload_params),
             "micro_batch": s.micro_batch_size,
             "checkpointing": s.checkpoint_every if s.activation_checkpointing else 0,
             "loss_chunks": s.loss_chunks, "optimizer_in_backward": s.optimizer_in_backward,

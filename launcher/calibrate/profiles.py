@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from launcher.cache import cache_dir
+from launcher.calibrate.timing import FIELD
 from launcher.fsutil import atomic_write
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
@@ -47,7 +48,7 @@ def now_iso() -> str:
 
 def save_hardware(profile: str, values: dict[str, float], details: dict | None = None) -> Path:
     """Write the measured fields; only names HardwareProfile knows go under "hardware"."""
-    known = {f.name for f in dataclasses.fields(HardwareProfile)}
+    known = {f.name for f in dataclasses.fields(HardwareProfile)} | set(FIELD.values())
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"not HardwareProfile fields: {unknown}")

@@ -9,10 +9,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.engines import ENGINES
+from launcher.engines import NAMES
+from launcher.planner.hardware import OVERHEAD_SUFFIX
 
-FIELD = {name: spec.overhead_field for name, spec in ENGINES.items()}
-"""The HardwareProfile field each engine's overhead is written to."""
+FIELD = {name: name + OVERHEAD_SUFFIX for name in NAMES}
+"""The calibration file key each engine's overhead is written to (HardwareProfile.with_overrides reads it into
+step_overhead_s, keyed by engine)."""
 MIN_INTERVALS = 2
 """Step-to-step intervals a run needs after its first step (which carries one-off start-up costs)."""
 

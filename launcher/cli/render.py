@@ -32,6 +32,11 @@ def _count(n: int) -> str:
     return str(n)
 
 
+BUCKET_WORDS = {"reduce_bucket_size": "reduce", "allgather_bucket_size": "allgather",
+                "stage3_prefetch_bucket_size": "prefetch", "stage3_max_live_parameters": "max live",
+                "stage3_param_persistence_threshold": "persistence", "sub_group_size": "sub-group"}
+"""The plan's Buckets fields as `launch plan` names them (an engine's spec says which it shows: buckets_shown)."""
+
 BASIS_WORDS = {
     "cpu_tensor_bytes": "tensor bytes (CPU ranks: what MemTracker measures)",
     "cuda_reserved_plus_context": "the allocator's reserved memory plus what lies outside it (the CUDA context, "
@@ -51,7 +56,7 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
     peak and its breakdown, host memory, step and total time, then why, each lever's decision and the alternatives."""
     s, e = plan.strategy, plan.estimate
     spec = engine_spec(s.engine)
-    engine = spec.title(s, plan.nodes)
+    engine = s.layout.title(plan.nodes)
     b = plan.buckets
     lines = [
         f"plan for {job_name}: {plan.world_size} GPU(s) = {plan.nodes} node(s) x {plan.gpus_per_node}, "
@@ -62,14 +67,14 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
         f"  strategy    {engine}, activation checkpointing "
         + ("on" + "".join(spec.checkpointing_words(spec.of(s))[1] for spec in REFINEMENTS)
            if s.activation_checkpointing else "off"),
-        f"  offload     optimizer: {s.offload_optimizer}, params: {s.offload_params}",
+        f"  offload     optimizer: {s.layout.offload_optimizer}, params: {s.layout.offload_params}",
     ]
     if s.lever_words():
         lines.append(f"  levers      {', '.join(s.lever_words())} (why: below)")
-    if spec.uses_buckets:
-        lines.append(f"  buckets     reduce {_count(b.reduce_bucket_size)}, allgather {_count(b.allgather_bucket_size)}"
-                     + (f", prefetch {_count(b.stage3_prefetch_bucket_size)}, max live "
-                        f"{_count(b.stage3_max_live_parameters)}" if s.zero_stage == 3 else "") + " elements")
+    shown = spec.buckets_shown(s.layout)
+    if shown:
+        lines.append("  buckets     " + ", ".join(f"{BUCKET_WORDS[f]} {_count(getattr(b, f))}" for f in shown)
+                     + " elements")
     lines.append("")
     lines.append("  predicted peak per rank, by category:")
     for cat, n in e.breakdown.items():

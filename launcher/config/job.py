@@ -11,17 +11,16 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.config.fields import with_fields
+from launcher.engines import LAYOUT_FIELDS, NAMES
 from launcher.levers import PERMITS, with_lever_fields
 
 Task = Literal["causal_lm", "seq_cls", "sentence_embedding"]
 Precision = Literal["bf16", "fp16", "fp32"]
 PrecisionChoice = Literal["auto", "bf16", "fp16", "fp32"]
 """What a job may ask for: a dtype, or auto (bf16 where the devices compute it natively, else fp32)."""
-Engine = Literal["deepspeed", "fsdp"]
-Offload = Literal["none", "cpu", "nvme"]
-FsdpSharding = Literal["full", "hybrid"]
-"""FSDP2 sharding group: full shards over every rank; hybrid shards within a node and replicates across nodes
-(HSDP, FSDP1's HYBRID_SHARD)."""
+Engine = Literal[NAMES]
+"""A registered engine's name (launcher.engines.LAYOUTS)."""
 Family = Literal["gpt2", "llama", "bert"]
 MathLever = Literal[PERMITS]
 """A memory lever that changes the training math, used only when train.allow_levers lists it (docs/levers.md): the
@@ -156,22 +155,15 @@ class TrainConfig:
 
 @dataclass(kw_only=True, slots=True)
 @with_lever_fields(pins=True, after="activation_checkpointing")
+@with_fields({name: (kind | None, None) for name, kind, _ in LAYOUT_FIELDS}, after="engine")
 class StrategyConfig:
-    """Each field left out (None) is chosen by the planner; a given one is kept. Each lever's pin follows
-    activation_checkpointing, one per registered lever (launcher.levers: its LeverSpec.pin_doc says what it sets)."""
+    """Each field left out (None) is chosen by the planner; a given one is kept. After engine come the pins of the
+    engines' layouts, flat (launcher.engines.LAYOUT_FIELDS: zero_stage, fsdp_reshard_after_forward, fsdp_sharding,
+    offload_optimizer, offload_params; each field's "pin" metadata says what it sets), and after
+    activation_checkpointing one per registered lever (launcher.levers: its LeverSpec.pin_doc)."""
 
     engine: Engine | None = None
     """deepspeed or fsdp (FSDP2)."""
-    zero_stage: Literal[0, 1, 2, 3] | None = None
-    """DeepSpeed ZeRO stage."""
-    fsdp_reshard_after_forward: bool | None = None
-    """FSDP2: True is FULL_SHARD, False is SHARD_GRAD_OP."""
-    fsdp_sharding: FsdpSharding | None = None
-    """FSDP2: full shards over all ranks; hybrid shards within a node and replicates across nodes (nodes > 1)."""
-    offload_optimizer: Offload | None = None
-    """Where optimizer states live: none (GPU), cpu or nvme."""
-    offload_params: Offload | None = None
-    """Where parameters live between uses: none, cpu or nvme."""
     micro_batch_size: int | None = None
     """Sequences per rank per forward pass."""
     activation_checkpointing: bool | None = None

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 from launcher.config import bounds
+from launcher.engines import LAYOUT_ALIASES
 from launcher.errors import ConfigError
 from launcher.units import format_bytes, parse_bytes
 
@@ -34,7 +35,7 @@ KEY_ALIASES = {
     "learning_rate": "lr", "batch_size": "global_batch_size", "train_batch_size": "global_batch_size",
     "steps": "max_steps", "num_steps": "max_steps", "num_train_epochs": "epochs", "seq_len": "max_seq_len",
     "max_length": "max_seq_len", "sequence_length": "max_seq_len", "dtype": "precision", "mixed_precision": "precision",
-    "gradient_checkpointing": "activation_checkpointing", "zero": "zero_stage", "stage": "zero_stage",
+    "gradient_checkpointing": "activation_checkpointing", **LAYOUT_ALIASES,
     "num_gpus": "gpus", "num_nodes": "nodes", "memory_budget": "budget", "mem_budget": "budget",
 }
 

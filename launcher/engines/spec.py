@@ -1,4 +1,5 @@
-"""What an engine tells the planner: the EngineSpec interface, and the typed Candidate it offers the search.
+"""What an engine tells the planner: the EngineSpec interface. The layouts it offers the search are its own type
+(launcher.engines.layout.Layout, in its package's ``layout`` module).
 
 The plan side of an engine is pure (numbers and text in, numbers and text out) and sits in the core layer;
 its rank side (launcher.worker.engines) imports torch and is found by the same name there.
@@ -6,49 +7,14 @@ its rank side (launcher.worker.engines) imports torch and is found by the same n
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config.job import Job, Offload, StrategyConfig
+from launcher.config.job import Job
 from launcher.emit.exports import accelerate_yaml_text
+from launcher.engines.layout import Layout
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
-
-PINNABLE = ("engine", "zero_stage", "fsdp_reshard_after_forward", "fsdp_sharding", "offload_optimizer",
-            "offload_params")
-"""Candidate fields a job's strategy: section may pin, by the same names."""
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Candidate:
-    """One engine layout the search may try: how it shards and what it offloads, before the micro-batch and
-    activation checkpointing are chosen."""
-
-    engine: str
-    """The engine's registry name (launcher.engines.ENGINES)."""
-    zero_stage: int | None = None
-    """DeepSpeed ZeRO stage 0-3; None for other engines."""
-    fsdp_reshard_after_forward: bool | None = None
-    """FSDP2 FULL_SHARD (True) / SHARD_GRAD_OP (False); None for other engines."""
-    fsdp_sharding: str | None = None
-    """FSDP2 shard group, full or hybrid; None for other engines."""
-    offload_optimizer: Offload = "none"
-    """Where the optimizer state lives: none (device), cpu or nvme."""
-    offload_params: Offload = "none"
-    """Where the parameters live between uses: none (device), cpu or nvme."""
-
-    def admitted_by(self, pins: StrategyConfig) -> bool:
-        """Every field the job pinned has this candidate's value."""
-        return all(getattr(pins, f) is None or getattr(pins, f) == getattr(self, f) for f in PINNABLE)
-
-    def strategy(self, *, micro_batch_size: int, grad_accum_steps: int, activation_checkpointing: bool,
-                 **levers) -> Strategy:
-        """This layout with a micro-batch, checkpointing and the levers (launcher.planner.levers.LeverSetting)."""
-        return Strategy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-                        micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                        activation_checkpointing=activation_checkpointing, **levers)
 
 
 class EngineSpec:
@@ -62,8 +28,6 @@ class EngineSpec:
     """Registry name, as a job's strategy.engine and plan.json's engine say it."""
     rank_engine: str
     """The rank side's Engine class name in launcher.worker.engines (found there by ``name``)."""
-    overhead_field: str
-    """The HardwareProfile field holding this engine's fixed seconds per step (launch calibrate fits it)."""
     uses_buckets: bool = False
     """The engine reads the planner's communication buckets (sized to the budget, retried at their smallest)."""
     config_env: tuple[tuple[str, str], ...] = ()
@@ -81,12 +45,12 @@ class EngineSpec:
     with; the search pairs pure bf16 with no other (launcher.planner.levers.options)."""
 
     # -- search --------------------------------------------------------------------------------------------------
-    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
+    def lever_values(self, layout: Layout) -> dict[str, tuple[tuple[object, ...], str]]:
         """Lever fields whose values this layout limits further than ``levers`` says: field -> (the values it
         offers, why it offers no other), for levers an engine implements on some of its layouts only."""
         return {}
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+    def candidates(self, *, nodes: int, nvme: bool) -> list[Layout]:
         """Every layout this engine offers on ``nodes`` machines, with NVMe offload when ``nvme``; in search order."""
         raise NotImplementedError
 
@@ -126,7 +90,7 @@ class EngineSpec:
 
     def optimizer_on_host(self, s: Strategy) -> bool:
         """The optimizer steps on the host CPUs (its state offloaded)."""
-        return s.offload_optimizer != "none"
+        return s.layout.offload_optimizer != "none"
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
@@ -137,8 +101,9 @@ class EngineSpec:
         return 0.0
 
     def step_overhead_s(self, hw: HardwareProfile) -> float:
-        """The engine's fixed seconds per optimizer step, from the hardware profile's ``overhead_field``."""
-        return float(getattr(hw, self.overhead_field))
+        """The engine's fixed seconds per optimizer step, from the hardware profile (HardwareProfile.step_overhead_s,
+        keyed by engine; launch calibrate fits it)."""
+        return hw.step_overhead(self.name)
 
     # -- fallback ------------------------------------------------------------------------------------------------
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
@@ -166,6 +131,10 @@ class EngineSpec:
         """The engine as accelerate.yaml's header names it."""
         raise NotImplementedError
 
+    def buckets_shown(self, layout: Layout) -> tuple[str, ...]:
+        """The Buckets fields `launch plan` shows for this layout (those its config uses); none by default."""
+        return ()
+
     def accelerate_env(self, plan: Plan) -> str:
         """What the launch line sets in the environment because accelerate reads it only from there."""
         return ""
@@ -191,8 +160,3 @@ class EngineSpec:
         return [f"LoRA: the plan counts the adapters in {plan.precision}, as the launcher's ranks make them:",
                 "  get_peft_model(model, config, autocast_adapter_dtype=False). peft's default fp32 adapters compute in",
                 "  fp32 here, an fp32 copy of each adapted linear's input saved (`launch plan --script` counts it)."]
-
-    # -- words ---------------------------------------------------------------------------------------------------
-    def title(self, s: Strategy, nodes: int) -> str:
-        """The strategy in the engine's own words, for `launch plan`."""
-        raise NotImplementedError

@@ -12,6 +12,7 @@ Nothing here imports the planner or the job schema: they import this.
 
 from __future__ import annotations
 
+from launcher.config.fields import with_fields
 from launcher.levers import (
     activation_offload,
     checkpoint_every,
@@ -70,20 +71,10 @@ def fields(*specs: LeverSpec) -> frozenset[str]:
 
 def with_lever_fields(*, pins: bool = False, after: str | None = None):
     """A class decorator, under @dataclass: adds a field per registered lever, in LEVERS' order, after the field
-    ``after`` (else at the end). The lever's own type and off value as its default (Strategy, LeverSetting); with
+    ``after`` (else at the end): the lever's own type with its off value as default (Strategy, LeverSetting); with
     ``pins``, ``type | None`` and None, "the planner chooses" (the job's strategy: section)."""
-
-    def add(cls: type) -> type:
-        own = dict(cls.__dict__.get("__annotations__", {}))
-        added = {spec.field: (spec.type | None) if pins else spec.type for spec in LEVERS.values()}
-        names = list(own)
-        at = names.index(after) + 1 if after is not None else len(names)
-        cls.__annotations__ = {**{n: own[n] for n in names[:at]}, **added, **{n: own[n] for n in names[at:]}}
-        for spec in LEVERS.values():
-            setattr(cls, spec.field, None if pins else spec.off)
-        return cls
-
-    return add
+    return with_fields({spec.field: ((spec.type | None, None) if pins else (spec.type, spec.off))
+                        for spec in LEVERS.values()}, after=after)
 
 
 __all__ = ["ACTIVATION_OFFLOAD", "CHECKPOINT_EVERY", "CHECKPOINT_POLICY", "CHUNKED_LOSS", "DECIDED", "EXACT",

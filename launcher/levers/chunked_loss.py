@@ -36,9 +36,9 @@ def chunked_head_bytes(c, head_per_token: float, tokens: int, chunks: int) -> fl
     return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
 
 
-def recompute_flops_per_token(m, s) -> float:
-    """FLOPs per token the lever adds: the head's matmul runs again in backward (2·h·V), where ``s`` uses it."""
-    return 2.0 * m.hidden_size * m.vocab_size if SPEC.of(s) else 0.0
+def recompute_flops_per_token(m) -> float:
+    """FLOPs per token the lever adds to model ``m``'s step: the head's matmul runs again in backward (2·h·V)."""
+    return 2.0 * m.hidden_size * m.vocab_size
 
 
 class ChunkedLoss(LeverSpec):

@@ -25,10 +25,10 @@ def in_backward_possible(req, grad_accum_steps: int) -> bool:
     return grad_accum_steps == 1 and req.precision != "fp16"
 
 
-def step_calls_s(m, s) -> float:
-    """Seconds per step the lever adds where ``s`` uses it: one optimizer call per trainable tensor (CALL_S each, at
-    least one tensor); the step's arithmetic is the same, moved into backward."""
-    return max(m.trainable_tensors, 1) * CALL_S if SPEC.on(s) else 0.0
+def step_calls_s(m) -> float:
+    """Seconds per step the lever adds to model ``m``'s step: one optimizer call per trainable tensor (CALL_S each,
+    at least one tensor); the step's arithmetic is the same, moved into backward."""
+    return max(m.trainable_tensors, 1) * CALL_S
 
 
 class OptimizerInBackward(LeverSpec):

@@ -71,15 +71,19 @@ class LeverSpec:
     Shape); "" for a lever whose values do not."""
 
     def __init__(self) -> None:
-        # A C-level getter: the memory and cost models read levers for every candidate the search scores.
-        self._get = operator.attrgetter(self.field)
+        # C-level getters in place of the methods below: the memory and cost models read levers for every
+        # candidate the search scores. A lever whose off value is False or 0 is on exactly when its value is truthy.
+        self._get = self.of = operator.attrgetter(self.field)
+        if self.off is False or self.off == 0:
+            self.on = self._get
 
     def of(self, x) -> object:
         """The lever's value in ``x``: a Strategy, a LeverSetting or the strategy: pins (None there: not pinned)."""
         return self._get(x)
 
-    def on(self, x) -> bool:
-        """Whether ``x`` (a Strategy or a LeverSetting) uses the lever: its value is not the off one."""
+    def on(self, x) -> object:
+        """Whether ``x`` (a Strategy or a LeverSetting) uses the lever: truthy exactly when its value is not the off
+        one (the value itself where off is False or 0; ``bool()`` it for a flag)."""
         return self._get(x) != self.off
 
     # -- search ----------------------------------------------------------------------------------------------------

@@ -115,8 +115,7 @@ PER_LAYOUT = 2
 
 def layout(s: Strategy) -> str:
     """What engine layout ``s`` is (its sharding and offload), apart from micro-batch, checkpointing and levers."""
-    return without_levers(dataclasses.replace(s, micro_batch_size=1, grad_accum_steps=1,
-                                              activation_checkpointing=False)).split(", mb=")[0]
+    return s.layout.label()
 
 
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:

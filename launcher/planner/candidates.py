@@ -7,8 +7,8 @@ import dataclasses
 import itertools
 
 from launcher.config.job import StrategyConfig
-from launcher.engines import ENGINES, engine_spec
-from launcher.engines.spec import Candidate
+from launcher.engines import ENGINES, LAYOUT_KEYS, LAYOUTS, engine_spec
+from launcher.engines.layout import Layout
 from launcher.errors import ConfigError
 from launcher.levers import LEVERS
 from launcher.planner.levers import options, reachable
@@ -16,11 +16,18 @@ from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
 
-def layouts(req: PlanRequest) -> list[Candidate]:
+def layouts(req: PlanRequest) -> list[Layout]:
     """Each registered engine's layouts the job's pins admit, in registry order."""
     nvme = req.nvme_free_bytes is not None
     return [c for spec in ENGINES.values() for c in spec.candidates(nodes=req.nodes, nvme=nvme)
-            if c.admitted_by(req.pins)]
+            if admitted(c, req.pins)]
+
+
+def admitted(layout: Layout, pins: StrategyConfig) -> bool:
+    """Every layout field the job pinned (strategy.engine and the flat LAYOUT_KEYS) has this layout's value; a field
+    its engine lacks has none."""
+    return (pins.engine is None or pins.engine == layout.engine) and all(
+        getattr(pins, key) is None or getattr(pins, key) == getattr(layout, key, None) for key in LAYOUT_KEYS)
 
 
 def candidates(req: PlanRequest) -> list[Strategy]:
@@ -30,11 +37,9 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     problem = batch_problem(req.global_batch_size, req.world_size) or context_problem(req.model, req.seq_len)
     if problem:
         raise ConfigError(problem)
-    if p.fsdp_sharding == "hybrid" and req.nodes == 1:
-        raise ConfigError(
-            "strategy.fsdp_sharding: 'hybrid' shards within a node and replicates across nodes, but this job runs "
-            "on 1 node; use fsdp_sharding: full, or --nodes 2 or more"
-        )
+    refusal = next((why for layout in LAYOUTS.values() if (why := layout.pin_problem(p, req.nodes))), "")
+    if refusal:
+        raise ConfigError(refusal)
     mbs = micro_batches(req)
     if p.micro_batch_size is not None:
         if p.micro_batch_size not in mbs:
@@ -53,17 +58,15 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     for c, mb in itertools.product(layouts(req), mbs):
         accum = req.global_batch_size // (mb * req.world_size)
         spec = engine_spec(c.engine)
-        levers, limited = reachable(req, spec.levers), spec.lever_values(c)
+        levers, limited = reachable(req, spec.levers), spec.lever_values(c)  # c: the layout
         limits = {name: values for name, (values, _) in limited.items()}
         key = (levers, accum, tuple(sorted(limits.items())), spec.pure_bf16_optimizers)
         if key not in settings:
             settings[key] = [lv.fields() for lv in options(req, levers, accum, limits, spec.pure_bf16_optimizers)]
-        refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {spec.title(c, req.nodes)}"
+        refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {c.title(req.nodes)}"
                     f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout" for name, (values, why) in limited.items()
                     if getattr(p, name) is not None and getattr(p, name) not in values]
-        layout = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
-        out += [Strategy(**layout, micro_batch_size=mb, grad_accum_steps=accum, **lv)
-                for lv in settings[key]]
+        out += [Strategy(layout=c, micro_batch_size=mb, grad_accum_steps=accum, **lv) for lv in settings[key]]
     if not out and refused:
         raise ConfigError(refused[0])
     if not out:

@@ -24,7 +24,13 @@ Each engine's spec (launcher.engines) gives its communication, offload and engin
 
 from __future__ import annotations
 
-from launcher.levers import ACTIVATION_OFFLOAD, CHECKPOINT_EVERY, LOW_MEMORY_OPTIMIZER
+from launcher.levers import (
+    ACTIVATION_OFFLOAD,
+    CHECKPOINT_EVERY,
+    CHUNKED_LOSS,
+    LOW_MEMORY_OPTIMIZER,
+    OPTIMIZER_IN_BACKWARD,
+)
 from launcher.levers.checkpoint_every import checkpoint_count
 from launcher.levers.checkpoint_policy import recomputed_share
 from launcher.levers.chunked_loss import recompute_flops_per_token
@@ -57,8 +63,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
     recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m) * recomputed_share(m, s)
     flops_per_token = fwd_bwd * m.active_params + recompute
-    # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
-    flops_per_token += recompute_flops_per_token(m, s)
+    if CHUNKED_LOSS.on(s):
+        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
+        flops_per_token += recompute_flops_per_token(m)
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
     compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
@@ -66,8 +73,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
     overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
-    # With the optimizer step in backward the same arithmetic moves into backward: only the per-tensor calls are new.
-    overhead += step_calls_s(m, s)
+    if OPTIMIZER_IN_BACKWARD.on(s):
+        # The same step arithmetic, moved into backward; only the per-tensor calls are new.
+        overhead += step_calls_s(m)
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw

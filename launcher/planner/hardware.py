@@ -56,11 +56,11 @@ class HardwareProfile:
     """Fixed seconds per transformer block per micro-step (kernel launches, Python), forward plus backward."""
     collective_latency_s: float = 5e-5
     """Fixed seconds per collective call (NCCL / gloo latency)."""
-    deepspeed_step_overhead_s: float = 0.0
-    """Fixed seconds the DeepSpeed engine adds per optimizer step (flat-buffer copies, hooks, overflow check,
-    the engine's Python); 0 until `launch calibrate --from` fits it from finished runs."""
-    fsdp_step_overhead_s: float = 0.0
-    """The same for FSDP2 (hooks, DTensor bookkeeping); 0 until fitted."""
+    step_overhead_s: tuple[tuple[str, float], ...] = ()
+    """Fixed seconds each engine adds per optimizer step, as (engine name, seconds) pairs (DeepSpeed: flat-buffer
+    copies, hooks, overflow check, the engine's Python; FSDP2: hooks, DTensor bookkeeping); an engine not listed
+    adds 0 until `launch calibrate --from` fits it from finished runs. A calibration file holds them as
+    ``<engine>_step_overhead_s`` (OVERHEAD_SUFFIX; ``with_overrides``)."""
     comm_overlap: float = 0.5
     """Share of communication hidden behind compute, 0 to 1."""
     device_is_host: bool = False
@@ -78,10 +78,25 @@ class HardwareProfile:
         """sm90 and newer (H100, H200, B200): where PyTorch's cuBLAS workspace config differs."""
         return self.compute_capability is not None and self.compute_capability >= 9.0
 
+    def step_overhead(self, engine: str) -> float:
+        """The engine's fixed seconds per optimizer step (step_overhead_s), 0 where none was fitted."""
+        for name, seconds in self.step_overhead_s:
+            if name == engine:
+                return seconds
+        return 0.0
+
     def with_overrides(self, values: dict) -> HardwareProfile:
-        """A copy with the fields named in `values` replaced (a calibration's figures); unknown keys are ignored."""
-        known = {f.name for f in dataclasses.fields(self)}
-        return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known})
+        """A copy with the fields named in `values` replaced (a calibration's figures), an engine's step seconds
+        given as ``<engine>_step_overhead_s``; unknown keys are ignored."""
+        known = {f.name for f in dataclasses.fields(self)} - {"step_overhead_s"}
+        overheads = dict(self.step_overhead_s) | {k.removesuffix(OVERHEAD_SUFFIX): float(v) for k, v in values.items()
+                                                  if k.endswith(OVERHEAD_SUFFIX)}
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if k in known},
+                                   step_overhead_s=tuple(overheads.items()))
+
+
+OVERHEAD_SUFFIX = "_step_overhead_s"
+"""An engine's step seconds in a calibration file: ``<engine name>`` + this (HardwareProfile.step_overhead_s)."""
 
 
 # Measured on one H100 80GB HBM3 (torch 2.11.0+cu130, driver 580.159.04; benchmarks/results/gpu.md "Outside the
@@ -153,7 +168,7 @@ PROFILES: dict[str, HardwareProfile] = {
         cpu_adam_params_per_s=2.0e8, nvme_bw=1.0 * GB, block_overhead_s=2e-3, collective_latency_s=5e-4,
         # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
         # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
-        deepspeed_step_overhead_s=1.0, fsdp_step_overhead_s=0.09,
+        step_overhead_s=(("deepspeed", 1.0), ("fsdp", 0.09)),
         comm_overlap=0.0, device_is_host=True, source="measured by `launch calibrate`",
     ),
 }

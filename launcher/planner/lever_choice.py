@@ -41,7 +41,7 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
     out = []
     for lever in DECIDED:
         name = lever.field
-        used, exact = lever.on(s), lever.exact
+        used, exact = bool(lever.on(s)), lever.exact
         if lever.of(req.pins) is not None:
             out.append(LeverDecision(lever=name, exact=exact, used=used, why="pinned"))
             continue
@@ -56,7 +56,7 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
         if not used and not lever.permitted(req, other):
             out.append(LeverDecision(lever=name, exact=exact, used=False, why="not_allowed", other_value=other))
             continue
-        limited = spec.lever_values(s)
+        limited = spec.lever_values(s.layout)
         offered = limited.get(name, ((other,), ""))[0]
         switched = dataclasses.replace(s, **{name: other})
         if not used and (name not in spec.levers or other not in offered):

@@ -29,18 +29,25 @@ _MISS = object()
 
 
 class _Recorder:
-    """The strategy as a term sees it, noting each field it reads (name, value) the first time."""
+    """The strategy as a term sees it, noting each field it reads (name, value) the first time. Its layout is read
+    through a recorder too, field by field ("layout.zero_stage"): a term keys on the layout fields it reads, as on
+    the strategy's own, and the keys stay plain values (operator.attrgetter reads dotted names)."""
 
-    __slots__ = ("_strategy", "_reads", "_seen")
+    __slots__ = ("_strategy", "_reads", "_seen", "_prefix")
 
-    def __init__(self, strategy: Strategy) -> None:
-        self._strategy, self._reads, self._seen = strategy, [], set()
+    def __init__(self, strategy, reads: list | None = None, seen: set | None = None, prefix: str = "") -> None:
+        self._strategy, self._reads = strategy, [] if reads is None else reads
+        self._seen = set() if seen is None else seen
+        self._prefix = prefix
 
     def __getattr__(self, name: str):
         value = getattr(self._strategy, name)
-        if name not in self._seen:
-            self._seen.add(name)
-            self._reads.append((name, value))
+        if name == "layout" and not self._prefix:
+            return _Recorder(value, self._reads, self._seen, "layout.")
+        key = self._prefix + name
+        if key not in self._seen:
+            self._seen.add(key)
+            self._reads.append((key, value))
         return value
 
 
@@ -183,9 +190,9 @@ def spec_for(inp: MemoryInputs, s: Strategy) -> EngineSpec:
     """The engine spec of ``s``, memoized when ``inp`` carries a request's memo (launcher.planner.scoring)."""
     memo = getattr(inp, "memo", None)
     if memo is None:
-        return engine_spec(s.engine)
+        return engine_spec(s.layout.engine)
     specs = memo.setdefault("specs", {})
-    spec = specs.get(s.engine)
+    spec = specs.get(s.layout.engine)
     if spec is None:
-        spec = specs[s.engine] = MemoSpec(engine_spec(s.engine), memo.setdefault("traced", TracedMemo()))
+        spec = specs[s.layout.engine] = MemoSpec(engine_spec(s.layout.engine), memo.setdefault("traced", TracedMemo()))
     return spec

@@ -9,7 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.config.job import Engine, FsdpSharding, Offload, Precision
+from launcher.config.job import Precision
+from launcher.engines import flat_layout, layout_type
+from launcher.engines.layout import Layout
 from launcher.levers import LEVER_FIELDS, LEVERS, REFINEMENTS, with_lever_fields
 
 
@@ -35,49 +37,27 @@ class Buckets:
 @dataclass(kw_only=True, slots=True)
 @with_lever_fields()
 class Strategy:
-    """One point of the search space. After the fields below, one per registered lever (launcher.levers: its
-    LeverSpec says what it holds), off by default, so a plan.json written before a lever reads back as the plan it
-    was."""
+    """One point of the search space: the engine's layout, the micro-batch and checkpointing, and after them one
+    field per registered lever (launcher.levers: its LeverSpec says what it holds), off by default, so a plan.json
+    written before a lever reads back as the plan it was."""
 
-    engine: Engine
-    """deepspeed or fsdp (no unit)."""
-    zero_stage: int | None
-    """DeepSpeed ZeRO stage, None for FSDP."""
-    fsdp_reshard_after_forward: bool | None
-    """FSDP2 FULL_SHARD (True) / SHARD_GRAD_OP (False); None for DeepSpeed."""
-    offload_optimizer: Offload
-    """Where the optimizer state lives: none (device), cpu or nvme."""
-    offload_params: Offload
-    """Where the parameter partition lives between uses: none (device), cpu or nvme."""
+    layout: Layout
+    """How the engine shards and offloads: its own type (launcher.engines.LAYOUTS), which names the engine."""
     micro_batch_size: int
     """Sequences per rank per forward."""
     grad_accum_steps: int
     """Micro-batches per optimizer step."""
     activation_checkpointing: bool
-    """Recompute of blocks in backward: every checkpoint_every-th block."""
-    fsdp_sharding: FsdpSharding | None = None
-    """FSDP2 shard group: full (all ranks) or hybrid (the ranks of one node, replicated across nodes); None for
-    DeepSpeed, and read as full where an older plan.json lacks it."""
+    """Recompute of blocks in backward (the checkpointing levers say which and how)."""
 
     @property
-    def fsdp_hybrid(self) -> bool:
-        """True for FSDP2's hybrid sharding (shard within a node, replicate across nodes)."""
-        # Only FSDP2 strategies carry a shard group (None for every other engine).
-        return self.fsdp_sharding == "hybrid"
+    def engine(self) -> str:
+        """The engine's registry name (the layout's)."""
+        return self.layout.engine
 
     def label(self) -> str:
         """The short description plans and reports print, e.g. "ZeRO-3 +opt->cpu, mb=2x4, AC"."""
-        # By the fields each engine fills (a ZeRO stage, or FSDP2's resharding), not by the engine's name.
-        if self.zero_stage is not None:
-            s = f"ZeRO-{self.zero_stage}"
-        else:
-            s = "FSDP2 " + ("hybrid " if self.fsdp_hybrid else "") + (
-                "full-shard" if self.fsdp_reshard_after_forward else "grad-op-shard")
-        if self.offload_optimizer != "none":
-            s += f" +opt->{self.offload_optimizer}"
-        if self.offload_params != "none":
-            s += f" +params->{self.offload_params}"
-        s += f", mb={self.micro_batch_size}x{self.grad_accum_steps}"
+        s = f"{self.layout.label()}, mb={self.micro_batch_size}x{self.grad_accum_steps}"
         if self.activation_checkpointing:
             s += ", AC" + "".join(spec.checkpointing_words(spec.of(self))[0] for spec in REFINEMENTS)
         return s + "".join(f", {word}" for word in self.lever_words())
@@ -87,6 +67,21 @@ class Strategy:
         (LeverSpec.word)."""
         return [word for spec in LEVERS.values()
                 if not spec.refines_checkpointing and (word := spec.word(spec.of(self)))]
+
+    def to_json(self) -> dict:
+        """The strategy flat, as plan.json and report.json write it: the engine, every registered layout's fields
+        (null where this engine has none: launcher.engines.LAYOUT_KEYS), the micro-batch, checkpointing, levers."""
+        return {"engine": self.engine, **flat_layout(self.layout), "micro_batch_size": self.micro_batch_size,
+                "grad_accum_steps": self.grad_accum_steps, "activation_checkpointing": self.activation_checkpointing,
+                **{name: getattr(self, name) for name in LEVER_FIELDS}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Strategy:
+        """A strategy from its flat keys (to_json's); a field added later (a lever, a layout's) takes its default
+        where an older file lacks it."""
+        return cls(layout=layout_type(d["engine"]).from_flat(d),
+                   **{f.name: d[f.name] for f in dataclasses.fields(cls)
+                      if f.name != "layout" and (f.name in d or f.default is dataclasses.MISSING)})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -317,16 +312,7 @@ class Plan:
         s = self.strategy
         return {
             "schema": PLAN_SCHEMA,
-            "engine": s.engine,
-            "zero_stage": s.zero_stage,
-            "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
-            "fsdp_sharding": s.fsdp_sharding,
-            "offload_optimizer": s.offload_optimizer,
-            "offload_params": s.offload_params,
-            "micro_batch_size": s.micro_batch_size,
-            "grad_accum_steps": s.grad_accum_steps,
-            "activation_checkpointing": s.activation_checkpointing,
-            **{name: getattr(s, name) for name in LEVER_FIELDS},
+            **s.to_json(),
             "num_params": self.num_params,
             "trainable_params": self.trainable_params,
             "budget_bytes": self.budget_bytes,
@@ -381,8 +367,7 @@ class Plan:
             raise ConfigError(f"plan.json has schema {d['schema']}, newer than this launcher reads ({PLAN_SCHEMA}): "
                               "upgrade launcher, or plan again with this one (launch plan ... --out DIR)")
         # Fields with a default were added later; a plan.json written before them still loads.
-        strategy = Strategy(**{f.name: d[f.name] for f in dataclasses.fields(Strategy)
-                               if f.name in d or f.default is dataclasses.MISSING})
+        strategy = Strategy.from_json(d)
         estimate = Estimate(
             breakdown=d["breakdown"], peak_bytes=d["predicted_peak_bytes"],
             host_bytes_per_node=d["host_bytes_per_node"], nvme_bytes_per_node=d["nvme_bytes_per_node"],

@@ -89,14 +89,14 @@ class _Scorer:
         """A lower bound of the step time ``score`` will give ``s``: it is the time with one of the two bucket
         sizes (what its Estimate will say with them), so the smaller of the two."""
         t = sum(self._terms(s, self.budget_buckets.reduce_bucket_size).values())
-        if engine_spec(s.engine).uses_buckets:
+        if engine_spec(s.layout.engine).uses_buckets:
             t = min(t, sum(self._terms(s, self.smallest_buckets.reduce_bucket_size).values()))
         return t
 
     def score(self, s: Strategy) -> Scored:
         """Budget-sized buckets; if that misses, the smallest buckets."""
         mem, problem, buckets = self._memory(s, self.budget_buckets)
-        if problem is not None and engine_spec(s.engine).uses_buckets:
+        if problem is not None and engine_spec(s.layout.engine).uses_buckets:
             second = self._memory(s, self.smallest_buckets)
             if second[1] is None:
                 mem, problem, buckets = second

@@ -10,10 +10,7 @@ scoring (scoring), plan building (build) and the no-fit advice (advice).
 
 from __future__ import annotations
 
-import dataclasses
-
 from launcher.errors import NoPlanError
-from launcher.levers import LEVER_FIELDS
 from launcher.planner.advice import explain_no_fit
 from launcher.planner.buckets import size_buckets
 from launcher.planner.build import build_plan, top_rejected
@@ -32,8 +29,8 @@ def make_plan(req: PlanRequest) -> Plan:
     if best is None:  # nothing fits: every candidate was scored
         # Levers the job left free (launcher.planner.levers) still vary under a fully pinned layout: forcing runs
         # the layout with the levers that make it smallest.
-        layouts = {tuple((k, v) for k, v in dataclasses.asdict(c.strategy).items() if k not in LEVER_FIELDS)
-                   for c in scored}
+        layouts = {(c.strategy.layout, c.strategy.micro_batch_size, c.strategy.grad_accum_steps,
+                    c.strategy.activation_checkpointing) for c in scored}
         if req.force and len(layouts) == 1:
             smallest = min(scored, key=lambda c: c.estimate.peak_bytes)
             return build_plan(req, smallest, [], pins, status="forced")

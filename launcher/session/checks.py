@@ -71,7 +71,7 @@ def check_flash_attn(job: Job, plan: Plan) -> list[str]:
 def check_nvme(job: Job, plan: Plan) -> list[str]:
     """A plan that swaps to NVMe needs cluster.nvme_path creatable, writable and with the room the plan uses."""
     s = plan.strategy
-    if "nvme" not in (s.offload_optimizer, s.offload_params):
+    if "nvme" not in (s.layout.offload_optimizer, s.layout.offload_params):
         return []
     if not job.cluster.nvme_path:
         return ["cluster.nvme_path: missing, but the plan offloads to NVMe; set it to a directory on a local NVMe drive"]

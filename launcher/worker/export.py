@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.engines import flat_layout
 from launcher.fsutil import atomic_write
 from launcher.worker.engines.base import WORK_DTYPES
 
@@ -255,7 +256,7 @@ def export_at_end(trainer, out: Path | None = None) -> None:
         sd = trainer.engine.gather_weights(dtype, adapter_only=lora is not None and not merge)
         if trainer.rank == 0:
             info = {"source": "end of run", "step": trainer.probe.step, "engine": trainer.engine.name,
-                    "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}
+                    "zero_stage": flat_layout(plan.strategy.layout)["zero_stage"], "precision": plan.precision}
             record = write_export(out, job=job, recipe=trainer.recipe, sd=sd, dtype=dtype,
                                   tokenizer=trainer.tokenizer, merge=merge, info=info)
             del sd

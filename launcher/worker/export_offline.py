@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.engines import flat_layout
 from launcher.errors import ConfigError
 from launcher.worker import checkpoint
 from launcher.worker.export import MARKER, export_dtype, write_export
@@ -75,7 +76,7 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
         sd = {k: v for k, v in sd.items() if k in wanted}
     sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     info = {"source": f"checkpoint {tag}", "step": int(state["global_step"]), "engine": state["engine"],
-            "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}
+            "zero_stage": flat_layout(plan.strategy.layout)["zero_stage"], "precision": plan.precision}
     record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
                           merge=merge, info=info)
     return out, record

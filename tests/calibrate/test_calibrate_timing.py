@@ -52,7 +52,7 @@ def test_refit_writes_the_profile_and_the_planner_charges_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "deepspeed_step_overhead_s = 2.5 s" in out, out
     assert rc == 2  # the run dir has no rank records: no activation constants to refit, and it says so
-    assert hardware_profile(job).deepspeed_step_overhead_s == pytest.approx(2.5)
+    assert hardware_profile(job).step_overhead("deepspeed") == pytest.approx(2.5)
     after = plan_job(job).estimate
     assert after.step_time_terms["engine"] == pytest.approx(2.5)
     assert after.step_time_s == pytest.approx(before.step_time_s - before.step_time_terms["engine"] + 2.5)

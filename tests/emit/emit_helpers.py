@@ -46,7 +46,7 @@ def make_plan(*, world_size: int = 8, nodes: int = 1, precision: str = "bf16", b
         s["fsdp_sharding"] = strategy.get("fsdp_sharding", "full")
     gbs = global_batch_size if global_batch_size is not None else s["micro_batch_size"] * s["grad_accum_steps"] * world_size
     return Plan(
-        strategy=Strategy(**s),
+        strategy=Strategy.from_json(s),
         estimate=Estimate(breakdown={"params": 1}, peak_bytes=1 << 30, host_bytes_per_node=0, nvme_bytes_per_node=0,
                           step_time_s=1.0),
         buckets=Buckets(**(buckets or BUCKETS)),

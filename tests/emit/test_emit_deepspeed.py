@@ -95,8 +95,8 @@ def test_deepspeed_parser_accepts(parsed, name):
     assert r["world_size"] == world
     assert r["train_batch_size"] == cfg["train_batch_size"]
     s = make_plan(**VARIANTS[name][0], **VARIANTS[name][2]).strategy
-    assert r["zero_stage"] == s.zero_stage
-    assert (r["offload_optimizer"], r["offload_param"]) == (s.offload_optimizer, s.offload_params)
+    assert r["zero_stage"] == s.layout.zero_stage
+    assert (r["offload_optimizer"], r["offload_param"]) == (s.layout.offload_optimizer, s.layout.offload_params)
 
 
 def test_deepspeed_parser_rejects_broken(parsed):

@@ -171,13 +171,13 @@ def test_accelerate_launch_accepts_and_builds_the_plugin(name, tmp_path, monkeyp
 
     s = plan.strategy
     assert plugin.fsdp_version == 2
-    assert plugin.reshard_after_forward is s.fsdp_reshard_after_forward
-    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy if s.offload_params == "cpu" else OffloadPolicy)
+    assert plugin.reshard_after_forward is s.layout.fsdp_reshard_after_forward
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy if s.layout.offload_params == "cpu" else OffloadPolicy)
     assert plugin.activation_checkpointing is s.activation_checkpointing
     assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"]
     assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
     assert env["ACCELERATE_MIXED_PRECISION"] == {"bf16": "bf16", "fp32": "no"}[plan.precision]
-    if s.fsdp_sharding == "hybrid":
+    if s.layout.fsdp_sharding == "hybrid":
         assert (hsdp.dp_replicate_size, hsdp.dp_shard_size) == (plan.nodes, plan.gpus_per_node)
         assert hsdp.dp_replicate_enabled and hsdp.dp_shard_enabled
     else:

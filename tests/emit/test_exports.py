@@ -139,10 +139,10 @@ def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
     assert loaded.distributed_type.value == "FSDP" and args.use_fsdp and args.num_processes == 4
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2
-    assert plugin.reshard_after_forward is plan.strategy.fsdp_reshard_after_forward
+    assert plugin.reshard_after_forward is plan.strategy.layout.fsdp_reshard_after_forward
     assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"]
     assert (plugin.cpu_offload is not None and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == \
-        (plan.strategy.offload_params == "cpu")
+        (plan.strategy.layout.offload_params == "cpu")
 
 
 def test_deepspeed_parser_is_given_the_world_size():

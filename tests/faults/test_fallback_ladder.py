@@ -10,6 +10,7 @@ import pytest
 from launcher.config.jobfile import job_from_data
 from launcher.fallback import RUNGS, Measurement, correction_for, next_strategy
 from launcher.plan_inputs import plan_request
+from launcher.planner.plan import Strategy
 from launcher.planner.search import make_plan, score
 from tests.conftest import TINY_GPT2
 
@@ -96,7 +97,7 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
         assert fb.corrected_peak_bytes > req.usable_bytes
         assert "ZeRO stage 0 -> 3, optimizer state -> cpu, parameters -> cpu" in fb.reason, fb.reason
     else:
-        assert s.zero_stage == 3 and s.offload_optimizer == "cpu" and s.offload_params == "cpu", s.label()
+        assert s.layout.zero_stage == 3 and s.layout.offload_optimizer == "cpu" and s.layout.offload_params == "cpu", s.label()
 
 
 def gpu_request(tmp_path, strategy: dict, model: str = "gpt2-124m", budget: str = "4GB", **cluster):
@@ -120,13 +121,13 @@ def test_offload_host_ram_cannot_hold_is_skipped_for_nvme(tmp_path):
     req = gpu_request(tmp_path, base, model="llama-1b", budget="6GB", nvme_path=str(tmp_path), nvme_free="1TB")
     s = make_plan(req).strategy
     est = score(req, s).estimate
-    host_cpu_offload = score(req, dataclasses.replace(s, offload_optimizer="cpu")).estimate.host_bytes_per_node
-    host_nvme_offload = score(req, dataclasses.replace(s, offload_optimizer="nvme")).estimate.host_bytes_per_node
+    host_cpu_offload = score(req, Strategy.from_json(s.to_json() | dict(offload_optimizer="cpu"))).estimate.host_bytes_per_node
+    host_nvme_offload = score(req, Strategy.from_json(s.to_json() | dict(offload_optimizer="nvme"))).estimate.host_bytes_per_node
     assert host_nvme_offload < host_cpu_offload
     tight = dataclasses.replace(req, host_ram_per_node_bytes=(host_cpu_offload + host_nvme_offload) // 2)
     fb = next_strategy(s, est, tight, oom(int(req.budget_bytes * 1.01)))
     assert fb.strategy is not None and fb.rung == "nvme", fb.reason
-    assert fb.strategy.offload_optimizer == "nvme"
+    assert fb.strategy.layout.offload_optimizer == "nvme"
     assert any(x.startswith("optimizer_offload") and "cluster.host_ram_per_node" in x for x in fb.skipped)
     # Without an NVMe path the same host RAM leaves nothing to try.
     no_nvme = dataclasses.replace(tight, nvme_free_bytes=None)

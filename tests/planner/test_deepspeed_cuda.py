@@ -25,7 +25,7 @@ def request(model, *, nodes, budget, **kw) -> PlanRequest:
 def strategy(stage, **kw) -> Strategy:
     base = dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer="none",
                 offload_params="none", micro_batch_size=1, grad_accum_steps=8, activation_checkpointing=True)
-    return Strategy(**{**base, **kw})
+    return Strategy.from_json({**base, **kw})
 
 
 def moments(req, s, buckets=None):
@@ -50,7 +50,7 @@ def test_7b_zero2_on_64_h100s_flattens_through_the_host_when_the_budget_has_no_r
     assert round(m["step"] / GB, 2) == 19.26
     assert m["init"] < m["step"]
     plan = make_plan(dataclasses.replace(req, pins=dataclasses.replace(req.pins, zero_stage=2)))
-    assert plan.strategy.zero_stage == 2 and plan.estimate.peak_bytes <= plan.usable_bytes
+    assert plan.strategy.layout.zero_stage == 2 and plan.estimate.peak_bytes <= plan.usable_bytes
 
 
 def test_with_room_for_the_copy_deepspeed_flattens_on_the_device():

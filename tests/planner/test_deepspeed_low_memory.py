@@ -44,7 +44,7 @@ def _s(stage, opt="none", **kw):
     base = dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer="none",
                 offload_params="none", micro_batch_size=2, grad_accum_steps=1, activation_checkpointing=False, low_memory_optimizer=opt)
     base.update(kw)
-    return Strategy(**base)
+    return Strategy.from_json(base)
 
 
 def _buckets():
@@ -107,7 +107,7 @@ def _offered(request_for, field="low_memory_optimizer", precision="fp32", allow_
     out: dict[tuple, set] = {}
     for s in candidates(req):
         if s.engine == "deepspeed":
-            out.setdefault((s.zero_stage, s.offload_optimizer), set()).add(getattr(s, field))
+            out.setdefault((s.layout.zero_stage, s.layout.offload_optimizer), set()).add(getattr(s, field))
     return out
 
 

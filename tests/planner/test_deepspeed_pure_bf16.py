@@ -158,6 +158,6 @@ def test_zero12_pairs_pure_bf16_with_a_low_bit_client_optimizer(stage, opt):
     assert st.optimizer == pytest.approx(2 * m.trainable_params / 2 + moments)
     assert st.step_extra == pytest.approx(2 * m.trainable_params / 2 + SR_STEP_COPIES * 4 * PARTITION)
     assert low_bit_tensor_bytes(opt, 1001, param_bytes=2) == 1001 * 4  # unquantized: two bf16 moments
-    offered_values = ENGINES["deepspeed"].lever_values(s)
+    offered_values = ENGINES["deepspeed"].lever_values(s.layout)
     assert opt in offered_values["low_memory_optimizer"][0] and "pure_bf16" not in offered_values
     assert opt in ENGINES["deepspeed"].pure_bf16_optimizers

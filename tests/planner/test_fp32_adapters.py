@@ -10,6 +10,7 @@ import pytest
 from launcher.config.job import StrategyConfig
 from launcher.engines import ENGINES
 from launcher.planner.memory import analytic_constants, strategy_activations
+from launcher.planner.plan import Strategy
 from launcher.planner.scoring import score
 from launcher.planner.search import make_plan
 from tests.planner.conftest import llama_stats
@@ -28,10 +29,14 @@ def constants(m):
 
 def test_a_script_at_zero3_alone_computes_fp32_adapters():
     ds, fsdp = ENGINES["deepspeed"], ENGINES["fsdp"]
-    by_stage = {c.zero_stage: ds.fp32_adapters(c, script=True) for c in ds.candidates(nodes=1, nvme=True)}
+
+    def on(layout):
+        return Strategy(layout=layout, micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
+
+    by_stage = {c.zero_stage: ds.fp32_adapters(on(c), script=True) for c in ds.candidates(nodes=1, nvme=True)}
     assert by_stage == {0: False, 1: False, 2: False, 3: True}
-    assert not any(ds.fp32_adapters(c, script=False) for c in ds.candidates(nodes=1, nvme=True))
-    assert not any(fsdp.fp32_adapters(c, script=script) for c in fsdp.candidates(nodes=2, nvme=True)
+    assert not any(ds.fp32_adapters(on(c), script=False) for c in ds.candidates(nodes=1, nvme=True))
+    assert not any(fsdp.fp32_adapters(on(c), script=script) for c in fsdp.candidates(nodes=2, nvme=True)
                    for script in (True, False))
 
 

@@ -1,6 +1,5 @@
 """FSDP2 hybrid sharding (HSDP): shard within a node, replicate across nodes."""
 
-import dataclasses
 
 import pytest
 
@@ -15,9 +14,9 @@ from launcher.planner.search import candidates, make_plan, size_buckets
 
 
 def fsdp(sharding: str, reshard: bool = True, offload: str = "none", accum: int = 1) -> Strategy:
-    return Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=reshard, fsdp_sharding=sharding,
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=reshard, fsdp_sharding=sharding,
                     offload_optimizer=offload, offload_params=offload, micro_batch_size=1, grad_accum_steps=accum,
-                    activation_checkpointing=True)
+                    activation_checkpointing=True))
 
 
 def inputs(model, gpus: int, nodes: int) -> MemoryInputs:
@@ -54,17 +53,17 @@ def test_hybrid_states_are_full_shard_at_world_gpus_per_node(request_for, reshar
 
 
 def test_hybrid_is_never_a_candidate_on_one_node(request_for):
-    assert {c.fsdp_sharding for c in candidates(request_for()) if c.engine == "fsdp"} == {"full"}
-    two = {c.fsdp_sharding for c in candidates(request_for(nodes=2)) if c.engine == "fsdp"}
+    assert {c.layout.fsdp_sharding for c in candidates(request_for()) if c.engine == "fsdp"} == {"full"}
+    two = {c.layout.fsdp_sharding for c in candidates(request_for(nodes=2)) if c.engine == "fsdp"}
     assert two == {"full", "hybrid"}
-    assert all(c.fsdp_sharding is None for c in candidates(request_for(nodes=2)) if c.engine == "deepspeed")
+    assert all(not hasattr(c.layout, "fsdp_sharding") for c in candidates(request_for(nodes=2)) if c.engine == "deepspeed")
     with pytest.raises(ConfigError, match="strategy.fsdp_sharding: 'hybrid' .* runs on 1 node"):
         candidates(request_for(pins=StrategyConfig(fsdp_sharding="hybrid")))
 
 
 def test_pinning_the_sharding_pins_fsdp(request_for):
     cands = candidates(request_for(nodes=2, pins=StrategyConfig(fsdp_sharding="hybrid")))
-    assert cands and all(c.engine == "fsdp" and c.fsdp_sharding == "hybrid" for c in cands)
+    assert cands and all(c.engine == "fsdp" and c.layout.fsdp_sharding == "hybrid" for c in cands)
 
 
 def test_search_picks_hybrid_where_it_wins_and_full_where_only_it_fits(request_for):
@@ -72,14 +71,14 @@ def test_search_picks_hybrid_where_it_wins_and_full_where_only_it_fits(request_f
     roomy = make_plan(request_for(nodes=2, pins=pins, budget_bytes=80 * 10**9))
     # The same bytes cross the network either way at 1/N, but hybrid sends only a 1/8 shard of the gradients
     # over it and gathers over NVLink: 7B on 2 x 8 A100s.
-    assert roomy.strategy.fsdp_sharding == "hybrid", roomy.strategy.label()
+    assert roomy.strategy.layout.fsdp_sharding == "hybrid", roomy.strategy.label()
     rejected_full = [r for r in roomy.rejected if "hybrid" not in r.label]
     assert rejected_full and all(r.step_time_s > roomy.estimate.step_time_s for r in rejected_full)
 
     # Hybrid holds twice full sharding's states at 2 nodes: a budget between the two leaves only full.
     tight_budget = 15 * 10**9
     tight = make_plan(request_for(nodes=2, pins=pins, budget_bytes=tight_budget))
-    assert tight.strategy.fsdp_sharding == "full", tight.strategy.label()
+    assert tight.strategy.layout.fsdp_sharding == "full", tight.strategy.label()
     with pytest.raises(Exception, match="no plan fits"):
         make_plan(request_for(nodes=2, pins=StrategyConfig(engine="fsdp", fsdp_sharding="hybrid",
                                                            offload_params="none", offload_optimizer="none"),
@@ -107,4 +106,4 @@ def test_plan_json_carries_the_sharding_and_old_plans_load(request_for):
     assert d["fsdp_sharding"] == "hybrid" and "hybrid" in d["label"]
     assert Plan.from_json(d).strategy == plan.strategy
     old = {k: v for k, v in d.items() if k != "fsdp_sharding"}  # a plan.json from before the key existed
-    assert Plan.from_json(old).strategy == dataclasses.replace(plan.strategy, fsdp_sharding=None)
+    assert Plan.from_json(old).strategy == Strategy.from_json(plan.strategy.to_json() | dict(fsdp_sharding=None))

@@ -30,7 +30,7 @@ def _s(opt="none", **kw):
                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False,
                 low_memory_optimizer=opt)
     base.update(kw)
-    return Strategy(**base)
+    return Strategy.from_json(base)
 
 
 def _bert(vocab):

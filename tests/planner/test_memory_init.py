@@ -34,9 +34,9 @@ def inputs(m: ModelStats, *, world=2, precision="fp32", hardware="cpu", c=None, 
 
 
 def strategy(engine="deepspeed", stage=3, reshard=None, ac=False, mb=1) -> Strategy:
-    return Strategy(engine=engine, zero_stage=stage if engine == "deepspeed" else None,
+    return Strategy.from_json(dict(engine=engine, zero_stage=stage if engine == "deepspeed" else None,
                     fsdp_reshard_after_forward=reshard, offload_optimizer="none", offload_params="none",
-                    micro_batch_size=mb, grad_accum_steps=1, activation_checkpointing=ac)
+                    micro_batch_size=mb, grad_accum_steps=1, activation_checkpointing=ac))
 
 
 def test_zero3_rank0_holds_the_checkpoint_its_partition_and_one_gathered_layer():

@@ -15,9 +15,9 @@ from launcher.planner.terms import SR_CPU_STEP_RATIO, SR_STEP_COPIES, optimizer_
 
 
 def fsdp(pure: bool, accum: int = 1, offload: str = "none") -> Strategy:
-    return Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
                     offload_optimizer=offload, offload_params=offload, micro_batch_size=1, grad_accum_steps=accum,
-                    activation_checkpointing=True, pure_bf16=pure)
+                    activation_checkpointing=True, pure_bf16=pure))
 
 
 def inputs(model, n: int = 8, hw: str = "a100-80gb", optimizer: str = "adamw") -> MemoryInputs:
@@ -175,7 +175,8 @@ def test_pure_bf16_pairs_with_a_low_bit_adamw_where_the_engine_steps_them_togeth
     assert not {p for p in pairs if p[0] != "none" and (p[2] or p == ("adafactor", True, False))}
     assert not {p for p in (o.low_memory_optimizer for o in options(req, ds_spec.levers, 1) if o.pure_bf16)
                 if p != "none"}  # without the engine's pairs
-    by_engine = {(s.engine, s.zero_stage, s.low_memory_optimizer) for s in candidates(req) if s.pure_bf16}
+    by_engine = {(s.engine, getattr(s.layout, "zero_stage", None), s.low_memory_optimizer) for s in candidates(req)
+                 if s.pure_bf16}
     assert {("fsdp", None, "adamw8bit"), ("deepspeed", 1, "adamw8bit"), ("deepspeed", 2, "adamw4bit")} <= by_engine
     assert not {e for e in by_engine if e[0] == "deepspeed" and e[1] == 3 and e[2] != "none"}
     # Pinned with Adafactor, which no engine pairs: refused in one line that says which engine pairs what.

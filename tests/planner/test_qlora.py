@@ -25,9 +25,9 @@ def lora_llama():
 
 
 def fsdp(qlora: bool, precision_pure: bool = False) -> Strategy:
-    return Strategy(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
                     offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
-                    activation_checkpointing=True, qlora=qlora, pure_bf16=precision_pure)
+                    activation_checkpointing=True, qlora=qlora, pure_bf16=precision_pure))
 
 
 def inputs(model, n: int = 8, precision: str = "bf16") -> MemoryInputs:
@@ -76,7 +76,7 @@ def test_on_one_rank_the_nf4_base_is_never_gathered_and_stays_on_the_device_unde
     one, two = fsdp_states(inputs(m, n=1), fsdp(True)), fsdp_states(inputs(m, n=2), fsdp(True))
     assert one.buffers == pytest.approx(2 * (m.non_block_params + m.block_params - sum(elems)))
     assert two.buffers == pytest.approx(one.buffers + sum(e / 2 + e / 64 + 2 * e / 16384 for e in elems))
-    off = dataclasses.replace(fsdp(True), offload_params="cpu", offload_optimizer="cpu")
+    off = Strategy.from_json(fsdp(True).to_json() | dict(offload_params="cpu", offload_optimizer="cpu"))
     on_host = fsdp_states(inputs(m, n=1), off)
     resident = m.num_blocks * sum(nf4_bytes(e, 2) for e in elems)
     assert on_host.params == pytest.approx(resident) and on_host.host == pytest.approx(one.params - resident + one.optimizer)

@@ -61,25 +61,25 @@ def test_offered_under_lora_where_the_probe_measured_the_frozen_inputs(request_f
 def test_only_zero3_offers_it(lora_request):
     ds = ENGINES["deepspeed"]
     assert "release_frozen_weights" in ds.levers and "release_frozen_weights" not in ENGINES["fsdp"].levers
-    tried = {(s.zero_stage, s.release_frozen_weights) for s in ds_candidates(lora_request())}
+    tried = {(s.layout.zero_stage, s.release_frozen_weights) for s in ds_candidates(lora_request())}
     assert (3, True) in tried and (3, False) in tried
     assert not any(stage != 3 and rel for stage, rel in tried)
-    z2 = next(s for s in ds_candidates(lora_request()) if s.zero_stage == 2)
-    assert ds.lever_values(z2)["release_frozen_weights"] == ((False,), RELEASE_REFUSED)
+    z2 = next(s for s in ds_candidates(lora_request()) if s.layout.zero_stage == 2)
+    assert ds.lever_values(z2.layout)["release_frozen_weights"] == ((False,), RELEASE_REFUSED)
 
 
 def test_zero3_under_lora_offers_op_level_checkpointing(request_for, lora_request):
     # The ranks hide ZeRO-3's parameter fetch and release from the op policy's replay
     # (launcher.worker.engines.deepspeed.hide_zero3_fetches), with either linear: offered as for a full fine-tune.
-    tried = {(s.zero_stage, s.checkpoint_policy, s.release_frozen_weights) for s in ds_candidates(lora_request())}
+    tried = {(s.layout.zero_stage, s.checkpoint_policy, s.release_frozen_weights) for s in ds_candidates(lora_request())}
     assert {(3, "ops", False), (3, "ops", True), (3, "full", False), (2, "ops", False)} <= tried
     full = request_for(activations=measured(llama_stats()))
-    assert (3, "ops") in {(s.zero_stage, s.checkpoint_policy) for s in ds_candidates(full)}  # a full fine-tune
+    assert (3, "ops") in {(s.layout.zero_stage, s.checkpoint_policy) for s in ds_candidates(full)}  # a full fine-tune
     for release in (False, True):
         pinned = lora_request(pins=StrategyConfig(engine="deepspeed", zero_stage=3, activation_checkpointing=True,
                                                   checkpoint_policy="ops", release_frozen_weights=release))
         s = make_plan(pinned).strategy
-        assert (s.zero_stage, s.checkpoint_policy, s.release_frozen_weights) == (3, "ops", release)
+        assert (s.layout.zero_stage, s.checkpoint_policy, s.release_frozen_weights) == (3, "ops", release)
 
 
 def ds_candidates(req):

@@ -25,14 +25,14 @@ def test_tighter_budget_moves_to_more_sharding(request_for):
     assert tight.estimate.peak_bytes <= 24 * 10**9 * 0.95
     # 7B on 8 GPUs cannot hold replicated optimizer state in 24 GB: stage 3 / full shard / offload is needed.
     s = tight.strategy
-    assert s.zero_stage == 3 or s.fsdp_reshard_after_forward or s.offload_optimizer != "none"
+    assert s.layout.zero_stage == 3 or s.layout.fsdp_reshard_after_forward or s.layout.offload_optimizer != "none"
     assert loose.estimate.step_time_s <= tight.estimate.step_time_s
 
 
 def test_pinned_fields_are_kept(request_for):
     pins = StrategyConfig(engine="deepspeed", zero_stage=2, micro_batch_size=2)
     plan = make_plan(request_for(pins=pins))
-    assert (plan.strategy.engine, plan.strategy.zero_stage, plan.strategy.micro_batch_size) == ("deepspeed", 2, 2)
+    assert (plan.strategy.engine, plan.strategy.layout.zero_stage, plan.strategy.micro_batch_size) == ("deepspeed", 2, 2)
     assert set(plan.pinned) == {"engine", "zero_stage", "micro_batch_size"}
 
 
@@ -50,8 +50,8 @@ def test_nothing_fits_says_what_would_with_numbers(request_for):
 
 
 def test_nvme_only_offered_with_a_path(request_for):
-    assert not any("nvme" in (c.offload_optimizer, c.offload_params) for c in candidates(request_for()))
-    assert any(c.offload_params == "nvme" for c in candidates(request_for(nvme_free_bytes=10**12)))
+    assert not any("nvme" in (c.layout.offload_optimizer, c.layout.offload_params) for c in candidates(request_for()))
+    assert any(c.layout.offload_params == "nvme" for c in candidates(request_for(nvme_free_bytes=10**12)))
 
 
 def test_host_ram_limits_offload(request_for):
@@ -152,6 +152,6 @@ def test_plans_fit_and_more_budget_never_hurts(request_for, model, gpus, nodes, 
     assert plan.estimate.nvme_bytes_per_node <= (nvme_free or 0)
     s = plan.strategy
     assert s.micro_batch_size * s.grad_accum_steps * gpus * nodes == req.global_batch_size  # the global batch is kept
-    assert s.fsdp_sharding != "hybrid" or nodes > 1
+    assert getattr(s.layout, "fsdp_sharding", None) != "hybrid" or nodes > 1
     bigger = make_plan(dataclasses.replace(req, budget_bytes=int(req.budget_bytes * grow)))
     assert bigger.estimate.peak_bytes <= bigger.usable_bytes

@@ -15,6 +15,7 @@ from launcher.planner.candidates import pinned
 from launcher.planner.hardware import PROFILES
 from launcher.planner.levers import math_departure
 from launcher.planner.memo import TracedMemo
+from launcher.planner.plan import Strategy
 from launcher.planner.search import candidates, evaluate, make_plan, search
 from tests.planner.conftest import llama_stats
 
@@ -173,15 +174,15 @@ def test_memo_keys_on_the_fields_a_term_reads():
     calls = []
 
     def term(s, scale):
-        calls.append(s.micro_batch_size if s.zero_stage == 3 else None)
-        return s.micro_batch_size * scale if s.zero_stage == 3 else scale
+        calls.append(s.micro_batch_size if s.layout.zero_stage == 3 else None)
+        return s.micro_batch_size * scale if s.layout.zero_stage == 3 else scale
 
     memo = TracedMemo()
     base = candidates_strategy(zero_stage=3, micro_batch_size=2)
     assert memo.call(("t", 10), term, base, 10) == 20
     assert memo.call(("t", 10), term, dataclasses.replace(base, loss_chunks=8), 10) == 20  # not read: a hit
     assert memo.call(("t", 10), term, dataclasses.replace(base, micro_batch_size=4), 10) == 40  # read: a miss
-    other = dataclasses.replace(base, zero_stage=2)
+    other = Strategy.from_json(base.to_json() | dict(zero_stage=2))
     assert memo.call(("t", 10), term, other, 10) == 10
     assert memo.call(("t", 10), term, dataclasses.replace(other, micro_batch_size=8), 10) == 10  # not read at 2
     assert (memo.hits, memo.misses) == (2, 3) and len(calls) == 3
@@ -207,7 +208,7 @@ def candidates_strategy(**kw):
 
     base = dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="none",
                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
-    return Strategy(**{**base, **kw})
+    return Strategy.from_json({**base, **kw})
 
 
 def test_the_list_is_final_only_once_the_bound_passes_its_slowest_runner_up(request_for):

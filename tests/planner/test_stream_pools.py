@@ -36,7 +36,7 @@ def plan(profile="h100-80gb", gpus=8, **kw):
                        optimizer="adamw", hardware=PROFILES[profile], activations=analytic_constants(M, "bf16"))
     base = dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True)
-    return estimate_memory(inp, Strategy(**(base | kw)), BUCKETS)
+    return estimate_memory(inp, Strategy.from_json(base | kw), BUCKETS)
 
 
 def ag_pool(gpus: int) -> float:

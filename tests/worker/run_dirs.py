@@ -44,7 +44,7 @@ def plan_dict(
     if engine == "fsdp":
         zero_stage = None
         fsdp_reshard_after_forward = True if fsdp_reshard_after_forward is None else fsdp_reshard_after_forward
-    strategy = Strategy(
+    strategy = Strategy.from_json(dict(
         engine=engine,
         zero_stage=zero_stage,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward,
@@ -53,7 +53,7 @@ def plan_dict(
         micro_batch_size=micro_batch_size,
         grad_accum_steps=grad_accum_steps,
         activation_checkpointing=activation_checkpointing,
-    )
+    ))
     plan = Plan(
         strategy=strategy,
         estimate=Estimate(breakdown={}, peak_bytes=predicted_peak_bytes, host_bytes_per_node=0,

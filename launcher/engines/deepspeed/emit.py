@@ -66,7 +66,7 @@ def template_name(plan: Plan) -> str:
     if problems:
         raise ConfigError(problems)
     s = plan.strategy
-    return TEMPLATE_FOR[(s.zero_stage, _tier(s.offload_optimizer, s.offload_params))]
+    return TEMPLATE_FOR[(s.layout.zero_stage, _tier(s.layout.offload_optimizer, s.layout.offload_params))]
 
 
 def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) -> dict:
@@ -82,12 +82,12 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
         raise ConfigError(problems)
     s = plan.strategy
     largest_layer_params = largest_layer_params or plan.largest_layer_params or None
-    if s.offload_params == "nvme" and not largest_layer_params:
+    if s.layout.offload_params == "nvme" and not largest_layer_params:
         raise ValueError(
             "ds_config: offload_params 'nvme' needs largest_layer_params (ModelStats.largest_layer_params) to "
             f"size the parameter swap buffers, got {largest_layer_params!r}; pass it"
         )
-    name = TEMPLATE_FOR[(s.zero_stage, _tier(s.offload_optimizer, s.offload_params))]
+    name = TEMPLATE_FOR[(s.layout.zero_stage, _tier(s.layout.offload_optimizer, s.layout.offload_params))]
     cfg = copy.deepcopy(templates()[name])
 
     # DeepSpeed asserts train_batch_size == micro * accum * world_size at initialize; _job_problems
@@ -101,7 +101,7 @@ def ds_config(plan: Plan, job: Job, *, largest_layer_params: int | None = None) 
     _fill_optimizer(cfg, plan, job)
     _fill_scheduler(cfg, job)
     _fill_zero(cfg, plan, job, largest_layer_params)
-    if _tier(s.offload_optimizer, s.offload_params) != "nvme":
+    if _tier(s.layout.offload_optimizer, s.layout.offload_params) != "nvme":
         # The async-I/O settings only drive NVMe swapping.
         cfg.pop("aio", None)
     cfg["steps_per_print"] = STEPS_PER_PRINT
@@ -122,30 +122,30 @@ def _tier(*offloads: str) -> str:
 
 def _strategy_problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.zero_stage is None:  # another engine's strategy (launcher.engines picks the emitter by the plan's engine)
+    if s.layout.zero_stage is None:  # another engine's strategy (launcher.engines picks the emitter by the plan's engine)
         return [f"strategy.engine: {s.engine!r} is not deepspeed; emit an FSDP config with fsdp_config(plan, job)"]
-    if s.zero_stage not in (0, 1, 2, 3):
-        return [f"strategy.zero_stage: {s.zero_stage!r} is not 0, 1, 2 or 3; set strategy.zero_stage"]
+    if s.layout.zero_stage not in (0, 1, 2, 3):
+        return [f"strategy.layout.zero_stage: {s.layout.zero_stage!r} is not 0, 1, 2 or 3; set strategy.layout.zero_stage"]
     problems = []
-    if s.offload_params != "none" and s.zero_stage != 3:
+    if s.layout.offload_params != "none" and s.layout.zero_stage != 3:
         problems.append(
-            f"strategy.offload_params: {s.offload_params!r} needs ZeRO-3 (DeepSpeed offloads parameters only "
-            f"when it partitions them), got zero_stage {s.zero_stage}; set zero_stage: 3 or offload_params: none"
+            f"strategy.layout.offload_params: {s.layout.offload_params!r} needs ZeRO-3 (DeepSpeed offloads parameters only "
+            f"when it partitions them), got zero_stage {s.layout.zero_stage}; set zero_stage: 3 or offload_params: none"
         )
-    if s.offload_optimizer == "nvme" and s.zero_stage != 3:
+    if s.layout.offload_optimizer == "nvme" and s.layout.zero_stage != 3:
         problems.append(
-            f"strategy.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.zero_stage}; "
+            f"strategy.layout.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.layout.zero_stage}; "
             "set zero_stage: 3 or offload_optimizer: cpu"
         )
-    if PURE_BF16.on(s) and (s.zero_stage == 0 or s.offload_optimizer != "none"):
+    if PURE_BF16.on(s) and (s.layout.zero_stage == 0 or s.layout.offload_optimizer != "none"):
         problems.append(
             f"strategy.pure_bf16: true is emitted for ZeRO-1/2/3 without optimizer offload, got zero_stage "
-            f"{s.zero_stage} with offload_optimizer {s.offload_optimizer!r} (launcher.engines.deepspeed "
+            f"{s.layout.zero_stage} with offload_optimizer {s.layout.offload_optimizer!r} (launcher.engines.deepspeed "
             "PURE_BF16_REFUSED); re-plan with pure_bf16 left to the planner"
         )
-    if s.offload_optimizer == "cpu" and s.zero_stage in (0, 1):
+    if s.layout.offload_optimizer == "cpu" and s.layout.zero_stage in (0, 1):
         problems.append(
-            f"strategy.offload_optimizer: 'cpu' with zero_stage {s.zero_stage} is not emitted: ZeRO-2 offload "
+            f"strategy.layout.offload_optimizer: 'cpu' with zero_stage {s.layout.zero_stage} is not emitted: ZeRO-2 offload "
             "keeps the same host state and also partitions gradients; set zero_stage: 2 (or 3)"
         )
     return problems
@@ -161,7 +161,7 @@ def _job_problems(plan: Plan, job: Job) -> list[str]:
             f"* grad_accum_steps {s.grad_accum_steps} * world_size {plan.world_size} = {product}, which DeepSpeed "
             "requires; re-plan, or fix the plan's micro_batch_size/grad_accum_steps"
         )
-    if "nvme" in (s.offload_optimizer, s.offload_params) and not job.cluster.nvme_path:
+    if "nvme" in (s.layout.offload_optimizer, s.layout.offload_params) and not job.cluster.nvme_path:
         problems.append(
             f"cluster.nvme_path: {job.cluster.nvme_path!r} must name a local NVMe directory when offloading to "
             "nvme; add cluster.nvme_path: /local_nvme (or offload to cpu)"
@@ -194,15 +194,15 @@ def _fill_optimizer(cfg: dict, plan: Plan, job: Job) -> None:
         # optimizer too: torchao's stochastically rounding AdamW (launcher.worker.engines.optimizers), since
         # DeepSpeed's own steps a bf16 master by rounding to nearest, which drops updates under half a bf16 ulp.
         cfg.pop("optimizer", None)
-        if s.zero_stage > 0:
+        if s.layout.zero_stage > 0:
             cfg["zero_allow_untested_optimizer"] = True
         return
-    offloaded = s.offload_optimizer != "none"
+    offloaded = s.layout.offload_optimizer != "none"
     if t.optimizer == "sgd":
         # SGD goes through DeepSpeed's torch.optim fallback (getattr(torch.optim, type)), so the name is
         # case-sensitive. Momentum 0 matches the planner's "sgd keeps no optimizer state".
         cfg["optimizer"] = {"type": "SGD", "params": {"lr": t.lr, "momentum": 0.0, "weight_decay": t.weight_decay}}
-        if s.zero_stage > 0:
+        if s.layout.zero_stage > 0:
             # ZeRO refuses optimizers outside its tested list (Adam/AdamW/Adagrad/Lion...) without this.
             cfg["zero_allow_untested_optimizer"] = True
         return
@@ -241,14 +241,14 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
     s = plan.strategy
     b = plan.buckets
     z = cfg.setdefault("zero_optimization", {})
-    z["stage"] = s.zero_stage
-    if s.zero_stage in (1, 2):
+    z["stage"] = s.layout.zero_stage
+    if s.layout.zero_stage in (1, 2):
         z["reduce_bucket_size"] = b.reduce_bucket_size
         z["allgather_bucket_size"] = b.allgather_bucket_size
         # In ZeRO-1/2 overlap_comm double-buffers the reduce bucket; the planner counts one buffer.
         z["overlap_comm"] = False
         z["contiguous_gradients"] = True
-    elif s.zero_stage == 3:
+    elif s.layout.zero_stage == 3:
         z["reduce_bucket_size"] = b.reduce_bucket_size
         z["stage3_prefetch_bucket_size"] = b.stage3_prefetch_bucket_size
         z["stage3_max_live_parameters"] = b.stage3_max_live_parameters
@@ -272,7 +272,7 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
         # (launcher.engines.deepspeed.pinned_linear_elems).
         z["memory_efficient_linear"] = job.train.lora is None or RELEASE_FROZEN_WEIGHTS.on(s)
 
-    for key, device in (("offload_optimizer", s.offload_optimizer), ("offload_param", s.offload_params)):
+    for key, device in (("offload_optimizer", s.layout.offload_optimizer), ("offload_param", s.layout.offload_params)):
         if device == "none":
             z.pop(key, None)
             continue
@@ -285,7 +285,7 @@ def _fill_zero(cfg: dict, plan: Plan, job: Job, largest_layer_params: int | None
                 block.pop(k, None)
 
     # NVMe parameter swapping pins host buffers; these sizes are the ones the planner's host figure assumes.
-    if s.offload_params == "nvme":
+    if s.layout.offload_params == "nvme":
         # Parameter swap buffers: the same size and count the planner's host figure counts.
         z["offload_param"]["buffer_size"] = nvme_param_buffer_elems(b.stage3_prefetch_bucket_size,
                                                                     largest_layer_params, plan.world_size)

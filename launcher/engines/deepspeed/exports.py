@@ -65,7 +65,7 @@ def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) ->
     deepspeed = {
         "deepspeed_config_file": ds_config_file,
         # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init), as the plan's memory figure assumes.
-        "zero3_init_flag": plan.strategy.zero_stage == 3,
+        "zero3_init_flag": plan.strategy.layout.zero_stage == 3,
     }
     if plan.nodes > 1:
         deepspeed["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node, as launch does

@@ -129,7 +129,7 @@ def sub_group_elems(inp: MemoryInputs, sub_group_size: int) -> float:
 def partition(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> Partition:
     """The Partition a strategy's ZeRO stage gives on this request's ranks: shard counts for optimizer, gradients and
     parameters, and the elements one optimizer step holds."""
-    stage, n = s.zero_stage or 0, inp.world_size
+    stage, n = s.layout.zero_stage or 0, inp.world_size
     shard_opt = n if stage >= 1 else 1
     step_elems = (sub_group_elems(inp, buckets.sub_group_size) if stage == 3
                   else inp.model.trainable_params / shard_opt)
@@ -457,7 +457,7 @@ def offload_optimizer(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Buc
                                  backward_end_extra=st.backward_end_extra + p.w * largest,
                                  backward_end_late=st.backward_end_late + (p.w * largest if st.backward_end_late
                                                                            else 0.0))
-    if s.offload_optimizer == "cpu":
+    if s.layout.offload_optimizer == "cpu":
         return dataclasses.replace(st, host=st.host + moved)
     # NVMe, with pinned swap buffers: buffer_count 4, each the largest sub-group in fp32 (swap_tensor/optimizer_utils.py
     # OptimizerSwapper: largest_numel, the largest of fp16_partitioned_groups_flat_numel; the emitter writes
@@ -469,7 +469,7 @@ def offload_params(inp: MemoryInputs, p: Partition, s: Strategy, buckets: Bucket
     """ZeRO-3 parameter offload: the partition leaves the device for host RAM or NVMe."""
     moved = st.params
     st = dataclasses.replace(st, model_states=st.model_states - st.params, params=0.0)
-    if s.offload_params == "cpu":
+    if s.layout.offload_params == "cpu":
         return dataclasses.replace(st, host=st.host + moved)
     # Pinned parameter swap buffers, allocated whole at initialize (partitioned_param_swapper.py).
     buffer_elems = nvme_param_buffer_elems(buckets.stage3_prefetch_bucket_size, inp.model.largest_layer_params,
@@ -485,9 +485,9 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
         st = stage3_buffers(inp, p, s, buckets, st)
     elif p.stage in (1, 2):
         st = stage12_bucket(inp, p, buckets, st)
-    if s.offload_optimizer != "none":
+    if s.layout.offload_optimizer != "none":
         st = offload_optimizer(inp, p, s, buckets, st)
-    if s.offload_params != "none":
+    if s.layout.offload_params != "none":
         st = offload_params(inp, p, s, buckets, st)
     return st
 
@@ -510,7 +510,7 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """
     m, w = inp.model, BYTES[inp.precision]
     model = w * m.num_params
-    if (s.zero_stage or 0) == 0:
+    if (s.layout.zero_stage or 0) == 0:
         return model + (MASTER_BYTES * m.trainable_params if inp.precision != "fp32" else 0.0)
     flatten_on_device = model + w * m.trainable_params
     room = inp.device_room_bytes or inp.hardware.memory_bytes
@@ -522,5 +522,5 @@ def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     # of the same size (freed at its end without offload), on the device unless the optimizer is offloaded: above the
     # flattening where 2·4Ψt/N exceeds wΨt, at few ranks.
     master = master_elem_bytes(PURE_BF16.on(s)) * m.trainable_params / inp.world_size
-    wrapped = model + (2 * master if s.offload_optimizer == "none" else 0.0)
+    wrapped = model + (2 * master if s.layout.offload_optimizer == "none" else 0.0)
     return max(flattening, wrapped)

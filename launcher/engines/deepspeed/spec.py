@@ -16,8 +16,9 @@ from launcher.engines.deepspeed.exports import (
     deepspeed_notes,
     hf_ds_config,
 )
+from launcher.engines.deepspeed.layout import ZeroLayout
 from launcher.engines.deepspeed.memory import DEEPSPEED_COMMUNICATORS, cuda_init_bytes, deepspeed_states
-from launcher.engines.spec import Candidate, EngineSpec
+from launcher.engines.spec import EngineSpec
 from launcher.levers import (
     ACTIVATION_OFFLOAD,
     CHECKPOINT_EVERY,
@@ -41,10 +42,8 @@ from launcher.planner.terms import (
 )
 from launcher.rankenv import DS_CONFIG_ENV
 
-NAME = "deepspeed"
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
-_OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
 
 LOW_MEMORY_REFUSED = {
     "offload": "ZeRO-Offload steps the optimizer with DeepSpeed's own CPU Adam (DeepSpeedCPUAdam; engine.py "
@@ -109,9 +108,8 @@ class DeepSpeedSpec(EngineSpec):
     ds_config.json (launcher.engines.deepspeed.emit); the rank side is
     launcher.worker.engines.deepspeed.DeepSpeedEngine."""
 
-    name = NAME
+    name = ZeroLayout.engine
     rank_engine = "DeepSpeedEngine"
-    overhead_field = "deepspeed_step_overhead_s"
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, DS_CONFIG_FILE),)
     config_names = (DS_CONFIG_FILE,)
@@ -122,7 +120,7 @@ class DeepSpeedSpec(EngineSpec):
     # torchao's low-bit AdamW with bf16_stochastic_round (launcher.worker.engines.optimizers.low_memory_optimizer).
     pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit"})
 
-    def lever_values(self, c: Candidate | Strategy) -> dict[str, tuple[tuple[object, ...], str]]:
+    def lever_values(self, c: ZeroLayout) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
         all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
         block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
@@ -140,11 +138,11 @@ class DeepSpeedSpec(EngineSpec):
             return {**out, LOW_MEMORY_OPTIMIZER.field: (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
         return {**out, PURE_BF16.field: ((False,), PURE_BF16_REFUSED["stage0"])}
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+    def candidates(self, *, nodes: int, nvme: bool) -> list[ZeroLayout]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
         out = []
         for zero in STAGES:
-            out += [Candidate(engine=NAME, zero_stage=zero, offload_optimizer=opt, offload_params=par)
+            out += [ZeroLayout(zero_stage=zero, offload_optimizer=opt, offload_params=par)
                     for opt, par in self._offloads(zero, nvme)]
         return out
 
@@ -172,7 +170,7 @@ class DeepSpeedSpec(EngineSpec):
         with peft's default, tests/emit/test_emit_deepspeed.py test_bf16_lora_adapters_compute_in_the_dtype_the_spec
         _says). The launcher's ranks make them in the base's dtype, bf16 under zero.Init (launcher.worker.model
         .build)."""
-        return script and (s.zero_stage or 0) == 3
+        return script and (s.layout.zero_stage or 0) == 3
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:
         """ZeRO-3: transformers reads the checkpoint into rank 0's host memory and copies it in one gathered
@@ -182,9 +180,9 @@ class DeepSpeedSpec(EngineSpec):
         trainable parameters into a copy (wΨ_t) beside the model (wΨ)."""
         m, w, n = inp.model, BYTES[inp.precision], inp.world_size
         device_is_host = inp.hardware.device_is_host
-        if (s.zero_stage or 0) >= 3:
+        if (s.layout.zero_stage or 0) >= 3:
             # Offloaded parameters are partitioned into host memory: on a GPU not on the device at this moment.
-            partition_on_device = s.offload_params == "none" or device_is_host
+            partition_on_device = s.layout.offload_params == "none" or device_is_host
             checkpoint = m.checkpoint_bytes if device_is_host else 0.0
             partition = w * m.num_params / n if partition_on_device else 0.0
             return checkpoint + partition + w * m.largest_layer_params
@@ -202,7 +200,7 @@ class DeepSpeedSpec(EngineSpec):
         """Host bytes per node while loading: fp32 weights (4Ψ), or under ZeRO-3 the checkpoint plus one fp32 copy of
         the largest layer per rank of the node (zero.Init)."""
         m = inp.model
-        if (s.zero_stage or 0) >= 3:
+        if (s.layout.zero_stage or 0) >= 3:
             # zero.Init: each rank copies in one parameter at a time [DS: "4nL·f with zero.Init"], after
             # transformers reads the checkpoint whole into rank 0's host memory (init_bytes).
             return 4 * m.largest_layer_params * inp.gpus_per_node + m.checkpoint_bytes
@@ -219,7 +217,7 @@ class DeepSpeedSpec(EngineSpec):
         m, w, accum = inp.model, BYTES[inp.precision], s.grad_accum_steps
         grad_payload = w * m.trainable_params
         param_payload = w * m.num_params
-        stage = s.zero_stage or 0
+        stage = s.layout.zero_stage or 0
         buckets = max(1, -(-grad_payload // max(1, w * bucket_elems)))
         if stage <= 1:
             volume = 2 * grad_payload + (param_payload if stage == 1 else 0)  # all-reduce once; ZeRO-1 regathers
@@ -238,42 +236,48 @@ class DeepSpeedSpec(EngineSpec):
         m, hw, n, w = inp.model, inp.hardware, inp.world_size, BYTES[inp.precision]
         accum = s.grad_accum_steps
         offload = 0.0
-        if s.offload_optimizer != "none":
-            offload += optimizer_offload_s(inp, m.trainable_params / n, s.offload_optimizer == "nvme")
-        if s.offload_params != "none":
+        if s.layout.offload_optimizer != "none":
+            offload += optimizer_offload_s(inp, m.trainable_params / n, s.layout.offload_optimizer == "nvme")
+        if s.layout.offload_params != "none":
             offload += accum * 2 * w * m.num_params / n / hw.host_link_bw
-            if s.offload_params == "nvme":
+            if s.layout.offload_params == "nvme":
                 offload += accum * 2 * w * m.num_params / n * inp.gpus_per_node / hw.nvme_bw
         return offload
 
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:
         """The fallback ladder's changes: a higher ZeRO stage, optimizer offload (stage >= 2), parameter
         offload (stage 3), or further out to NVMe."""
-        stage = s.zero_stage or 0
+        lay = s.layout
+        stage = lay.zero_stage or 0
+
+        def to(**changes) -> Strategy:
+            return dataclasses.replace(s, layout=dataclasses.replace(lay, **changes))
+
         if rung == "sharding":
-            return [dataclasses.replace(s, zero_stage=z) for z in range(stage + 1, 4)]
+            return [to(zero_stage=z) for z in range(stage + 1, 4)]
         if rung == "optimizer_offload":
-            if s.offload_optimizer != "none":
+            if lay.offload_optimizer != "none":
                 return []
             # ZeRO-Offload needs partitioned gradients (stage 2 or 3)
-            return [dataclasses.replace(s, offload_optimizer="cpu", zero_stage=max(stage, 2))]
+            return [to(offload_optimizer="cpu", zero_stage=max(stage, 2))]
         if rung == "param_offload":
-            if s.offload_params != "none":
+            if lay.offload_params != "none":
                 return []
-            opt = s.offload_optimizer if s.offload_optimizer != "none" else "cpu"  # both, or the optimizer only
-            return [dataclasses.replace(s, offload_params="cpu", offload_optimizer=opt, zero_stage=3)]
+            opt = lay.offload_optimizer if lay.offload_optimizer != "none" else "cpu"  # both, or the optimizer only
+            return [to(offload_params="cpu", offload_optimizer=opt, zero_stage=3)]
         if rung == "nvme":
             if not nvme:
                 return []
-            out = []
-            for opt, par in (("nvme", "none"), ("cpu", "nvme"), ("nvme", "nvme")):
-                # Only further out: nothing comes back from NVMe or host, and something new goes to NVMe.
-                moves = (_OFFLOAD_DEPTH[opt] - _OFFLOAD_DEPTH[s.offload_optimizer],
-                         _OFFLOAD_DEPTH[par] - _OFFLOAD_DEPTH[s.offload_params])
-                if min(moves) >= 0 and max(moves) > 0:
-                    out.append(dataclasses.replace(s, offload_optimizer=opt, offload_params=par, zero_stage=3))
-            return out
+            # Only further out: nothing comes back from NVMe or host, and something new goes to NVMe.
+            further = [ZeroLayout(zero_stage=3, offload_optimizer=opt, offload_params=par)
+                       for opt, par in (("nvme", "none"), ("cpu", "nvme"), ("nvme", "nvme"))]
+            return [dataclasses.replace(s, layout=new) for new in further if new.offloads_further(lay)]
         raise ValueError(f"unknown rung {rung!r}")
+
+    def buckets_shown(self, layout: ZeroLayout) -> tuple[str, ...]:
+        """The reduce and all-gather buckets; at ZeRO-3 the prefetch bucket and the live-parameter cap too."""
+        stage3 = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters") if layout.zero_stage == 3 else ()
+        return ("reduce_bucket_size", "allgather_bucket_size", *stage3)
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
         """ds_config.json for the run dir."""
@@ -306,7 +310,7 @@ class DeepSpeedSpec(EngineSpec):
 
     def accelerate_title(self, s: Strategy) -> str:
         """"DeepSpeed ZeRO-<stage>", accelerate.yaml's header."""
-        return f"DeepSpeed ZeRO-{s.zero_stage}"
+        return s.layout.title(1)
 
     def accelerate_notes(self, plan: Plan, config_dir: Path, *, optimizer: str) -> list[str]:
         """What a script launched with this accelerate.yaml must do (exports.deepspeed_notes)."""
@@ -323,9 +327,6 @@ class DeepSpeedSpec(EngineSpec):
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]
 
-    def title(self, s: Strategy, nodes: int) -> str:
-        """"DeepSpeed ZeRO-<stage>", as launch plan prints it."""
-        return f"DeepSpeed ZeRO-{s.zero_stage}"
 
 SPEC = DeepSpeedSpec()
 """The registered spec (launcher.engines.ENGINES["deepspeed"])."""

@@ -57,8 +57,8 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
     if block_class is None and isinstance(job.model, InlineArch):
         block_class = BLOCK_CLASS_BY_FAMILY[job.model.family]
     # FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
-    cpu_offload = s.offload_params == "cpu"
-    hybrid = s.fsdp_hybrid
+    cpu_offload = s.layout.offload_params == "cpu"
+    hybrid = s.layout.hybrid
     if hybrid:
         # HSDP: fully_shard over a 2-D mesh shards on the last dimension and replicates on the first.
         mesh = {"shape": [plan.nodes, plan.gpus_per_node], "dim_names": list(MESH_DIM_NAMES_HYBRID)}
@@ -66,7 +66,7 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
         mesh = {"shape": [plan.world_size], "dim_names": list(MESH_DIM_NAMES_FULL)}
 
     fsdp2 = {
-        "reshard_after_forward": s.fsdp_reshard_after_forward,
+        "reshard_after_forward": s.layout.fsdp_reshard_after_forward,
         "sharding": "hybrid" if hybrid else "full",
         "mesh": mesh,
         # torch dtype attribute names: getattr(torch, name) gives MixedPrecisionPolicy's arguments.
@@ -85,7 +85,7 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
 
     fsdp_section = {
         "fsdp_version": 2,
-        "fsdp_reshard_after_forward": s.fsdp_reshard_after_forward,
+        "fsdp_reshard_after_forward": s.layout.fsdp_reshard_after_forward,
     }
     if hybrid:
         # FSDP1's name for it, which accelerate's FSDP2 path does not read; the mesh comes from
@@ -127,34 +127,34 @@ def accelerate_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None
 
 def _problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.fsdp_reshard_after_forward is None:  # another engine's strategy (launcher.engines picks the emitter)
+    if s.layout.fsdp_reshard_after_forward is None:  # another engine's strategy (launcher.engines picks the emitter)
         return [f"strategy.engine: {s.engine!r} is not fsdp; emit a DeepSpeed config with ds_config(plan, job)"]
     problems = []
-    if s.fsdp_hybrid and plan.nodes < 2:
+    if s.layout.hybrid and plan.nodes < 2:
         problems.append(
-            f"strategy.fsdp_sharding: 'hybrid' needs nodes > 1 (it replicates across nodes), got nodes "
+            f"strategy.layout.fsdp_sharding: 'hybrid' needs nodes > 1 (it replicates across nodes), got nodes "
             f"{plan.nodes}; use fsdp_sharding: full or re-plan for more nodes"
         )
-    if s.fsdp_hybrid and plan.world_size != plan.nodes * plan.gpus_per_node:
+    if s.layout.hybrid and plan.world_size != plan.nodes * plan.gpus_per_node:
         problems.append(
             f"plan.world_size: {plan.world_size} != nodes {plan.nodes} * gpus_per_node {plan.gpus_per_node}, "
             "so the hybrid mesh has no shape; re-plan"
         )
-    if s.fsdp_reshard_after_forward is None:
+    if s.layout.fsdp_reshard_after_forward is None:
         problems.append(
-            "strategy.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "
+            "strategy.layout.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "
             "for FSDP; set it or let the planner choose"
         )
-    for key, value in (("offload_optimizer", s.offload_optimizer), ("offload_params", s.offload_params)):
+    for key, value in (("offload_optimizer", s.layout.offload_optimizer), ("offload_params", s.layout.offload_params)):
         if value == "nvme":
             problems.append(
                 f"strategy.{key}: 'nvme' is not available under FSDP2 (it offloads to CPU only); "
                 "use engine: deepspeed with zero_stage: 3 for NVMe, or offload to cpu"
             )
-    if s.offload_optimizer != s.offload_params and "nvme" not in (s.offload_optimizer, s.offload_params):
+    if s.layout.offload_optimizer != s.layout.offload_params and "nvme" not in (s.layout.offload_optimizer, s.layout.offload_params):
         problems.append(
-            f"strategy.offload_optimizer: {s.offload_optimizer!r} differs from offload_params "
-            f"{s.offload_params!r}, but FSDP2 offloads parameters, gradients and optimizer state together; "
+            f"strategy.layout.offload_optimizer: {s.layout.offload_optimizer!r} differs from offload_params "
+            f"{s.layout.offload_params!r}, but FSDP2 offloads parameters, gradients and optimizer state together; "
             "set both to cpu or both to none"
         )
     if plan.global_batch_size != s.micro_batch_size * s.grad_accum_steps * plan.world_size:

@@ -24,7 +24,7 @@ from launcher.planner.terms import (
 
 def fsdp_shard_ranks(inp: MemoryInputs, s: Strategy) -> int:
     """Ranks one FSDP2 parameter is sharded over: all of them, or with hybrid sharding one node's."""
-    return inp.gpus_per_node if s.fsdp_hybrid else inp.world_size
+    return inp.gpus_per_node if s.layout.hybrid else inp.world_size
 
 
 def qlora_blocks(inp: MemoryInputs, s: Strategy) -> list[int]:
@@ -61,7 +61,7 @@ def init_copy_bytes(inp: MemoryInputs, s: Strategy) -> float:
     m = inp.model
     if inp.world_size > 1:
         return 4.0 * m.largest_layer_params
-    if s.offload_params == "cpu":
+    if s.layout.offload_params == "cpu":
         return 0.0
     frozen = m.trainable_params < m.num_params  # LoRA: the largest module (the embedding) is in the frozen base
     return (BYTES[inp.precision] if frozen else kept_param_bytes(PURE_BF16.on(s))) * m.largest_layer_params
@@ -112,7 +112,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # (With the step in backward those copies come and go inside backward, one parameter at a time.)
     if not OPTIMIZER_IN_BACKWARD.on(s):
         st.step_extra += optimizer_step_temp_bytes(inp, s, n, on_host=inp.hardware.device_is_host
-                                                   or s.offload_params == "cpu")
+                                                   or s.layout.offload_params == "cpu")
     # With the optimizer step in backward no sharded gradient reaches a step: each unit's is stepped and dropped in
     # its post-accumulate-grad hook inside foreach_reduce (docs/memory-model.md "Optimizer step in backward").
     # Unsharded working copies at the backward start. FULL_SHARD: the root's params (embeddings, head), which the
@@ -123,7 +123,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # buffers long freed (measured: wΨ).
     # QLoRA's blocks gather their NF4 codes and scalers (fsdp_post_all_gather), not working-dtype weights.
     block = w * (m.block_params - sum(nf4)) + gathered_nf4
-    if s.fsdp_reshard_after_forward:
+    if s.layout.fsdp_reshard_after_forward:
         st.buffers = w * m.non_block_params + block
     else:
         st.buffers = w * m.non_block_params + m.num_blocks * block
@@ -171,7 +171,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
                             - st.grads)
     if not inp.hardware.device_is_host:
         st.side_stream_cached = side_stream_cached(inp, s, block, unit)
-    if s.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
+    if s.layout.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together
         # The sharded gradients are created by the reduce, so without accumulation they too exist only for the
         # step (measured: a CPU rank's peak is the same with and without the policy).
         # NF4 weights outside FSDP2 stay on the device (nf4_outside_fsdp).
@@ -207,13 +207,13 @@ def side_stream_cached(inp: MemoryInputs, s: Strategy, block: float, unit: float
     pb, w = kept_param_bytes(PURE_BF16.on(s)), BYTES[inp.precision]
     root_trainable, block_trainable = trainable_split(m)
     grads = pb * m.trainable_params / n
-    if OPTIMIZER_IN_BACKWARD.on(s) or s.offload_params == "cpu":
+    if OPTIMIZER_IN_BACKWARD.on(s) or s.layout.offload_params == "cpu":
         rs_live, rs_pool = {}, pb * (root_trainable + block_trainable) / n
     elif s.grad_accum_steps > 1:
         rs_live, rs_pool = dict.fromkeys(("backward", "backward_end", "step"), grads), grads + pb * unit / n
     else:
         rs_live, rs_pool = {"backward_end": grads - pb * root_trainable / n, "step": grads}, grads
     ag_pool = max(w * m.non_block_params, block) + block if n > 1 else 0.0
-    ag_live = {"backward": block} if n > 1 and s.fsdp_reshard_after_forward else {}
+    ag_live = {"backward": block} if n > 1 and s.layout.fsdp_reshard_after_forward else {}
     return {k: rs_pool - rs_live.get(k, 0.0) + ag_pool - ag_live.get(k, 0.0)
             for k in ("backward", "backward_end", "step")}

@@ -10,6 +10,7 @@ from pathlib import Path
 from launcher.config.job import Job
 from launcher.emit.exports import ADAM_TITLES, PURE_BF16_CLIENT
 from launcher.engines.fsdp.emit import fsdp_config, fsdp_yaml_text
+from launcher.engines.fsdp.layout import FsdpLayout
 from launcher.engines.fsdp.memory import (
     fsdp_shard_ranks,
     fsdp_states,
@@ -18,7 +19,7 @@ from launcher.engines.fsdp.memory import (
     qlora_blocks,
     sharded_param_bytes,
 )
-from launcher.engines.spec import Candidate, EngineSpec
+from launcher.engines.spec import EngineSpec
 from launcher.levers import (
     ACTIVATION_OFFLOAD,
     CHECKPOINT_EVERY,
@@ -44,7 +45,6 @@ from launcher.planner.terms import (
     untied_head_bytes,
 )
 
-NAME = "fsdp"
 FSDP_YAML = "fsdp.yaml"
 """The run dir's FSDP2 settings (the worker reads plan.json; this documents them and holds accelerate's config)."""
 LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
@@ -63,9 +63,8 @@ class FsdpSpec(EngineSpec):
     """FSDP2 (fully_shard) with full or hybrid sharding, resharding after forward or not, and CPU offload: its layouts,
     memory and cost terms, fallback rungs and fsdp.yaml; the rank side is launcher.worker.engines.fsdp.FsdpEngine."""
 
-    name = NAME
+    name = FsdpLayout.engine
     rank_engine = "FsdpEngine"
-    overhead_field = "fsdp_step_overhead_s"
     config_names = (FSDP_YAML,)
     # The optimizer steps FSDP2's DTensor shards: torchao's low-bit AdamW and ShardedAdafactor both run there
     # (launcher.worker.engines.optimizers).
@@ -76,13 +75,13 @@ class FsdpSpec(EngineSpec):
     # and round to nearest: not paired.
     pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit"})
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
+    def candidates(self, *, nodes: int, nvme: bool) -> list[FsdpLayout]:
         """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
         groups = ("full", "hybrid") if nodes > 1 else ("full",)
         # CPUOffloadPolicy moves params, grads and optimizer together: both offloaded, or neither.
-        return [Candidate(engine=NAME, fsdp_reshard_after_forward=reshard, fsdp_sharding=group,
-                          offload_optimizer=off, offload_params=off)
+        return [FsdpLayout(fsdp_reshard_after_forward=reshard, fsdp_sharding=group, offload_optimizer=off,
+                           offload_params=off)
                 for group in groups for reshard in (True, False) for off in ("none", "cpu")]
 
     def states(self, inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States:
@@ -103,7 +102,7 @@ class FsdpSpec(EngineSpec):
         if inp.hardware.device_is_host:
             consumed = 4 * sum(nf4[:nf4.index(max(nf4)) + 1]) if nf4 else 0.0
             return 4 * m.num_params + max(untied_head_bytes(m), shards, quantizing - consumed)
-        on_device = shards if s.offload_params == "none" else nf4_resident_bytes(inp, s)
+        on_device = shards if s.layout.offload_params == "none" else nf4_resident_bytes(inp, s)
         return on_device + max(quantizing, init_copy_bytes(inp, s))
 
     def fp32_adapters(self, s: Strategy, *, script: bool) -> bool:
@@ -116,7 +115,7 @@ class FsdpSpec(EngineSpec):
     def nccl_communicators(self, s: Strategy) -> int:
         """The default group; hybrid sharding's 2-D mesh adds one group per dimension (init_device_mesh creates the
         replicate and the shard group, launcher.worker.engines.fsdp); a 1-D mesh reuses the default group."""
-        return 3 if s.fsdp_hybrid else 1
+        return 3 if s.layout.hybrid else 1
 
     def load_bytes_per_node(self, inp: MemoryInputs, s: Strategy) -> float:
         """Host bytes per node while loading: rank 0's fp32 model (4Ψ); the other ranks receive their shards."""
@@ -136,11 +135,11 @@ class FsdpSpec(EngineSpec):
         nf4 = qlora_blocks(inp, s)  # QLoRA's blocks all-gather NF4 codes and scalers for those weights
         param_payload = w * (m.num_params - m.num_blocks * sum(nf4)) + m.num_blocks * sum(
             nf4_bytes(e, w) - w * (1 + NF4_TABLE) for e in nf4)
-        gathers = 2 if s.fsdp_reshard_after_forward else 1
+        gathers = 2 if s.layout.fsdp_reshard_after_forward else 1
         units = m.num_blocks + 1  # one FSDP unit per block, then the root
         volume = accum * (gathers * param_payload + grad_payload)
         calls = accum * (gathers + 1) * units
-        if s.fsdp_hybrid and inp.nodes > 1:
+        if s.layout.hybrid and inp.nodes > 1:
             g = inp.gpus_per_node
             # Gather and reduce-scatter inside the node; the node's shard of each gradient (1/g of it) is then
             # all-reduced with the same shard on every other node: 2·(nodes-1)/nodes of it per rank.
@@ -166,7 +165,7 @@ class FsdpSpec(EngineSpec):
     def optimizer_on_host(self, s: Strategy) -> bool:
         """True with CPU offload (CPUOffloadPolicy): then the optimizer steps on the host."""
         # CPUOffloadPolicy moves the parameters, gradients and optimizer state together.
-        return s.offload_optimizer != "none" or s.offload_params == "cpu"
+        return s.layout.offload_optimizer != "none" or s.layout.offload_params == "cpu"
 
     def offload_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step of the host optimizer step over this rank's shard, plus with CPU offload the fp32 shards
@@ -176,12 +175,12 @@ class FsdpSpec(EngineSpec):
         if self.optimizer_on_host(s):
             # The optimizer runs over this rank's shard: 1/N of the model, or 1/gpus_per_node under hybrid.
             offload += optimizer_offload_s(inp, m.trainable_params / fsdp_shard_ranks(inp, s),
-                                           s.offload_optimizer == "nvme")
-        if s.offload_params == "cpu":
+                                           s.layout.offload_optimizer == "nvme")
+        if s.layout.offload_params == "cpu":
             # CPUOffloadPolicy keeps every fp32 shard on the host and copies it to the device before each
             # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)
             # weights included, since the device holds no copy between uses [PyTorch FSDP2 offload_policy].
-            gathers = 2 if s.fsdp_reshard_after_forward else 1
+            gathers = 2 if s.layout.fsdp_reshard_after_forward else 1
             offload += s.grad_accum_steps * gathers * sharded_param_bytes(inp, s) / hw.host_link_bw
         return offload
 
@@ -189,12 +188,14 @@ class FsdpSpec(EngineSpec):
         """The fallback ladder's changes: reshard after forward, then CPU offload of everything; no parameter-only or
         NVMe rung."""
         if rung == "sharding":
-            return [] if s.fsdp_reshard_after_forward else [dataclasses.replace(s, fsdp_reshard_after_forward=True)]
+            return [] if s.layout.fsdp_reshard_after_forward else [
+                dataclasses.replace(s, layout=dataclasses.replace(s.layout, fsdp_reshard_after_forward=True))]
         if rung == "optimizer_offload":
-            if s.offload_optimizer != "none":
+            if s.layout.offload_optimizer != "none":
                 return []
             # CPUOffloadPolicy moves parameters, gradients and optimizer state together.
-            return [dataclasses.replace(s, offload_optimizer="cpu", offload_params="cpu")]
+            return [dataclasses.replace(s, layout=dataclasses.replace(s.layout, offload_optimizer="cpu",
+                                                                      offload_params="cpu"))]
         if rung in ("param_offload", "nvme"):
             return []  # parameters move with the optimizer (above); FSDP2 has no NVMe offload
         raise ValueError(f"unknown rung {rung!r}")
@@ -258,13 +259,6 @@ class FsdpSpec(EngineSpec):
                          "model's parameters (docs/memory-model.md, Low-memory optimizers).")
         return notes
 
-    def title(self, s: Strategy, nodes: int) -> str:
-        """The sharding in FSDP's words (FULL_SHARD / SHARD_GRAD_OP, HYBRID_SHARD), as launch plan prints it."""
-        words = "FSDP2 " + ("FULL_SHARD (reshard after forward)" if s.fsdp_reshard_after_forward
-                            else "SHARD_GRAD_OP (keep params after forward)")
-        if s.fsdp_sharding == "hybrid":
-            words += f", HYBRID_SHARD (shard within each node, replicate across the {nodes} nodes)"
-        return words
 
 SPEC = FsdpSpec()
 """The registered spec (launcher.engines.ENGINES["fsdp"])."""

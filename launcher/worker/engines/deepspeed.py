@@ -88,14 +88,14 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
                                            _ABSENT),
         "gradient_accumulation_steps": ("strategy.grad_accum_steps", s.grad_accum_steps, s.grad_accum_steps,
                                         _ABSENT),
-        "zero_optimization.stage": ("strategy.zero_stage", s.zero_stage, s.zero_stage, 0),
+        "zero_optimization.stage": ("strategy.layout.zero_stage", s.layout.zero_stage, s.layout.zero_stage, 0),
         "bf16.enabled": ("precision", plan.precision, plan.precision == "bf16", False),
         "fp16.enabled": ("precision", plan.precision, plan.precision == "fp16", False),
         "bf16.bf16_master_weights_and_grads": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
         "bf16.bf16_optimizer_states": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
-        "zero_optimization.offload_optimizer.device": ("strategy.offload_optimizer", s.offload_optimizer,
-                                                       s.offload_optimizer, "none"),
-        "zero_optimization.offload_param.device": ("strategy.offload_params", s.offload_params, s.offload_params,
+        "zero_optimization.offload_optimizer.device": ("strategy.layout.offload_optimizer", s.layout.offload_optimizer,
+                                                       s.layout.offload_optimizer, "none"),
+        "zero_optimization.offload_param.device": ("strategy.layout.offload_params", s.layout.offload_params, s.layout.offload_params,
                                                    "none"),
     }
     problems = []
@@ -259,7 +259,7 @@ class DeepSpeedEngine:
     def read_checkpoint(root: Path, tag: str, plan: Plan) -> dict[str, torch.Tensor]:
         """A checkpoint tag's full fp32 state dict on the CPU (`launch export`): ZeRO-0's module states, or the
         ZeRO-1/2/3 partitions gathered by DeepSpeed's zero_to_fp32."""
-        if (plan.strategy.zero_stage or 0) == 0:
+        if (plan.strategy.layout.zero_stage or 0) == 0:
             files = sorted((root / tag).glob("mp_rank_*_model_states.pt"))
             if not files:
                 raise ConfigError(f"{root / tag}: no mp_rank_00_model_states.pt; the checkpoint is incomplete")

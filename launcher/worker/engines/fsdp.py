@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.config.job import FsdpSharding, TrainConfig
+from launcher.config.job import TrainConfig
+from launcher.engines.fsdp.layout import FsdpSharding
 from launcher.errors import ConfigError
 from launcher.levers.checkpoint_every import checkpointed
 from launcher.model.introspect import find_blocks
@@ -76,17 +77,17 @@ class FsdpEngine:
         all; fsdp.yaml in ``run_dir`` documents the same settings)."""
         s = plan.strategy
         engine = cls(
-            reshard_after_forward=bool(s.fsdp_reshard_after_forward if s.fsdp_reshard_after_forward is not None
+            reshard_after_forward=bool(s.layout.fsdp_reshard_after_forward if s.layout.fsdp_reshard_after_forward is not None
                                        else True),
-            offload_params=s.offload_params,
-            offload_optimizer=s.offload_optimizer,
+            offload_params=s.layout.offload_params,
+            offload_optimizer=s.layout.offload_optimizer,
             activation_checkpointing=s.activation_checkpointing,
             checkpoint_every=s.checkpoint_every,
             checkpoint_policy=s.checkpoint_policy,
             precision=plan.precision,
             grad_accum_steps=s.grad_accum_steps,
             device=device,
-            sharding=s.fsdp_sharding or "full",
+            sharding=s.layout.fsdp_sharding or "full",
             pure_bf16=s.pure_bf16,
             qlora=s.qlora,
             optimizer_in_backward=s.optimizer_in_backward,
@@ -326,7 +327,7 @@ class FsdpEngine:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if world % per_node or world // per_node < 2:
             raise ConfigError(
-                f"strategy.fsdp_sharding: 'hybrid' needs 2 or more nodes of equal size, but this run has "
+                f"strategy.layout.fsdp_sharding: 'hybrid' needs 2 or more nodes of equal size, but this run has "
                 f"{world} ranks with {per_node} per node; use fsdp_sharding: full or run on more nodes"
             )
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
