@@ -18,8 +18,9 @@ TINY = {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "v
 def build_plan(*, nodes: int = 1, gpus_per_node: int = 2, engine: str = "fsdp") -> Plan:
     return Plan(
         strategy=Strategy.from_json(dict(engine=engine, zero_stage=2 if engine == "deepspeed" else None,
-                          fsdp_reshard_after_forward=True if engine == "fsdp" else None, offload_optimizer="none",
-                          offload_params="none", micro_batch_size=2, grad_accum_steps=1, activation_checkpointing=False)),
+                                         fsdp_reshard_after_forward=True if engine == "fsdp" else None,
+                                         offload_optimizer="none", offload_params="none", micro_batch_size=2,
+                                         grad_accum_steps=1, activation_checkpointing=False)),
         estimate=Estimate(breakdown={"params": 1000}, peak_bytes=5_000_000, host_bytes_per_node=0,
                           nvme_bytes_per_node=0, step_time_s=0.01),
         buckets=Buckets(reduce_bucket_size=1000, allgather_bucket_size=1000, stage3_prefetch_bucket_size=1000,

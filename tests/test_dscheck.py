@@ -1,4 +1,5 @@
-"""The one patch of DeepSpeed at plan time (launcher.engines.deepspeed.check.rank_query_answered) is undone on leaving."""
+"""The one patch of DeepSpeed at plan time (launcher.engines.deepspeed.check.rank_query_answered) is undone on
+leaving."""
 
 import pytest
 

@@ -331,4 +331,5 @@ def test_a_layout_field_named_elsewhere_is_caught(tmp_path):
     shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
     target = root / "cli" / "render.py"
     target.write_text(target.read_text() + "\n\ndef f(s):\n    return s.layout.zero_stage == 3\n")
-    assert [f.split(" ")[1] for f in layout_field_names(root) if f.startswith("launcher/cli/render.py")] == ["zero_stage"]
+    found = [f.split(" ")[1] for f in layout_field_names(root) if f.startswith("launcher/cli/render.py")]
+    assert found == ["zero_stage"]

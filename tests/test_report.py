@@ -20,8 +20,9 @@ def report(budget: int, measured: int = 8_340_000, predicted: int = 8_610_000) -
 def plan_of(budget: int, peak: int, breakdown: dict, *, basis: str = "cpu_tensor_bytes", overhead: dict | None = None,
             reasons: tuple[str, ...] = ()) -> Plan:
     """A plan with only what the report reads set to something that matters."""
-    strategy = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="none",
-                        offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    strategy = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None,
+                                       offload_optimizer="none", offload_params="none", micro_batch_size=1,
+                                       grad_accum_steps=1, activation_checkpointing=False))
     estimate = Estimate(breakdown=breakdown, peak_bytes=peak, host_bytes_per_node=0, nvme_bytes_per_node=0,
                         step_time_s=1.0, basis=basis, overhead=overhead or {})
     buckets = Buckets(reduce_bucket_size=1, allgather_bucket_size=1, stage3_prefetch_bucket_size=1,

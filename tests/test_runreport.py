@@ -18,9 +18,10 @@ from launcher.runreport import (
     read_report,
 )
 
-STRATEGY = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="none",
-                    offload_params="none", micro_batch_size=4, grad_accum_steps=2, activation_checkpointing=True,
-                    checkpoint_every=2, loss_chunks=4))
+STRATEGY = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None,
+                                   offload_optimizer="none", offload_params="none", micro_batch_size=4,
+                                   grad_accum_steps=2, activation_checkpointing=True, checkpoint_every=2,
+                                   loss_chunks=4))
 
 
 def attempts() -> list[Attempt]:

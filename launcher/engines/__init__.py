@@ -84,5 +84,5 @@ def __getattr__(attr: str):
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-__all__ = ["ENGINES", "LAYOUTS", "LAYOUT_ALIASES", "LAYOUT_FIELDS", "LAYOUT_KEYS", "NAMES", "Layout", "engine_spec", "flat_layout",
-           "layout_type"]
+__all__ = ["ENGINES", "LAYOUTS", "LAYOUT_ALIASES", "LAYOUT_FIELDS", "LAYOUT_KEYS", "NAMES", "Layout", "engine_spec",
+           "flat_layout", "layout_type"]

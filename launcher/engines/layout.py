@@ -29,7 +29,8 @@ class Layout:
     offload_optimizer: Offload = field(default="none", metadata={
         "pin": "Where optimizer states live: none (GPU), cpu or nvme."})
     """Where the optimizer state lives: none (device), cpu or nvme."""
-    offload_params: Offload = field(default="none", metadata={"pin": "Where parameters live between uses: none, cpu or nvme."})
+    offload_params: Offload = field(default="none", metadata={
+        "pin": "Where parameters live between uses: none, cpu or nvme."})
     """Where the parameters live between uses: none (device), cpu or nvme."""
 
     def label(self) -> str:

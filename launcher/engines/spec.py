@@ -12,7 +12,6 @@ from pathlib import Path
 from launcher.config.job import Job
 from launcher.emit.exports import accelerate_yaml_text
 from launcher.engines.layout import Layout
-from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
 
@@ -99,11 +98,6 @@ class EngineSpec:
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step dequantizing a quantized frozen base (QLoRA) where this engine implements it."""
         return 0.0
-
-    def step_overhead_s(self, hw: HardwareProfile) -> float:
-        """The engine's fixed seconds per optimizer step, from the hardware profile (HardwareProfile.step_overhead_s,
-        keyed by engine; launch calibrate fits it)."""
-        return hw.step_overhead(self.name)
 
     # -- fallback ------------------------------------------------------------------------------------------------
     def rung_options(self, rung: str, s: Strategy, *, nvme: bool) -> list[Strategy]:

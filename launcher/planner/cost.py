@@ -16,10 +16,11 @@ dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompu
             bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 optimizer = what a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over AdamW's
             (launcher.planner.terms.optimizer_step_s); present only in plans that use one.
-engine    = a fixed per-step cost of the engine itself, fitted from measured runs (`launch calibrate --from`).
+engine    = a fixed per-step cost of the engine itself (HardwareProfile.step_overhead_s, keyed by engine), fitted from
+            measured runs (`launch calibrate --from`).
 in bwd    = the optimizer step in backward does the step's work inside backward, the same arithmetic on the same
             shards, plus one optimizer call per trainable tensor (IN_BACKWARD_CALL_S each).
-Each engine's spec (launcher.engines) gives its communication, offload and engine terms; compute is common.
+Each engine's spec (launcher.engines) gives its communication and offload terms; compute is common.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s)
     exposed_comm = comm * (1.0 - hw.comm_overlap)
     terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
-             "engine": spec.step_overhead_s(hw)}
-    if LOW_MEMORY_OPTIMIZER.on(s) or stochastic_rounds(inp, s):
+             "engine": hw.step_overhead(spec.name)}  # the engine's fixed seconds (launch calibrate --from fits them)
+    if LOW_MEMORY_OPTIMIZER.of(s) != LOW_MEMORY_OPTIMIZER.off or stochastic_rounds(inp, s):
         terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),
                                               on_host=hw.device_is_host or spec.optimizer_on_host(s))
     return terms

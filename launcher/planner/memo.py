@@ -144,7 +144,7 @@ class MemoSpec:
 
     def __getattr__(self, name: str):
         # Kept on the instance once read (one request's spec does not change): the cost model reads the
-        # delegated terms (dequant_s, step_overhead_s, ...) once per candidate and bucket size.
+        # delegated terms (dequant_s, optimizer_on_host, ...) once per candidate and bucket size.
         value = self.__dict__[name] = getattr(self._spec, name)
         return value
 

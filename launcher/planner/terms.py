@@ -173,7 +173,8 @@ def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
     """Whether the plan's step is pure bf16's stochastically rounded Adam/AdamW (the rank side's build_optimizer):
     always under pure bf16 with the job's Adam or AdamW; SGD keeps torch's round-to-nearest step. A low-bit AdamW
     under pure bf16 rounds too, through the same single_param_adam: rounds_stochastically."""
-    return PURE_BF16.on(s) and not LOW_MEMORY_OPTIMIZER.on(s) and inp.optimizer in ("adam", "adamw")
+    opt = LOW_MEMORY_OPTIMIZER
+    return PURE_BF16.on(s) and opt.of(s) == opt.off and inp.optimizer in ("adam", "adamw")
 
 
 def rounds_stochastically(inp: MemoryInputs, s: Strategy) -> bool:

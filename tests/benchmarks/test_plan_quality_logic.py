@@ -1,15 +1,14 @@
 """Plan quality's bookkeeping: candidate ids, the pick-vs-best ratio and the breach check."""
 
-from types import SimpleNamespace
-
 from benchmarks.plan_quality.run import evaluate_budgets, fastest_round_s, key, pins, same_work_pairs, select
-from launcher.levers import LEVER_FIELDS, LEVERS_OFF
+from launcher.levers import LEVER_FIELDS
+from launcher.planner.plan import Strategy
 
 
 def strat(engine="deepspeed", zero=2, reshard=None, opt="none", par="none", mb=1, ac=False, **levers):
-    return SimpleNamespace(engine=engine, zero_stage=zero, fsdp_reshard_after_forward=reshard, offload_optimizer=opt,
-                           offload_params=par, micro_batch_size=mb, activation_checkpointing=ac,
-                           **{**LEVERS_OFF, **levers})
+    return Strategy.from_json(dict(engine=engine, zero_stage=zero, fsdp_reshard_after_forward=reshard,
+                                   offload_optimizer=opt, offload_params=par, micro_batch_size=mb, grad_accum_steps=1,
+                                   activation_checkpointing=ac, **levers))
 
 
 def test_keys_are_distinct_and_readable():

@@ -1,4 +1,5 @@
-"""The DeepSpeed templates (launcher/engines/deepspeed/templates/): loadable, "auto" only where HF Trainer fills it, valid once filled."""
+"""The DeepSpeed templates (launcher/engines/deepspeed/templates/): loadable, "auto" only where HF Trainer fills it,
+valid once filled."""
 
 import copy
 import json
@@ -77,7 +78,8 @@ def hf_filled_parsed() -> dict:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_hf_trainer_fills_every_auto(hf_filled_parsed, name):
-    # "auto" only where HF Trainer fills it, so each template also works as `--deepspeed launcher/engines/deepspeed/templates/<name>.json`.
+    # "auto" only where HF Trainer fills it, so each template also works as
+    # `--deepspeed launcher/engines/deepspeed/templates/<name>.json`.
     assert '"auto"' not in json.dumps(hf_filled_parsed["filled"][name])
 
 

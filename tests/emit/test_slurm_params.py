@@ -139,7 +139,8 @@ def test_sbatch_help_is_parsed_when_sbatch_exists(monkeypatch):
 def _offload(plan, **estimate):
     import dataclasses
 
-    plan = dataclasses.replace(plan, strategy=Strategy.from_json(plan.strategy.to_json() | dict(offload_optimizer="cpu")))
+    offloaded = Strategy.from_json(plan.strategy.to_json() | dict(offload_optimizer="cpu"))
+    plan = dataclasses.replace(plan, strategy=offloaded)
     values = {"host_bytes_per_node": 20 * 10**9, "step_time_s": 3.0, "basis": "cuda_reserved_plus_context", **estimate}
     return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, **values))
 

@@ -97,7 +97,8 @@ def test_the_rungs_come_in_order_and_end(data_file, tmp_path):
         assert fb.corrected_peak_bytes > req.usable_bytes
         assert "ZeRO stage 0 -> 3, optimizer state -> cpu, parameters -> cpu" in fb.reason, fb.reason
     else:
-        assert s.layout.zero_stage == 3 and s.layout.offload_optimizer == "cpu" and s.layout.offload_params == "cpu", s.label()
+        lay = s.layout
+        assert lay.zero_stage == 3 and lay.offload_optimizer == "cpu" and lay.offload_params == "cpu", s.label()
 
 
 def gpu_request(tmp_path, strategy: dict, model: str = "gpt2-124m", budget: str = "4GB", **cluster):
@@ -121,8 +122,10 @@ def test_offload_host_ram_cannot_hold_is_skipped_for_nvme(tmp_path):
     req = gpu_request(tmp_path, base, model="llama-1b", budget="6GB", nvme_path=str(tmp_path), nvme_free="1TB")
     s = make_plan(req).strategy
     est = score(req, s).estimate
-    host_cpu_offload = score(req, Strategy.from_json(s.to_json() | dict(offload_optimizer="cpu"))).estimate.host_bytes_per_node
-    host_nvme_offload = score(req, Strategy.from_json(s.to_json() | dict(offload_optimizer="nvme"))).estimate.host_bytes_per_node
+    def host_with(opt: str) -> int:
+        return score(req, Strategy.from_json(s.to_json() | dict(offload_optimizer=opt))).estimate.host_bytes_per_node
+
+    host_cpu_offload, host_nvme_offload = host_with("cpu"), host_with("nvme")
     assert host_nvme_offload < host_cpu_offload
     tight = dataclasses.replace(req, host_ram_per_node_bytes=(host_cpu_offload + host_nvme_offload) // 2)
     fb = next_strategy(s, est, tight, oom(int(req.budget_bytes * 1.01)))

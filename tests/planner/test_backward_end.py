@@ -42,8 +42,9 @@ def inputs(m, precision="fp32", n=2, hardware="cpu"):
                         optimizer="adamw", hardware=PROFILES[hardware], activations=analytic_constants(m, precision))
 
 
-FSDP = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+FSDP = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                               offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                               activation_checkpointing=False))
 ZERO2 = Strategy.from_json(FSDP.to_json() | dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None))
 ZERO3 = Strategy.from_json(ZERO2.to_json() | dict(zero_stage=3))
 ZERO1 = Strategy.from_json(ZERO2.to_json() | dict(zero_stage=1))

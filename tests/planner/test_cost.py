@@ -25,9 +25,9 @@ def strategy(engine="deepspeed", stage=2, reshard=None, sharding=None, opt="none
              ac=False) -> Strategy:
     if engine == "fsdp":
         stage, reshard, sharding = None, True if reshard is None else reshard, sharding or "full"
-    return Strategy.from_json(dict(engine=engine, zero_stage=stage, fsdp_reshard_after_forward=reshard, fsdp_sharding=sharding,
-                    offload_optimizer=opt, offload_params=par, micro_batch_size=mb, grad_accum_steps=accum,
-                    activation_checkpointing=ac))
+    return Strategy.from_json(dict(engine=engine, zero_stage=stage, fsdp_reshard_after_forward=reshard,
+                                   fsdp_sharding=sharding, offload_optimizer=opt, offload_params=par,
+                                   micro_batch_size=mb, grad_accum_steps=accum, activation_checkpointing=ac))
 
 
 def no_overhead(inp: MemoryInputs) -> MemoryInputs:

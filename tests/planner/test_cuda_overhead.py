@@ -25,8 +25,9 @@ def estimate(profile: str, gpus: int = 8):
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=gpus, gpus_per_node=gpus, nodes=1, seq_len=2048, precision="bf16",
                        optimizer="adamw", hardware=PROFILES[profile], activations=analytic_constants(m, "bf16"))
-    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True))
+    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=True))
     b = Buckets(reduce_bucket_size=int(1e6), allgather_bucket_size=int(1e6), stage3_prefetch_bucket_size=0,
                 stage3_max_live_parameters=0, stage3_param_persistence_threshold=0)
     return estimate_memory(inp, s, b)
@@ -140,8 +141,9 @@ def test_each_engine_counts_the_nccl_communicators_its_rank_creates():
     and shard groups; a 1-D mesh reuses the default group. On CPU ranks nothing lies outside the tensors."""
     from launcher.engines import engine_spec
 
-    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=False))
     assert engine_spec("fsdp").nccl_communicators(s) == 1
     assert engine_spec("fsdp").nccl_communicators(Strategy.from_json(s.to_json() | dict(fsdp_sharding="hybrid"))) == 3
     ds = Strategy.from_json(s.to_json() | dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None))

@@ -125,7 +125,7 @@ def test_accelerate_notes_name_the_rounding_client_optimizer(request_for):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_accelerate_notes_follow_the_jobs_optimizer_under_pure_bf16(request_for, optimizer):
     # ds_config.json keeps SGD's block (torch's SGD, to nearest: DummyOptim) and leaves Adam to the client optimizer,
-    # the rounding _AdamBase with is_adamw=False (launcher.engines.deepspeed.emit._fill_optimizer, worker build_optimizer;
+    # the rounding _AdamBase with is_adamw=False (engines.deepspeed.emit._fill_optimizer, worker build_optimizer;
     # tests/emit/test_emit_deepspeed.py checks the blocks).
     from launcher.planner.search import make_plan
 

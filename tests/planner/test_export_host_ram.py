@@ -38,9 +38,9 @@ def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
     hw = PROFILES["cpu"]
     inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision="fp32",
                        optimizer="adamw", hardware=hw, activations=analytic_constants(m, "fp32"))
-    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True,
-                 **LEVERS_OFF))
+    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=True, **LEVERS_OFF))
     req = PlanRequest(model=m, gpus_per_node=2, nodes=1, budget_bytes=10**12, seq_len=16, global_batch_size=2,
                       precision="fp32", optimizer="adamw", hardware=hw)
     est = estimate_memory(inp, s, size_buckets(req))

@@ -14,9 +14,9 @@ from launcher.planner.search import candidates, make_plan, size_buckets
 
 
 def fsdp(sharding: str, reshard: bool = True, offload: str = "none", accum: int = 1) -> Strategy:
-    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=reshard, fsdp_sharding=sharding,
-                    offload_optimizer=offload, offload_params=offload, micro_batch_size=1, grad_accum_steps=accum,
-                    activation_checkpointing=True))
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=reshard,
+                                   fsdp_sharding=sharding, offload_optimizer=offload, offload_params=offload,
+                                   micro_batch_size=1, grad_accum_steps=accum, activation_checkpointing=True))
 
 
 def inputs(model, gpus: int, nodes: int) -> MemoryInputs:
@@ -56,7 +56,8 @@ def test_hybrid_is_never_a_candidate_on_one_node(request_for):
     assert {c.layout.fsdp_sharding for c in candidates(request_for()) if c.engine == "fsdp"} == {"full"}
     two = {c.layout.fsdp_sharding for c in candidates(request_for(nodes=2)) if c.engine == "fsdp"}
     assert two == {"full", "hybrid"}
-    assert all(not hasattr(c.layout, "fsdp_sharding") for c in candidates(request_for(nodes=2)) if c.engine == "deepspeed")
+    assert all(not hasattr(c.layout, "fsdp_sharding")
+               for c in candidates(request_for(nodes=2)) if c.engine == "deepspeed")
     with pytest.raises(ConfigError, match="strategy.fsdp_sharding: 'hybrid' .* runs on 1 node"):
         candidates(request_for(pins=StrategyConfig(fsdp_sharding="hybrid")))
 

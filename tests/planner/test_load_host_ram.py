@@ -14,9 +14,10 @@ def load_host_bytes(engine, stage, gpus=8):
     m = LLAMA_405B
     inp = MemoryInputs(model=m, world_size=gpus * 4, gpus_per_node=gpus, nodes=4, seq_len=4096, precision="bf16",
                        optimizer="adamw", hardware=PROFILES["h100-80gb"], activations=analytic_constants(m, "bf16"))
-    s = Strategy.from_json(dict(engine=engine, zero_stage=stage, fsdp_reshard_after_forward=True if engine == "fsdp" else None,
-                 offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
-                 activation_checkpointing=True))
+    s = Strategy.from_json(dict(engine=engine, zero_stage=stage,
+                                fsdp_reshard_after_forward=True if engine == "fsdp" else None, offload_optimizer="none",
+                                offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=True))
     req = PlanRequest(model=m, gpus_per_node=gpus, nodes=4, budget_bytes=80 * 10**9, seq_len=4096,
                       global_batch_size=32 * gpus, precision="bf16", optimizer="adamw", hardware=PROFILES["h100-80gb"])
     return estimate_memory(inp, s, size_buckets(req)).host_bytes_per_node

@@ -24,8 +24,9 @@ def states(stage, opt="none", par="none", gpus=8, nodes=1, model=None):
     m = model or llama_stats()
     inp = MemoryInputs(model=m, world_size=gpus * nodes, gpus_per_node=gpus, nodes=nodes, seq_len=1, precision="bf16",
                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "bf16"))
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer=opt,
-                 offload_params=par, micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None,
+                                offload_optimizer=opt, offload_params=par, micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=False))
     # Buckets at their floor and a prefetch below L, so the live-parameter term is DeepSpeed's 4L.
     b = Buckets(reduce_bucket_size=0, allgather_bucket_size=0, stage3_prefetch_bucket_size=1,
                 stage3_max_live_parameters=1, stage3_param_persistence_threshold=0)
@@ -139,8 +140,9 @@ def _fp32_states(stage, accum=1, n=2):
     m = llama_stats(num_params=10_000_000, blocks=2, h=256, inter=1024, vocab=1000)
     inp = MemoryInputs(model=m, world_size=n, gpus_per_node=n, nodes=1, seq_len=1, precision="fp32",
                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=accum, activation_checkpointing=False))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=1,
+                                grad_accum_steps=accum, activation_checkpointing=False))
     b = Buckets(reduce_bucket_size=10**6, allgather_bucket_size=10**6, stage3_prefetch_bucket_size=1,
                 stage3_max_live_parameters=1, stage3_param_persistence_threshold=0)
     return deepspeed_states(inp, s, b), m.num_params
@@ -171,8 +173,9 @@ def _zero3_moments(*, live, bucket, lora, opt="none"):
         m = replace(m, trainable_params=m.num_params // 1000)
     inp = MemoryInputs(model=m, world_size=8, gpus_per_node=8, nodes=1, seq_len=1, precision="fp32",
                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None, offload_optimizer=opt,
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None,
+                                offload_optimizer=opt, offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=False))
     b = Buckets(reduce_bucket_size=bucket, allgather_bucket_size=bucket, stage3_prefetch_bucket_size=1,
                 stage3_max_live_parameters=live, stage3_param_persistence_threshold=0)
     return deepspeed_states(inp, s, b), m
@@ -209,8 +212,9 @@ def test_fsdp2_fp32_reduce_holds_the_unsharded_gradients_and_the_reduce_scatter_
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=1, precision="fp32",
                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, "fp32"))
-    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    s = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
+                                activation_checkpointing=False))
     st = fsdp_states(inp, s)
     unit = max(m.non_block_params, m.block_params)
     # ...next to the root's own parameters, still unsharded until it reshards after that reduce (4 · root).
@@ -228,8 +232,9 @@ def test_fsdp2_step_in_backward_holds_no_gradient_for_a_step(precision):
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=2, gpus_per_node=2, nodes=1, seq_len=16, precision=precision,
                        optimizer="adamw", hardware=PROFILES["cpu"], activations=analytic_constants(m, precision))
-    plain = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, offload_optimizer="none",
-                     offload_params="none", micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False))
+    plain = Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                    offload_optimizer="none", offload_params="none", micro_batch_size=1,
+                                    grad_accum_steps=1, activation_checkpointing=False))
     oib = dataclasses.replace(plain, optimizer_in_backward=True)
     a, b = fsdp_states(inp, plain), fsdp_states(inp, oib)
     # The plain step also holds AdamW's two denominator copies of the largest local tensor (terms.ADAM_STEP_COPIES).
@@ -254,9 +259,9 @@ def _estimate(stage, gpus, micro_batch=1, opt="none"):
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=gpus, gpus_per_node=gpus, nodes=1, seq_len=2048, precision="bf16",
                        optimizer="adamw", hardware=PROFILES["a100-80gb"], activations=analytic_constants(m, "bf16"))
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer=opt,
-                 offload_params="none", micro_batch_size=micro_batch, grad_accum_steps=1,
-                 activation_checkpointing=True))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None,
+                                offload_optimizer=opt, offload_params="none", micro_batch_size=micro_batch,
+                                grad_accum_steps=1, activation_checkpointing=True))
     b = Buckets(reduce_bucket_size=10**7, allgather_bucket_size=10**7, stage3_prefetch_bucket_size=10**6,
                 stage3_max_live_parameters=10**7, stage3_param_persistence_threshold=0)
     return estimate_memory(inp, s, b)
@@ -301,8 +306,9 @@ def _lever_estimate(*, ac=True, every=1, offload=False, hw="a100-80gb", mb=1):
     m = llama_stats()
     inp = MemoryInputs(model=m, world_size=8, gpus_per_node=8, nodes=1, seq_len=2048, precision="bf16",
                        optimizer="adamw", hardware=PROFILES[hw], activations=analytic_constants(m, "bf16"))
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None, offload_optimizer="none",
-                 offload_params="none", micro_batch_size=mb, grad_accum_steps=1, activation_checkpointing=ac))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=3, fsdp_reshard_after_forward=None,
+                                offload_optimizer="none", offload_params="none", micro_batch_size=mb,
+                                grad_accum_steps=1, activation_checkpointing=ac))
     s = dataclasses.replace(s, checkpoint_every=every, activation_offload=offload)
     b = Buckets(reduce_bucket_size=10**7, allgather_bucket_size=10**7, stage3_prefetch_bucket_size=10**6,
                 stage3_max_live_parameters=10**7, stage3_param_persistence_threshold=0)

@@ -15,9 +15,10 @@ from launcher.planner.terms import SR_CPU_STEP_RATIO, SR_STEP_COPIES, optimizer_
 
 
 def fsdp(pure: bool, accum: int = 1, offload: str = "none") -> Strategy:
-    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
-                    offload_optimizer=offload, offload_params=offload, micro_batch_size=1, grad_accum_steps=accum,
-                    activation_checkpointing=True, pure_bf16=pure))
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                   fsdp_sharding="full", offload_optimizer=offload, offload_params=offload,
+                                   micro_batch_size=1, grad_accum_steps=accum, activation_checkpointing=True,
+                                   pure_bf16=pure))
 
 
 def inputs(model, n: int = 8, hw: str = "a100-80gb", optimizer: str = "adamw") -> MemoryInputs:

@@ -25,9 +25,10 @@ def lora_llama():
 
 
 def fsdp(qlora: bool, precision_pure: bool = False) -> Strategy:
-    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True, fsdp_sharding="full",
-                    offload_optimizer="none", offload_params="none", micro_batch_size=1, grad_accum_steps=1,
-                    activation_checkpointing=True, qlora=qlora, pure_bf16=precision_pure))
+    return Strategy.from_json(dict(engine="fsdp", zero_stage=None, fsdp_reshard_after_forward=True,
+                                   fsdp_sharding="full", offload_optimizer="none", offload_params="none",
+                                   micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=True, qlora=qlora,
+                                   pure_bf16=precision_pure))
 
 
 def inputs(model, n: int = 8, precision: str = "bf16") -> MemoryInputs:

@@ -10,8 +10,9 @@ from launcher.planner.search import make_plan
 
 def scored(name: str, step_s: float, need: int | None = None, have: int = 100) -> Scored:
     # micro_batch_size makes each label distinct; need=None fits.
-    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=False, offload_optimizer="none",
-                 offload_params="none", activation_checkpointing=False, micro_batch_size=len(name), grad_accum_steps=1))
+    s = Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=False,
+                                offload_optimizer="none", offload_params="none", activation_checkpointing=False,
+                                micro_batch_size=len(name), grad_accum_steps=1))
     e = Estimate(breakdown={}, peak_bytes=need or 50, host_bytes_per_node=0, nvme_bytes_per_node=0,
                  step_time_s=step_s)
     p = None if need is None else Problem(resource="device", need_bytes=need, have_bytes=have, largest="params")

@@ -71,7 +71,8 @@ def test_only_zero3_offers_it(lora_request):
 def test_zero3_under_lora_offers_op_level_checkpointing(request_for, lora_request):
     # The ranks hide ZeRO-3's parameter fetch and release from the op policy's replay
     # (launcher.worker.engines.deepspeed.hide_zero3_fetches), with either linear: offered as for a full fine-tune.
-    tried = {(s.layout.zero_stage, s.checkpoint_policy, s.release_frozen_weights) for s in ds_candidates(lora_request())}
+    tried = {(s.layout.zero_stage, s.checkpoint_policy, s.release_frozen_weights)
+             for s in ds_candidates(lora_request())}
     assert {(3, "ops", False), (3, "ops", True), (3, "full", False), (2, "ops", False)} <= tried
     full = request_for(activations=measured(llama_stats()))
     assert (3, "ops") in {(s.layout.zero_stage, s.checkpoint_policy) for s in ds_candidates(full)}  # a full fine-tune

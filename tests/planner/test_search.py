@@ -32,7 +32,8 @@ def test_tighter_budget_moves_to_more_sharding(request_for):
 def test_pinned_fields_are_kept(request_for):
     pins = StrategyConfig(engine="deepspeed", zero_stage=2, micro_batch_size=2)
     plan = make_plan(request_for(pins=pins))
-    assert (plan.strategy.engine, plan.strategy.layout.zero_stage, plan.strategy.micro_batch_size) == ("deepspeed", 2, 2)
+    s = plan.strategy
+    assert (s.engine, s.layout.zero_stage, s.micro_batch_size) == ("deepspeed", 2, 2)
     assert set(plan.pinned) == {"engine", "zero_stage", "micro_batch_size"}
 
 

@@ -38,9 +38,9 @@ def _cluster_reachable():
 def offload_plan() -> Plan:
     """ZeRO-2 with the optimizer on the host, 2 nodes x 2 GPUs: --time, --mem and --cpus-per-task get derived."""
     return Plan(
-        strategy=Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None, offload_optimizer="cpu",
-                          offload_params="none", micro_batch_size=2, grad_accum_steps=2,
-                          activation_checkpointing=False)),
+        strategy=Strategy.from_json(dict(engine="deepspeed", zero_stage=2, fsdp_reshard_after_forward=None,
+                                         offload_optimizer="cpu", offload_params="none", micro_batch_size=2,
+                                         grad_accum_steps=2, activation_checkpointing=False)),
         estimate=Estimate(breakdown={"params": 1}, peak_bytes=1 << 30, host_bytes_per_node=2 * 10**9, nvme_bytes_per_node=0,
                           step_time_s=0.5, basis="cuda_reserved_plus_context"),
         buckets=Buckets(reduce_bucket_size=10**6, allgather_bucket_size=10**6, stage3_prefetch_bucket_size=10**6,

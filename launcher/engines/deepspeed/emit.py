@@ -16,6 +16,7 @@ import importlib.resources
 import json
 
 from launcher.config.job import Job
+from launcher.engines.deepspeed.layout import ZeroLayout
 from launcher.errors import ConfigError
 from launcher.levers import LOW_MEMORY_OPTIMIZER, PURE_BF16, RELEASE_FROZEN_WEIGHTS
 from launcher.planner.plan import Plan
@@ -122,19 +123,19 @@ def _tier(*offloads: str) -> str:
 
 def _strategy_problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.layout.zero_stage is None:  # another engine's strategy (launcher.engines picks the emitter by the plan's engine)
+    if not isinstance(s.layout, ZeroLayout):  # another engine's (launcher.engines picks the emitter by the engine)
         return [f"strategy.engine: {s.engine!r} is not deepspeed; emit an FSDP config with fsdp_config(plan, job)"]
     if s.layout.zero_stage not in (0, 1, 2, 3):
-        return [f"strategy.layout.zero_stage: {s.layout.zero_stage!r} is not 0, 1, 2 or 3; set strategy.layout.zero_stage"]
+        return [f"strategy.zero_stage: {s.layout.zero_stage!r} is not 0, 1, 2 or 3; set strategy.zero_stage"]
     problems = []
     if s.layout.offload_params != "none" and s.layout.zero_stage != 3:
         problems.append(
-            f"strategy.layout.offload_params: {s.layout.offload_params!r} needs ZeRO-3 (DeepSpeed offloads parameters only "
+            f"strategy.offload_params: {s.layout.offload_params!r} needs ZeRO-3 (DeepSpeed offloads parameters only "
             f"when it partitions them), got zero_stage {s.layout.zero_stage}; set zero_stage: 3 or offload_params: none"
         )
     if s.layout.offload_optimizer == "nvme" and s.layout.zero_stage != 3:
         problems.append(
-            f"strategy.layout.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.layout.zero_stage}; "
+            f"strategy.offload_optimizer: 'nvme' needs ZeRO-3 (ZeRO-Infinity), got zero_stage {s.layout.zero_stage}; "
             "set zero_stage: 3 or offload_optimizer: cpu"
         )
     if PURE_BF16.on(s) and (s.layout.zero_stage == 0 or s.layout.offload_optimizer != "none"):
@@ -145,7 +146,7 @@ def _strategy_problems(plan: Plan) -> list[str]:
         )
     if s.layout.offload_optimizer == "cpu" and s.layout.zero_stage in (0, 1):
         problems.append(
-            f"strategy.layout.offload_optimizer: 'cpu' with zero_stage {s.layout.zero_stage} is not emitted: ZeRO-2 offload "
+            f"strategy.offload_optimizer: 'cpu' with zero_stage {s.layout.zero_stage} is not emitted: ZeRO-2 offload "
             "keeps the same host state and also partitions gradients; set zero_stage: 2 (or 3)"
         )
     return problems

@@ -19,6 +19,7 @@ import yaml
 
 from launcher.config.job import InlineArch, Job
 from launcher.emit.exports import accelerate_base
+from launcher.engines.fsdp.layout import FsdpLayout
 from launcher.errors import ConfigError
 from launcher.levers import PURE_BF16
 from launcher.planner.plan import Plan
@@ -127,12 +128,12 @@ def accelerate_yaml_text(plan: Plan, job: Job, *, block_class: str | None = None
 
 def _problems(plan: Plan) -> list[str]:
     s = plan.strategy
-    if s.layout.fsdp_reshard_after_forward is None:  # another engine's strategy (launcher.engines picks the emitter)
+    if not isinstance(s.layout, FsdpLayout):  # another engine's strategy (launcher.engines picks the emitter)
         return [f"strategy.engine: {s.engine!r} is not fsdp; emit a DeepSpeed config with ds_config(plan, job)"]
     problems = []
     if s.layout.hybrid and plan.nodes < 2:
         problems.append(
-            f"strategy.layout.fsdp_sharding: 'hybrid' needs nodes > 1 (it replicates across nodes), got nodes "
+            f"strategy.fsdp_sharding: 'hybrid' needs nodes > 1 (it replicates across nodes), got nodes "
             f"{plan.nodes}; use fsdp_sharding: full or re-plan for more nodes"
         )
     if s.layout.hybrid and plan.world_size != plan.nodes * plan.gpus_per_node:
@@ -142,7 +143,7 @@ def _problems(plan: Plan) -> list[str]:
         )
     if s.layout.fsdp_reshard_after_forward is None:
         problems.append(
-            "strategy.layout.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "
+            "strategy.fsdp_reshard_after_forward: None must be true (FULL_SHARD) or false (SHARD_GRAD_OP) "
             "for FSDP; set it or let the planner choose"
         )
     for key, value in (("offload_optimizer", s.layout.offload_optimizer), ("offload_params", s.layout.offload_params)):
@@ -151,9 +152,10 @@ def _problems(plan: Plan) -> list[str]:
                 f"strategy.{key}: 'nvme' is not available under FSDP2 (it offloads to CPU only); "
                 "use engine: deepspeed with zero_stage: 3 for NVMe, or offload to cpu"
             )
-    if s.layout.offload_optimizer != s.layout.offload_params and "nvme" not in (s.layout.offload_optimizer, s.layout.offload_params):
+    if s.layout.offload_optimizer != s.layout.offload_params and "nvme" not in (s.layout.offload_optimizer,
+                                                                                 s.layout.offload_params):
         problems.append(
-            f"strategy.layout.offload_optimizer: {s.layout.offload_optimizer!r} differs from offload_params "
+            f"strategy.offload_optimizer: {s.layout.offload_optimizer!r} differs from offload_params "
             f"{s.layout.offload_params!r}, but FSDP2 offloads parameters, gradients and optimizer state together; "
             "set both to cpu or both to none"
         )

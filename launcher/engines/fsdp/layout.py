@@ -22,7 +22,8 @@ class FsdpLayout(Layout):
     fsdp_reshard_after_forward: bool = field(metadata={"pin": "FSDP2: True is FULL_SHARD, False is SHARD_GRAD_OP."})
     """FULL_SHARD (True: unsharded copies freed after forward) / SHARD_GRAD_OP (False)."""
     fsdp_sharding: FsdpSharding | None = field(default=None, metadata={
-        "pin": "FSDP2: full shards over all ranks; hybrid shards within a node and replicates across nodes (nodes > 1)."})
+        "pin": "FSDP2: full shards over all ranks; hybrid shards within a node and replicates across nodes "
+               "(nodes > 1)."})
     """The shard group: full (all ranks) or hybrid (the ranks of one node, replicated across nodes); read as full
     (None) where an older plan.json lacks it."""
 

@@ -88,14 +88,15 @@ def check_ds_config(ds: dict, plan: Plan) -> None:
                                            _ABSENT),
         "gradient_accumulation_steps": ("strategy.grad_accum_steps", s.grad_accum_steps, s.grad_accum_steps,
                                         _ABSENT),
-        "zero_optimization.stage": ("strategy.layout.zero_stage", s.layout.zero_stage, s.layout.zero_stage, 0),
+        "zero_optimization.stage": ("strategy.zero_stage", s.layout.zero_stage, s.layout.zero_stage, 0),
         "bf16.enabled": ("precision", plan.precision, plan.precision == "bf16", False),
         "fp16.enabled": ("precision", plan.precision, plan.precision == "fp16", False),
         "bf16.bf16_master_weights_and_grads": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
         "bf16.bf16_optimizer_states": ("strategy.pure_bf16", s.pure_bf16, s.pure_bf16, False),
-        "zero_optimization.offload_optimizer.device": ("strategy.layout.offload_optimizer", s.layout.offload_optimizer,
+        "zero_optimization.offload_optimizer.device": ("strategy.offload_optimizer", s.layout.offload_optimizer,
                                                        s.layout.offload_optimizer, "none"),
-        "zero_optimization.offload_param.device": ("strategy.layout.offload_params", s.layout.offload_params, s.layout.offload_params,
+        "zero_optimization.offload_param.device": ("strategy.offload_params", s.layout.offload_params,
+                                                   s.layout.offload_params,
                                                    "none"),
     }
     problems = []

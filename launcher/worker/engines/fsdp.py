@@ -76,9 +76,9 @@ class FsdpEngine:
         """The engine for an FSDP2 plan, configured from its strategy, precision and levers (plan.json holds them
         all; fsdp.yaml in ``run_dir`` documents the same settings)."""
         s = plan.strategy
+        reshard = s.layout.fsdp_reshard_after_forward
         engine = cls(
-            reshard_after_forward=bool(s.layout.fsdp_reshard_after_forward if s.layout.fsdp_reshard_after_forward is not None
-                                       else True),
+            reshard_after_forward=bool(reshard if reshard is not None else True),
             offload_params=s.layout.offload_params,
             offload_optimizer=s.layout.offload_optimizer,
             activation_checkpointing=s.activation_checkpointing,
@@ -327,7 +327,7 @@ class FsdpEngine:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if world % per_node or world // per_node < 2:
             raise ConfigError(
-                f"strategy.layout.fsdp_sharding: 'hybrid' needs 2 or more nodes of equal size, but this run has "
+                f"strategy.fsdp_sharding: 'hybrid' needs 2 or more nodes of equal size, but this run has "
                 f"{world} ranks with {per_node} per node; use fsdp_sharding: full or run on more nodes"
             )
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
