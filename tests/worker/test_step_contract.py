@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.job import TrainConfig
-from launcher.engines.deepspeed.memory import emit as emit_ds
+from launcher.engines.deepspeed import emit as emit_ds
 from launcher.errors import ConfigError
 from launcher.worker.engines.base import ADAM_BETAS, ADAM_EPS, build_optimizer
 from launcher.worker.engines.deepspeed import check_clipping
