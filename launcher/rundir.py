@@ -22,9 +22,11 @@ files a person put into a run dir stay and are named, and a non-empty dir withou
 command may write.
 
 What the launcher writes here passes through ``redact``: the values of secret-looking environment
-variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs are
-redacted as they are written (launcher.ranklog); they are scrubbed again when the run ends, as are submitit's
-own .out/.err files on Slurm (by each task as it ends and again by `--wait`), which are written by Slurm itself.
+variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes. A value naming a path
+that exists is no secret (it says where something is), and a string naming one (job.yaml's data.path) is never
+rewritten: the run reads it. The rank logs are redacted as they are written (launcher.ranklog); they are scrubbed
+again when the run ends, as are submitit's own .out/.err files on Slurm (by each task as it ends and again by
+`--wait`), which are written by Slurm itself.
 The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.fsutil).
 """
 
@@ -56,9 +58,10 @@ from launcher.fsutil import (
 from launcher.rankreport import RankReport
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)",
-                         re.IGNORECASE)
+# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable; TOKEN only ending a
+# word, so TOKENIZERS_PARALLELISM or TOKENIZER_PATH (settings, not secrets) do too.
+SECRET_NAME = re.compile(r"TOKEN($|_)|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|"
+                         r"(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)", re.IGNORECASE)
 SECRET_MIN_CHARS = 8
 """Shorter values are not redacted: replacing every '1' or 'true' in a log would destroy it and hide nothing."""
 REDACTED = "[redacted]"
@@ -85,10 +88,21 @@ FINAL_STATUSES = ("completed", "checkpointed", "failed", "oom")
 """A rank file with one of these is the rank's last word for its attempt."""
 
 
+def names_a_path(text: str) -> bool:
+    """Whether ``text`` (``~`` expanded) is the path of something that exists: a place the run reads or writes
+    (a data dir, GOOGLE_APPLICATION_CREDENTIALS' key file), never itself a secret."""
+    try:
+        return os.path.lexists(os.path.expanduser(text))
+    except (ValueError, OSError):  # a NUL byte, a name too long
+        return False
+
+
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole)."""
+    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole);
+    a value naming an existing path is not one (redacting it would rewrite every path below it)."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS}
+    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS
+              and not names_a_path(v)}
     return sorted(values, key=len, reverse=True)
 
 
@@ -102,12 +116,13 @@ def redact(text: str, secrets: list[str] | None = None) -> str:
 
 def redact_data(obj, secrets: list[str] | None = None):
     """``redact`` applied to every string (keys included) in plain JSON/YAML data, before it is serialized:
-    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text."""
+    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text. A string
+    naming an existing path is a field the run reads (data.path, model) and is never rewritten."""
     secrets = secret_values() if secrets is None else secrets
     if not secrets:
         return obj
     if isinstance(obj, str):
-        return redact(obj, secrets)
+        return obj if names_a_path(obj) else redact(obj, secrets)
     if isinstance(obj, dict):
         return {redact_data(k, secrets): redact_data(v, secrets) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

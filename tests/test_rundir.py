@@ -175,3 +175,33 @@ def test_one_reader_of_checkpoint_latest(tmp_path):
     readers = [str(p.relative_to(REPO)) for p in sources if '/ "latest"' in p.read_text()]
     assert readers == [], readers
 
+
+def test_a_secret_looking_name_holding_a_path_is_no_secret(tmp_path):
+    """MY_API_KEY set to a directory, GOOGLE_APPLICATION_CREDENTIALS to a key file: where things are, not secrets
+    (redacting them rewrote job.yaml's data path to '[redacted]/...' and every run failed). TOKENIZER_PATH names a
+    setting. HF_TOKEN's value, which names nothing, stays a secret."""
+    from launcher.rundir import secret_values
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "key.json").write_text("{}")
+    env = {"MY_API_KEY": str(tmp_path / "data"), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json"),
+           "TOKENIZER_PATH": "gpt2-tokenizer-v2", "TOKENIZERS_PARALLELISM": "disabled-here",
+           "HF_TOKEN": "hf_FAKE_SECRET_123", "GITHUB_TOKEN_RO": "ghp_FAKE_SECRET_4567"}
+    assert secret_values(env) == ["ghp_FAKE_SECRET_4567", "hf_FAKE_SECRET_123"]
+
+
+def test_a_path_the_run_reads_is_never_rewritten(tmp_path, monkeypatch):
+    """A secret that happens to be part of an existing path: job.yaml keeps the path whole (the ranks read it),
+    while the secret is still redacted wherever it is not a path."""
+    import yaml
+
+    secret = "s3cr3t-dir-name-77"
+    data = tmp_path / secret / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    monkeypatch.setenv("SERVICE_API_KEY", secret)
+    run = RunDir.create(tmp_path / "run")
+    run.write_yaml("job.yaml", {"data": {"path": str(data)}, "slurm": {"setup": [f"export KEY={secret}"]}})
+    written = yaml.safe_load((run.path / "job.yaml").read_text())
+    assert written == {"data": {"path": str(data)}, "slurm": {"setup": ["export KEY=[redacted]"]}}
+    run.unlock()
