@@ -45,7 +45,7 @@ MAX_REQUEUES={max_requeues}
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ranks" "$RUN_DIR/steps" "$RUN_DIR/control"
 
 # The run as planned when this script was written; the ranks read these files.
-write_file() {{ local tmp; tmp=$(mktemp "$RUN_DIR/.$1.XXXXXX"); cat > "$tmp"; mv -f "$tmp" "$RUN_DIR/$1"; }}
+write_file() {{ local tmp; tmp=$(mktemp "$RUN_DIR/.$1.XXXXXX.launcher-tmp"); cat > "$tmp"; mv -f "$tmp" "$RUN_DIR/$1"; }}
 {files}
 {setup}
 # Rendezvous at the first host of the allocation, at the address Slurm reaches it by.

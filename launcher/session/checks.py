@@ -11,7 +11,7 @@ from launcher.config.job import Job
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
-from launcher.rundir import latest_checkpoint_tag
+from launcher.rundir import latest_checkpoint_tag, unmarked_for_resume
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes
 
@@ -141,6 +141,9 @@ def check_resume(opts: RunOptions) -> None:
                           "pass --run-dir RUN, or run without --resume")
     path = opts.run_dir
     if latest_checkpoint_tag(path / "checkpoint"):
+        unmarked = unmarked_for_resume(path)  # a checkpoint/latest alone does not make a dir launch's
+        if unmarked:
+            raise unmarked
         return
     if path.is_dir() and any(p.name != ".lock" for p in path.iterdir()):
         state = _state_of(path)

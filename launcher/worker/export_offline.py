@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LauncherError
 from launcher.worker import checkpoint
-from launcher.worker.export import MARKER, export_dtype, write_export
+from launcher.worker.export import export_dtype, out_problem, write_export
 
 
 def pick_tag(root: Path, step: int | None) -> str:
@@ -36,12 +37,10 @@ def pick_tag(root: Path, step: int | None) -> str:
 
 
 def check_out(out: Path) -> None:
-    """--out must be new, empty, or an earlier export (holding export.json), which is replaced."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: is a file; give a directory path")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise ConfigError(f"--out {out}: not empty and not made by launch export (no {MARKER}); give a new or "
-                          "empty directory")
+    """--out must be new, empty, or an earlier export (launcher.worker.export.out_problem), which is replaced."""
+    problem = out_problem(out)
+    if problem:
+        raise ConfigError(problem)
 
 
 def read_deepspeed(root: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
@@ -107,6 +106,13 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     info = {"source": f"checkpoint {tag}", "step": int(state["global_step"]), "engine": state["engine"],
             "zero_stage": plan.strategy.zero_stage, "precision": plan.precision}
-    record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
-                          merge=merge, info=info)
+    try:
+        record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
+                              merge=merge, info=info)
+    # A full disk or a dir gone read-only (safetensors reports its own write errors as SafetensorError): the
+    # staged dir is gone and the old export untouched.
+    except (OSError, SafetensorError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise LauncherError(f"export: writing {str(out)!r} failed ({why}); it is as it was and nothing was left "
+                            "beside it; free space there (or give another --out) and run launch export again") from None
     return out, record

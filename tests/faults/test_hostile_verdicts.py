@@ -28,6 +28,7 @@ def run_dir_with(state: str | None = None, checkpoint: bool = False):
 
     def setup(s: Sandbox) -> None:
         s.run_dir.mkdir()
+        (s.run_dir / ".launcher-run").write_text("{}\n")  # launch made it: --resume takes no other dir
         (s.run_dir / "plan.json").write_text("{}\n")
         if state:
             (s.run_dir / "state.json").write_text(json.dumps({"state": state}) + "\n")
