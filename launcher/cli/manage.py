@@ -244,6 +244,10 @@ def local_status(run_dir: Path) -> dict:
             if row["state"] in ("starting", "training", "running"):
                 row["state"] = KILLED
     report = read_report(run_dir)  # None until the run has ended
+    verdicts = {r.rank: r for r in report.ranks} if report else {}
+    for row in ranks:  # each rank's verdict as report.json gives it (ok only for a rank that ran every step)
+        if row["rank"] in verdicts:
+            row["verdict"], row["ended"] = verdicts[row["rank"]].verdict, verdicts[row["rank"]].ended
     return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": message,
             "pid": st.pid if run_state in LIVE_STATES else None, "attempt": st.attempt,
             "progress": progress(run_dir), "ranks": ranks,
@@ -296,7 +300,9 @@ def render_local_status(st: dict) -> str:
     for r in st["ranks"]:
         step = f", step {r['step']}" if r.get("step") else ""
         peak = f", peak {format_bytes(r['mem_peak_bytes'])}" if r.get("mem_peak_bytes") else ""
-        lines.append(f"  rank {r['rank']}: {r['state']}{step}{peak}")
+        verdict = f"; verdict {r['verdict']}" + (f" ({r['ended']})" if r.get("ended") else "") if r.get("verdict") \
+            else ""
+        lines.append(f"  rank {r['rank']}: {r['state']}{step}{peak}{verdict}")
     return "\n".join(lines)
 
 

@@ -118,8 +118,9 @@ def _job_auto_fallback(run: RunDir) -> int:
         return 0
 
 
-KILL_HINT = " (the OOM killer, or someone's kill -9; its file's peak is what it measured before)"
-"""Said after a rank killed by SIGKILL: nothing but those sends it, and the rank could not write its last word."""
+KILL_HINT = " (the OOM killer, a kill -9, or torchrun after its grace; its peak is the last it measured)"
+"""Said after a rank killed by SIGKILL: who sends one, and why its row's peak may be short of its true one (the
+rank could not write its last word; its last step line is the latest figure, launcher.report.last_seen)."""
 
 
 def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = None) -> None:

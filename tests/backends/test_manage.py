@@ -131,6 +131,19 @@ def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, cap
     assert ": completed" in out and "verdict: within_budget; eval loss 0.5000, eval accuracy 75.0% (report.json)" in out
 
 
+def test_local_status_gives_each_rank_its_verdict_from_the_report(local_run, capsys):
+    """A rank whose file still says running when the run has ended died: status shows the report's verdict beside
+    it (failed, with its signal), as the table did, never a bare "running"."""
+    (local_run / "state.json").write_text(json.dumps({"state": "failed", "message": "rank(s) ended with failed"}))
+    (local_run / "report.json").write_text(json.dumps({"verdict": "failed", "ranks": [
+        {"rank": 0, "status": "running", "verdict": "failed", "ended": "killed by SIGKILL"},
+        {"rank": 1, "status": "failed", "verdict": "failed", "ended": "killed by SIGTERM"}]}))
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"local run {local_run}: failed\n" in out and "verdict: failed (report.json)" in out
+    assert "rank 0: running, step 3, peak 300.00 MB; verdict failed (killed by SIGKILL)" in out, out
+
+
 def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, monkeypatch):
     assert main(["logs", str(local_run), "--lines", "2"]) == 0
     out = capsys.readouterr().out
