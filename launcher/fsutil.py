@@ -140,3 +140,60 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_reserved(path: str | os.PathLike, text: str, reserve_bytes: int) -> Path:
+    """``atomic_write`` of ``text``, keeping ``reserve_bytes`` of disk for the file's next version.
+
+    When the disk is full and no new file can be made, that version is written over the old one in place instead
+    (not atomic, so only then): into the blocks the file holds, whose room past its end is reserved here without
+    changing its size (fallocate's KEEP_SIZE; a file system without it still keeps a whole block for a small file).
+    OSError when it fits neither way."""
+    path = Path(path)
+    data = text.encode()
+    try:
+        atomic_write(path, data)
+    except OSError:
+        if not overwrite_in_place(path, data):
+            raise
+        return path
+    _reserve(path, reserve_bytes)
+    return path
+
+
+FALLOC_FL_KEEP_SIZE = 1
+"""fallocate(2): allocate the range without changing the file's size."""
+
+
+def _reserve(path: Path, size: int) -> None:
+    import ctypes
+
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).fallocate(fd, FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(size))
+    except (OSError, AttributeError):  # no fallocate (not Linux): the file keeps its own block
+        pass
+    finally:
+        os.close(fd)
+
+
+def overwrite_in_place(path: Path, data: bytes) -> bool:
+    """Write ``data`` over ``path``'s own bytes and cut it to that length; False, the file untouched, when it is
+    missing or its blocks cannot take ``data`` (a short write would leave it torn)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_blocks * 512 < len(data) or os.pwrite(fd, data, 0) != len(data):
+            return False
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -34,6 +34,9 @@ ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
 """Which attempt (Slurm restart count) the ranks run; stamped on every step line."""
 RDZV_ID_ENV = "LAUNCHER_RDZV_ID"
 """torchrun's rendezvous id; one per Slurm job attempt so a requeued job never joins its old rendezvous."""
+AGENT_PID_ENV = "LAUNCHER_AGENT_PID"
+"""The pid of the process that starts the ranks (launch, whose torchrun agent runs in-process): a rank whose
+parent is already another one by the time it arms its parent-death signal was orphaned while it started."""
 CONTROL_FILE = "checkpoint"
 """RUN_DIR/control/<this>: its presence asks every rank to checkpoint and stop at the next step."""
 MICRO_BATCH_ENV = "LAUNCHER_MICRO_BATCH_SIZE"
@@ -110,6 +113,13 @@ def run_dir() -> Path | None:
     """The run dir the launcher gave this rank ($LAUNCHER_RUN_DIR); None outside a launched run."""
     d = os.environ.get(RUN_DIR_ENV)
     return Path(d) if d else None
+
+
+def agent_pid() -> int | None:
+    """The launcher's agent pid ($LAUNCHER_AGENT_PID); None when the ranks were started otherwise (torchrun by
+    hand, an sbatch script)."""
+    raw = os.environ.get(AGENT_PID_ENV, "").strip()
+    return int(raw) if raw.isdigit() else None
 
 
 def enforce_bytes() -> int | None:

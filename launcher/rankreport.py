@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from launcher.records import known_and_extra, set_fields
+
 RANK_REPORT_SCHEMA = 1
 """Version of rank-K.json's layout; from_json refuses a newer one rather than misread it."""
 
@@ -180,11 +182,7 @@ class RankReport:
     @classmethod
     def from_json(cls, d: dict) -> RankReport:
         """A rank file; one written before a field (the schema included) reads with that field's default."""
-        if int(d.get("schema", 1)) > RANK_REPORT_SCHEMA:
-            raise ValueError(f"rank report schema {d['schema']} is newer than this launcher reads "
-                             f"({RANK_REPORT_SCHEMA}); upgrade launcher")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in d.items() if k in names and v is not None}
+        known, extra = known_and_extra(cls, d, newest=RANK_REPORT_SCHEMA, what="rank report")
         if "basis" not in known:  # files before the basis field: CUDA ranks then measured allocated bytes
             known["basis"] = "cuda_allocated" if str(d.get("device", "cpu")).startswith("cuda") else "cpu_tensor_bytes"
         if isinstance(known.get("oom"), dict):
@@ -192,15 +190,9 @@ class RankReport:
         for k in ("measured_peak_bytes", "training_peak_bytes", "steps_done"):
             known[k] = int(known.get(k) or 0)
         known["rank"] = int(d["rank"])
-        return cls(**known, extra={k: v for k, v in d.items() if k not in names})
+        return cls(**known, extra=extra)
 
     def record(self, fields: dict[str, object]) -> None:
         """Set recorded fields by name: a listed field takes its value, any other goes to ``extra``."""
-        names = {f.name for f in dataclasses.fields(self)} - {"extra", "schema"}
-        for k, v in fields.items():
-            if k == "oom" and isinstance(v, dict):
-                v = OomDetails.from_json(v)
-            if k in names:
-                setattr(self, k, v)
-            else:
-                self.extra[k] = v
+        oom = fields.get("oom")
+        set_fields(self, {**fields, "oom": OomDetails.from_json(oom)} if isinstance(oom, dict) else fields)

@@ -54,8 +54,12 @@ from launcher.fsutil import (
     private_dir,
     remove,
     write_marker,
+    write_reserved,
 )
 from launcher.rankreport import RankReport
+from launcher.runstate import LIVE_STATES, RESERVE_BYTES, RunState
+
+__all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.runstate), re-exported for its readers
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
 # DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable; TOKEN only ending a
@@ -153,26 +157,6 @@ def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
         return False
     atomic_write(path, data)
     return True
-
-
-LIVE_STATES = ("submitted", "running")
-"""state.json states in which a job or a launch may still be writing the run dir."""
-
-
-def launch_alive(pid: int) -> bool:
-    """True when ``pid`` is a live launcher process (not a zombie, not a reused pid of something else)."""
-    import psutil
-
-    if pid == os.getpid():
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return "launch" in cmdline
 
 
 def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
@@ -441,22 +425,21 @@ class RunDir:
         """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
 
         After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
-        itself, but its pid is checked too in case the dir is reached through another mount.
+        itself, but it is checked too (its pid and start time, launcher.procs) in case the dir is reached through
+        another mount, and so are the rank processes it recorded, which must never outlive it.
         """
-        st = self.state()
-        if st.get("state") not in LIVE_STATES:
-            return
+        st = self.run_state()
         what = what or ("--overwrite would delete the files it is writing" if overwrite else
                         "a second launch would write into the same files")
-        job_id = st.get("slurm_job_id")
-        if job_id:
+        job_id = st.slurm_job_id
+        if job_id and st.state in LIVE_STATES:
             try:
                 if job_state is None:
                     raise ConfigError("nothing here can ask Slurm")
                 live = job_state(str(job_id))
             except ConfigError as e:
                 raise ConfigError(
-                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
+                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st.state}) and "
                     f"whether it still runs cannot be checked ({e}); {what}. Stop it with `launch cancel "
                     f"{self.path}` where Slurm answers, or choose another {flag}") from None
             if live:
@@ -464,11 +447,17 @@ class RunDir:
                     f"{flag}: {str(self.path)!r} belongs to slurm job {job_id}, which is still {live}; {what}. "
                     f"Stop it first with `launch cancel {self.path}`, or choose another {flag}")
             return
-        pid = st.get("pid")
-        if isinstance(pid, int) and launch_alive(pid):
+        launch = st.live_launch() if st.state in LIVE_STATES else None
+        if launch is not None:
             raise ConfigError(
-                f"{flag}: {str(self.path)!r} is in use by launch process {pid}, which is still running; {what}. "
-                f"Stop it first (kill -INT {pid}), or choose another {flag}")
+                f"{flag}: {str(self.path)!r} is in use by launch process {launch.pid}, which is still running; "
+                f"{what}. Stop it first (kill -INT {launch.pid}), or choose another {flag}")
+        ranks = [r.pid for r in st.live_ranks()]
+        if ranks:  # whatever state.json says: a rank that outlived its launch still writes here
+            pids = " ".join(map(str, ranks))
+            raise ConfigError(
+                f"{flag}: {str(self.path)!r} has rank processes still running ({pids}) though their launch is "
+                f"gone; {what}. Stop them first (kill {pids}), or choose another {flag}")
 
     def clear(self) -> list[str]:
         """Delete what the launcher wrote here (never following a link out of the dir); every name it kept."""
@@ -539,18 +528,25 @@ class RunDir:
         """A JSON file of the run dir, parsed."""
         return json.loads((self.path / name).read_text())
 
-    def set_state(self, state: str, **extra) -> None:
-        """Update state.json: the new state, the time, and ``extra`` fields over what it held."""
-        current = {}
-        if (self.path / "state.json").is_file():
-            current = self.read_json("state.json")
-        current.update(state=state, updated=time.time(), **extra)
-        self.write_json("state.json", current)
+    def set_state(self, state: str, **fields) -> RunState:
+        """Update state.json (launcher.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
+        kept as extra) and write it, secret values redacted, with room kept so a full disk cannot keep the next
+        state out (launcher.fsutil.write_reserved). Returns the state written."""
+        current = self.run_state().update(state, **fields)
+        text = json.dumps(redact_data(json.loads(json.dumps(current.to_json(), default=str))), indent=2) + "\n"
+        write_reserved(self.path / "state.json", text, RESERVE_BYTES)
+        return current
 
     def state(self) -> dict:
         """state.json's contents; {} before it exists."""
-        p = self.path / "state.json"
-        return json.loads(p.read_text()) if p.is_file() else {}
+        return self.run_state().to_json() if (self.path / "state.json").is_file() else {}
+
+    def run_state(self) -> RunState:
+        """state.json as a RunState; an empty one before it exists or when it cannot be read."""
+        try:
+            return RunState.from_json(json.loads((self.path / "state.json").read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return RunState()
 
     def rank_files(self) -> list[Path]:
         """The rank memory files ranks/rank-K.json, by rank."""

@@ -80,6 +80,10 @@ class RankRow:
     """seq_cls: the run's last eval accuracy, a fraction."""
     steps_done: int | None = None
     """Optimizer steps the rank did."""
+    stop_reason: str | None = None
+    """Why it stopped before its last step (SIGTERM, SIGUSR2, control file, another rank asked), as it recorded."""
+    ended: str | None = None
+    """How its process ended when not with exit 0, where the backend saw it: "killed by SIGKILL", "exit code 1"."""
 
     def to_json(self) -> dict:
         """The row as report.json's dict."""

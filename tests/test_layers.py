@@ -20,7 +20,7 @@ FORBIDDEN = {
                    "launcher.plan_words",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.rundir", "launcher.report",
                    "launcher.categories", "launcher.ranklog", "launcher.rankreport", "launcher.runreport",
-                   "launcher.variants")},
+                   "launcher.variants", "launcher.procs", "launcher.runstate", "launcher.records")},
     # The planner returns numbers (its Problem, NoFit, Rejected); plan_words and cli/render word them.
     "launcher.planner": ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session",
                          "launcher.plan_words"),

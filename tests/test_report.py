@@ -89,8 +89,8 @@ def write_ranks(tmp_path, ranks: list[dict]):
 
     run = RunDir(tmp_path)
     run.ranks.mkdir(parents=True)
-    for r in ranks:
-        (run.ranks / f"rank-{r['rank']}.json").write_text(json.dumps(r))
+    for r in ranks:  # a rank that finished, unless the case says otherwise (no status is no completion)
+        (run.ranks / f"rank-{r['rank']}.json").write_text(json.dumps({"status": "completed", **r}))
     return run
 
 

@@ -17,6 +17,7 @@ from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.planner.plan import Plan
+from launcher.procs import ProcessRef
 from launcher.rankenv import (
     ENFORCE_ENV,
     EXPANDABLE_SEGMENTS,
@@ -128,10 +129,31 @@ def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
     path = opts.run_dir or default_run_dir(job.name)
     if opts.resume and not latest_checkpoint_tag(Path(path) / "checkpoint"):  # before anything is created
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
-    run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
-    run.write_yaml("job.yaml", job_to_data(job))
-    write_plan_outputs(run.path, plan, job)
+    run = None
+    try:
+        run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
+        run.write_yaml("job.yaml", job_to_data(job))
+        write_plan_outputs(run.path, plan, job)
+    except OSError as e:  # a full disk or a read-only mount: one line, no traceback, nothing started
+        if run is not None:
+            run.unlock()
+        raise unwritable(path, e) from None
     return run
+
+
+def unwritable(path: Path, e: OSError) -> ConfigError:
+    """The one line for a run dir the launcher cannot write (a full disk, a read-only mount), before any rank runs."""
+    return ConfigError(f"--run-dir: {str(path)!r} cannot be written ({e.strerror or e}); free space there, or "
+                       "choose another --run-dir")
+
+
+def mark_running(run: RunDir, **fields) -> None:
+    """state.json: running, owned by this launch (its pid and start time, what liveness is decided by), no rank
+    started yet (the backend records them once torchrun has)."""
+    try:
+        run.set_state("running", launch=ProcessRef.of(os.getpid()), ranks=[], **fields)
+    except OSError as e:
+        raise unwritable(run.path, e) from None
 
 
 def total_time_of(job: Job, plan: Plan):

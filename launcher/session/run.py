@@ -6,7 +6,6 @@ driven the same way: run(run_dir, spec) -> Outcome, then finish() turns the rank
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 
@@ -22,6 +21,7 @@ from launcher.session.options import RunOptions
 from launcher.session.prepare import (
     announce,
     launch_spec,
+    mark_running,
     prepare_run_dir,
     resume_plan,
     say_total_time,
@@ -54,7 +54,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
         run_dir = prepare_run_dir(opts, job, plan)
         announce(plan, run_dir)
         say_total_time(job, plan)
-        run_dir.set_state("running", pid=os.getpid())
+        mark_running(run_dir)
     if job.auto_fallback:
         from launcher.session.ladder import run_ladder
 

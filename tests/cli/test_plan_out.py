@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import yaml
 
+from launcher.procs import ProcessRef
 from launcher.rundir import MARKER, RunDir
 from launcher.session import outdir
 from tests.cli.test_plan_cli import run_cli
@@ -69,9 +69,9 @@ def test_plan_out_into_the_dir_of_a_live_launch_is_refused_at_once(capsys, write
     run = RunDir.create(tmp_path / "run")
     run.unlock()  # as seen from another mount: only state.json tells
     (run.path / "plan.json").write_text('{"the": "live plan"}')
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launch"])
+    proc = subprocess.Popen(["sleep", "60"])
     try:
-        run.set_state("running", pid=proc.pid)
+        run.set_state("running", launch=ProcessRef.of(proc.pid))
         t0 = time.monotonic()
         code, _, err = run_cli(capsys, "plan", write_job(strategy=FSDP), "--out", run.path)
         assert code == 2 and time.monotonic() - t0 < outdir.LOCK_WAIT_S
