@@ -124,7 +124,7 @@ def pytest_runtest_teardown(item):
 def pytest_collection_modifyitems(config, items):
     """Slow tests get the `slow` marker (tests/tiers.py) before `-m` selects. `gpu` tests need CUDA: they run
     wherever a GPU is present and say why they skip elsewhere."""
-    mark_slow(items)
+    mark_slow(items, timeouts=config.pluginmanager.hasplugin("timeout"))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -168,14 +168,14 @@ of 8 on 2 cores, so only a hang reaches it. Slow tests get pyproject's `timeout`
 takes about 110 s alone)."""
 
 
-def mark_slow(items: list[pytest.Item]) -> None:
-    """Give every slow item the `slow` marker, so that `-m "not slow"` deselects it, and every fast one the fast
-    tier's timeout."""
+def mark_slow(items: list[pytest.Item], *, timeouts: bool = True) -> None:
+    """Give every slow item the `slow` marker, so that `-m "not slow"` deselects it, and with ``timeouts`` (the
+    pytest-timeout plugin is loaded: a GPU machine's image may lack it) every fast one the fast tier's timeout."""
     for item in items:
         if is_slow(item):
             if not item.get_closest_marker("slow"):
                 item.add_marker(pytest.mark.slow)
-        elif not item.get_closest_marker("timeout"):
+        elif timeouts and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
 
 
