@@ -27,6 +27,9 @@ ENFORCE_ENV = "LAUNCHER_ENFORCE_BYTES"
 """Per-rank byte cap set by --enforce; crossing it raises torch.OutOfMemoryError."""
 TRACK_ENV = "LAUNCHER_TRACK_CATEGORIES"
 """'1' tracks tensors by category with MemTracker on CUDA too (always on for CPU ranks; slows CUDA runs)."""
+HEAP_ENV = "LAUNCHER_HEAP_CHECK"
+"""'1': CPU ranks also sample glibc's heap in use beside every tracked op (launcher.runtime.heap), an instrument
+independent of the tracker, and report it beside the tracked peak (rank-K.json heap_check)."""
 SNAPSHOT_ENV = "LAUNCHER_MEMORY_SNAPSHOT"
 """Set to 1 (launch --memory-snapshot): CUDA ranks record the allocator's history through their first step and
 dump it to RUN_DIR/memory-snapshot/rank-K.pickle (open it at pytorch.org/memory_viz)."""

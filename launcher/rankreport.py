@@ -47,6 +47,7 @@ class OomDetails:
 # Fields written only when known (the probe on CUDA, or a record() call): left out of the file while None, so
 # a rank file reads as it did before the type.
 _WHEN_SET = ("max_memory_allocated_bytes", "max_memory_reserved_bytes", "outside_allocator_bytes", "phases_allocated",
+             "heap_check",
              "engine", "label", "task", "total_params", "trainable_params", "micro_batch_size", "grad_accum_steps",
              "seq_len", "precision", "total_steps", "train_examples", "eval_examples", "plan_sha256", "oom",
              "eval_loss", "eval_step", "eval_accuracy", "eval_loss_initial", "resumed_from_step", "resumed_from",
@@ -91,6 +92,9 @@ class RankReport:
     """The process's peak resident set, bytes."""
     enforce_bytes: int | None = None
     """The cap enforced on this rank (--enforce), bytes."""
+    heap_check: dict[str, int] | None = None
+    """$LAUNCHER_HEAP_CHECK=1, CPU ranks: the tracked total beside glibc's heap in use over the training phases
+    (launcher.runtime.tracker.HeapCheck's fields, bytes)."""
     first_loss: float | None = None
     """The first logged loss."""
     final_loss: float | None = None

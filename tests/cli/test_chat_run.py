@@ -7,7 +7,7 @@ import os
 
 import yaml
 
-from tests.cli.test_run_cli import check_report, launch, step_losses
+from tests.cli.test_run_cli import check_report, launch, near_budget, step_losses
 from tests.conftest import REPO
 
 
@@ -18,6 +18,7 @@ def test_chat_sft_example_runs_on_two_ranks(tmp_path):
     job["train"]["max_steps"] = 12
     path = tmp_path / "chat-sft.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
+    near_budget(path)
     run_dir = tmp_path / "run"
     cache = tmp_path / "cache"
     res = launch("run", path, "--run-dir", run_dir, env=dict(os.environ, LAUNCHER_CACHE=str(cache)))
