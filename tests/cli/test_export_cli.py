@@ -182,7 +182,7 @@ def full_disk(where):
         subprocess.run(["umount", str(where)], check=True)
 
 
-@pytest.mark.parametrize("how", ["tmpfs", "injected"])
+@pytest.mark.parametrize("how", [pytest.param("tmpfs", marks=pytest.mark.slow), "injected"])  # tmpfs: mount(8)
 def test_a_full_disk_leaves_the_old_export_and_nothing_beside_it(exportable, tmp_path, capsys, monkeypatch, how):
     """No space left while the export is written (a real full tmpfs: safetensors' own error; or ENOSPC injected at
     the last write, export.json): exit 1, one line, the earlier export as it was, no staged dir left, and no
