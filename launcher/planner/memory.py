@@ -33,6 +33,7 @@ from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, MemoryEstimate, Strategy, checkpoint_count, checkpointed
 from launcher.planner.terms import (
     BYTES,
+    MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
     ActivationConstants,
     MemoryInputs,
@@ -149,6 +150,33 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes)
 
 
+TRL_TOKEN_TILE = 4096
+"""Tokens per tile of TRL's fused LM head (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE)."""
+TRL_VOCAB_TILE = 32768
+"""Vocabulary columns per tile of TRL's fused LM head (trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)."""
+TRL_HOST_BYTES_PER_LOGIT = 36.0
+"""Bytes per tile logit at the backward of TRL's fused LM head where Triton is not (CPU ranks): its torch fallback
+(_backward_tile) holds the tile and about eight fp32 copies of it at once (the transform, log-p, p, the gradient,
+the target mask as float, the products). Measured with the probe's tracker on TRL 1.16: 35.3 bytes (fp32),
+34.2 (bf16 autocast), with or without the entropy and top-1 outputs."""
+
+
+def trl_head_bytes(m: ModelStats, precision: str, tokens: int, device_is_host: bool) -> float:
+    """A causal LM's head at the backward peak as TRL's SFTTrainer runs it over ``tokens`` (those with a next
+    token, micro-batch x (seq_len - 1)): its fused LM head
+    (trl.trainer.utils.add_fused_lm_head) projects the hidden states in [TRL_TOKEN_TILE, TRL_VOCAB_TILE] tiles
+    and folds the log-probability, the entropy and the top-1 flag it logs (mean_token_accuracy) into them, so the
+    full logits never exist; the backward recomputes each tile. Live then: one tile (on CPU ranks its fp32
+    copies, TRL_HOST_BYTES_PER_LOGIT), the head weight's gradient accumulated in fp32 (4·V·h) and cast to the
+    weight's dtype at the end, and the hidden states' gradient in fp32 (4·tokens·h)."""
+    if m.task != "causal_lm":
+        return 0.0
+    w = BYTES[precision]
+    tile = min(tokens, TRL_TOKEN_TILE) * min(m.vocab_size, TRL_VOCAB_TILE)
+    grads = 0.0 if m.lora_params else m.vocab_size * m.hidden_size * (MASTER_BYTES + (w if w < MASTER_BYTES else 0))
+    return tile * (TRL_HOST_BYTES_PER_LOGIT if device_is_host else w) + grads + MASTER_BYTES * tokens * m.hidden_size
+
+
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
                                checkpointing: bool, checkpoint_every: int = 1,
                                loss_chunks: int = 0) -> tuple[int, int, int]:
@@ -263,6 +291,11 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)
+    if inp.script and not s.loss_chunks:
+        # A user's script may compute the loss as HF does (the full logits) or as TRL does (its fused head): the
+        # larger. TRL's is larger on CPU ranks, and on GPUs where few tokens meet a large vocabulary x hidden.
+        head = max(head, trl_head_bytes(m, inp.precision, s.micro_batch_size * (inp.seq_len - 1),
+                                        inp.hardware.device_is_host))
     pinned = 0
     if s.activation_offload and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
