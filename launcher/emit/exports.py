@@ -56,30 +56,24 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
 
 def script_ds_config(plan: Plan, job: Job) -> dict:
     """The DeepSpeed config of a ``launch --script`` run (ds_config.script.json): the plan's memory and speed
-    settings concrete (stage, offload, buckets, micro-batch, accumulation, precision), the math the script's own.
+    settings concrete (stage, offload, buckets, micro-batch, accumulation, precision, the optimizer's kind), the
+    math the script's own.
 
     No scheduler block: the script's schedule (TrainingArguments' lr_scheduler_type and warm-up, or the scheduler
-    it passes to accelerate). No optimizer block unless the optimizer is offloaded: DeepSpeed wraps the optimizer
-    the script builds (its learning rate, betas, weight decay), as ZeRO-1/2/3 do for torch's AdamW. Offloaded, the
-    block stays for DeepSpeedCPUAdam (the plan's step time), its learning rate and weight decay "auto" (HF Trainer
-    fills them from its arguments, accelerate from the script's DummyOptim). Clipping is "auto": the Trainer's
-    max_grad_norm, accelerate's default."""
+    it passes to accelerate). The optimizer block keeps the plan's optimizer (its states and its step are what the
+    plan counts; DeepSpeedCPUAdam under offload) with its learning rate and weight decay "auto": HF Trainer fills
+    them from its arguments, accelerate from the script's DummyOptim (accelerate's rule for a config that names an
+    optimizer). Clipping is "auto": the Trainer's max_grad_norm, accelerate's default."""
     cfg = copy.deepcopy(ds_config(plan, job))
     cfg.pop("scheduler", None)
     cfg["gradient_clipping"] = "auto"
-    s = plan.strategy
-    if s.offload_optimizer == "none":
-        cfg.pop("optimizer", None)
-    elif "optimizer" in cfg:
-        params = cfg["optimizer"]["params"]
-        params.update({key: "auto" for key in ("lr", "weight_decay") if key in params})
-    if s.zero_stage > 0 and "optimizer" not in cfg:
-        cfg["zero_allow_untested_optimizer"] = True  # the script's optimizer may be one ZeRO has not tested
+    params = cfg.get("optimizer", {}).get("params", {})
+    params.update({key: "auto" for key in ("lr", "weight_decay") if key in params})
     return cfg
 
 
 def trainer_ds_config(script_config: dict) -> dict:
-    """``script_config`` (ds_config.script.json) as HF TrainingArguments(deepspeed=...) takes it: the offloaded
+    """``script_config`` (ds_config.script.json) as HF TrainingArguments(deepspeed=...) takes it: the
     optimizer's betas and eps "auto" too, which the Trainer fills from adam_beta1/2 and adam_epsilon (accelerate
     has no source for them, so the file keeps torch's defaults)."""
     cfg = copy.deepcopy(script_config)

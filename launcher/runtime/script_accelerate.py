@@ -6,6 +6,14 @@ through its environment, set where accelerate builds its state, its Accelerator 
 - ``AcceleratorState.__init__`` on CPU ranks under an FSDP2 plan: accelerate applies FSDP only on GPUs and would
   run the model unsharded (every rank holding all of it, not the plan's memory). With the process group up over
   gloo, FSDP2's fully_shard runs on CPU as the launcher's own FSDP2 ranks do, so the state is set to FSDP.
+  Its CPU-RAM-efficient load (non-zero ranks load on the meta device, rank 0's weights broadcast) is off there:
+  an HF Trainer over a model with a newly made head (from_pretrained(num_labels=...)) then built its optimizer
+  groups in another order on rank 1, and its checkpoint's optimizer save failed (KeyError in
+  torch.distributed.checkpoint's get_optimizer_state_dict; seen on CPU ranks, accelerate 1.15, transformers 5.24).
+- ``GradientState.__init__`` under an FSDP2 plan: ``sync_each_batch``, so gradients are reduce-scattered after
+  every micro-batch, as the plan's memory counts them (launcher.worker.engines.fsdp). Under accumulation the HF
+  Trainer and ``accelerator.accumulate`` otherwise skip the sync (FSDP2's set_requires_gradient_sync(False)) and hold
+  a whole unsharded gradient per rank: measured +2 x 47 MB on MiniLM (its word embeddings) at 2 CPU ranks.
 - ``Accelerator.__init__``: the plan's precision over a ``mixed_precision`` the script passes (the environment's
   ACCELERATE_MIXED_PRECISION only fills an absent one; the accumulation's variable wins by itself).
 - ``Accelerator.prepare_data_loader``: the plan's micro-batch for a DataLoader the script made with another
@@ -16,14 +24,38 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
+RAM_EFFICIENT_LOADING = "FSDP_CPU_RAM_EFFICIENT_LOADING"
+"""accelerate's (and transformers' from_pretrained's) switch for loading on rank 0 alone under FSDP."""
 PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 """The plan's precision in accelerate's words."""
 
 
-def patch_state(seam, module) -> None:
-    """Patch accelerate.state's PartialState and AcceleratorState for CPU ranks (see the module's docstring)."""
+def set_cpu_env(seam) -> None:
+    """On CPU ranks under an FSDP2 plan, before the script imports anything: the CPU-RAM-efficient load off (see
+    the module's docstring)."""
     plan = seam.plan
+    if plan.cpu_ranks and plan.fsdp and plan.world_size > 1 and os.environ.get(RAM_EFFICIENT_LOADING) == "true":
+        seam.note(RAM_EFFICIENT_LOADING, "true", "false")
+        seam.set_env(RAM_EFFICIENT_LOADING, "false")
+
+
+def patch_state(seam, module) -> None:
+    """Patch accelerate.state: GradientState under FSDP2, PartialState and AcceleratorState on CPU ranks (see the
+    module's docstring)."""
+    plan = seam.plan
+    if plan.fsdp:
+        grad_init = module.GradientState.__init__
+
+        @functools.wraps(grad_init)
+        def gradient_state_init(self, gradient_accumulation_plugin=None):
+            if gradient_accumulation_plugin is not None and not gradient_accumulation_plugin.sync_each_batch:
+                seam.note("GradientAccumulationPlugin.sync_each_batch", False, True)
+                gradient_accumulation_plugin.sync_each_batch = True
+            grad_init(self, gradient_accumulation_plugin)
+
+        seam.patch(module.GradientState, "__init__", gradient_state_init)
     if not plan.cpu_ranks or plan.world_size < 2:
         return
     partial_init = module.PartialState.__init__

@@ -106,6 +106,11 @@ class Seam:
         self._undo.append((owner, name, owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)))
         setattr(owner, name, new)
 
+    def set_env(self, name: str, value: str) -> None:
+        """Set an environment variable of this rank process, the old value restored by remove()."""
+        self._undo.append((os.environ, name, os.environ.get(name)))
+        os.environ[name] = value
+
     def after_import(self, module: str, fn) -> None:
         """Call ``fn(module)`` once ``module`` is imported: now if it is, else when the script imports it."""
         if module in sys.modules:
@@ -117,8 +122,9 @@ class Seam:
 
     def install(self) -> Seam:
         """Hook TrainingArguments, the Trainer's callbacks and accelerate, each when the script imports it."""
-        from launcher.runtime.script_accelerate import patch_accelerator, patch_state
+        from launcher.runtime.script_accelerate import patch_accelerator, patch_state, set_cpu_env
 
+        set_cpu_env(self)
         self.after_import("transformers.training_args", self._patch_training_args)
         self.after_import("transformers.trainer", self._patch_trainer)
         self.after_import("accelerate.state", functools.partial(patch_state, self))
@@ -131,7 +137,11 @@ class Seam:
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
         for owner, name, old in reversed(self._undo):
-            if old is None and isinstance(owner, type):
+            if owner is os.environ and old is None:
+                os.environ.pop(name, None)
+            elif owner is os.environ:
+                os.environ[name] = old
+            elif old is None and isinstance(owner, type):
                 delattr(owner, name)
             else:
                 setattr(owner, name, old)
