@@ -170,14 +170,14 @@ class StepLines:
         return [r for r in rows if isinstance(r.get("step"), int) and r.get("time", self.since) >= self.since]
 
     def total(self) -> int | None:
-        """The run's total_steps: train.max_steps, or (train.epochs) the count rank 0 recorded once it knew its data."""
-        if self.max_steps:
-            return self.max_steps
+        """The run's total_steps: the count rank 0 recorded (a train.epochs job's once it knew its data, a --script
+        run's Trainer's), else train.max_steps."""
         try:
             data = json.loads((self.run_dir / "ranks" / "rank-0.json").read_text())
-            return RankReport.from_json({"rank": 0, **data}).total_steps
+            recorded = RankReport.from_json({"rank": 0, **data}).total_steps
         except (OSError, ValueError, TypeError):
-            return None
+            recorded = None
+        return recorded or self.max_steps
 
     def peak_bytes(self) -> int | None:
         """The highest peak memory any rank's latest step line reports, bytes; None before any."""

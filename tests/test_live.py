@@ -81,6 +81,15 @@ def test_a_run_without_losses_still_prints_its_progress(tmp_path, capsys):
     assert "peak 250.00 MB" in out[0] and "ETA" in out[0] and "loss" not in out[0]
 
 
+def test_the_total_rank_0_recorded_is_the_runs(tmp_path):
+    """A --script run's Trainer records its own step count, which may differ from the job's train.max_steps."""
+    (tmp_path / "ranks").mkdir()
+    view = StepLines(tmp_path, 1, 5, since=0.0)
+    assert view.total() == 5
+    (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 3}))
+    assert view.total() == 3
+
+
 def test_lines_skip_steps_written_before_the_view_and_read_the_total_of_an_epochs_run(tmp_path, capsys):
     (tmp_path / "steps").mkdir()
     (tmp_path / "ranks").mkdir()

@@ -209,7 +209,7 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
     """
     env = {
-        "ACCELERATE_MIXED_PRECISION": _ACCELERATE_PRECISION[plan.precision],
+        "ACCELERATE_MIXED_PRECISION": ACCELERATE_PRECISION[plan.precision],
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.strategy.grad_accum_steps),
     }
     if config["distributed_type"] == "DEEPSPEED":
@@ -226,5 +226,5 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     return env
 
 
-_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 """The plan's precision in accelerate's words (as accelerate.yaml's mixed_precision for FSDP)."""

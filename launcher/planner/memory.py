@@ -154,6 +154,9 @@ TRL_TOKEN_TILE = 4096
 """Tokens per tile of TRL's fused LM head (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE)."""
 TRL_VOCAB_TILE = 32768
 """Vocabulary columns per tile of TRL's fused LM head (trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)."""
+LOSS_BYTES_PER_LOGIT = 12
+"""The loss's fp32 bytes per logit at the head's backward (log-softmax output, its gradient, the logits' gradient):
+what the probe's head_logit_bytes_per_token counts per vocabulary entry (launcher.model.activations)."""
 TRL_HOST_BYTES_PER_LOGIT = 36.0
 """Bytes per tile logit at the backward of TRL's fused LM head where Triton is not (CPU ranks): its torch fallback
 (_backward_tile) holds the tile and about eight fp32 copies of it at once (the transform, log-p, p, the gradient,
@@ -235,9 +238,35 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
 
 def rank_activations(inp: MemoryInputs, s: Strategy) -> ActivationConstants:
     """The constants this strategy's ranks save by for this request: strategy_activations with the engine's answer
-    on LoRA's adapter dtype for the launcher's recipe or a user's script (EngineSpec.fp32_adapters)."""
+    on LoRA's adapter dtype for the launcher's recipe or a user's script (EngineSpec.fp32_adapters), and for a
+    script the head TRL's fused LM head may hold (script_head_activations)."""
     fp32_adapters = spec_for(inp, s).fp32_adapters(s, script=inp.script)
-    return strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
+    c = strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
+    return script_head_activations(c, inp, s) if inp.script and not s.loss_chunks else c
+
+
+def script_head_activations(c: ActivationConstants, inp: MemoryInputs, s: Strategy) -> ActivationConstants:
+    """A user's script may compute a causal LM's loss as HF does (the full logits: the head terms as measured) or
+    as TRL does (trl_head_bytes); the plan counts TRL's where it is the larger, which the model's shape decides
+    (analytic bytes, not the constants, so the choice holds while launch calibrate scales them): on CPU ranks, and
+    on GPUs where few tokens meet a large vocabulary x hidden. Then the head terms trade the loss's vocabulary part
+    (head_logit_bytes_per_token, L) for TRL's, each part scaled by the constant it is made of: the tile by L (per
+    logit L/V against the loss's 12 fp32 bytes), the head weight's gradient by head_weight_grad_bytes, the hidden
+    states' by ckpt_bytes_per_token (h in the working dtype), so the terms stay linear in the constants."""
+    m = inp.model
+    if m.task != "causal_lm":
+        return c
+    tokens, shifted = s.micro_batch_size * inp.seq_len, s.micro_batch_size * (inp.seq_len - 1)
+    host, w = inp.hardware.device_is_host, BYTES[inp.precision]
+    if trl_head_bytes(m, inp.precision, shifted, host) <= tokens * m.vocab_size * (w + LOSS_BYTES_PER_LOGIT):
+        return c
+    tile = min(shifted, TRL_TOKEN_TILE) * min(m.vocab_size, TRL_VOCAB_TILE) * (TRL_HOST_BYTES_PER_LOGIT if host else w)
+    per_logit = c.head_logit_bytes_per_token / (LOSS_BYTES_PER_LOGIT * m.vocab_size)
+    grads = c.head_weight_grad_bytes * (MASTER_BYTES + (w if w < MASTER_BYTES else 0)) / w
+    hidden = shifted * c.ckpt_bytes_per_token * MASTER_BYTES / w
+    delta = (tile * per_logit + grads + hidden) / tokens - c.head_logit_bytes_per_token
+    return dataclasses.replace(c, head_bytes_per_token=c.head_bytes_per_token + delta,
+                               head_ckpt_bytes_per_token=c.head_ckpt_bytes_per_token + delta)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
@@ -291,11 +320,6 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, s.checkpoint_every, s.loss_chunks,
                                     s.checkpoint_policy)
-    if inp.script and not s.loss_chunks:
-        # A user's script may compute the loss as HF does (the full logits) or as TRL does (its fused head): the
-        # larger. TRL's is larger on CPU ranks, and on GPUs where few tokens meet a large vocabulary x hidden.
-        head = max(head, trl_head_bytes(m, inp.precision, s.micro_batch_size * (inp.seq_len - 1),
-                                        inp.hardware.device_is_host))
     pinned = 0
     if s.activation_offload and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they

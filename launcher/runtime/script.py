@@ -76,16 +76,23 @@ class ScriptSteps:
             self.write(self.steps, None, None)
 
     def write(self, step: int, loss: float | None, tokens: int | None, **extra) -> None:
-        """One step line (MemoryProbe.step_done), the CUDA peaks noted first."""
+        """One step line (MemoryProbe.step_done), the CUDA peaks noted first; none once the script's own probe
+        took over (it writes its own lines)."""
+        if probe_mod.OUTER is not self.probe:
+            return
         if self.probe.is_cuda:
             self.probe._note_cuda(SCRIPT_PHASE)
         self.probe.step_done(step, loss, tokens or None, **extra)
 
-    def trainer_begin(self) -> None:
-        """A Trainer starts training: its steps, not the optimizer hook's, make the lines; the first step's time
-        starts now, not at the script's start."""
+    def trainer_begin(self, max_steps: int) -> None:
+        """A Trainer starts training ``max_steps`` steps: its steps, not the optimizer hook's, make the lines; the
+        first step's time starts now, not at the script's start; the rank file says the total (the live view's,
+        status's: the script's count, not the job's train.max_steps)."""
         self.trainer, self.counted_by = True, "trainer_global_step"
         self.probe.restart_step_clock()
+        if probe_mod.OUTER is self.probe and self.probe.run_dir is not None and max_steps > 0:
+            self.probe.record(total_steps=int(max_steps))
+            self.probe.write(status="running")
 
     def trainer_step(self, step: int, tokens_seen: int) -> None:
         """The Trainer's optimizer step ``step`` ended (``tokens_seen``: its running count over all ranks)."""

@@ -13,7 +13,7 @@ through its environment, set where accelerate builds its state, its Accelerator 
 - ``GradientState.__init__`` under an FSDP2 plan: ``sync_each_batch``, so gradients are reduce-scattered after
   every micro-batch, as the plan's memory counts them (launcher.worker.engines.fsdp). Under accumulation the HF
   Trainer and ``accelerator.accumulate`` otherwise skip the sync (FSDP2's set_requires_gradient_sync(False)) and hold
-  a whole unsharded gradient per rank: measured +2 x 47 MB on MiniLM (its word embeddings) at 2 CPU ranks.
+  a whole unsharded gradient per rank, which the plan does not count.
 - ``Accelerator.__init__``: the plan's precision over a ``mixed_precision`` the script passes (the environment's
   ACCELERATE_MIXED_PRECISION only fills an absent one; the accumulation's variable wins by itself).
 - ``Accelerator.prepare_data_loader``: the plan's micro-batch for a DataLoader the script made with another
@@ -28,8 +28,6 @@ import os
 
 RAM_EFFICIENT_LOADING = "FSDP_CPU_RAM_EFFICIENT_LOADING"
 """accelerate's (and transformers' from_pretrained's) switch for loading on rank 0 alone under FSDP."""
-PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
-"""The plan's precision in accelerate's words."""
 
 
 def set_cpu_env(seam) -> None:
@@ -95,7 +93,9 @@ def patch_accelerator(seam, module) -> None:
     cls = module.Accelerator
     init, prepare_loader = cls.__init__, cls.prepare_data_loader
     signature = inspect.signature(init)
-    precision = PRECISION[seam.plan.precision]
+    from launcher.emit.exports import ACCELERATE_PRECISION
+
+    precision = ACCELERATE_PRECISION[seam.plan.precision]
 
     @functools.wraps(init)
     def accelerator_init(self, *args, **kwargs):

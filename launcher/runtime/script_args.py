@@ -85,7 +85,7 @@ class Seam:
     plan: ScriptPlan
     """The values to set."""
     steps: object | None = None
-    """Receives the Trainer's steps (launcher.runtime.script.ScriptSteps): trainer_begin(), trainer_step(step,
+    """Receives the Trainer's steps (launcher.runtime.script.ScriptSteps): trainer_begin(max_steps), trainer_step(step,
     tokens_seen), trainer_log(step, logs), trainer_end()."""
     overrides: dict[ScriptOverride, None] = field(default_factory=dict)
     """Each replaced value once, in the order first seen."""
@@ -162,25 +162,17 @@ class Seam:
         self.patch(cls, "__post_init__", __post_init__)
 
     def apply(self, args) -> None:
-        """Set the plan's values on a TrainingArguments before its own __post_init__ reads them."""
+        """Set the plan's values on a TrainingArguments before its own __post_init__ reads them; note each that
+        differs from the script's (what the run will do, not the field: under FSDP2 checkpointing is accelerate's)."""
         self.trainer_args_seen = True
-        owner = type(args).__name__
         for name, value in training_args_values(args, self.plan).items():
-            before = getattr(args, name)
-            if name == DS_CONFIG_FIELD:
-                if before != self.plan.ds_config_file and before != value:  # value: a rebuilt copy's
-                    self.note(f"{owner}.{name}", before, self.plan.ds_config_file or None)
-            elif name == CHECKPOINTING and self.plan.fsdp:
-                # Under FSDP2 accelerate's own checkpointing (FSDP_ACTIVATION_CHECKPOINTING) is the plan's.
-                if bool(checkpointing(args)) != self.plan.activation_checkpointing:
-                    self.note(f"{owner}.{CHECKPOINTING}", checkpointing(args), self.plan.activation_checkpointing)
-            elif name == CHECKPOINTING:
-                if bool(checkpointing(args)) != value:
-                    self.note(f"{owner}.{CHECKPOINTING}", checkpointing(args), value)
-            elif name == "include_num_input_tokens_seen":
-                pass  # a logging choice, not the plan's: the step lines' tokens/s
-            elif before != value and not (before is None and value in (False, "")):
-                self.note(f"{owner}.{name}", before, value)
+            asked, meant = getattr(args, name), value
+            if name == CHECKPOINTING:
+                asked, meant = bool(checkpointing(args)), self.plan.activation_checkpointing
+            elif name == DS_CONFIG_FIELD:
+                asked, meant = (self.plan.ds_config_file if asked == value else asked), self.plan.ds_config_file
+            if name not in UNNOTED and asked != meant and not (asked is None and meant in (False, "")):
+                self.note(f"{type(args).__name__}.{name}", asked, meant)
             setattr(args, name, value)
 
     def after(self, args) -> None:
@@ -203,6 +195,8 @@ DS_CONFIG_FIELD = "deepspeed"
 """TrainingArguments' field for a DeepSpeed config (a path or a dict)."""
 FSDP_FIELDS = ("fsdp", "fsdp_config")
 """TrainingArguments' own FSDP settings, which would replace the plan's (the Trainer builds its plugin from them)."""
+UNNOTED = ("include_num_input_tokens_seen",)
+"""Fields the seam sets that are no plan value (the step lines' tokens/s), so not overrides."""
 CHECKPOINTING = "activation_checkpointing"
 """TrainingArguments' checkpointing switch (transformers 5; gradient_checkpointing is its deprecated alias)."""
 
@@ -256,7 +250,7 @@ def trainer_callback(steps):
         """Reports the Trainer's optimizer steps and logged loss to the launcher's step lines."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            steps.trainer_begin()
+            steps.trainer_begin(state.max_steps)
 
         def on_step_end(self, args, state, control, **kwargs):
             steps.trainer_step(state.global_step, state.num_input_tokens_seen)

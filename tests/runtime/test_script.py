@@ -98,7 +98,7 @@ def test_an_unchanged_hf_trainer_script_runs_zero2_with_its_own_learning_rate(tm
     data = yaml.safe_load((REPO / "examples" / "seq-cls.yaml").read_text())
     data["data"]["path"] = str(REPO / "examples" / "data" / "sentiment.jsonl")
     data["strategy"] = {"engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 2}
-    data["train"].update(global_batch_size=8, precision="fp32", lr=2e-5, max_steps=3)
+    data["train"].update(global_batch_size=8, precision="fp32", lr=2e-5, max_steps=5)  # the script takes 3
     job = tmp_path / "trainer.yaml"
     job.write_text(yaml.safe_dump(data))
     expect = {"world_size": 2, "distributed_type": "DEEPSPEED", "zero_stage": 2, "offload_optimizer": "none",
@@ -118,6 +118,8 @@ def test_an_unchanged_hf_trainer_script_runs_zero2_with_its_own_learning_rate(tm
     assert "[launcher] the plan sets TrainingArguments.per_device_train_batch_size: 8 -> 2" in log
     for r in report["ranks"]:
         assert r["verdict"] == "ok" and r["steps_done"] == 3, r
+    # The Trainer's own count is the run's total (the live view's and status's), not the job's 5.
+    assert json.loads((tmp_path / "run" / "ranks" / "rank-0.json").read_text())["total_steps"] == 3
 
 
 def test_an_unchanged_accelerate_script_runs_the_fsdp2_plan_sharded_on_cpu_ranks(tmp_path):
