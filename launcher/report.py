@@ -13,7 +13,7 @@ from launcher.live import last_line
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.planner.plan import Plan
 from launcher.procs import exit_words, stopped_by_request
-from launcher.rankreport import RankReport
+from launcher.rankreport import RankReport, ScriptOverride
 from launcher.rundir import FINAL_STATUSES, RunDir
 from launcher.runreport import RankRow, RunReport
 from launcher.units import decimal_unit, format_bytes
@@ -158,7 +158,17 @@ def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: b
         world_size=expected_ranks,
         missing_ranks=missing,
         ranks=rows,
+        script_overrides=script_overrides(ranks.values()),
     )
+
+
+def script_overrides(ranks) -> list[ScriptOverride] | None:
+    """The values a --script run's plan set in place of the script's own, each once over the ``ranks``
+    (RankReports); None when no rank recorded any (not a script, or a script that builds no HF arguments)."""
+    seen: dict[ScriptOverride, None] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        seen.update(dict.fromkeys(r.script_overrides or ()))
+    return list(seen) or None
 
 
 def over_budget_message(report: RunReport) -> str | None:
@@ -191,6 +201,9 @@ def render_report(report: RunReport) -> str:
         lines.append(f"eval: loss {report.eval_loss:.4f}"
                      + (f", accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""))
     lines += report.math_notes
+    if report.script_overrides:
+        lines.append("the plan set in the script (script's value -> plan's): "
+                     + "; ".join(f"{o.setting} {o.script} -> {o.plan}" for o in report.script_overrides))
     lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report.basis})" if report.basis else ""))
     return "\n".join(lines)
 

@@ -75,7 +75,7 @@ ATTEMPT_ITEMS = ("job.yaml", "plan.json", "ds_config.json", "fsdp.yaml", "report
 
 MARKER = ".launcher-run"
 """The file that says launch made this dir: --overwrite and `plan --out` replace nothing in a dir without it."""
-ENGINE_FILES = ("ds_config.json", "ds_config.hf.json", "fsdp.yaml")
+ENGINE_FILES = ("ds_config.json", "ds_config.hf.json", "ds_config.script.json", "fsdp.yaml")
 """The engines' configs: a plan for one engine removes the other's, so a dir never holds both."""
 EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGINE_FILES)
 """What `launch plan --out` writes."""

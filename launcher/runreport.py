@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.planner.plan import Strategy
+from launcher.rankreport import ScriptOverride
 
 REPORT_SCHEMA = 1
 """Version of report.json's layout; from_json refuses a newer one rather than misread it."""
@@ -232,7 +233,7 @@ class FallbackSummary:
 
 
 # Written only when set: finish() adds plan_sha256 and outcome, the ladder adds auto_fallback and attempts.
-_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts")
+_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_overrides")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -267,6 +268,8 @@ class RunReport:
     """Ranks that wrote no file."""
     ranks: list[RankRow] = field(default_factory=list)
     """One row per rank file, by rank."""
+    script_overrides: list[ScriptOverride] | None = None
+    """launch --script: each value the plan set in place of the script's own, over all ranks (each once)."""
     plan_sha256: str | None = None
     """Digest of the plan.json the launcher planned (launcher.rankenv.plan_digest)."""
     outcome: RunOutcome | None = None
@@ -287,7 +290,7 @@ class RunReport:
                 continue
             if f.name == "ranks":
                 value = [r.to_json() for r in value]
-            elif f.name == "attempts":
+            elif f.name in ("attempts", "script_overrides"):
                 value = [a.to_json() for a in value]
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
@@ -306,6 +309,9 @@ class RunReport:
             known["outcome"] = RunOutcome.from_json(d["outcome"])
         if d.get("auto_fallback") is not None:
             known["auto_fallback"] = FallbackSummary(**_known(FallbackSummary, d["auto_fallback"]))
+        if isinstance(d.get("script_overrides"), list):
+            known["script_overrides"] = [ScriptOverride.from_json(o) for o in d["script_overrides"]
+                                         if isinstance(o, dict)]
         if d.get("attempts") is not None:
             known["attempts"] = [Attempt.from_json(a) for a in d["attempts"]]
         if "within_budget" in d and "verdict" not in d:  # reports before the verdict field

@@ -54,6 +54,34 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
     return cfg
 
 
+def script_ds_config(plan: Plan, job: Job) -> dict:
+    """The DeepSpeed config of a ``launch --script`` run (ds_config.script.json): the plan's memory and speed
+    settings concrete (stage, offload, buckets, micro-batch, accumulation, precision, the optimizer's kind), the
+    math the script's own.
+
+    No scheduler block: the script's schedule (TrainingArguments' lr_scheduler_type and warm-up, or the scheduler
+    it passes to accelerate). The optimizer block keeps the plan's optimizer (its states and its step are what the
+    plan counts; DeepSpeedCPUAdam under offload) with its learning rate and weight decay "auto": HF Trainer fills
+    them from its arguments, accelerate from the script's DummyOptim (accelerate's rule for a config that names an
+    optimizer). Clipping is "auto": the Trainer's max_grad_norm, accelerate's default."""
+    cfg = copy.deepcopy(ds_config(plan, job))
+    cfg.pop("scheduler", None)
+    cfg["gradient_clipping"] = "auto"
+    params = cfg.get("optimizer", {}).get("params", {})
+    params.update({key: "auto" for key in ("lr", "weight_decay") if key in params})
+    return cfg
+
+
+def trainer_ds_config(script_config: dict) -> dict:
+    """``script_config`` (ds_config.script.json) as HF TrainingArguments(deepspeed=...) takes it: the
+    optimizer's betas and eps "auto" too, which the Trainer fills from adam_beta1/2 and adam_epsilon (accelerate
+    has no source for them, so the file keeps torch's defaults)."""
+    cfg = copy.deepcopy(script_config)
+    params = cfg.get("optimizer", {}).get("params", {})
+    params.update({key: "auto" for key in ("betas", "eps") if key in params})
+    return cfg
+
+
 def deepspeed_accelerate_config(plan: Plan, job: Job, *, ds_config_file: str) -> dict:
     """An `accelerate launch --config_file` config for a DeepSpeed plan, reading ``ds_config_file``. (An FSDP2
     plan's is the ``accelerate`` section of launcher.emit.fsdp.fsdp_config; the engine's spec picks.)
@@ -181,7 +209,7 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
     """
     env = {
-        "ACCELERATE_MIXED_PRECISION": _ACCELERATE_PRECISION[plan.precision],
+        "ACCELERATE_MIXED_PRECISION": ACCELERATE_PRECISION[plan.precision],
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.strategy.grad_accum_steps),
     }
     if config["distributed_type"] == "DEEPSPEED":
@@ -198,5 +226,5 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     return env
 
 
-_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 """The plan's precision in accelerate's words (as accelerate.yaml's mixed_precision for FSDP)."""

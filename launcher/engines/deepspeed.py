@@ -22,6 +22,7 @@ from launcher.emit.exports import (
     deepspeed_accelerate_config,
     deepspeed_notes,
     hf_ds_config,
+    script_ds_config,
 )
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
@@ -55,6 +56,8 @@ from launcher.rankenv import DS_CONFIG_ENV
 NAME = "deepspeed"
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
+SCRIPT_CONFIG = "ds_config.script.json"
+"""A --script run's DeepSpeed config (launcher.emit.exports.script_ds_config): the plan's memory, the script's math."""
 _OFFLOAD_DEPTH = {"none": 0, "cpu": 1, "nvme": 2}
 DEEPSPEED_COMMUNICATORS = 2
 """NCCL communicators a DeepSpeed rank holds: the default group and its clone, DeepSpeed's data-parallel group
@@ -769,8 +772,17 @@ class DeepSpeedSpec(EngineSpec):
         raise ValueError(f"unknown rung {rung!r}")
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
-        """ds_config.json for the run dir."""
-        return {"ds_config.json": json.dumps(ds_config(plan, job), indent=2) + "\n"}
+        """ds_config.json for the run dir; a plan for the user's script adds ds_config.script.json."""
+        files = {"ds_config.json": json.dumps(ds_config(plan, job), indent=2) + "\n"}
+        if plan.script:
+            files[SCRIPT_CONFIG] = json.dumps(script_ds_config(plan, job), indent=2) + "\n"
+        return files
+
+    def script_env(self, plan: Plan, job: Job, *, config_dir: Path) -> dict[str, str]:
+        """accelerate's variables, its DeepSpeed config file the script's variant (ds_config.script.json)."""
+        env = super().script_env(plan, job, config_dir=config_dir)
+        env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str((Path(config_dir) / SCRIPT_CONFIG).resolve())
+        return env
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
         """ds_config.json: the ranks read it too."""

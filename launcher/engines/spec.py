@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.job import Job, Offload, StrategyConfig
-from launcher.emit.exports import accelerate_yaml_text
+from launcher.emit.exports import accelerate_env, accelerate_yaml_text
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
@@ -160,6 +160,11 @@ class EngineSpec:
     def accelerate_title(self, s: Strategy) -> str:
         """The engine as accelerate.yaml's header names it."""
         raise NotImplementedError
+
+    def script_env(self, plan: Plan, job: Job, *, config_dir: Path) -> dict[str, str]:
+        """A --script rank's environment for the engine: what ``accelerate launch`` would set for the plan's
+        accelerate config (launcher.emit.exports.accelerate_env), the engine's config files in ``config_dir``."""
+        return accelerate_env(plan, self.accelerate_config(plan, job, config_dir=config_dir))
 
     def accelerate_env(self, plan: Plan) -> str:
         """What the launch line sets in the environment because accelerate reads it only from there."""

@@ -31,7 +31,7 @@ SCRIPT_LEVERS = frozenset({"release_frozen_weights"})
 """The levers a user's own script (launch --script) receives without a change: those the engine's config carries
 (ds_config.json's memory_efficient_linear, which DeepSpeed applies itself). The others live in the launcher's
 recipes: the loss (chunked cross-entropy), the blocks' checkpoint wrappers (every k-th block, the op policy; a
-script gets only LAUNCHER_GRADIENT_CHECKPOINTING, all blocks or none), the offload and step hooks, the optimizer
+script's library checkpoints all blocks or none, launcher.runtime.script_args), the offload and step hooks, the optimizer
 and the model's load (low-memory optimizers, pure bf16, QLoRA): planned for a script that does not apply them, the
 prediction would not hold. A job that pins one says its script applies it."""
 

@@ -87,12 +87,11 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
 
 def script_env(run: RunDir, plan: Plan, job: Job) -> dict[str, str]:
     """What a --script rank reads the plan from, with no launcher import: accelerate's own variables (which HF
-    Trainer reads through accelerate too) and the three the libraries have no name for."""
-    from launcher.emit.exports import accelerate_env
-
+    Trainer reads through accelerate too, and the rank's seam, launcher.runtime.script_args, applies where the
+    libraries build their arguments) and the three the libraries have no name for."""
     s = plan.strategy
     return {
-        **accelerate_env(plan, engine_spec(s.engine).accelerate_config(plan, job, config_dir=run.path)),
+        **engine_spec(s.engine).script_env(plan, job, config_dir=run.path),
         MICRO_BATCH_ENV: str(s.micro_batch_size),
         GRAD_ACCUM_ENV: str(s.grad_accum_steps),
         GRAD_CKPT_ENV: "1" if s.activation_checkpointing else "0",
