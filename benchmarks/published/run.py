@@ -144,13 +144,15 @@ def profile_for(entry: dict) -> str:
 
 
 def job_for(entry: dict, data_path: Path) -> dict:
-    """The launcher job the entry's configuration describes, with every strategy field pinned."""
+    """The launcher job the entry's configuration describes, with every strategy field pinned; ``gpus`` are per
+    node (the job's meaning), ``nodes`` 1 unless the entry names more."""
     c = entry["config"]
     profile = PROFILES[profile_for(entry)]
     data = {"path": str(data_path), "max_seq_len": c["seq_len"]}
     if c.get("num_labels"):
         data["num_labels"] = c["num_labels"]
-    train = {"global_batch_size": c["micro_batch_size"] * c["grad_accum_steps"] * c["gpus"],
+    nodes = c.get("nodes", 1)
+    train = {"global_batch_size": c["micro_batch_size"] * c["grad_accum_steps"] * c["gpus"] * nodes,
              "precision": c["precision"], "optimizer": c["optimizer"], "max_steps": 1,
              "attn_implementation": c["attn_implementation"]}
     if c.get("lora"):
@@ -169,9 +171,11 @@ def job_for(entry: dict, data_path: Path) -> dict:
         strategy["zero_stage"] = c["zero_stage"]
     else:
         strategy["fsdp_reshard_after_forward"] = c["fsdp_reshard_after_forward"]
+        # One node: full and hybrid sharding are the same; over nodes the sources' 1D FSDP shards over all ranks.
+        strategy["fsdp_sharding"] = c.get("fsdp_sharding", "full")
     return {"name": entry["id"], "model": c["model"], "task": c["task"], "data": data, "train": train,
             "strategy": strategy, "cluster": {"hardware": profile.name, "host_ram_per_node": "4TB"},
-            "gpus": c["gpus"], "budget": str(profile.memory_bytes)}
+            "gpus": c["gpus"], "nodes": nodes, "budget": str(profile.memory_bytes)}
 
 
 def profile_overrides(entry: dict) -> dict:
