@@ -80,9 +80,10 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
     overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
-    if s.optimizer_in_backward:
-        # The same step arithmetic, moved into backward; only the per-tensor calls are new (at least one tensor).
-        overhead += max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S
+    # The step in backward: the same step arithmetic, moved into backward; only the per-tensor calls are new (at
+    # least one tensor). They run in the gradient hooks ahead of the reduce-scatters those gradients feed, so no
+    # collective hides behind them (nor do they make the lever free where the collectives are the longer part).
+    calls = max(m.trainable_tensors, 1) * IN_BACKWARD_CALL_S if s.optimizer_in_backward else 0.0
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
@@ -92,7 +93,7 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s)
     # Prefetched gathers and bucketed reduces run beside compute: at most the compute's length hides.
     exposed_comm = max(comm * (1.0 - hw.comm_overlap), comm - (compute + overhead))
-    terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
+    terms = {"compute": compute + overhead + calls, "communication": exposed_comm, "offload": offload,
              "engine": spec.step_overhead_s(hw)}
     if s.low_memory_optimizer != "none" or stochastic_rounds(inp, s):
         terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),

@@ -99,8 +99,8 @@ NCCL_EXTRA_COMM_MIB = 386
 
 # Fitted on the published step-time fit split (benchmarks/published/steptime/split.yaml, 12 runs on A100, H100 and
 # V100; benchmarks/results/published-steptime.md) with the cost model's attention and bandwidth terms: the matmuls
-# at 0.8 of the datasheet peak (torchtitan's A100 runs report 58 % MFU counting whole steps; with a quarter of the
-# step in memory-bound kernels that is ~0.8 in the matmuls), and FSDP2's prefetched gathers and reduce-scatters
+# at 0.8 of the datasheet peak (torchtitan's A100 runs report 58 % MFU counting whole steps; with about a third
+# of the step in memory-bound kernels that is ~0.8 in the matmuls), and FSDP2's prefetched gathers and reduce-scatters
 # hidden behind compute up to its length (torchtitan's 70B on 64 A100s: 16 s of collectives at HDR rates inside a
 # 23 s step). Were 0.4 and 0.5, which put a 70B step at 44 s and 8B on H100 at 2.3 s against 23 and 2.8 published.
 GPU_MATMUL_SHARE = 0.8
