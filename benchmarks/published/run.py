@@ -255,6 +255,9 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
         "`.cache/bench-launcher`; a cold cache probes each model first, a few minutes on 2 shared cores). Entries: `benchmarks/published/entries/*.yaml`, one per measurement, each with its "
         "source, quoted figure, configuration, what it counts and what had to be assumed.",
         "",
+        "Step times of the same runs and others, judged on a fit / validation split: "
+        "[published-steptime.md](published-steptime.md).",
+        "",
         "Every figure is out of sample: no constant of the planner was fitted to any of them. Each prediction is "
         "`launch plan JOB --json --force` with every strategy field pinned to the source's configuration, counted on "
         "the published figure's own basis (allocated, reserved, or the driver's used memory including the CUDA "
@@ -331,11 +334,16 @@ def main() -> int:
     if args.only:
         print(text)
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "published.md").write_text(text)
-    (RESULTS / "published.json").write_text(json.dumps({"summary": summ, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {RESULTS / 'published.md'}")
+    write_results("published", text, {"summary": summ, "rows": rows})
     return 0
+
+
+def write_results(stem: str, text: str, payload: dict) -> None:
+    """benchmarks/results/STEM.md (the page) and STEM.json (the numbers)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS / f'{stem}.md'}")
 
 
 if __name__ == "__main__":
