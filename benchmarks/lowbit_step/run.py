@@ -144,7 +144,7 @@ def render(cells: list[dict], loads: list[dict], ratio: dict[str, float], second
         "# The low-bit AdamW step on CPU against torch's AdamW",
         "",
         f"Rerun: `nice -n 10 .venv/bin/python benchmarks/lowbit_step/run.py` ({seconds:.0f} s; torch "
-        f"{torch.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared host). "
+        f"{torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, shared host). "
         "torchao's AdamW8bit / AdamW4bit as the launcher builds them (eager on CPU), against torch's AdamW with "
         "foreach=False (the launcher's), one fp32 tensor of each size with a 1024-wide row, "
         f"{WARMUP} warm-up step then the fastest of {REPEATS['adamw']} (AdamW) or {REPEATS['adamw8bit']} (low-bit) "
