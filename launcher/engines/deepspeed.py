@@ -633,6 +633,19 @@ class DeepSpeedSpec(EngineSpec):
             return {**out, "low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
         return {**out, "pure_bf16": ((False,), PURE_BF16_REFUSED["stage0"])}
 
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """cpu_adam for an offloaded optimizer (DeepSpeedCPUAdam steps it, from NVMe too), async_io for NVMe, and
+        on CPU ranks under a script deepspeed_shm_comm, which DeepSpeed's communication start loads there (the
+        launcher's own ranks skip it: worker.engines.deepspeed.skip_shm_comm_op)."""
+        s, ops = plan.strategy, []
+        if s.offload_optimizer != "none":
+            ops.append("cpu_adam")
+        if "nvme" in (s.offload_optimizer, s.offload_params):
+            ops.append("async_io")
+        if plan.script and plan.estimate.basis == "cpu_tensor_bytes":
+            ops.append("deepspeed_shm_comm")
+        return tuple(ops)
+
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
         out = []

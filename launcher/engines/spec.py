@@ -127,6 +127,10 @@ class EngineSpec:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
         raise NotImplementedError
 
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """The compiled ops (launcher.ops.OPS names) a run of ``plan`` loads; built before its ranks start."""
+        return ()
+
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step dequantizing a quantized frozen base (QLoRA) where this engine implements it."""
         return 0.0

@@ -154,16 +154,26 @@ def test_a_slurm_plan_says_which_allocation_values_it_derived(capsys, write_job)
     plan = json.loads(out)
     slurm = plan["slurm"]
     assert slurm["derived"] == ["--time", "--mem", "--cpus-per-task"]
-    assert slurm["time_min"] == math.ceil((plan["predicted_step_time_s"] * 4000 * 1.5 + 600) / 60)
+    step = plan["predicted_step_time_s"]
+    startup = slurm["startup"]
+    # The start-up: 120 s, the weights read (none: an inline model), cpu_adam's build where this machine lacks it,
+    # the first step's extra; the DeepSpeed ops dir this test sees decides the build.
+    from launcher.ops import built
+
+    assert slurm["facts"]["ops_to_build"] == ([] if built("cpu_adam") else ["cpu_adam"])
+    assert startup == {"base_s": 120.0, "load_s": 0.0, "build_s": 0.0 if built("cpu_adam") else 50.0,
+                       "first_step_s": pytest.approx(2 * step)}
+    assert slurm["time_min"] == math.ceil((step * 4000 * 1.5 + slurm["startup_s"]) / 60)
     assert slurm["mem_bytes"] == math.ceil((plan["host_bytes_per_node"] * 1.25 + 2 * 4e9) / 2**30) * 2**30
-    assert slurm["cpus_per_task"] == 8 and slurm["host_optimizer"] and slurm["threads_per_rank"] == 4
+    assert slurm["cpus_per_task"] == 16 and slurm["threads_per_rank"] == 8 and slurm["gpus_per_node"] == 2
     code, out, _ = run_cli(capsys, *args)
     assert "slurm allocation per node:" in out
-    assert f"--time={slurm['time_min']}" in out and "x 1.5 + 10 min start-up" in out
-    assert "--cpus-per-task=8" in out and "4 per rank for the optimizer on the host (CPU Adam)" in out
+    assert f"--time={slurm['time_min']}" in out and "(4000 x " in out and "train.max_steps) x 1.5 + " in out
+    assert "--cpus-per-task=16" in out and "from the h100-80gb profile: 8 CPU(s) per rank" in out
     code, out, _ = run_cli(capsys, *args, "--sbatch")
     for line in (f"#SBATCH --time={slurm['time_min']}\n", f"#SBATCH --mem={slurm['mem_bytes'] // 2**30}G\n",
-                 "#SBATCH --cpus-per-task=8\n", 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"'):
+                 "#SBATCH --cpus-per-task=16\n", 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"',
+                 "#SBATCH --gpus-per-node=2\n"):
         assert line in out, line
     # A value the job pins is kept and not called derived.
     code, out, _ = run_cli(capsys, *args[:-1], write_job(launcher="slurm", **{"slurm.timeout_min": 45}), "--json")

@@ -60,8 +60,11 @@ def test_values_must_be_scalars():
     ("signal_delay_s", 60, "slurm.signal_delay_s: 60 must be in [0, timeout_min*60 = 60)"),
     ("max_requeues", -1, "slurm.max_requeues: -1 must not be negative"),
     ("array_parallelism", 0, "slurm.array_parallelism: 0 must be at least 1"),
-    ("cpus_per_task", 0, "slurm.cpus_per_task: 0 must be at least 1"),
-    ("mem_gb", -2.0, "slurm.mem_gb: -2.0 must be greater than 0"),
+    ("cpus_per_task", 0, "slurm.cpus_per_task: 0 must be from 1 to 4096"),
+    ("cpus_per_task", 10**8, "slurm.cpus_per_task: 100000000 must be from 1 to 4096"),
+    ("mem_gb", -2.0, "slurm.mem_gb: -2.0 must be from 1 to 65536"),
+    ("mem_gb", 0.0001, "slurm.mem_gb: 0.0001 must be from 1 to 65536"),  # was --mem=0MB: the whole node
+    ("mem_gb", 1e30, "slurm.mem_gb: 1e+30 must be from 1 to 65536"),
 ])
 def test_field_rules(make_job, field, value, needle):
     job = make_job(**{"slurm.timeout_min": 1, f"slurm.{field}": value} if field != "timeout_min"
@@ -98,13 +101,21 @@ def test_problems_are_typed_with_the_fields_they_read(make_job):
         "slurm.additional_parameters.comment"]
 
 
+def gpu_plan(plan):
+    """``plan`` for GPU ranks (the fixtures' plans are for CPU ranks)."""
+    import dataclasses
+
+    return dataclasses.replace(plan, hardware="a100-80gb", estimate=dataclasses.replace(
+        plan.estimate, basis="cuda_reserved_plus_context"))
+
+
 def test_executor_parameters_one_task_per_node_with_the_plans_gpus(make_job, make_plan):
     job = make_job(**{"slurm.partition": "debug", "slurm.mem_gb": 1.5, "slurm.exclusive": True,
                       "slurm.setup": ["module load cuda"], "slurm.timeout_min": 30,
                       "slurm.additional_parameters": {"comment": "x", "reservation": "r1"}})
-    params = executor_parameters(job, make_plan(nodes=2, gpus_per_node=4), sbatch_options=SBATCH)
+    params = executor_parameters(job, gpu_plan(make_plan(nodes=2, gpus_per_node=4)), sbatch_options=SBATCH)
     assert params["nodes"] == 2 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 4
-    assert params["cpus_per_task"] == 4  # one CPU per rank by default
+    assert params["cpus_per_task"] == 32  # the a100-80gb profile's 8 CPUs per GPU by default
     assert params["time"] == 30 and params["mem"] == "1536MB" and params["exclusive"] is True
     assert params["comment"] == "x"  # submitit's own parameter goes through its own checks
     assert params["additional_parameters"] == {"reservation": "r1"}
@@ -115,7 +126,7 @@ def test_executor_parameters_one_task_per_node_with_the_plans_gpus(make_job, mak
 
 def test_directives_use_sbatch_spelling(make_job, make_plan):
     job = make_job(**{"slurm.additional_parameters": {"mail_type": "END", "reservation": "r1"}})
-    d = directives(job, make_plan(nodes=1, gpus_per_node=2), sbatch_options=SBATCH)
+    d = directives(job, gpu_plan(make_plan(nodes=1, gpus_per_node=2)), sbatch_options=SBATCH)
     assert d["job-name"] == "unit" and d["ntasks-per-node"] == 1 and d["gpus-per-node"] == 2
     assert d["mail-type"] == "END" and d["reservation"] == "r1" and "signal-delay-s" not in d
 
@@ -138,7 +149,8 @@ def test_sbatch_help_is_parsed_when_sbatch_exists(monkeypatch):
 def _offload(plan, **estimate):
     import dataclasses
 
-    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, offload_optimizer="cpu"))
+    plan = dataclasses.replace(plan, strategy=dataclasses.replace(plan.strategy, offload_optimizer="cpu"),
+                               hardware="a100-80gb")
     values = {"host_bytes_per_node": 20 * 10**9, "step_time_s": 3.0, "basis": "cuda_reserved_plus_context", **estimate}
     return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, **values))
 
@@ -147,9 +159,11 @@ def test_submitit_parameters_carry_the_derived_allocation(make_job, make_plan):
     """The --slurm path asks for what the plan needs, as the sbatch script does (point 15 of issue 20)."""
     job = make_job(**{"train.max_steps": 1000})
     params = executor_parameters(job, _offload(make_plan(nodes=1, gpus_per_node=4)), sbatch_options=SBATCH)
-    assert params["time"] == 85  # 1000 x 3.0 s x 1.5 + 600 s = 5100 s
+    # 1000 x 3.0 s x 1.5 + start-up: 120 s + the first step's extra 2 x 3.0 s (an inline model reads no weights,
+    # FSDP2 builds no op) = 4626 s
+    assert params["time"] == 78
     assert params["mem"] == "39G"  # 20 GB x 1.25 + 4 ranks x 4 GB = 41 GB = 38.2 GiB, rounded up
-    assert params["cpus_per_task"] == 16  # CPU Adam: 4 for each of the 4 ranks
+    assert params["cpus_per_task"] == 32 and params["gpus_per_node"] == 4  # the a100-80gb profile: 8 per GPU
     submitit_slurm._make_sbatch_string(command="true", folder="/tmp/x", **params)
 
 
