@@ -12,7 +12,8 @@ or none); slurm.setup may set it. The DeepSpeed ops the plan loads are built bef
 Requeue, as in the submitit path: ``--signal=B:USR2@signal_delay_s`` reaches only the batch shell, whose trap
 drops RUN_DIR/control/checkpoint; the ranks save at the next optimizer step and exit 0 ('checkpointed'); the
 script then runs ``scontrol requeue`` while SLURM_RESTART_COUNT < slurm.max_requeues, and the requeued job
-resumes from RUN_DIR/checkpoint/latest.
+resumes from RUN_DIR/checkpoint/latest. Otherwise the script's last step is the verdict (launcher.cli.finish):
+report.json, state.json and the exit code, as `launch` writes them.
 
 What reaches the shell: every value is checked (launcher.config.slurm_rules: no control characters, each Slurm
 option's syntax) and then quoted (shlex.quote), so it stays one word on one line; the run dir is checked here too.
@@ -93,7 +94,10 @@ if [ "$rc" -eq 0 ] && grep -Eqs '"status": *"checkpointed"' "$RUN_DIR/ranks/rank
     && [ "${{SLURM_RESTART_COUNT:-0}}" -lt "$MAX_REQUEUES" ]; then
   echo "launch: ranks checkpointed; requeueing job $SLURM_JOB_ID" >&2
   scontrol requeue "$SLURM_JOB_ID"
+  exit 0
 fi
+# The verdict, as `launch` gives it: report.json, memory.png, state.json; the job exits with the verdict's code.
+"$PYTHON" -m launcher.cli.finish "$RUN_DIR" "$rc" && rc=0 || rc=$?
 exit "$rc"
 """
 

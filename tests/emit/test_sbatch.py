@@ -7,7 +7,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -103,7 +102,7 @@ def test_unknown_additional_key_is_refused(monkeypatch):
 
 
 def _fake_bin(tmp_path: Path, rank_status: str) -> Path:
-    """srun and scontrol stand-ins: record argv, and play the ranks by writing rank-0.json."""
+    """srun, scontrol and python stand-ins: record argv, and play the ranks by writing rank-0.json."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.jsonl"
@@ -126,6 +125,10 @@ json.dump({{"rank": 0, "status": {rank_status!r}}}, open(os.path.join(run_dir, "
           indent=2)
 """,
     }
+    scripts["python"] = f"""#!/usr/bin/env python3
+import json, sys
+open({str(log)!r}, "a").write(json.dumps(["python"] + sys.argv[1:]) + "\\n")
+"""
     for name, body in scripts.items():
         p = bin_dir / name
         p.write_text(body)
@@ -139,8 +142,8 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     run_dir.mkdir()
     job = slurm_job(name="weird $name", **{"slurm.setup": ['echo "setup ran" > "$RUN_DIR/setup.txt"']})
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_text(fsdp_plan(), job, run_dir=run_dir, python=sys.executable))
     bin_dir = _fake_bin(tmp_path, rank_status)
+    script.write_text(sbatch_text(fsdp_plan(), job, run_dir=run_dir, python=str(bin_dir / "python")))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
            "SLURM_JOB_ID": "20042", "SLURM_RESTART_COUNT": "0"}
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
@@ -150,6 +153,9 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     assert srun[-1] == str(run_dir)  # the path reached the ranks intact
     assert "--rdzv-endpoint=10.0.0.7:20042" in srun and "--rdzv-id=20042-0" in srun
     assert (["scontrol", "requeue", "20042"] in calls) is requeued
+    # The interpreter it was written with runs the ranks, and, unless the job requeued, the verdict.
+    assert srun[srun.index("--kill-on-bad-exit=1") + 1:][:3] == [str(bin_dir / "python"), "-m", "torch.distributed.run"]
+    assert (["python", "-m", "launcher.cli.finish", str(run_dir), "0"] in calls) is not requeued
     assert yaml.safe_load((run_dir / "job.yaml").read_text())["name"] == "weird $name"
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
     # The ranks get the digest of the plan.json this script wrote, and check it (launcher.runtime.load_plan).
