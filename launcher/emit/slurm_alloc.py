@@ -16,7 +16,7 @@ from typing import Literal
 
 from launcher.config.job import InlineArch, Job
 from launcher.config.slurm_rules import TIMEOUT_MAX_MIN
-from launcher.planner.hardware import PROFILES
+from launcher.planner.hardware import PROFILES, ranks_on_host
 from launcher.planner.plan import Plan
 from launcher.units import GB, GiB
 
@@ -95,12 +95,6 @@ class Startup:
     def total_s(self) -> float:
         """All of it, seconds."""
         return self.base_s + self.load_s + self.build_s + self.first_step_s
-
-
-def host_ranks(plan: Plan) -> bool:
-    """The plan's ranks compute on the host (CPU ranks), so its Slurm job asks for no GPUs."""
-    profile = PROFILES.get(plan.hardware)
-    return profile.device_is_host if profile else plan.estimate.basis == "cpu_tensor_bytes"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -203,7 +197,7 @@ def slurm_resources(job: Job, plan: Plan, facts: RunFacts | None = None) -> Slur
                           mem_capped=capped, rank_process_bytes=per_process, cpus_per_task=cpus, cpus_source=cpus_src,
                           cpus_per_rank_from="cluster" if node_cpus is not None else "profile",
                           threads_per_rank=max(1, (cpus or ranks) // ranks),
-                          gpus_per_node=0 if host_ranks(plan) else ranks)
+                          gpus_per_node=0 if ranks_on_host(plan) else ranks)
 
 
 def combined(resources: list[SlurmResources]) -> SlurmResources:

@@ -22,10 +22,13 @@ from launcher.emit.exports import (
     deepspeed_accelerate_config,
     deepspeed_notes,
     hf_ds_config,
+    hf_trainer_notes,
+    ops_env,
 )
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
+from launcher.planner.hardware import ranks_on_host
 from launcher.planner.plan import Buckets, Plan, Strategy, checkpoint_count
 from launcher.planner.terms import (
     BYTES,
@@ -642,7 +645,7 @@ class DeepSpeedSpec(EngineSpec):
             ops.append("cpu_adam")
         if "nvme" in (s.offload_optimizer, s.offload_params):
             ops.append("async_io")
-        if plan.script and plan.estimate.basis == "cpu_tensor_bytes":
+        if plan.script and ranks_on_host(plan):
             ops.append("deepspeed_shm_comm")
         return tuple(ops)
 
@@ -828,6 +831,14 @@ class DeepSpeedSpec(EngineSpec):
         if opt == "none":
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]
+
+    def accelerate_env(self, plan: Plan) -> str:
+        """TORCH_EXTENSIONS_DIR: the ops `launch` built, which accelerate's DeepSpeed would otherwise compile again."""
+        return ops_env()
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """The ops, and the flags HF Trainer needs beside ds_config.hf.json (its "auto" values are the Trainer's)."""
+        return [*super().export_notes(plan), *hf_trainer_notes(plan, HF_EXPORT)]
 
     def title(self, s: Strategy, nodes: int) -> str:
         """"DeepSpeed ZeRO-<stage>", as launch plan prints it."""

@@ -181,6 +181,13 @@ GPU_NAME_PATTERNS: list[tuple[str, str]] = [
 ]
 
 
+def ranks_on_host(plan) -> bool:
+    """A plan's (launcher.planner.plan.Plan) ranks compute on the host (CPU ranks): its profile says so, or for
+    a profile not known here its memory basis."""
+    profile = PROFILES.get(plan.hardware)
+    return profile.device_is_host if profile else plan.estimate.basis == "cpu_tensor_bytes"
+
+
 def profile_for_gpu_name(gpu_name: str) -> str | None:
     """The profile of a device name, or None for a card without one (never a guess: a wrong card's memory would
     pass or refuse budgets it should not)."""
