@@ -135,9 +135,10 @@ def ensure_built(plan_json: Path) -> str | None:
     code = subprocess.run(command(todo), stdin=subprocess.DEVNULL).returncode
     if code == 0 and not missing(todo):
         return None
-    return (f"DeepSpeed's {', '.join(todo)} op(s), which this plan loads ({'; '.join(OPS[n].loaded_by for n in todo)}), "
-            f"did not build (the lines above say why); install a C++ compiler (g++), and libaio's headers for "
-            f"async_io, then run again, or build them with {' '.join(command(todo)[1:])}")
+    loaded_by = "; ".join(OPS[n].loaded_by for n in todo)
+    return (f"DeepSpeed's {', '.join(todo)} op(s), which this plan loads ({loaded_by}), did not build (the lines "
+            "above say why); install a C++ compiler (g++), and libaio's headers for async_io (apt-get install "
+            f"libaio-dev), then run again, or build them with python {' '.join(command(todo)[1:])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -210,7 +210,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
         p.append(Problem("name", f"{show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job "
                          "name may hold (run dirs and file names are built from it); give a shorter name"))
     p += check_job_name(job.name)
-    p += check_slurm_values(job.slurm, job.cluster)  # whatever the launcher: `plan --sbatch` writes them for a local job too
+    # Whatever the launcher: `plan --sbatch` writes them for a local job too.
+    p += check_slurm_values(job.slurm, job.cluster)
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
     _positive(p, "train.global_batch_size", job.train.global_batch_size, "use e.g. global_batch_size: 32")
     _positive(p, "train.lr", job.train.lr, "use e.g. lr: 2.0e-5")

@@ -61,7 +61,8 @@ mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ranks" "$RUN_DIR/steps" "$RUN_DIR/control"
 write_file() {{ local tmp; tmp=$(mktemp "$RUN_DIR/.$1.XXXXXX"); cat > "$tmp"; mv -f "$tmp" "$RUN_DIR/$1"; }}
 {files}
 {setup}
-command -v "$PYTHON" >/dev/null || {{ echo "launch: $PYTHON not found on $(hostname): set PYTHON in slurm.setup" >&2; exit 2; }}
+command -v "$PYTHON" >/dev/null \\
+  || {{ echo "launch: $PYTHON not found on $(hostname): set PYTHON in slurm.setup" >&2; exit 2; }}
 
 # Rendezvous at the first host of the allocation, at the address Slurm reaches it by.
 command -v scontrol >/dev/null || {{ echo "launch: scontrol not found: cannot find the head node" >&2; exit 1; }}
@@ -127,7 +128,7 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
     return files
 
 
-BUILD_OPS = """# DeepSpeed's ops this plan loads, built once on each node before the ranks start (a line in the log each).
+BUILD_OPS = """# DeepSpeed's ops this plan loads, built once on each node before the ranks start (a line each).
 srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.ops {ops}
 """
 

@@ -75,8 +75,8 @@ def test_deepspeed_export_runs_the_plan(tmp_path, data_file):
     # DeepSpeed's CPU comm start loads deepspeed_shm_comm from there instead of compiling it for two minutes into
     # torch's own cache (under XDG_CACHE_HOME).
     xdg = tmp_path / "xdg"
-    env = {"XDG_CACHE_HOME": str(xdg), "HF_HOME": os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface")),
-           "TORCH_EXTENSIONS_DIR": ""}
+    hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    env = {"XDG_CACHE_HOME": str(xdg), "HF_HOME": hf_home, "TORCH_EXTENSIONS_DIR": ""}
     facts = run_documented(export, tmp_path / "facts", env)
     assert not (xdg / "torch_extensions").exists(), sorted(p.name for p in xdg.rglob("*"))
     for f in facts:

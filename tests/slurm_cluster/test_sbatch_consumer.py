@@ -83,7 +83,8 @@ def test_sbatch_test_only_accepts_the_derived_script(tmp_path):
     assert "#SBATCH --time=5\n" in text and "#SBATCH --mem=10G\n" in text and "#SBATCH --cpus-per-task=16\n" in text
     out = _sbatch("--test-only", str(script), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert re.search(r"Job \d+ to start at .* using 32 processors on nodes .* in partition debug", out.stderr), out.stderr
+    started = r"Job \d+ to start at .* using 32 processors on nodes .* in partition debug"
+    assert re.search(started, out.stderr), out.stderr
 
 
 def test_sbatch_test_only_refuses_what_the_node_cannot_give(tmp_path):
