@@ -17,9 +17,10 @@ if [ ! -f "$stamp" ] && ! { [ -z "$extras" ] && [ -f ".venv/.launcher-setup-test
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   # Pinned: this machine kind keeps the CPU wheel of this exact version on disk, and an unpinned torch pulls the
   # multi-GB CUDA build. On a GPU machine the same pin resolves to that machine's index's CUDA wheel.
-  # One resolver pass for torch and the rest; --no-compile: Python writes the bytecode of the modules a run imports
-  # as it first imports them, instead of pip compiling every module of torch up front (benchmarks/results/newcomer.md).
-  .venv/bin/python -m pip install -q --no-compile "torch==${TORCH_VERSION}" -e ".${extras}"
+  # One resolver pass for torch and the rest. pip compiles the bytecode (~45 s of CPU): left to the first import,
+  # it is never written where PYTHONDONTWRITEBYTECODE is set, and every process then pays ~11 s more to import
+  # torch and transformers (benchmarks/results/newcomer.md).
+  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}" -e ".${extras}"
   if [ -n "$extras" ] && ! [ -e /usr/include/libaio.h ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >/dev/null 2>&1 \
       || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >/dev/null; }

@@ -12,10 +12,12 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
+from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
 from launcher.rankenv import (
     ENFORCE_ENV,
@@ -168,11 +170,10 @@ def weight_bytes(job: Job) -> tuple[int | None, bool]:
     return sum(f.stat().st_size for f in files), True
 
 
-def run_facts(job: Job, plan: Plan, total=None):
+def run_facts(job: Job, plan: Plan, total: TotalTime | None = None) -> RunFacts:
     """What a Slurm job's allocation rests on, found here (launcher.emit.slurm_alloc.RunFacts): the run's steps
     (``total``, else total_time_of: a train.epochs job counts its data), the weight files' size and the DeepSpeed
     ops the plan loads that this machine's extensions cache lacks."""
-    from launcher.emit.slurm_alloc import plan_facts
     from launcher.ops import missing
 
     total = total or total_time_of(job, plan)
@@ -183,11 +184,9 @@ def run_facts(job: Job, plan: Plan, total=None):
                                ops_to_build=tuple(missing(facts.ops_to_build)))
 
 
-def slurm_allocation(job: Job, plan: Plan, total=None):
+def slurm_allocation(job: Job, plan: Plan, total: TotalTime | None = None) -> SlurmResources:
     """The Slurm allocation of ``plan`` from the facts found here (run_facts): what `launch --slurm`, `launch plan`
     and its sbatch script ask for."""
-    from launcher.emit.slurm_alloc import slurm_resources
-
     return slurm_resources(job, plan, run_facts(job, plan, total))
 
 
