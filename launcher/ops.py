@@ -36,8 +36,10 @@ class Op:
     builder: str
     """The op builder's class name, as DeepSpeed's accelerator creates it (create_op_builder)."""
     build_s: float
-    """Seconds one build took on the 2-core dev VM (benchmarks/results/newcomer.md), the figure the progress line
-    and the Slurm time limit use."""
+    """Seconds one build takes on an idle 2-core machine, the figure the progress line and the Slurm time limit
+    use: cpu_adam ~50 s (the set-up's builds, measured), async_io 157 s and deepspeed_shm_comm ~2 min (issue 36).
+    Under load they stretch: cpu_adam took 436 s at a load of 12-16, pin_memory 122 s at 7-10 (30 s assumed idle;
+    no plan loads it)."""
     loaded_by: str
     """What loads it, in words."""
 
@@ -48,7 +50,7 @@ OPS = {op.name: op for op in (
     Op(name="async_io", builder="AsyncIOBuilder", build_s=160.0, loaded_by="ZeRO-Infinity's NVMe offload"),
     Op(name="deepspeed_shm_comm", builder="ShareMemCommBuilder", build_s=120.0,
        loaded_by="DeepSpeed's communication start on CPU ranks under accelerate or HF Trainer"),
-    Op(name="pin_memory", builder="PinMemoryBuilder", build_s=20.0,
+    Op(name="pin_memory", builder="PinMemoryBuilder", build_s=30.0,
        loaded_by="DeepSpeed's native pinned memory (DS_PIN_MEMORY_BACKEND=native)"),
 )}
 """Every op the launcher builds or names, by name."""
