@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
 from launcher.fsutil import atomic_write
+from launcher.ops import ensure_built
 from launcher.procs import ProcessRef
 from launcher.rankenv import AGENT_PID_ENV, RDZV_ID_ENV
 from launcher.ranklog import wait_settled
@@ -377,6 +378,13 @@ class LocalBackend(Backend):
         os.environ.update(spec.env)
         os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks' parent: torchrun's agent runs in this process
         try:
+            try:  # DeepSpeed's ops this plan loads, built once before any rank starts (with a line saying so)
+                unbuilt = ensure_built(run.path / "plan.json")
+            except KeyboardInterrupt:
+                return Outcome(ok=False, interrupted=True, message="interrupted while building DeepSpeed's ops; "
+                               "no rank started")
+            if unbuilt:
+                return Outcome(ok=False, message=unbuilt)
             return self._run(run, spec)
         finally:
             for key, value in saved.items():

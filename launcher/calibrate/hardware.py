@@ -147,7 +147,8 @@ def deepspeed_adam_ready() -> str | None:
 
     root = Path(set_extensions_dir()) / "cpu_adam"
     if not (root / "cpu_adam.so").is_file():
-        return f"{root}/cpu_adam.so is not built yet (a DeepSpeed offload run builds it)"
+        return (f"{root}/cpu_adam.so is not built yet (a DeepSpeed offload run builds it, or "
+                "python -m launcher.ops cpu_adam)")
     if (root / "lock").exists():
         return f"{root}/lock: another process is building or loading it"
     return None

@@ -210,7 +210,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
         p.append(Problem("name", f"{show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job "
                          "name may hold (run dirs and file names are built from it); give a shorter name"))
     p += check_job_name(job.name)
-    p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
+    # Whatever the launcher: `plan --sbatch` writes them for a local job too.
+    p += check_slurm_values(job.slurm, job.cluster)
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
     _positive(p, "train.global_batch_size", job.train.global_batch_size, "use e.g. global_batch_size: 32")
     _positive(p, "train.lr", job.train.lr, "use e.g. lr: 2.0e-5")
@@ -223,6 +224,7 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
+    _positive(p, "cluster.cpus_per_node", job.cluster.cpus_per_node, "use the CPUs `sinfo -o %c` lists, e.g. 64")
     per_node = job.cluster.gpus_per_node
     if job.gpus and per_node and job.gpus > per_node:
         # gpus is per node: planning 16 on an 8-GPU node would export a world no node can hold.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+import sys
 
 import yaml
 
@@ -228,3 +229,33 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
 
 ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 """The plan's precision in accelerate's words (as accelerate.yaml's mixed_precision for FSDP)."""
+
+
+def ops_env() -> str:
+    """The launch line's TORCH_EXTENSIONS_DIR=...: the DeepSpeed ops cache `launch` builds into, so accelerate's
+    DeepSpeed loads those builds instead of compiling its own (deepspeed_shm_comm on CPU ranks took two minutes)."""
+    from launcher.rankenv import EXTENSIONS_ENV, extensions_dir
+
+    return f"{EXTENSIONS_ENV}={shlex.quote(extensions_dir())}"
+
+
+def ops_notes(names: tuple[str, ...]) -> list[str]:
+    """The DeepSpeed ops a script run loads (``names``: its engine's EngineSpec.native_ops) and the one command
+    that builds them into the cache the launch line names (launcher.ops, run with this interpreter); none for none."""
+    if not names:
+        return []
+    build = f"{ops_env()} {shlex.quote(sys.executable)} -m launcher.ops {' '.join(names)}"
+    return [f"DeepSpeed compiles {' and '.join(names)} (minutes, silently) when a process first loads "
+            f"{'it' if len(names) == 1 else 'them'}, unless built in",
+            f"  the cache the line names; build once: {build}"]
+
+
+def hf_trainer_notes(plan: Plan, hf_file: str) -> list[str]:
+    """How HF Trainer takes ``hf_file`` (ds_config.hf.json): its "auto" values are the Trainer's own arguments, so
+    the script must pass the plan's."""
+    s = plan.strategy
+    precision = {"bf16": " --bf16", "fp16": " --fp16", "fp32": ""}[plan.precision]
+    return [f"HF Trainer: torchrun ... train.py --deepspeed {hf_file} fills its \"auto\" values from the Trainer's",
+            f"  own arguments; pass the plan's: --per_device_train_batch_size {s.micro_batch_size} "
+            f"--gradient_accumulation_steps {s.grad_accum_steps}{precision}"
+            + ("" if precision else " (fp32: neither --bf16 nor --fp16)") + f", and {ops_env()} before torchrun."]

@@ -22,11 +22,14 @@ from launcher.emit.exports import (
     deepspeed_accelerate_config,
     deepspeed_notes,
     hf_ds_config,
+    hf_trainer_notes,
+    ops_env,
     script_ds_config,
 )
 from launcher.engines.spec import Candidate, EngineSpec
 from launcher.model.introspect import ModelStats
 from launcher.planner.cuda_overhead import cuda_overhead
+from launcher.planner.hardware import ranks_on_host
 from launcher.planner.plan import Buckets, Plan, Strategy, checkpoint_count
 from launcher.planner.terms import (
     BYTES,
@@ -636,6 +639,19 @@ class DeepSpeedSpec(EngineSpec):
             return {**out, "low_memory_optimizer": (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
         return {**out, "pure_bf16": ((False,), PURE_BF16_REFUSED["stage0"])}
 
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """cpu_adam for an offloaded optimizer (DeepSpeedCPUAdam steps it, from NVMe too), async_io for NVMe, and
+        on CPU ranks under a script deepspeed_shm_comm, which DeepSpeed's communication start loads there (the
+        launcher's own ranks skip it: worker.engines.deepspeed.skip_shm_comm_op)."""
+        s, ops = plan.strategy, []
+        if s.offload_optimizer != "none":
+            ops.append("cpu_adam")
+        if "nvme" in (s.offload_optimizer, s.offload_params):
+            ops.append("async_io")
+        if plan.script and ranks_on_host(plan):
+            ops.append("deepspeed_shm_comm")
+        return tuple(ops)
+
     def candidates(self, *, nodes: int, nvme: bool) -> list[Candidate]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
         out = []
@@ -827,6 +843,14 @@ class DeepSpeedSpec(EngineSpec):
         if opt == "none":
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]
+
+    def accelerate_env(self, plan: Plan) -> str:
+        """TORCH_EXTENSIONS_DIR: the ops `launch` built, which accelerate's DeepSpeed would otherwise compile again."""
+        return ops_env()
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """The ops, and the flags HF Trainer needs beside ds_config.hf.json (its "auto" values are the Trainer's)."""
+        return [*super().export_notes(plan), *hf_trainer_notes(plan, HF_EXPORT)]
 
     def title(self, s: Strategy, nodes: int) -> str:
         """"DeepSpeed ZeRO-<stage>", as launch plan prints it."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.job import Job, Offload, StrategyConfig
-from launcher.emit.exports import accelerate_env, accelerate_yaml_text
+from launcher.emit.exports import accelerate_env, accelerate_yaml_text, ops_notes
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
@@ -127,6 +127,10 @@ class EngineSpec:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
         raise NotImplementedError
 
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """The compiled ops (launcher.ops.OPS names) a run of ``plan`` loads; built before its ranks start."""
+        return ()
+
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step dequantizing a quantized frozen base (QLoRA) where this engine implements it."""
         return 0.0
@@ -182,7 +186,12 @@ class EngineSpec:
                                     config_file=str((config_dir / "accelerate.yaml").resolve()),
                                     env=self.accelerate_env(plan),
                                     notes=[*self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer),
-                                           *self._adapter_notes(plan, job)])
+                                           *self._adapter_notes(plan, job), *self.export_notes(plan)])
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """What accelerate.yaml's header adds for the plan's other exports: the DeepSpeed ops a script run loads
+        and the one command that builds them (launcher.emit.exports.ops_notes)."""
+        return ops_notes(self.native_ops(dataclasses.replace(plan, script=True)))
 
     def _adapter_notes(self, plan: Plan, job: Job) -> list[str]:
         """Under LoRA in bf16/fp16, where a script's peft defaults would cost what the recipe's plan does not count."""

@@ -73,6 +73,11 @@ class HardwareProfile:
     compute_capability: float | None = None
     """CUDA compute capability (NVIDIA's "CUDA GPUs" list): the GPU generation, which decides native bf16 (>= 8.0)
     and cuBLAS's workspace size (>= 9.0, Hopper); None off CUDA (CPU ranks, AMD)."""
+    host_cpus_per_device: int = 8
+    """CPUs a node gives each device, the Slurm job's --cpus-per-task per rank when cluster.cpus_per_node does not
+    say: 8, the low end of GPU nodes (DGX A100 128 cores for 8 GPUs, DGX H100 112, 8-GPU cloud instances 96-192
+    vCPUs), since sbatch refuses a job asking for more than a node has. CPU ranks: 1, what their rates were
+    measured with (torchrun's OMP_NUM_THREADS=1)."""
 
     @property
     def hopper_or_later(self) -> bool:
@@ -166,7 +171,7 @@ PROFILES: dict[str, HardwareProfile] = {
         # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
         # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
         deepspeed_step_overhead_s=1.0, fsdp_step_overhead_s=0.09,
-        comm_overlap=0.0, device_is_host=True, source="measured by `launch calibrate`",
+        comm_overlap=0.0, device_is_host=True, host_cpus_per_device=1, source="measured by `launch calibrate`",
     ),
 }
 
@@ -186,6 +191,13 @@ GPU_NAME_PATTERNS: list[tuple[str, str]] = [
     (r"\bMI300X\b", "mi300x"),
     (r"\bV100\b.*\b16GB\b", "v100-16gb"),
 ]
+
+
+def ranks_on_host(plan) -> bool:
+    """A plan's (launcher.planner.plan.Plan) ranks compute on the host (CPU ranks): its profile says so, or for
+    a profile not known here its memory basis."""
+    profile = PROFILES.get(plan.hardware)
+    return profile.device_is_host if profile else plan.estimate.basis == "cpu_tensor_bytes"
 
 
 def profile_for_gpu_name(gpu_name: str) -> str | None:

@@ -12,10 +12,12 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
+from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
 from launcher.procs import ProcessRef
 from launcher.rankenv import (
@@ -169,6 +171,44 @@ def total_time_of(job: Job, plan: Plan):
                       train_examples=examples, unknown_why=why, world_size=plan.world_size,
                       samples_per_step=s.micro_batch_size * s.grad_accum_steps,
                       warn_after_h=job.train.warn_total_time_h)
+
+
+def weight_bytes(job: Job) -> tuple[int | None, bool]:
+    """(bytes of the weight files the first rank reads, measured); (0, True) for a model without weight files
+    (random init), (None, False) when the model dir cannot be found here."""
+    from launcher.config.job import InlineArch
+    from launcher.model.build import resolve_model_dir
+
+    if isinstance(job.model, InlineArch):
+        return 0, True
+    try:
+        d = resolve_model_dir(job.model, job.base_dir)
+    except ConfigError:
+        return None, False
+    if d is None:
+        return 0, True  # a bundled config: random weights
+    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))  # from_pretrained prefers safetensors
+    return sum(f.stat().st_size for f in files), True
+
+
+def run_facts(job: Job, plan: Plan, total: TotalTime | None = None) -> RunFacts:
+    """What a Slurm job's allocation rests on, found here (launcher.emit.slurm_alloc.RunFacts): the run's steps
+    (``total``, else total_time_of: a train.epochs job counts its data), the weight files' size and the DeepSpeed
+    ops the plan loads that this machine's extensions cache lacks."""
+    from launcher.ops import missing
+
+    total = total or total_time_of(job, plan)
+    facts = plan_facts(job, plan)
+    size, measured = weight_bytes(job)
+    return dataclasses.replace(facts, train_steps=total.total_steps, steps_basis=total.basis,
+                               weight_bytes=facts.weight_bytes if size is None else size, weights_measured=measured,
+                               ops_to_build=tuple(missing(facts.ops_to_build)))
+
+
+def slurm_allocation(job: Job, plan: Plan, total: TotalTime | None = None) -> SlurmResources:
+    """The Slurm allocation of ``plan`` from the facts found here (run_facts): what `launch --slurm`, `launch plan`
+    and its sbatch script ask for."""
+    return slurm_resources(job, plan, run_facts(job, plan, total))
 
 
 def say_total_time(job: Job, plan: Plan) -> None:

@@ -25,6 +25,7 @@ from launcher.session.prepare import (
     prepare_run_dir,
     resume_plan,
     say_total_time,
+    slurm_allocation,
 )
 
 
@@ -89,8 +90,9 @@ def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
         if opts.node_rank or opts.rdzv_endpoint:
             raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them "
                               "with --slurm")
-        executor_parameters(job, plan)  # every slurm: problem before a run dir exists
-        return SlurmBackend(job, plan, follow=opts.wait, report=finish)
+        resources = slurm_allocation(job, plan)
+        executor_parameters(job, plan, resources=resources)  # every slurm: problem before a run dir exists
+        return SlurmBackend(job, plan, follow=opts.wait, report=finish, resources=resources)
     from launcher.backends.local import LocalBackend
 
     return LocalBackend()
@@ -137,11 +139,9 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
     return on_start
 
 
-def slurm_time_min(job: Job, plan: Plan) -> int:
+def slurm_time_min(job: Job, plan: Plan) -> int | None:
     """The Slurm time limit the plan's job asks for, minutes."""
-    from launcher.emit.slurm_params import slurm_resources
-
-    return slurm_resources(job, plan).time_min
+    return slurm_allocation(job, plan).time_min
 
 
 def preload_plotting() -> None:

@@ -37,7 +37,7 @@ def consistent(d) -> tuple[str, int]:
 
 def test_a_second_plan_replaces_the_set_and_removes_the_other_engines_files(capsys, write_job, tmp_path):
     out = tmp_path / "out"
-    ds = write_job(name="ds.yaml", strategy=DS, **{"launcher": "slurm"})
+    ds = write_job(name="ds.yaml", strategy=DS, **{"launcher": "slurm", "cluster.hardware": "cpu"})
     fsdp = write_job(name="fsdp.yaml", strategy=FSDP)
     assert run_cli(capsys, "plan", ds, "--out", out, "--sbatch")[0] == 0
     assert consistent(out) == ("deepspeed", 4) and (out / "job.sbatch").is_file()

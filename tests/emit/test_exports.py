@@ -260,3 +260,20 @@ def test_accelerate_yaml_says_how_a_lora_script_gets_the_adapters_the_plan_count
              ds.accelerate_yaml(make_plan(zero_stage=3, precision="fp32"), lora, config_dir=tmp_path),
              fsdp.accelerate_yaml(make_plan(engine="fsdp", zero_stage=None), lora, config_dir=tmp_path)]
     assert not any("autocast_adapter_dtype" in text for text in quiet)
+
+
+def test_the_deepspeed_header_names_the_ops_and_the_trainers_flags(tmp_path, monkeypatch):
+    """Issue 36 section 2: the first `accelerate launch` compiled DeepSpeed's ops the launcher had built, and
+    ds_config.hf.json's "auto" values took the script's own batch and fp32 without a word."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/opt/ops cache")
+    ds, fsdp = engine_spec("deepspeed"), engine_spec("fsdp")
+    text = ds.accelerate_yaml(make_plan(zero_stage=2, offload_optimizer="cpu"), make_job(), config_dir=tmp_path)
+    assert f"#   TORCH_EXTENSIONS_DIR='/opt/ops cache' accelerate launch --config_file {tmp_path}" in text
+    assert "# DeepSpeed compiles cpu_adam (minutes, silently) when a process first loads it" in text
+    assert "build once: TORCH_EXTENSIONS_DIR='/opt/ops cache' " in text and "-m launcher.ops cpu_adam\n" in text
+    assert ("pass the plan's: --per_device_train_batch_size 2 --gradient_accumulation_steps 4 --bf16, and "
+            "TORCH_EXTENSIONS_DIR='/opt/ops cache' before torchrun.") in text
+    # A plan whose script run loads no op says nothing of ops; FSDP2 has neither the ops nor the HF file.
+    assert "DeepSpeed compiles" not in ds.accelerate_yaml(make_plan(zero_stage=2), make_job(), config_dir=tmp_path)
+    plain = fsdp.accelerate_yaml(make_plan(engine="fsdp", zero_stage=None), make_job(), config_dir=tmp_path)
+    assert "TORCH_EXTENSIONS_DIR" not in plain and "HF Trainer" not in plain

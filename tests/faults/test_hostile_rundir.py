@@ -92,7 +92,8 @@ def linked(name: str) -> list[str]:
 
 
 FOREIGN = "is not empty and was not made by launch"
-BAD_SLURM = {"launcher": "slurm", "slurm.additional_parameters": {"bogus_opt": "1"}}
+# A named profile: `plan --sbatch` refuses hardware auto on this GPU-less host before it reads slurm:.
+BAD_SLURM = {"launcher": "slurm", "cluster.hardware": "cpu", "slurm.additional_parameters": {"bogus_opt": "1"}}
 
 CASES = [
     # -- 1. --overwrite and the run dir ---------------------------------------------------------------------------
