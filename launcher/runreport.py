@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.datasummary import DataSummary
 from launcher.planner.plan import Strategy
 
 REPORT_SCHEMA = 1
@@ -228,7 +229,7 @@ class FallbackSummary:
 
 
 # Written only when set: finish() adds plan_sha256 and outcome, the ladder adds auto_fallback and attempts.
-_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts")
+_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "data")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -271,6 +272,9 @@ class RunReport:
     """With --auto-fallback: how the ladder went."""
     attempts: list[Attempt] | None = None
     """With --auto-fallback: every attempt, first to last."""
+    data: DataSummary | None = None
+    """What the data held as the ranks trained on it (the launcher's count before the launch: RUN/data.json);
+    None for a --script run and for reports written before it."""
     schema: int = REPORT_SCHEMA
     """Layout version of this file."""
 
@@ -285,6 +289,8 @@ class RunReport:
                 value = [r.to_json() for r in value]
             elif f.name == "attempts":
                 value = [a.to_json() for a in value]
+            elif f.name == "data":
+                value = value.to_json()
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
             out[f.name] = value
@@ -304,6 +310,8 @@ class RunReport:
             known["auto_fallback"] = FallbackSummary(**_known(FallbackSummary, d["auto_fallback"]))
         if d.get("attempts") is not None:
             known["attempts"] = [Attempt.from_json(a) for a in d["attempts"]]
+        if d.get("data") is not None:
+            known["data"] = DataSummary.from_json(d["data"])
         if "within_budget" in d and "verdict" not in d:  # reports before the verdict field
             known["verdict"] = "within_budget" if d["within_budget"] else "over_budget"
         return cls(**known)

@@ -240,8 +240,11 @@ def local_status(run_dir: Path) -> dict:
     if run_state in LIVE_STATES and isinstance(pid, int) and not launch_alive(pid):
         # The launch that owned the dir is gone without writing how the run ended (killed with SIGKILL, a reboot).
         run_state = "stopped"
-        state["message"] = (f"launch process {pid} is gone and never wrote how the run ended (killed?); continue "
-                            f"with launch --resume --run-dir {run_dir}")
+        from launcher.session.finish import next_step_after_interrupt
+
+        # --resume only where it will be accepted: a checkpoint to continue from (the same rule as after Ctrl-C).
+        state["message"] = (f"launch process {pid} is gone and never wrote how the run ended (killed?); "
+                            f"{next_step_after_interrupt(RunDir(run_dir))}")
     report = read_report(run_dir)  # None until the run has ended
     return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": state.get("message"),
             "pid": pid if run_state in LIVE_STATES else None, "attempt": state.get("attempt"),

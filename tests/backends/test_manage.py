@@ -118,7 +118,14 @@ def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, cap
     monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: False)
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
-    assert ": stopped" in out and "launch process 4242 is gone" in out and "launch --resume" in out
+    # No checkpoint: --resume would be refused, so it is not what status offers (it did before).
+    assert ": stopped" in out and "launch process 4242 is gone" in out
+    assert "no checkpoint was saved, so --resume cannot continue it" in out and "--overwrite" in out, out
+    (local_run / "checkpoint").mkdir()
+    (local_run / "checkpoint" / "latest").write_text("step-00000002\n")
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"continue it with the same job file and --run-dir {local_run} --resume" in out, out
     (local_run / "state.json").write_text(json.dumps({"state": "completed"}))
     (local_run / "report.json").write_text(json.dumps({"verdict": "within_budget", "eval_loss": 0.5,
                                                        "eval_accuracy": 0.75}))
