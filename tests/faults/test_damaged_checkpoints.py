@@ -6,46 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.cli.main import main
-from tests.conftest import REPO
 from tests.faults.harness import entries
-from tests.worker.conftest import free_port
-from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job, write_run_dir
-
-DATA = REPO / "examples" / "data" / "causal.jsonl"
-
-
-def trained_run(root: Path, engine: str) -> Path:
-    """A one-rank run of 2 steps that ends with a checkpoint (step-00000002), made by the real worker."""
-    plan = plan_dict(engine=engine, zero_stage=2 if engine == "deepspeed" else None, micro_batch_size=2,
-                     grad_accum_steps=1, world_size=1, seq_len=32)
-    job = tiny_gpt2_job(str(DATA), max_steps=2)
-    job["data"]["max_seq_len"] = 32
-    job["train"]["global_batch_size"] = 2
-    run = write_run_dir(root / engine, job=job, plan=plan,
-                        ds_config=ds_config_dict(plan) if engine == "deepspeed" else None)
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "LAUNCHER_CACHE": str(root / "cache"),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "launcher.rank_entry", str(run)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (run / "checkpoint" / "step-00000002" / "trainer_state.json").is_file()
-    return run
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("trained")
-    return {engine: trained_run(root, engine) for engine in ("fsdp", "deepspeed")}
 
 
 def export(run: Path, *argv) -> tuple[int, str, str]:
@@ -82,9 +49,9 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_damaged_checkpoint_is_one_line_naming_the_step(case, runs, tmp_path):
+def test_a_damaged_checkpoint_is_one_line_naming_the_step(case, trained_runs, tmp_path):
     engine, damage, words = DAMAGE[case]
-    run = Path(shutil.copytree(runs[engine], tmp_path / "run"))
+    run = Path(shutil.copytree(trained_runs[engine], tmp_path / "run"))
     damage(run)
     before = entries(tmp_path)
     code, out, err = export(run)
@@ -98,9 +65,9 @@ def test_a_damaged_checkpoint_is_one_line_naming_the_step(case, runs, tmp_path):
     assert entries(tmp_path) == before  # nothing written: no model/, no partial export
 
 
-def test_an_earlier_readable_step_is_offered(runs, tmp_path):
+def test_an_earlier_readable_step_is_offered(trained_runs, tmp_path):
     """With a readable earlier tag beside the damaged latest one, the line names it as the fix, and it exports."""
-    run = Path(shutil.copytree(runs["fsdp"], tmp_path / "run"))
+    run = Path(shutil.copytree(trained_runs["fsdp"], tmp_path / "run"))
     ckpt = run / "checkpoint"
     shutil.copytree(ckpt / "step-00000002", ckpt / "step-00000001")
     state = (ckpt / "step-00000001" / "trainer_state.json")
@@ -114,8 +81,8 @@ def test_an_earlier_readable_step_is_offered(runs, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
-def test_the_undamaged_checkpoint_exports(engine, runs, tmp_path):
-    run = Path(shutil.copytree(runs[engine], tmp_path / "run"))
+def test_the_undamaged_checkpoint_exports(engine, trained_runs, tmp_path):
+    run = Path(shutil.copytree(trained_runs[engine], tmp_path / "run"))
     code, out, err = export(run)
     assert code == 0, err
     assert (run / "model" / "config.json").is_file()
