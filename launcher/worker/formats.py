@@ -41,7 +41,8 @@ def row_format(row: dict, data: DataConfig) -> str:
 
 
 def check_rows(rows: list[dict], task: str, data: DataConfig, where: str) -> None:
-    """Raise one ConfigError for the first row that lacks what the job reads (1-based row number, the field)."""
+    """Raise one ConfigError for the first row that lacks what the job reads, or whose text is no text or past
+    bounds.ROW_BYTES (1-based row number, the field)."""
     if not rows:
         raise ConfigError(f"data.path: {where!r} holds no examples; add at least one record")
     if data.packing and task != "causal_lm":
