@@ -49,6 +49,8 @@ class Row:
     id: str
     source: str
     verb: str
+    input: str
+    """The command line after `launch`, the sandbox's path written <sandbox>."""
     exit: int | str
     first_line: str
     lines: int
@@ -107,9 +109,9 @@ def run_cli(argv: list[str]) -> tuple[int | str, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def judge(case_id: str, source: str, verb: str, code, out: str, err: str, written: bool, words: list[str],
-          seconds: float) -> Row:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+def judge(case_id: str, source: str, argv: list[str], root: Path, code, out: str, err: str, written: bool,
+          words: list[str], seconds: float) -> Row:
+    lines = [ln.replace(str(root.parent), "<sandbox>") for ln in err.splitlines() if ln.strip()]
     try:
         block = one_error_block(err) if code == 2 else []
     except AssertionError:
@@ -118,7 +120,8 @@ def judge(case_id: str, source: str, verb: str, code, out: str, err: str, writte
     first = next((ln for ln in lines if " error: " in ln), lines[0] if lines else "")
     ok = (code == 2 and bool(block) and "Traceback" not in err and not out and not written and has_words
           and len(lines) <= SCREEN_LINES and len(err.encode()) <= SCREEN_BYTES)
-    return Row(id=case_id, source=source, verb=verb, exit=code, first_line=first, lines=len(lines),
+    shown = " ".join(a if len(a) <= 60 else a[:57] + "..." for a in argv).replace(str(root.parent), "<sandbox>")
+    return Row(id=case_id, source=source, verb=argv[0], input=shown, exit=code, first_line=first, lines=len(lines),
                bytes=len(err.encode()), nothing_written=not written, traceback="Traceback" in err, words=has_words,
                seconds=round(seconds, 2), ok=ok)
 
@@ -130,7 +133,7 @@ def run_case(case: Case, source: str, cache: Path) -> Row:
                 case.setup(s)
             argv = [str(a) for a in case.argv(s)]
         except pytest.skip.Exception as e:
-            return Row(id=case.id, source=source, verb=case.verb, exit="skipped", first_line=str(e), lines=0,
+            return Row(id=case.id, source=source, verb=case.verb, input="", exit="skipped", first_line=str(e), lines=0,
                        bytes=0, nothing_written=True, traceback=False, words=False, seconds=0.0, ok=False)
         if case.verb == "run" and "--run-dir" not in argv:
             argv += ["--run-dir", str(s.run_dir)]
@@ -140,7 +143,8 @@ def run_case(case: Case, source: str, cache: Path) -> Row:
         code, out, err = run_cli(argv)
         took = time.monotonic() - t
         written = entries(s.root) != before or ("run" not in case.keeps and s.run_dir.exists())
-        return judge(case.id, source, case.verb, code, out, err, written, case.expect, took)
+        words = [e.replace("{root}", str(s.root)) for e in case.expect]  # as test_hostile_rundir.py fills them
+        return judge(case.id, source, argv, s.root, code, out, err, written, words, took)
 
 
 def run_export_case(case: ExportCase, runs: dict[str, Path], cache: Path) -> Row:
@@ -149,9 +153,10 @@ def run_export_case(case: ExportCase, runs: dict[str, Path], cache: Path) -> Row
         case.damage(run)
         before = entries(s.root)
         t = time.monotonic()
-        code, out, err = run_cli(["export", str(run), *case.argv])
+        argv = ["export", str(run), *case.argv]
+        code, out, err = run_cli(argv)
         took = time.monotonic() - t
-        return judge(case.id, "benchmarks/hostile (checkpoints)", "export", code, out, err,
+        return judge(case.id, "benchmarks/hostile (checkpoints)", argv, s.root, code, out, err,
                      entries(s.root) != before, ["launch: error: "], took)
 
 
@@ -179,10 +184,10 @@ def write_table(rows: list[Row], seconds: float) -> None:
         "|---|---|---|",
         *(f"| {src} | {len(rs)} | {sum(r.ok for r in rs)} |" for src, rs in by_source.items()),
         "",
-        "| case | verb | exit | lines | bytes | nothing written | s | ok | first line of the message |",
+        "| case | input | exit | lines | bytes | nothing written | s | ok | first line of the message |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    body = [f"| {r.id} ({r.source}) | {r.verb} | {r.exit} | {r.lines} | {r.bytes} | "
+    body = [f"| {r.id} ({r.source}) | `{cell(r.input, 90)}` | {r.exit} | {r.lines} | {r.bytes} | "
             f"{'yes' if r.nothing_written else 'NO'} | {r.seconds} | {'ok' if r.ok else 'NOT OK'} | "
             f"{cell(r.first_line)} |" for r in rows]
     (RESULTS / "hostile.md").write_text("\n".join(head + body) + "\n")
