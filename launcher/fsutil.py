@@ -197,3 +197,25 @@ def overwrite_in_place(path: Path, data: bytes) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """None when ``path`` is a regular file (symlinks followed); else what it is, for a message: "missing", "a
+    broken symlink", "a directory", "a FIFO (named pipe)", "a character device (/dev/zero)", ... A FIFO or a
+    device is not missing, and reading one could block or never end, so it is named rather than read."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return "a broken symlink" if p.is_symlink() else "missing"
+    except OSError as e:  # a name too long, a loop of symlinks, no permission on a parent
+        return f"unreadable ({e.strerror or e})"
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return None
+    target = f" ({os.path.realpath(p)})" if p.is_symlink() else ""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((f"{word}{target}" for test, word in kinds if test(mode)), f"not a regular file{target}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from launcher.categories import CATEGORY_GROUPS, grown_category
 from launcher.categories import measured_bytes as measured_group
 from launcher.categories import predicted_bytes as predicted_group
+from launcher.datasummary import read_data_summary
 from launcher.fsutil import atomic_write
 from launcher.live import last_line
 from launcher.planner.cuda_overhead import peak_on_basis
@@ -159,6 +160,7 @@ def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: b
         missing_ranks=missing,
         ranks=rows,
         script_overrides=script_overrides(ranks.values()),
+        data=read_data_summary(run.path),
     )
 
 
@@ -208,6 +210,13 @@ def render_report(report: RunReport) -> str:
     return "\n".join(lines)
 
 
+def unmeasured(report: RunReport) -> list[int]:
+    """Ranks that completed (exit 0, status completed) yet measured no memory: a script that made no tensor the
+    probe sees, or exited at once. Their verdict is "failed" (0 bytes is no evidence of fitting), but nothing
+    failed: the words must say so."""
+    return [r.rank for r in report.ranks if r.status == "completed" and not r.measured and r.verdict == "failed"]
+
+
 def verdict_line(report: RunReport) -> str:
     """The table's last line: the same verdict report.json records, in words."""
     verdict = report.verdict
@@ -216,12 +225,15 @@ def verdict_line(report: RunReport) -> str:
         return [r.rank for r in report.ranks if r.verdict == v]
 
     over = f"; rank(s) {which('OVER')} already over budget" if which("OVER") else ""
+    idle = unmeasured(report)
+    failed = [r for r in which("failed") if r not in idle]
+    said = "; ".join(([f"rank(s) {failed} failed"] if failed else []) + ([
+        f"rank(s) {idle} completed without measuring any memory"] if idle else []))
     return {
         "within_budget": "every rank within budget",
         "interrupted": f"interrupted: the run stopped before it finished, so NOT shown within budget{over}",
         "oom": f"NOT within budget: rank(s) {which('oom')} ran out of memory",
-        "failed": "NOT within budget: " + (f"rank(s) {which('failed')} failed" if which("failed")
-                                           else "the run failed") + over,
+        "failed": "NOT within budget: " + (said or "the run failed") + over,
         "over_budget": f"NOT within budget: rank(s) {which('OVER')} over",
         "incomplete": f"NOT within budget: rank(s) {report.missing_ranks} wrote no memory file",
     }.get(verdict, f"NOT within budget ({verdict})")

@@ -79,7 +79,7 @@ ENGINE_FILES = ("ds_config.json", "ds_config.hf.json", "ds_config.script.json", 
 """The engines' configs: a plan for one engine removes the other's, so a dir never holds both."""
 EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGINE_FILES)
 """What `launch plan --out` writes."""
-RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "memory.png", "slurm.json", "sweep.json",
+RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "data.json", "memory.png", "slurm.json", "sweep.json",
                "requeues.jsonl", "ranks", "steps", "logs", "checkpoint", "control", "heartbeat", "attempts",
                "submitit", "memory-snapshot", "rdzv", "variants", "model")
 """Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with its temporaries,

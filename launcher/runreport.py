@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.datasummary import DataSummary
 from launcher.planner.plan import Strategy
 from launcher.rankreport import ScriptOverride
 
@@ -233,7 +234,7 @@ class FallbackSummary:
 
 
 # Written only when set: finish() adds plan_sha256 and outcome, the ladder adds auto_fallback and attempts.
-_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_overrides")
+_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_overrides", "data")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -278,6 +279,9 @@ class RunReport:
     """With --auto-fallback: how the ladder went."""
     attempts: list[Attempt] | None = None
     """With --auto-fallback: every attempt, first to last."""
+    data: DataSummary | None = None
+    """What the data held as the ranks trained on it (the launcher's count before the launch: RUN/data.json);
+    None for a --script run and for reports written before it."""
     schema: int = REPORT_SCHEMA
     """Layout version of this file."""
 
@@ -292,6 +296,8 @@ class RunReport:
                 value = [r.to_json() for r in value]
             elif f.name in ("attempts", "script_overrides"):
                 value = [a.to_json() for a in value]
+            elif f.name == "data":
+                value = value.to_json()
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
             out[f.name] = value
@@ -314,6 +320,8 @@ class RunReport:
                                          if isinstance(o, dict)]
         if d.get("attempts") is not None:
             known["attempts"] = [Attempt.from_json(a) for a in d["attempts"]]
+        if d.get("data") is not None:
+            known["data"] = DataSummary.from_json(d["data"])
         if "within_budget" in d and "verdict" not in d:  # reports before the verdict field
             known["verdict"] = "within_budget" if d["within_budget"] else "over_budget"
         return cls(**known)

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, dir_path, job_from_args
+from launcher.cli.plan_sweep import plan_sweep
 from launcher.cli.render import no_fit_reasons, no_fit_suggestions, render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
+from launcher.datasummary import DataSummary, summary_lines
 from launcher.emit.slurm_alloc import SlurmResources
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
-from launcher.session.checks import check_script
+from launcher.session.checks import check_script, lora_base_warning
 from launcher.session.prepare import plan_files, slurm_allocation, total_time_of
 
 EPILOG = """examples:
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
+        if job.sweep is not None:
+            return plan_sweep(args, job)
         if args.sbatch:
             from launcher.machine import submit_host_problem
 
@@ -110,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 raise ConfigError(problem)
         plan = plan_job(job, force=args.force, script=bool(args.script))
-        total = total_time_of(job, plan)
+        data, data_note = plan_data(job, script=bool(args.script))
+        total = total_time_of(job, plan, data)
         slurm = slurm_allocation(job, plan, total) if job.launcher == "slurm" or args.sbatch else None
         script = None
         if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
@@ -134,13 +139,18 @@ def run(args: argparse.Namespace) -> int:
     if script is not None and not args.out:
         print(script)  # stdout is the script alone; its header says how each allocation value was reached
         return 0
+    lora = None if args.script else lora_base_warning(job)
+    if lora:
+        print(f"launch: warning: {lora}", file=sys.stderr)
     if total.too_long and args.json:  # the text plan says it in its own lines
         print(f"launch: warning: {total.warning()}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_json() | {"total_time": total_time_json(total)}
+                         | {"data": data.to_json() if data else None, "data_note": data_note}
                          | ({"slurm": slurm_json(slurm)} if slurm else {}), indent=2))
     else:
         print(render_plan(plan, job.name, model_desc(job), total))
+        print("\n".join(summary_lines(data)) if data else f"data: not read ({data_note})")
         if slurm:
             print(render_slurm_resources(slurm, plan.hardware))
     # With --json, stdout is the JSON object alone: what was written is said on stderr.
@@ -148,6 +158,20 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         say(f"wrote {path}")
     return 0
+
+
+def plan_data(job: Job, *, script: bool) -> tuple[DataSummary | None, str]:
+    """(the data's summary, "") as `launch run` would check it (bad data is refused here too), or (None, why it
+    was not read): a --script reads its own data, and data not on this machine is planned without."""
+    if script:
+        return None, "--script: your script reads its own data"
+    from launcher.session.checks import check_data
+    from launcher.worker.sources import DataNotFound
+
+    try:
+        return check_data(job), ""
+    except DataNotFound as e:
+        return None, f"not on this machine: {e.problems[0]}"
 
 
 def total_time_json(t: TotalTime) -> dict:

@@ -162,9 +162,39 @@ def no_fit_lines(e: NoPlanError) -> list[str]:
     return [*no_fit_reasons(e.no_fit), "what would fit:", *(f"  - {s}" for s in no_fit_suggestions(e))]
 
 
+SCREEN_LINES = 25
+"""Most lines one error answer takes: a terminal's screen. Past it, "... and N more" stands for the rest."""
+SCREEN_BYTES = 2048
+"""Most bytes one error answer takes (its "launch: error: " prefixes included)."""
+LINE_CHARS = 1200
+"""Most characters of one line: a longer one keeps its start (the field, the value, the rule) and its end (the
+fix), its middle (a long list of choices) cut."""
+PREFIX = "launch: error: "
+
+
+def screen(lines: list[str]) -> list[str]:
+    """``lines`` bounded to a screen: each at most LINE_CHARS (its middle cut), at most SCREEN_LINES lines and
+    SCREEN_BYTES in all, the rest counted in a last line."""
+    head = LINE_CHARS * 3 // 4
+    cut = [ln if len(ln) <= LINE_CHARS else f"{ln[:head]} [...] {ln[-(LINE_CHARS - head - 7):]}" for ln in lines]
+    kept: list[str] = []
+    used = 0
+    for i, ln in enumerate(cut):
+        size = len((PREFIX + ln).encode()) + 1
+        rest = len(cut) - i - 1
+        room_lines = SCREEN_LINES - (1 if rest else 0)
+        if len(kept) >= room_lines or used + size > SCREEN_BYTES - (60 if rest else 0):
+            kept.append(f"... and {len(cut) - i} more line(s) of this answer; fix the ones above and run again")
+            break
+        kept.append(ln)
+        used += size
+    return kept
+
+
 def error_lines(e: LauncherError) -> list[str]:
-    """An error's lines for the user: a no-plan answer worded from its typed values, any other as it says."""
-    return no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines()
+    """An error's lines for the user, at most a screen: a no-plan answer worded from its typed values, any other as
+    it says."""
+    return screen(no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines())
 
 
 LEVER_NAMES = {

@@ -41,6 +41,10 @@ OVERRIDE_CHARS = 16 * 1024
 LIST_ITEMS = 1024
 """Items in any list or mapping of the job (LoRA target modules, Slurm setup lines and extra options, sweep grid
 values): a model has a few dozen distinct linear-layer names, a setup script a few dozen lines."""
+ROW_BYTES = 16 * MB
+"""One data row's text (its JSON Lines line, or the strings the job reads from it): 4M tokens of text, the
+longest sequence (SEQ_LEN) at about 4 bytes a token. A longer document is several examples: split it. Strings
+within the bound are still clipped to the sequence before tokenizing (launcher.worker.examples.clip)."""
 SWEEP_VARIANTS = 1000
 """Variants of one sweep: Slurm's default MaxArraySize is 1001 (array indices 0 to 1000)."""
 

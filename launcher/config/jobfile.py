@@ -16,6 +16,7 @@ from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value,
 from launcher.config.problem import Problem
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
+from launcher.fsutil import not_a_file
 from launcher.units import GB, MB, format_bytes
 
 DATA_SUFFIXES = FILE_SUFFIXES
@@ -186,9 +187,13 @@ def check_data_path(job: Job) -> list[Problem]:
         if dp.suffix.lower() not in DATA_SUFFIXES:
             return [Problem("data.path", f"{job.data.path!r} must end in .jsonl, .json, .csv, .parquet or .arrow, or "
                             "name a save_to_disk directory or a hub dataset id; convert the data to JSONL")]
-        if not dp.is_file():
+        kind = not_a_file(dp)
+        if kind == "missing":
             return [Problem("data.path", f"{str(dp)!r} does not exist; check the path "
                             "(relative paths start at the job file's directory)")]
+        if kind:
+            return [Problem("data.path", f"{str(dp)!r} is {kind}, not a data file; give the path of a regular "
+                            "JSONL, CSV, JSON, parquet or Arrow file")]
         if not _has_records(dp):
             return [Problem("data.path", f"{str(dp)!r} holds no examples; add at least one record")]
     except (OSError, RuntimeError, ValueError) as e:  # a name too long, an unknown ~user, a NUL byte, unreadable

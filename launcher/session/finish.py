@@ -14,7 +14,7 @@ from launcher.planner.plan import Plan
 from launcher.procs import exit_words
 from launcher.rankenv import plan_digest
 from launcher.ranklog import wait_settled
-from launcher.report import build_report, over_budget_message, plot_memory, render_report
+from launcher.report import build_report, over_budget_message, plot_memory, render_report, unmeasured
 from launcher.rundir import RunDir, redact
 from launcher.runreport import RankFailure, RunOutcome, RunReport
 from launcher.session.prepare import plan_text
@@ -129,9 +129,15 @@ def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = N
     if outcome.message:
         print(f"launch: error: {redact(outcome.message)}", file=sys.stderr)
     if outcome.ok and report is not None:  # every process exited 0, yet a rank file records a failure
-        bad = [r.rank for r in report.ranks if r.verdict in ("failed", "oom")]
-        print(f"launch: error: rank(s) {bad} recorded a failure in ranks/rank-K.json; logs in {run.logs}",
-              file=sys.stderr)
+        idle = unmeasured(report)
+        bad = [r.rank for r in report.ranks if r.verdict in ("failed", "oom") and r.rank not in idle]
+        if bad:
+            print(f"launch: error: rank(s) {bad} recorded a failure in ranks/rank-K.json; logs in {run.logs}",
+                  file=sys.stderr)
+        if idle:
+            print(f"launch: error: rank(s) {idle} completed without measuring any memory (peak 0 B): the script "
+                  "made no tensor the probe sees or exited at once, so the budget cannot be judged; check that "
+                  f"it trains (logs in {run.logs})", file=sys.stderr)
     for f in sorted(outcome.failures, key=lambda f: f.rank):
         kind = "ran out of memory" if f.exitcode == EXIT_OOM else \
             f"was {exit_words(f.exitcode)}{KILL_HINT}" if f.exitcode == -signal.SIGKILL else \

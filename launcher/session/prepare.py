@@ -12,6 +12,7 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.datasummary import DATA_JSON, DataSummary
 from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
@@ -124,9 +125,9 @@ def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
     return written
 
 
-def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
-    """Create (or reopen) the run dir and write job.yaml, plan.json and the engine's configs into it; with --resume
-    it must already hold a checkpoint."""
+def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan, data: DataSummary | None = None) -> RunDir:
+    """Create (or reopen) the run dir and write job.yaml, plan.json, the engine's configs and the data's summary
+    (data.json, for report.json) into it; with --resume it must already hold a checkpoint."""
     path = opts.run_dir or default_run_dir(job.name)
     if opts.resume and not latest_checkpoint_tag(Path(path) / "checkpoint"):  # before anything is created
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
@@ -135,6 +136,8 @@ def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
         run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
         run.write_yaml("job.yaml", job_to_data(job))
         write_plan_outputs(run.path, plan, job)
+        if data is not None:
+            run.write_json(DATA_JSON, data.to_json())
     except OSError as e:  # a full disk or a read-only mount: one line, no traceback, nothing started
         if run is not None:
             run.unlock()
@@ -157,15 +160,16 @@ def mark_running(run: RunDir, **fields) -> None:
         raise unwritable(run.path, e) from None
 
 
-def total_time_of(job: Job, plan: Plan):
+def total_time_of(job: Job, plan: Plan, data: DataSummary | None = None):
     """The plan's predicted training time (launcher.planner.duration.TotalTime); a train.epochs job counts its
-    training examples here (reading the data), so a plan made without the data says it cannot know."""
+    training sequences from the data's summary (or the data), so a plan made without the data says it cannot
+    know."""
     from launcher.planner.duration import total_time
     from launcher.session.checks import count_train_examples
 
     examples, why = None, ""
     if job.train.max_steps is None and job.train.epochs is not None:
-        examples, why = count_train_examples(job)
+        examples, why = count_train_examples(job, data)
     s = plan.strategy
     return total_time(step_time_s=plan.estimate.step_time_s, max_steps=job.train.max_steps, epochs=job.train.epochs,
                       train_examples=examples, unknown_why=why, world_size=plan.world_size,
@@ -211,9 +215,9 @@ def slurm_allocation(job: Job, plan: Plan, total: TotalTime | None = None) -> Sl
     return slurm_resources(job, plan, run_facts(job, plan, total))
 
 
-def say_total_time(job: Job, plan: Plan) -> None:
+def say_total_time(job: Job, plan: Plan, data: DataSummary | None = None) -> None:
     """launch run: the predicted training time under the plan line, and the warning past the threshold."""
-    total = total_time_of(job, plan)
+    total = total_time_of(job, plan, data)
     print(f"predicted training time: {total.describe()}", flush=True)
     if total.warning():
         print(f"launch: warning: {total.warning()}", file=sys.stderr, flush=True)

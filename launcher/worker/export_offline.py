@@ -16,7 +16,9 @@ import torch
 from safetensors import SafetensorError
 
 from launcher.errors import ConfigError, LauncherError
+from launcher.model.build import first_line
 from launcher.worker import checkpoint
+from launcher.worker.ckpt_check import check_tag, damaged
 from launcher.worker.export import export_dtype, out_problem, write_export
 
 
@@ -88,14 +90,21 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     check_out(out)
     root = run_dir / "checkpoint"
     tag = pick_tag(root, step)
+    zero_stage = plan.strategy.zero_stage or 0
+    check_tag(root, tag, zero_stage)  # a damaged tag is one line naming it, before anything is loaded
     state = json.loads((root / tag / "trainer_state.json").read_text())
     recipe = make_recipe(job.task, job.data)
     if job.task == "seq_cls":
         recipe.fit_labels(read_records(job.data.path))
-    if (root / tag / "dcp").is_dir():  # FSDP2 saves a DCP dir (engines/fsdp.py); DeepSpeed its own files
-        sd = read_dcp(root / tag / "dcp")
-    else:
-        sd = read_deepspeed(root, tag, plan.strategy.zero_stage or 0)
+    try:
+        if (root / tag / "dcp").is_dir():  # FSDP2 saves a DCP dir (engines/fsdp.py); DeepSpeed its own files
+            sd = read_dcp(root / tag / "dcp")
+        else:
+            sd = read_deepspeed(root, tag, zero_stage)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - damage check_tag cannot see (a shard's bytes): the engines' readers say it
+        raise damaged(root, tag, zero_stage, first_line(e)) from None
     merge = merge or bool(job.train.lora is not None and job.train.lora.merge)
     dtype = export_dtype(plan.precision)
     if job.train.lora is not None and not merge:

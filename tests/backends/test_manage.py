@@ -123,6 +123,11 @@ def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, cap
     assert "launch process 4242 is gone and never wrote how the run ended: it was killed" in out
     assert "its ranks are gone too" in out and "rank 0: killed, step 3" in out
     assert "no checkpoint was saved, so --resume cannot continue it" in out and "--overwrite" in out
+    (local_run / "checkpoint").mkdir()
+    (local_run / "checkpoint" / "latest").write_text("step-00000002\n")
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"continue it with the same job file and --run-dir {local_run} --resume" in out, out
     (local_run / "state.json").write_text(json.dumps({"state": "completed"}))
     (local_run / "report.json").write_text(json.dumps({"verdict": "within_budget", "eval_loss": 0.5,
                                                        "eval_accuracy": 0.75}))

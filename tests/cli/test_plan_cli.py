@@ -211,9 +211,10 @@ def test_plan_prints_the_predicted_total_time_and_warns_past_the_threshold(capsy
     # No warning under the default 72 h; epochs count the data's training examples (64 rows less 6 held out).
     code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2}))
     assert "train.epochs 2 x 7 steps (58 training examples)" in out and "WARNING" not in out
+    # Packed, the epoch is counted in the packed sequences the data check found (it was "not predicted").
     code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2,
                                                          "data.packing": True}))
-    assert "total time  not predicted: data.packing" in out
+    assert "train.epochs 2 x 7 steps (57 training examples)" in out and "57 packed sequence(s)" in out
 
 
 def test_alternatives_are_worded_from_their_numbers(capsys, write_job):

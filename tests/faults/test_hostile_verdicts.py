@@ -16,6 +16,7 @@ import pytest
 
 from launcher.backends.base import RankFailure
 from launcher.cli.main import main
+from launcher.rundir import MARKER
 from tests.faults.harness import Case, Sandbox, check_refused, entries, one_error_block
 
 # Tiny GPT-2 at seq 128, global batch 16 on 2 ranks: micro-batch 8 without checkpointing is predicted at 36 MB.
@@ -29,7 +30,7 @@ def run_dir_with(state: str | None = None, checkpoint: bool = False):
 
     def setup(s: Sandbox) -> None:
         s.run_dir.mkdir()
-        (s.run_dir / ".launcher-run").write_text("{}\n")  # launch made it: --resume takes no other dir
+        (s.run_dir / MARKER).write_text("{}\n")  # launch made it
         (s.run_dir / "plan.json").write_text("{}\n")
         if state:
             (s.run_dir / "state.json").write_text(json.dumps({"state": state}) + "\n")
@@ -66,7 +67,9 @@ CASES = [
     Case("auto-fallback-on-two-nodes",
          lambda s: [s.job(auto_fallback=1), "--nodes", "2", "--rdzv-endpoint", "localhost:29400"],
          ["auto_fallback: 1 relaunches the ranks of this node only", "set auto_fallback: 0"]),
-    Case("auto-fallback-on-a-later-node", lambda s: [s.job(), "--auto-fallback", "1", "--node-rank", "1"],
+    Case("auto-fallback-on-a-later-node",
+         lambda s: [s.job(), "--auto-fallback", "1", "--nodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                    "localhost:29400"],
          ["auto_fallback: 1 relaunches the ranks of this node only", "--auto-fallback 0"]),
     Case("auto-fallback-flag-with-slurm", lambda s: [s.job(), "--auto-fallback", "3", "--slurm"],
          ["auto_fallback: 3 relaunches the ranks of this node only", "for --slurm"]),
