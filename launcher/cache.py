@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.fsutil import atomic_write
+from launcher.fsutil import DIR_MODE, atomic_write
 
 CACHE_ENV = "LAUNCHER_CACHE"
 """The cache directory (default ~/.cache/launcher)."""
@@ -31,10 +31,25 @@ def profile_file() -> Path | None:
     return Path(named) if named else None
 
 
+def private_dirs(path: Path) -> Path:
+    """``path`` as a directory, every directory made for it DIR_MODE (0700, as files are 0600): the cache holds a
+    dataset's tokens and the shapes of private models. A directory that exists keeps its mode: $LAUNCHER_CACHE
+    may name one shared on purpose. OSError when it cannot be made."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=DIR_MODE, exist_ok=True)
+    return path
+
+
 def write_cache(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically; a cache that cannot be written is skipped silently."""
+    """Write ``data`` as JSON to ``path`` atomically (0600, in directories made 0700); a cache that cannot be written
+    is skipped silently."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(path.parent)
         atomic_write(path, json.dumps(data))
     except OSError:
         pass  # a read-only cache only costs speed

@@ -3,7 +3,8 @@
 Reads only the files the ranks write (steps/rank-K.jsonl, ranks/rank-K.json), so it works the same for a
 local run and a Slurm job followed with --wait. A terminal gets the live table; any other stdout (CI, nohup, a
 pipe) gets one plain line per log step (train.log_every_steps) instead: step/total, loss, lr, tokens/s, the
-peak memory so far against the budget, and the ETA. --quiet turns both off.
+peak memory so far against the budget, and the ETA (a --script run with no loss in its lines: its first and last
+step and one every LOSSLESS_EVERY_S). --quiet turns both off.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from launcher.units import format_bytes, format_duration
 
 CARRIED = ("loss", "tokens_per_s")
 """Step-line fields only log steps have (train.log_every_steps); between them the view shows the latest."""
+LOSSLESS_EVERY_S = 10.0
+"""A run whose lines carry no loss (a --script run whose library does not log one to the launcher): the plain view
+prints its first step, its last, and a step at most this often, seconds, so a pipe still shows progress."""
 
 
 def json_rows(lines: list) -> list[dict]:
@@ -140,6 +144,8 @@ class StepLines:
         self._offset, self._inode = 0, None
         self._last_step = 0
         self._first: tuple[int, float] | None = None  # (step, time) of the first line seen: the ETA's base
+        self._loss_seen = False  # a line with a loss was seen: only those print from then on
+        self._printed_at: float | None = None  # the time of the last line printed without a loss
 
     def new_rows(self) -> list[dict]:
         """Rank 0's step lines written since the last call (whole lines only)."""
@@ -164,14 +170,14 @@ class StepLines:
         return [r for r in rows if isinstance(r.get("step"), int) and r.get("time", self.since) >= self.since]
 
     def total(self) -> int | None:
-        """The run's total_steps: train.max_steps, or (train.epochs) the count rank 0 recorded once it knew its data."""
-        if self.max_steps:
-            return self.max_steps
+        """The run's total_steps: the count rank 0 recorded (a train.epochs job's once it knew its data, a --script
+        run's Trainer's), else train.max_steps."""
         try:
             data = json.loads((self.run_dir / "ranks" / "rank-0.json").read_text())
-            return RankReport.from_json({"rank": 0, **data}).total_steps
+            recorded = RankReport.from_json({"rank": 0, **data}).total_steps
         except (OSError, ValueError, TypeError):
-            return None
+            recorded = None
+        return recorded or self.max_steps
 
     def peak_bytes(self) -> int | None:
         """The highest peak memory any rank's latest step line reports, bytes; None before any."""
@@ -209,7 +215,8 @@ class StepLines:
         return None if per_step is None else max(0, total - step) * per_step
 
     def print_new(self) -> int:
-        """Print a line for each new log step (a line with a loss); returns how many."""
+        """Print a line for each new log step (a line with a loss), or, in a run whose lines carry no loss, for its
+        first and last step and one every LOSSLESS_EVERY_S; returns how many."""
         rows = self.new_rows()
         if not rows:
             return 0
@@ -217,12 +224,25 @@ class StepLines:
         for row in rows:
             if self._first is None and row.get("time") is not None:
                 self._first = (row["step"], row["time"])
-            if row["step"] <= self._last_step or "loss" not in row:
+            self._loss_seen = self._loss_seen or "loss" in row
+            if row["step"] <= self._last_step or not ("loss" in row or self._lossless_due(row, total)):
                 continue
             self._last_step = row["step"]
             print(f"[{time.strftime('%H:%M:%S')}] {self.format(row, total, peak)}", flush=True)
             printed += 1
         return printed
+
+
+    def _lossless_due(self, row: dict, total: int | None) -> bool:
+        """A line without a loss prints only in a run that has none: its first, its last, then every
+        LOSSLESS_EVERY_S by the lines' own times."""
+        if self._loss_seen:
+            return False
+        t = row.get("time", 0.0)
+        if self._printed_at is None or row["step"] == total or t - self._printed_at >= LOSSLESS_EVERY_S:
+            self._printed_at = t
+            return True
+        return False
 
 
 def view_mode(quiet: bool, verbose: bool) -> str:

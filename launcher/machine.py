@@ -63,6 +63,18 @@ def auto_profile_name(gpu: str | None, where: str = "cluster.hardware") -> str:
     return name
 
 
+def submit_host_problem(job: Job) -> Problem | None:
+    """`launch plan --sbatch` writes a job for the cluster's nodes, not for this host: cluster.hardware auto reads
+    this host's GPU, and on a host without one (a login node) it would plan CPU ranks for nodes that may hold GPUs.
+    The one rule: refuse auto there, naming the profiles; a named profile (cpu included) plans for itself."""
+    if job.cluster.hardware != "auto" or detect_gpu_name() is not None:
+        return None
+    cards = ", ".join(n for n in PROFILES if n != "cpu")
+    return Problem("cluster.hardware", "auto found no GPU on this host, so the sbatch script would plan CPU ranks for "
+                   "the cluster's nodes; set cluster.hardware (or --hardware) to the nodes' card "
+                   f"({cards}), or to cpu for CPU ranks")
+
+
 def hardware_profile(job: Job) -> HardwareProfile:
     """The job's hardware profile (cluster.hardware, or the detected card for auto), with the calibrated figures from
     `launch calibrate` ($LAUNCHER_PROFILE_FILE, else the cache's profiles dir) applied when there are any."""

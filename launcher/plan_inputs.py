@@ -20,7 +20,8 @@ from launcher.config.jobfile import check_budget
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
-from launcher.model.build import BUNDLED_DIR, MINILM_NAMES, config_file_problems
+from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
+from launcher.model.config_file import config_file_problems
 from launcher.model.introspect import ModelStats
 from launcher.plan_words import with_forced_reason
 from launcher.planner.hardware import HardwareProfile

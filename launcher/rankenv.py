@@ -27,6 +27,9 @@ ENFORCE_ENV = "LAUNCHER_ENFORCE_BYTES"
 """Per-rank byte cap set by --enforce; crossing it raises torch.OutOfMemoryError."""
 TRACK_ENV = "LAUNCHER_TRACK_CATEGORIES"
 """'1' tracks tensors by category with MemTracker on CUDA too (always on for CPU ranks; slows CUDA runs)."""
+HEAP_ENV = "LAUNCHER_HEAP_CHECK"
+"""'1': CPU ranks also sample glibc's heap in use beside every tracked op (launcher.runtime.heap), an instrument
+independent of the tracker, and report it beside the tracked peak (rank-K.json heap_check)."""
 SNAPSHOT_ENV = "LAUNCHER_MEMORY_SNAPSHOT"
 """Set to 1 (launch --memory-snapshot): CUDA ranks record the allocator's history through their first step and
 dump it to RUN_DIR/memory-snapshot/rank-K.pickle (open it at pytorch.org/memory_viz)."""
@@ -34,6 +37,9 @@ ATTEMPT_ENV = "LAUNCHER_ATTEMPT"
 """Which attempt (Slurm restart count) the ranks run; stamped on every step line."""
 RDZV_ID_ENV = "LAUNCHER_RDZV_ID"
 """torchrun's rendezvous id; one per Slurm job attempt so a requeued job never joins its old rendezvous."""
+AGENT_PID_ENV = "LAUNCHER_AGENT_PID"
+"""The pid of the process that starts the ranks (launch, whose torchrun agent runs in-process): a rank whose
+parent is already another one by the time it arms its parent-death signal was orphaned while it started."""
 CONTROL_FILE = "checkpoint"
 """RUN_DIR/control/<this>: its presence asks every rank to checkpoint and stop at the next step."""
 MICRO_BATCH_ENV = "LAUNCHER_MICRO_BATCH_SIZE"
@@ -110,6 +116,13 @@ def run_dir() -> Path | None:
     """The run dir the launcher gave this rank ($LAUNCHER_RUN_DIR); None outside a launched run."""
     d = os.environ.get(RUN_DIR_ENV)
     return Path(d) if d else None
+
+
+def agent_pid() -> int | None:
+    """The launcher's agent pid ($LAUNCHER_AGENT_PID); None when the ranks were started otherwise (torchrun by
+    hand, an sbatch script)."""
+    raw = os.environ.get(AGENT_PID_ENV, "").strip()
+    return int(raw) if raw.isdigit() else None
 
 
 def enforce_bytes() -> int | None:

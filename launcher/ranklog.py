@@ -51,6 +51,11 @@ def log_fd(log: Path) -> int:
     return write_end
 
 
+def redactor_pids() -> set[int]:
+    """The pids of this process's log redactors: what a rank leaving keeps (launcher.rank_entry.exit_rank)."""
+    return {p.pid for p in _redactors}
+
+
 def _held_back(data: bytes, needles: list[bytes]) -> int:
     """Length of the longest tail of ``data`` that begins some secret: it may be completed by the next read."""
     for k in range(min(len(data), max(len(n) for n in needles) - 1), 0, -1):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from launcher.records import known_and_extra, set_fields
+
 RANK_REPORT_SCHEMA = 1
 """Version of rank-K.json's layout; from_json refuses a newer one rather than misread it."""
 
@@ -42,13 +44,37 @@ class OomDetails:
         return cls(**{"phase": "unknown", "step": 0, **{k: v for k, v in d.items() if k in known}})
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ScriptOverride:
+    """A value a --script run's plan put in place of the script's own (launcher.runtime.script_args): where it
+    lives, what the script asked for and what the plan set, both as Python writes them."""
+
+    setting: str
+    """Where the value lives: the class and field the library reads it from (SFTConfig.per_device_train_batch_size)."""
+    script: str
+    """The script's value."""
+    plan: str
+    """The plan's value, which the run used."""
+
+    def to_json(self) -> dict:
+        """The override as a dict of its three fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> ScriptOverride:
+        """An override read from a rank file or report.json; unknown keys are ignored."""
+        return cls(setting=str(d.get("setting", "?")), script=str(d.get("script", "?")), plan=str(d.get("plan", "?")))
+
+
 # Fields written only when known (the probe on CUDA, or a record() call): left out of the file while None, so
 # a rank file reads as it did before the type.
 _WHEN_SET = ("max_memory_allocated_bytes", "max_memory_reserved_bytes", "outside_allocator_bytes", "phases_allocated",
+             "heap_check",
              "engine", "label", "task", "total_params", "trainable_params", "micro_batch_size", "grad_accum_steps",
              "seq_len", "precision", "total_steps", "train_examples", "eval_examples", "plan_sha256", "oom",
              "eval_loss", "eval_step", "eval_accuracy", "eval_loss_initial", "resumed_from_step", "resumed_from",
-             "checkpoint", "export", "export_format", "stop_reason", "script", "steps_counted_by", "memory_snapshot")
+             "checkpoint", "export", "export_format", "stop_reason", "script", "steps_counted_by", "script_overrides",
+             "memory_snapshot")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -89,6 +115,9 @@ class RankReport:
     """The process's peak resident set, bytes."""
     enforce_bytes: int | None = None
     """The cap enforced on this rank (--enforce), bytes."""
+    heap_check: dict[str, int] | None = None
+    """$LAUNCHER_HEAP_CHECK=1, CPU ranks: the tracked total beside glibc's heap in use over the training phases
+    (launcher.runtime.tracker.HeapCheck's fields, bytes)."""
     first_loss: float | None = None
     """The first logged loss."""
     final_loss: float | None = None
@@ -159,6 +188,8 @@ class RankReport:
     """launch --script: the script's path."""
     steps_counted_by: str | None = None
     """launch --script: how steps were counted."""
+    script_overrides: list[ScriptOverride] | None = None
+    """launch --script: each value the plan set in place of the script's own, on this rank."""
     memory_snapshot: str | None = None
     """--memory-snapshot: the pickle's path."""
     extra: dict[str, object] = field(default_factory=dict)
@@ -174,33 +205,35 @@ class RankReport:
             value = getattr(self, f.name)
             if f.name == "extra" or (value is None and f.name in _WHEN_SET):
                 continue
-            out[f.name] = value.to_json() if isinstance(value, OomDetails) else value
+            if isinstance(value, OomDetails):
+                value = value.to_json()
+            elif f.name == "script_overrides" and value is not None:
+                value = [o.to_json() for o in value]
+            out[f.name] = value
         return {**out, **self.extra}
 
     @classmethod
     def from_json(cls, d: dict) -> RankReport:
         """A rank file; one written before a field (the schema included) reads with that field's default."""
-        if int(d.get("schema", 1)) > RANK_REPORT_SCHEMA:
-            raise ValueError(f"rank report schema {d['schema']} is newer than this launcher reads "
-                             f"({RANK_REPORT_SCHEMA}); upgrade launcher")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in d.items() if k in names and v is not None}
+        known, extra = known_and_extra(cls, d, newest=RANK_REPORT_SCHEMA, what="rank report")
         if "basis" not in known:  # files before the basis field: CUDA ranks then measured allocated bytes
             known["basis"] = "cuda_allocated" if str(d.get("device", "cpu")).startswith("cuda") else "cpu_tensor_bytes"
         if isinstance(known.get("oom"), dict):
             known["oom"] = OomDetails.from_json(known["oom"])
+        if isinstance(known.get("script_overrides"), list):
+            known["script_overrides"] = [ScriptOverride.from_json(o) for o in known["script_overrides"]
+                                         if isinstance(o, dict)]
         for k in ("measured_peak_bytes", "training_peak_bytes", "steps_done"):
             known[k] = int(known.get(k) or 0)
         known["rank"] = int(d["rank"])
-        return cls(**known, extra={k: v for k, v in d.items() if k not in names})
+        return cls(**known, extra=extra)
 
     def record(self, fields: dict[str, object]) -> None:
         """Set recorded fields by name: a listed field takes its value, any other goes to ``extra``."""
-        names = {f.name for f in dataclasses.fields(self)} - {"extra", "schema"}
-        for k, v in fields.items():
-            if k == "oom" and isinstance(v, dict):
-                v = OomDetails.from_json(v)
-            if k in names:
-                setattr(self, k, v)
-            else:
-                self.extra[k] = v
+        fields = dict(fields)
+        if isinstance(fields.get("oom"), dict):
+            fields["oom"] = OomDetails.from_json(fields["oom"])
+        if isinstance(fields.get("script_overrides"), list):
+            fields["script_overrides"] = [o if isinstance(o, ScriptOverride) else ScriptOverride.from_json(o)
+                                          for o in fields["script_overrides"]]
+        set_fields(self, fields)

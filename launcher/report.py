@@ -8,11 +8,14 @@ from pathlib import Path
 from launcher.categories import CATEGORY_GROUPS, grown_category
 from launcher.categories import measured_bytes as measured_group
 from launcher.categories import predicted_bytes as predicted_group
+from launcher.datasummary import read_data_summary
 from launcher.fsutil import atomic_write
+from launcher.live import last_line
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.planner.plan import Plan
-from launcher.rankreport import RankReport
-from launcher.rundir import RunDir
+from launcher.procs import exit_words, stopped_by_request
+from launcher.rankreport import RankReport, ScriptOverride
+from launcher.rundir import FINAL_STATUSES, RunDir
 from launcher.runreport import RankRow, RunReport
 from launcher.units import decimal_unit, format_bytes
 
@@ -20,26 +23,31 @@ __all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.cate
 
 FAILED_STATUSES = ("failed", "oom")
 """Rank statuses (launcher.worker.main) of a rank that ended with an error."""
+STOPPED_STATUSES = ("checkpointed", "interrupted")
+"""Rank statuses of a rank that stopped before its last step because it was asked to (a signal such as a
+scheduler's SIGTERM, the control file), saving a checkpoint first where it could."""
 
 
 def rank_verdict(status: str, measured_bytes: int, budget_bytes: int, *, interrupted: bool = False) -> str:
-    """ok, OVER, oom, failed or interrupted. A rank that failed, or measured nothing, is never "ok": 0 bytes
-    measured is no evidence of fitting, and the table would otherwise read "ok, measured 0 B". In an interrupted
-    run a rank that did not complete is "interrupted" (the signal ended it, whatever it wrote on the way out)
-    unless it was already over the budget or out of memory: those are facts the interrupt does not change."""
+    """ok, OVER, oom, failed or interrupted. Only a rank that completed (ran every planned step) and measured
+    something is "ok": 0 bytes measured is no evidence of fitting. A rank that stopped on request, or that did not
+    complete in an interrupted run, is "interrupted" (the signal ended it, whatever it wrote on the way out) unless
+    it was already over the budget or out of memory: facts the interrupt does not change. Any other status after
+    the run (still "running": the process died without a word, killed by SIGKILL or the OOM killer) is "failed"."""
     if status == "oom":
         return "oom"
-    if interrupted and status != "completed":
+    if status != "completed" and (interrupted or status in STOPPED_STATUSES):
         return "OVER" if measured_bytes > budget_bytes else "interrupted"
-    if status in FAILED_STATUSES or measured_bytes <= 0:
+    if status != "completed" or measured_bytes <= 0:
         return "failed"
     return "ok" if measured_bytes <= budget_bytes else "OVER"
 
 
 RUN_VERDICTS = ("within_budget", "over_budget", "oom", "failed", "interrupted", "incomplete")
 """report.json's "verdict": what the run showed, in the order the exit code is decided (launcher.session.finish):
-interrupted (130), oom or failed (1), over_budget (3), incomplete (1: a rank wrote no memory file),
-within_budget (0: every rank completed, measured, and stayed within the budget)."""
+interrupted (130: a signal to the launcher or to a rank), oom or failed (1), a rank stopped on request (130),
+over_budget (3), incomplete (1: a rank wrote no memory file), within_budget (0: every rank completed every step,
+measured, and stayed within the budget)."""
 
 
 def run_verdict(rows: list[RankRow], missing: list[int], *, interrupted: bool = False, failed: bool = False) -> str:
@@ -49,6 +57,8 @@ def run_verdict(rows: list[RankRow], missing: list[int], *, interrupted: bool = 
         return "interrupted"
     if failed or verdicts & {"failed", "oom"}:
         return "oom" if "oom" in verdicts else "failed"
+    if "interrupted" in verdicts:
+        return "interrupted"
     if "OVER" in verdicts:
         return "over_budget"
     if missing or not rows:
@@ -70,8 +80,24 @@ def predicted_on_basis(plan: Plan, basis: str) -> int:
     return peak_on_basis(tensors, est.overhead, basis)
 
 
-def rank_row(r: RankReport, plan: Plan, *, interrupted: bool) -> RankRow:
-    """One rank file's line of the report."""
+def last_seen(run: RunDir, r: RankReport) -> RankReport:
+    """A rank file whose status was never made final (the process died: SIGKILL, the OOM killer) was written when
+    training began: its peak and step count are then raised to what its last step line says, so a killed rank's
+    row shows what it measured, not a stale early figure."""
+    if r.status in FINAL_STATUSES:
+        return r
+    line = last_line(run.steps / f"rank-{r.rank}.jsonl") or {}
+    peak, step = line.get("mem_peak_bytes"), line.get("step")
+    if isinstance(peak, int) and peak > r.measured_peak_bytes:
+        r.measured_peak_bytes = peak
+    if isinstance(step, int) and step > r.steps_done:
+        r.steps_done = step
+    return r
+
+
+def rank_row(r: RankReport, plan: Plan, *, interrupted: bool, exitcode: int | None = None) -> RankRow:
+    """One rank file's line of the report; ``exitcode`` is how its process ended when not with 0 (negative: a
+    signal), where the backend saw it."""
     budget = plan.budget_bytes
     measured = r.measured_peak_bytes
     predicted = predicted_on_basis(plan, r.basis)
@@ -91,16 +117,23 @@ def rank_row(r: RankReport, plan: Plan, *, interrupted: bool) -> RankRow:
         peak_rss_bytes=r.peak_rss_bytes, max_memory_allocated_bytes=r.max_memory_allocated_bytes,
         max_memory_reserved_bytes=r.max_memory_reserved_bytes, outside_allocator_bytes=r.outside_allocator_bytes,
         first_loss=r.first_loss, final_loss=r.final_loss, eval_loss=r.eval_loss, eval_accuracy=r.eval_accuracy,
-        steps_done=r.steps_done,
+        steps_done=r.steps_done, stop_reason=r.stop_reason,
+        ended=exit_words(exitcode) if exitcode else None,
     )
 
 
 def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: bool = False,
-                 failed: bool = False) -> RunReport:
+                 failed: bool = False, exitcodes: dict[int, int] | None = None) -> RunReport:
     """report.json from the rank files; ``interrupted`` and ``failed`` say how the run ended (the backend's
-    Outcome), so the table, report.json and the exit code give one verdict."""
+    Outcome), ``exitcodes`` how the ranks that did not exit 0 ended, so the table, report.json and the exit code
+    give one verdict. Ranks killed by a stop signal (SIGTERM, SIGINT, SIGHUP: a preemption) interrupt the run as
+    a signal to the launcher does, when nothing else ended any rank: after a rank fails, torchrun stops the others
+    with SIGTERM itself."""
+    exitcodes = exitcodes or {}
+    interrupted = interrupted or bool(exitcodes) and all(stopped_by_request(c) for c in exitcodes.values())
     ranks = run.rank_reports()
-    rows = [rank_row(ranks[k], plan, interrupted=interrupted) for k in sorted(ranks)]
+    rows = [rank_row(last_seen(run, ranks[k]), plan, interrupted=interrupted, exitcode=exitcodes.get(k))
+            for k in sorted(ranks)]
     missing = sorted(set(range(expected_ranks)) - {row.rank for row in rows})
     bases = {row.basis for row in rows}
     plan_basis = plan.estimate.basis
@@ -126,7 +159,18 @@ def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: b
         world_size=expected_ranks,
         missing_ranks=missing,
         ranks=rows,
+        script_overrides=script_overrides(ranks.values()),
+        data=read_data_summary(run.path),
     )
+
+
+def script_overrides(ranks) -> list[ScriptOverride] | None:
+    """The values a --script run's plan set in place of the script's own, each once over the ``ranks``
+    (RankReports); None when no rank recorded any (not a script, or a script that builds no HF arguments)."""
+    seen: dict[ScriptOverride, None] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        seen.update(dict.fromkeys(r.script_overrides or ()))
+    return list(seen) or None
 
 
 def over_budget_message(report: RunReport) -> str | None:
@@ -159,8 +203,18 @@ def render_report(report: RunReport) -> str:
         lines.append(f"eval: loss {report.eval_loss:.4f}"
                      + (f", accuracy {acc:.1%}" if isinstance(acc, (int, float)) else ""))
     lines += report.math_notes
+    if report.script_overrides:
+        lines.append("the plan set in the script (script's value -> plan's): "
+                     + "; ".join(f"{o.setting} {o.script} -> {o.plan}" for o in report.script_overrides))
     lines.append("verdict: " + verdict_line(report) + (f" (peaks count {report.basis})" if report.basis else ""))
     return "\n".join(lines)
+
+
+def unmeasured(report: RunReport) -> list[int]:
+    """Ranks that completed (exit 0, status completed) yet measured no memory: a script that made no tensor the
+    probe sees, or exited at once. Their verdict is "failed" (0 bytes is no evidence of fitting), but nothing
+    failed: the words must say so."""
+    return [r.rank for r in report.ranks if r.status == "completed" and not r.measured and r.verdict == "failed"]
 
 
 def verdict_line(report: RunReport) -> str:
@@ -171,12 +225,15 @@ def verdict_line(report: RunReport) -> str:
         return [r.rank for r in report.ranks if r.verdict == v]
 
     over = f"; rank(s) {which('OVER')} already over budget" if which("OVER") else ""
+    idle = unmeasured(report)
+    failed = [r for r in which("failed") if r not in idle]
+    said = "; ".join(([f"rank(s) {failed} failed"] if failed else []) + ([
+        f"rank(s) {idle} completed without measuring any memory"] if idle else []))
     return {
         "within_budget": "every rank within budget",
         "interrupted": f"interrupted: the run stopped before it finished, so NOT shown within budget{over}",
         "oom": f"NOT within budget: rank(s) {which('oom')} ran out of memory",
-        "failed": "NOT within budget: " + (f"rank(s) {which('failed')} failed" if which("failed")
-                                           else "the ranks did not finish") + over,
+        "failed": "NOT within budget: " + (said or "the run failed") + over,
         "over_budget": f"NOT within budget: rank(s) {which('OVER')} over",
         "incomplete": f"NOT within budget: rank(s) {report.missing_ranks} wrote no memory file",
     }.get(verdict, f"NOT within budget ({verdict})")

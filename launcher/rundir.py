@@ -11,17 +11,22 @@
     RUN/heartbeat/rank-K     optional: a script touches it to tell the hang watchdog it is alive
     RUN/attempts/<k>/        with --auto-fallback: attempt k's plan, job, ranks/, steps/, logs/ and report,
                              moved aside before the next attempt; RUN itself always holds the latest attempt
-    RUN/.launcher-run        the marker: launch made this dir (written when it creates or takes over a run dir,
-                             and by `launch plan --out`); --overwrite replaces only a dir that holds it
+    RUN/.launcher-run        the marker: launch made this dir (written when it creates a run dir, before any file
+                             but the lock, and by `launch plan --out`); --overwrite and --resume take only a dir
+                             that holds it, as a regular file
     RUN/.lock                flock'd by the launch that writes here (and by `plan --out` while it swaps files)
 
---overwrite deletes only what the launcher writes (RUN_ENTRIES and its temporaries): files a person put into a
-run dir stay, and a non-empty dir without the marker is refused (launcher.errors.ConfigError).
+--overwrite deletes only what the launcher writes (RUN_ENTRIES and its temporaries, launcher.fsutil.TMP_SUFFIX):
+files a person put into a run dir stay and are named, and a non-empty dir without the marker is refused
+(launcher.errors.ConfigError), as --resume refuses a dir without it. docs/reliability/writes.md lists what each
+command may write.
 
 What the launcher writes here passes through ``redact``: the values of secret-looking environment
-variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes, and the rank logs are
-redacted as they are written (launcher.ranklog); they are scrubbed again when the run ends, as are submitit's
-own .out/.err files on Slurm (by each task as it ends and again by `--wait`), which are written by Slurm itself.
+variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes. A value naming a path
+that exists is no secret (it says where something is), and a string naming one (job.yaml's data.path) is never
+rewritten: the run reads it. The rank logs are redacted as they are written (launcher.ranklog); they are scrubbed
+again when the run ends, as are submitit's own .out/.err files on Slurm (by each task as it ends and again by
+`--wait`), which are written by Slurm itself.
 The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.fsutil).
 """
 
@@ -41,13 +46,27 @@ import yaml
 
 from launcher.engines import ENGINES
 from launcher.errors import ConfigError
-from launcher.fsutil import FILE_MODE, atomic_write, private_dir
+from launcher.fsutil import (
+    FILE_MODE,
+    TMP_SUFFIX,
+    atomic_write,
+    has_marker,
+    is_temporary,
+    private_dir,
+    remove,
+    write_marker,
+    write_reserved,
+)
 from launcher.rankreport import RankReport
+from launcher.runstate import LIVE_STATES, RESERVE_BYTES, RunState
+
+__all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.runstate), re-exported for its readers
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)",
-                         re.IGNORECASE)
+# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable; TOKEN only ending a
+# word, so TOKENIZERS_PARALLELISM or TOKENIZER_PATH (settings, not secrets) do too.
+SECRET_NAME = re.compile(r"TOKEN($|_)|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|"
+                         r"(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)", re.IGNORECASE)
 SECRET_MIN_CHARS = 8
 """Shorter values are not redacted: replacing every '1' or 'true' in a log would destroy it and hide nothing."""
 REDACTED = "[redacted]"
@@ -62,23 +81,34 @@ ENGINE_FILES = tuple(n for spec in ENGINES.values() for n in (*spec.config_names
 other's, so a dir never holds both."""
 EXPORT_FILES = ("plan.json", "job.yaml", "accelerate.yaml", "job.sbatch", *ENGINE_FILES)
 """What `launch plan --out` writes."""
-RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "memory.png", "slurm.json", "sweep.json",
+RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "data.json", "memory.png", "slurm.json", "sweep.json",
                "requeues.jsonl", "ranks", "steps", "logs", "checkpoint", "control", "heartbeat", "attempts",
-               "submitit", "memory-snapshot", "rdzv", "variants", "model", "model.partial")
-"""Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with the
-temporaries below)."""
-OWN_PATTERNS = (re.compile(r"slurm-\d+\.out"), re.compile(r"\.write-test-\d+"),
-                re.compile(r"\.(" + "|".join(re.escape(n) for n in RUN_ENTRIES) + r")\..+"))
-"""sbatch's output file, the writability probe, and the temporaries of atomic_write and of the sbatch script's
-write_file (.plan.json.XXXX), left by a killed launch."""
+               "submitit", "memory-snapshot", "rdzv", "variants", "model")
+"""Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with its temporaries,
+launcher.fsutil.is_temporary, and Slurm's output file below)."""
+SLURM_OUTPUT = re.compile(r"slurm-\d+\.out")
+"""The sbatch script's own output file (#SBATCH --output=RUN/slurm-%j.out)."""
+PLAN_OUT_ENTRIES = (MARKER, ".lock", *EXPORT_FILES)
+"""What a dir `launch plan --out` made holds; any other launcher name in it is a run's."""
 FINAL_STATUSES = ("completed", "checkpointed", "failed", "oom")
 """A rank file with one of these is the rank's last word for its attempt."""
 
 
+def names_a_path(text: str) -> bool:
+    """Whether ``text`` (``~`` expanded) is the path of something that exists: a place the run reads or writes
+    (a data dir, GOOGLE_APPLICATION_CREDENTIALS' key file), never itself a secret."""
+    try:
+        return os.path.lexists(os.path.expanduser(text))
+    except (ValueError, OSError):  # a NUL byte, a name too long
+        return False
+
+
 def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole)."""
+    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole);
+    a value naming an existing path is not one (redacting it would rewrite every path below it)."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS}
+    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS
+              and not names_a_path(v)}
     return sorted(values, key=len, reverse=True)
 
 
@@ -92,12 +122,13 @@ def redact(text: str, secrets: list[str] | None = None) -> str:
 
 def redact_data(obj, secrets: list[str] | None = None):
     """``redact`` applied to every string (keys included) in plain JSON/YAML data, before it is serialized:
-    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text."""
+    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text. A string
+    naming an existing path is a field the run reads (data.path, model) and is never rewritten."""
     secrets = secret_values() if secrets is None else secrets
     if not secrets:
         return obj
     if isinstance(obj, str):
-        return redact(obj, secrets)
+        return obj if names_a_path(obj) else redact(obj, secrets)
     if isinstance(obj, dict):
         return {redact_data(k, secrets): redact_data(v, secrets) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -128,26 +159,6 @@ def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
         return False
     atomic_write(path, data)
     return True
-
-
-LIVE_STATES = ("submitted", "running")
-"""state.json states in which a job or a launch may still be writing the run dir."""
-
-
-def launch_alive(pid: int) -> bool:
-    """True when ``pid`` is a live launcher process (not a zombie, not a reused pid of something else)."""
-    import psutil
-
-    if pid == os.getpid():
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return "launch" in cmdline
 
 
 def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
@@ -204,8 +215,39 @@ def few(names: list[str], n: int = 4) -> str:
 
 
 def is_own(p: Path) -> bool:
-    """Whether ``p``, an entry at the top of a run dir carrying the marker, is one the launcher writes."""
-    return p.name in RUN_ENTRIES or any(pat.fullmatch(p.name) for pat in OWN_PATTERNS)
+    """Whether ``p``, an entry at the top of a run dir carrying the marker, is one the launcher writes: an exact
+    launcher name, one of its temporaries, or the sbatch script's output file; never ``.<name>.<anything>``."""
+    return p.name in RUN_ENTRIES or is_temporary(p.name) or bool(SLURM_OUTPUT.fullmatch(p.name))
+
+
+def is_marked(path: Path) -> bool:
+    """Whether ``path`` carries the marker of a dir launch made (a regular file: a link does not count)."""
+    return has_marker(path, MARKER)
+
+
+def run_entries(path: Path) -> list[str]:
+    """The names in ``path`` only a run writes (state.json, ranks/, checkpoint/, ...), not `plan --out`."""
+    try:
+        return [n for n in contents(path) if n in RUN_ENTRIES and n not in PLAN_OUT_ENTRIES]
+    except OSError:
+        return []
+
+
+def unmarked_for_resume(path: Path) -> ConfigError | None:
+    """The error for --resume of a dir launch did not make, else None: a dir holding ``checkpoint/latest`` is
+    not a run dir for that (DeepSpeed's own save_checkpoint leaves one), and --resume would write into it. A new
+    or empty dir holds nothing of anyone's (a sweep's variant dir planned for the first time)."""
+    if is_marked(path):
+        return None
+    try:
+        if not contents(path):
+            return None
+    except OSError:  # unreadable: what it holds cannot be known, so it is not taken
+        pass
+    return ConfigError(
+        f"--resume: {str(path)!r} was not made by launch (no {MARKER} in it; DeepSpeed's own save_checkpoint "
+        "leaves a checkpoint/latest too), and --resume continues only a run dir launch made; start afresh with "
+        f"another --run-dir, or, if an older launch made this one, mark it with touch {str(path / MARKER)!r}")
 
 
 def foreign_dir(path: Path, *, flag: str) -> ConfigError | None:
@@ -216,7 +258,7 @@ def foreign_dir(path: Path, *, flag: str) -> ConfigError | None:
     except OSError as e:  # a dir this user may not list: what it holds cannot be known, so it is not taken
         return ConfigError(f"{flag}: {str(path)!r} cannot be read ({e.strerror}); choose a directory you can "
                            "write")
-    if not names or (path / MARKER).is_file():
+    if not names or is_marked(path):
         return None
     return ConfigError(
         f"{flag}: {str(path)!r} is not empty and was not made by launch (it holds {few(names)}); launch writes "
@@ -224,22 +266,22 @@ def foreign_dir(path: Path, *, flag: str) -> ConfigError | None:
         f"those; choose another {flag}")
 
 
-def refuse_protected(path: Path) -> None:
-    """--overwrite never clears the working directory, a directory above it, the home directory or /."""
+def refuse_protected(path: Path, *, flag: str = "--run-dir", by: str = "--overwrite") -> None:
+    """``by`` (--overwrite, or launch export replacing its --out) never clears the working directory, a directory
+    above it, the home directory or /, whatever marker it holds."""
     target = path.resolve()
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
-        raise ConfigError(f"--run-dir: {str(path)!r} is the current directory or holds it ({cwd}); --overwrite "
-                          "would delete files you are working in; choose another --run-dir")
+        raise ConfigError(f"{flag}: {str(path)!r} is the current directory or holds it ({cwd}); {by} "
+                          f"would delete files you are working in; choose another {flag}")
     if target in (Path.home().resolve(), Path("/")):
-        raise ConfigError(f"--run-dir: {str(path)!r} is {target}; --overwrite never clears it; choose another "
-                          "--run-dir")
+        raise ConfigError(f"{flag}: {str(path)!r} is {target}; {by} never clears it; choose another {flag}")
 
 
 def mark(path: Path, by: str = "launch run") -> None:
-    """Write the marker: this dir is launch's own (what --overwrite and `plan --out` check)."""
-    if not (path / MARKER).is_file():
-        atomic_write(path / MARKER, json.dumps({"made_by": by, "created": time.time()}) + "\n")
+    """Write the marker: this dir is launch's own (what --overwrite, --resume and `plan --out` check)."""
+    if not is_marked(path):
+        write_marker(path, MARKER, by)
 
 
 LATEST = "latest"
@@ -309,8 +351,8 @@ class RunDir:
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ConfigError(f"--run-dir: {str(path)!r} exists and is not a directory; choose another path")
-        foreign = foreign_dir(path, flag="--run-dir")
-        if foreign and not resume:
+        foreign = unmarked_for_resume(path) if resume else foreign_dir(path, flag="--run-dir")
+        if foreign:
             raise foreign
         existing = any(n != MARKER for n in contents(path))
         if existing and not (overwrite or resume):
@@ -320,7 +362,7 @@ class RunDir:
             refuse_protected(path)
         try:
             private_dir(path)  # 0700 before anything is written in it (launcher.fsutil: the permissions policy)
-            probe = path / f".write-test-{os.getpid()}"
+            probe = path / f".write-test.{os.getpid()}{TMP_SUFFIX}"
             probe.write_text("")
             probe.unlink()
         except OSError as e:
@@ -338,7 +380,7 @@ class RunDir:
             kept = run.clear()
             if kept:
                 print(f"launch: --overwrite kept what launch did not write in {str(run.path)!r}: "
-                      f"{few(kept)}", file=sys.stderr)
+                      f"{', '.join(kept)}", file=sys.stderr)
         mark(run.path)
         for d in (run.ranks, run.steps, run.logs, run.control):
             private_dir(d, parents=False)
@@ -385,22 +427,21 @@ class RunDir:
         """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
 
         After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
-        itself, but its pid is checked too in case the dir is reached through another mount.
+        itself, but it is checked too (its pid and start time, launcher.procs) in case the dir is reached through
+        another mount, and so are the rank processes it recorded, which must never outlive it.
         """
-        st = self.state()
-        if st.get("state") not in LIVE_STATES:
-            return
+        st = self.run_state()
         what = what or ("--overwrite would delete the files it is writing" if overwrite else
                         "a second launch would write into the same files")
-        job_id = st.get("slurm_job_id")
-        if job_id:
+        job_id = st.slurm_job_id
+        if job_id and st.state in LIVE_STATES:
             try:
                 if job_state is None:
                     raise ConfigError("nothing here can ask Slurm")
                 live = job_state(str(job_id))
             except ConfigError as e:
                 raise ConfigError(
-                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st['state']}) and "
+                    f"{flag}: {str(self.path)!r} belongs to slurm job {job_id} (state.json: {st.state}) and "
                     f"whether it still runs cannot be checked ({e}); {what}. Stop it with `launch cancel "
                     f"{self.path}` where Slurm answers, or choose another {flag}") from None
             if live:
@@ -408,20 +449,24 @@ class RunDir:
                     f"{flag}: {str(self.path)!r} belongs to slurm job {job_id}, which is still {live}; {what}. "
                     f"Stop it first with `launch cancel {self.path}`, or choose another {flag}")
             return
-        pid = st.get("pid")
-        if isinstance(pid, int) and launch_alive(pid):
+        launch = st.live_launch() if st.state in LIVE_STATES else None
+        if launch is not None:
             raise ConfigError(
-                f"{flag}: {str(self.path)!r} is in use by launch process {pid}, which is still running; {what}. "
-                f"Stop it first (kill -INT {pid}), or choose another {flag}")
+                f"{flag}: {str(self.path)!r} is in use by launch process {launch.pid}, which is still running; "
+                f"{what}. Stop it first (kill -INT {launch.pid}), or choose another {flag}")
+        ranks = [r.pid for r in st.live_ranks()]
+        if ranks:  # whatever state.json says: a rank that outlived its launch still writes here
+            pids = " ".join(map(str, ranks))
+            raise ConfigError(
+                f"{flag}: {str(self.path)!r} has rank processes still running ({pids}) though their launch is "
+                f"gone; {what}. Stop them first (kill {pids}), or choose another {flag}")
 
     def clear(self) -> list[str]:
-        """Delete what the launcher wrote here (never following a link out of the dir); the names it kept."""
-        import shutil
-
+        """Delete what the launcher wrote here (never following a link out of the dir); every name it kept."""
         # Defence in depth (create() has refused these already): never clear a filesystem root, HOME, or a dir
         # without the marker, whoever calls this.
         here = self.path.resolve()
-        if here == Path(here.anchor) or here == Path.home().resolve() or not (here / MARKER).is_file():
+        if here == Path(here.anchor) or here == Path.home().resolve() or not is_marked(here):
             raise ConfigError(f"--run-dir: {str(self.path)!r} is not a run dir the launcher made (no {MARKER}); "
                               "--overwrite never clears it; choose another --run-dir")
         kept = []
@@ -431,7 +476,7 @@ class RunDir:
             if not is_own(p):
                 kept.append(p.name)
                 continue
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            remove(p)
         return kept
 
     def write_json(self, name: str, data) -> Path:
@@ -485,18 +530,25 @@ class RunDir:
         """A JSON file of the run dir, parsed."""
         return json.loads((self.path / name).read_text())
 
-    def set_state(self, state: str, **extra) -> None:
-        """Update state.json: the new state, the time, and ``extra`` fields over what it held."""
-        current = {}
-        if (self.path / "state.json").is_file():
-            current = self.read_json("state.json")
-        current.update(state=state, updated=time.time(), **extra)
-        self.write_json("state.json", current)
+    def set_state(self, state: str, **fields) -> RunState:
+        """Update state.json (launcher.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
+        kept as extra) and write it, secret values redacted, with room kept so a full disk cannot keep the next
+        state out (launcher.fsutil.write_reserved). Returns the state written."""
+        current = self.run_state().update(state, **fields)
+        text = json.dumps(redact_data(json.loads(json.dumps(current.to_json(), default=str))), indent=2) + "\n"
+        write_reserved(self.path / "state.json", text, RESERVE_BYTES)
+        return current
 
     def state(self) -> dict:
         """state.json's contents; {} before it exists."""
-        p = self.path / "state.json"
-        return json.loads(p.read_text()) if p.is_file() else {}
+        return self.run_state().to_json() if (self.path / "state.json").is_file() else {}
+
+    def run_state(self) -> RunState:
+        """state.json as a RunState; an empty one before it exists or when it cannot be read."""
+        try:
+            return RunState.from_json(json.loads((self.path / "state.json").read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return RunState()
 
     def rank_files(self) -> list[Path]:
         """The rank memory files ranks/rank-K.json, by rank."""

@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.datasummary import DataSummary
 from launcher.planner.plan import Strategy
+from launcher.rankreport import ScriptOverride
 
 REPORT_SCHEMA = 1
 """Version of report.json's layout; from_json refuses a newer one rather than misread it."""
@@ -80,6 +82,10 @@ class RankRow:
     """seq_cls: the run's last eval accuracy, a fraction."""
     steps_done: int | None = None
     """Optimizer steps the rank did."""
+    stop_reason: str | None = None
+    """Why it stopped before its last step (SIGTERM, SIGUSR2, control file, another rank asked), as it recorded."""
+    ended: str | None = None
+    """How its process ended when not with exit 0, where the backend saw it: "killed by SIGKILL", "exit code 1"."""
 
     def to_json(self) -> dict:
         """The row as report.json's dict."""
@@ -228,7 +234,7 @@ class FallbackSummary:
 
 
 # Written only when set: finish() adds plan_sha256 and outcome, the ladder adds auto_fallback and attempts.
-_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts")
+_WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_overrides", "data")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -263,6 +269,8 @@ class RunReport:
     """Ranks that wrote no file."""
     ranks: list[RankRow] = field(default_factory=list)
     """One row per rank file, by rank."""
+    script_overrides: list[ScriptOverride] | None = None
+    """launch --script: each value the plan set in place of the script's own, over all ranks (each once)."""
     plan_sha256: str | None = None
     """Digest of the plan.json the launcher planned (launcher.rankenv.plan_digest)."""
     outcome: RunOutcome | None = None
@@ -271,6 +279,9 @@ class RunReport:
     """With --auto-fallback: how the ladder went."""
     attempts: list[Attempt] | None = None
     """With --auto-fallback: every attempt, first to last."""
+    data: DataSummary | None = None
+    """What the data held as the ranks trained on it (the launcher's count before the launch: RUN/data.json);
+    None for a --script run and for reports written before it."""
     schema: int = REPORT_SCHEMA
     """Layout version of this file."""
 
@@ -283,8 +294,10 @@ class RunReport:
                 continue
             if f.name == "ranks":
                 value = [r.to_json() for r in value]
-            elif f.name == "attempts":
+            elif f.name in ("attempts", "script_overrides"):
                 value = [a.to_json() for a in value]
+            elif f.name == "data":
+                value = value.to_json()
             elif dataclasses.is_dataclass(value):
                 value = dataclasses.asdict(value)
             out[f.name] = value
@@ -302,8 +315,13 @@ class RunReport:
             known["outcome"] = RunOutcome.from_json(d["outcome"])
         if d.get("auto_fallback") is not None:
             known["auto_fallback"] = FallbackSummary(**_known(FallbackSummary, d["auto_fallback"]))
+        if isinstance(d.get("script_overrides"), list):
+            known["script_overrides"] = [ScriptOverride.from_json(o) for o in d["script_overrides"]
+                                         if isinstance(o, dict)]
         if d.get("attempts") is not None:
             known["attempts"] = [Attempt.from_json(a) for a in d["attempts"]]
+        if d.get("data") is not None:
+            known["data"] = DataSummary.from_json(d["data"])
         if "within_budget" in d and "verdict" not in d:  # reports before the verdict field
             known["verdict"] = "within_budget" if d["within_budget"] else "over_budget"
         return cls(**known)

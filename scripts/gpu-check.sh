@@ -13,7 +13,7 @@
 # GPU_CHECK_RUNS=splits runs only the validation splits' runs (benchmarks/gpu/splits.py) before the page.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if ! [ -f .venv/.launcher-offline ]; then bash scripts/setup.sh || exit 1; fi
+if ! [ -f .venv/.launcher-offline ]; then bash scripts/setup.sh --test || exit 1; fi  # pytest for tests/gpu
 PY=.venv/bin/python
 gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') || exit 1
 if [ "$gpus" -lt 1 ]; then

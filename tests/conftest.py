@@ -7,6 +7,7 @@ import yaml
 
 from launcher.rankenv import use_local_tools
 from tests.slurm_fixtures import make_job, make_plan  # noqa: F401  (fixtures for tests/backends and tests/emit)
+from tests.tiers import GUARD, mark_slow
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GPT2 = {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 1024,
@@ -90,8 +91,40 @@ def require_cluster(reason: str | None) -> None:
     pytest.skip(reason)
 
 
+GUARD.install()
+
+
+def pytest_sessionstart(session):
+    """Where sbatch is installed, the emitter checks Slurm options against `sbatch --help` once per process (cached):
+    read it here, before any test, so that which test pays for that process does not depend on the order."""
+    from launcher.emit.slurm_params import sbatch_long_options
+
+    sbatch_long_options()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """A test that is not slow starts no process (tests/tiers.py), in its fixtures' set-up ..."""
+    return (yield from GUARD.guarding(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """... in its body ..."""
+    return (yield from GUARD.guarding(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    """... and in their tear-down."""
+    return (yield from GUARD.guarding(item))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA: they run wherever a GPU is present and say why they skip elsewhere."""
+    """Slow tests get the `slow` marker (tests/tiers.py) before `-m` selects. `gpu` tests need CUDA: they run
+    wherever a GPU is present and say why they skip elsewhere."""
+    mark_slow(items, timeouts=config.pluginmanager.hasplugin("timeout"))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

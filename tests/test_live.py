@@ -70,6 +70,26 @@ def test_lines_print_each_log_step_once_with_peak_against_budget_and_eta(tmp_pat
                            "ETA 14 s")
 
 
+def test_a_run_without_losses_still_prints_its_progress(tmp_path, capsys):
+    """A --script run whose library logs no loss to the launcher (a plain accelerate loop): its first step, one
+    every LOSSLESS_EVERY_S and its last are printed, with the peak and the ETA, instead of nothing."""
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "rank-0.jsonl").write_text("".join(line(n, 100.0 + 3 * n) for n in range(1, 9)))
+    assert StepLines(tmp_path, 1, 8, since=0.0).print_new() == 3
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split("  ")[0].split()[-1] for ln in out] == ["1/8", "5/8", "8/8"]  # 103 s, 115 s (12 s on), the last
+    assert "peak 250.00 MB" in out[0] and "ETA" in out[0] and "loss" not in out[0]
+
+
+def test_the_total_rank_0_recorded_is_the_runs(tmp_path):
+    """A --script run's Trainer records its own step count, which may differ from the job's train.max_steps."""
+    (tmp_path / "ranks").mkdir()
+    view = StepLines(tmp_path, 1, 5, since=0.0)
+    assert view.total() == 5
+    (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 3}))
+    assert view.total() == 3
+
+
 def test_lines_skip_steps_written_before_the_view_and_read_the_total_of_an_epochs_run(tmp_path, capsys):
     (tmp_path / "steps").mkdir()
     (tmp_path / "ranks").mkdir()

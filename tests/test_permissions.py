@@ -122,3 +122,30 @@ def _restore_umask():
     yield
     os.umask(old)
 
+
+
+def test_the_tokenized_data_cache_is_private_like_every_cache_file(tmp_path, monkeypatch):
+    """The tokenized-data cache holds a dataset's tokens: its files were 0644 in 0755 directories while every
+    other cache file was 0600. Now its files are 0600 and the directories the launcher makes for the cache 0700;
+    a $LAUNCHER_CACHE that exists keeps its mode (it may be shared on purpose)."""
+    from launcher.cache import write_cache
+    from launcher.config.job import DataConfig
+    from launcher.worker.recipes import make_recipe
+    from launcher.worker.tokcache import tokenized
+    from launcher.worker.tokenizer import ByteTokenizer
+
+    os.umask(0o022)
+    cache = tmp_path / "new" / "cache"
+    monkeypatch.setenv("LAUNCHER_CACHE", str(cache))
+    rows = [{"text": f"row {i}"} for i in range(8)]
+    recipe = make_recipe("causal_lm", DataConfig(path="d.jsonl"))
+    recipe.fit_labels(rows)
+    tokenized(recipe, ByteTokenizer(300), rows, rows[:6], rows[6:], 16)
+    (saved,) = (cache / "tokenized").glob("*.pt")
+    assert mode(saved) == FILE_MODE and mode(saved.parent) == DIR_MODE and mode(cache) == DIR_MODE
+    write_cache(cache / "introspect" / "x.json", {"a": 1})
+    assert mode(cache / "introspect") == DIR_MODE and mode(cache / "introspect" / "x.json") == FILE_MODE
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    write_cache(shared / "data" / "y.json", {})
+    assert mode(shared) == 0o755 and mode(shared / "data") == DIR_MODE

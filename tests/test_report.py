@@ -90,8 +90,8 @@ def write_ranks(tmp_path, ranks: list[dict]):
 
     run = RunDir(tmp_path)
     run.ranks.mkdir(parents=True)
-    for r in ranks:
-        (run.ranks / f"rank-{r['rank']}.json").write_text(json.dumps(r))
+    for r in ranks:  # a rank that finished, unless the case says otherwise (no status is no completion)
+        (run.ranks / f"rank-{r['rank']}.json").write_text(json.dumps({"status": "completed", **r}))
     return run
 
 
@@ -172,3 +172,26 @@ def test_a_torn_rank_file_counts_as_missing_rather_than_ending_the_report(tmp_pa
     (run.ranks / "rank-1.json").write_text('{"rank": 1, "status": "comp')  # a rank killed while writing it
     rep = build_report(run, plan_of(10, 8, {}), expected_ranks=2)
     assert [r.rank for r in rep.ranks] == [0] and rep.missing_ranks == [1] and rep.verdict == "incomplete"
+
+
+def test_a_rank_that_completed_without_measuring_is_said_so_not_failed(tmp_path, capsys):
+    """A --script that exits 0 at once: its ranks complete and measure nothing. The verdict stays not-within-budget
+    (0 bytes is no evidence of fitting), but the words said "rank(s) [0, 1] failed" and "recorded a failure"."""
+    from launcher.backends.base import Outcome
+    from launcher.report import build_report, render_report
+    from launcher.rundir import RunDir
+    from launcher.session.finish import describe_failure
+
+    run = RunDir(tmp_path)
+    (tmp_path / "ranks").mkdir()
+    for rank in (0, 1):
+        (tmp_path / "ranks" / f"rank-{rank}.json").write_text(json.dumps(
+            {"rank": rank, "host": "h", "status": "completed", "measured_peak_bytes": 0}))
+    rep = build_report(run, plan_of(10_000_000, 6_000_000, {"params": 6_000_000}), expected_ranks=2)
+    assert rep.verdict == "failed" and not rep.within_budget
+    last = render_report(rep).splitlines()[-1]
+    assert "rank(s) [0, 1] completed without measuring any memory" in last and "failed" not in last.split(":", 2)[1]
+    describe_failure(run, Outcome(ok=True), rep)
+    err = capsys.readouterr().err
+    assert "rank(s) [0, 1] completed without measuring any memory (peak 0 B)" in err
+    assert "recorded a failure" not in err

@@ -12,6 +12,9 @@ from launcher.errors import ConfigError
 from launcher.rundir import MARKER, RunDir, refuse_protected
 from tests.conftest import REPO
 
+TMP_SUFFIX = ".launcher-tmp"
+"""What ends every temporary of the launcher's (launcher.fsutil.TMP_SUFFIX), spelled out: the contract."""
+
 
 def test_a_new_run_dir_carries_the_marker(tmp_path):
     run = RunDir.create(tmp_path / "run")
@@ -19,29 +22,52 @@ def test_a_new_run_dir_carries_the_marker(tmp_path):
     run.unlock()
 
 
-def test_overwrite_deletes_only_what_the_launcher_wrote(tmp_path):
-    """A run dir launch made, into which someone put notes and data: --overwrite replaces the run and keeps those."""
+def test_overwrite_deletes_only_what_the_launcher_wrote(tmp_path, capsys):
+    """A run dir launch made, into which someone put notes and data: --overwrite replaces the run and keeps those,
+    including names that only look like the launcher's (``.<entry>.<anything>``), and names every one it kept."""
     run = RunDir.create(tmp_path / "run")
-    for name in ("plan.json", "job.yaml", "report.json", "state.json", "fsdp.yaml", ".plan.json.x1y2.tmp"):
+    for name in ("plan.json", "job.yaml", "report.json", "state.json", "fsdp.yaml", "slurm-17.out",
+                 ".plan.json.x1y2z3w4.launcher-tmp", f".write-test.123{TMP_SUFFIX}"):  # atomic_write's, the probe's
         (run.path / name).write_text("{}")
     (run.logs / "rank-0.log").write_text("old log")
     (run.path / "checkpoint").mkdir()
     (run.path / "checkpoint" / "latest").write_text("1")
-    for export in ("model", "model.partial"):  # the run's export (launcher.worker.export) and one cut short
+    for export in ("model", f".model.0a1b2c3d{TMP_SUFFIX}"):  # the run's export and one cut short (its stage)
         (run.path / export).mkdir()
         (run.path / export / "model.safetensors").write_bytes(b"old")
-    (run.path / "notes.txt").write_text("mine")
-    (run.path / "analysis").mkdir()
-    (run.path / "analysis" / "fig.png").write_bytes(b"png")
+    mine = ["notes.txt", ".report.json.notes", ".plan.json.x1y2.tmp", "model.partial", "slurm-17.out.bak",
+            ".launcher-tmp"]
+    for name in mine:
+        (run.path / name).write_text("mine")
+    for name in ("analysis", ".model.v1"):
+        (run.path / name).mkdir()
+        (run.path / name / "fig.png").write_bytes(b"png")
     run.unlock()
 
     again = RunDir.create(tmp_path / "run", overwrite=True)
     names = {p.name for p in again.path.iterdir()}
-    assert names == {".lock", MARKER, "notes.txt", "analysis", "ranks", "steps", "logs", "control"}
-    assert (again.path / "notes.txt").read_text() == "mine"
-    assert (again.path / "analysis" / "fig.png").read_bytes() == b"png"
+    assert names == {".lock", MARKER, "analysis", ".model.v1", "ranks", "steps", "logs", "control", *mine}
+    assert all((again.path / n).read_text() == "mine" for n in mine)
+    assert (again.path / ".model.v1" / "fig.png").read_bytes() == b"png"
     assert not list(again.logs.iterdir())
     again.unlock()
+    kept = sorted(["analysis", ".model.v1", *mine])
+    assert f"--overwrite kept what launch did not write in {str(again.path)!r}: {', '.join(kept)}\n" \
+        in capsys.readouterr().err  # every one of them, not the first four
+
+
+def test_a_marker_that_is_a_link_does_not_count(tmp_path):
+    """A link named .launcher-run (to a real marker elsewhere) lends no dir the launcher's mark."""
+    real = RunDir.create(tmp_path / "real")
+    real.unlock()
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("notes")
+    (d / MARKER).symlink_to(real.path / MARKER)
+    for overwrite, resume in ((True, False), (False, True)):
+        with pytest.raises(ConfigError, match="was not made by launch"):
+            RunDir.create(d, overwrite=overwrite, resume=resume)
+    assert sorted(p.name for p in d.iterdir()) == [MARKER, "notes.txt"]
 
 
 def test_overwrite_never_follows_a_link_out_of_the_run_dir(tmp_path):
@@ -71,15 +97,44 @@ def test_a_dir_without_the_marker_is_refused_before_anything_is_written(tmp_path
     assert sorted(p.relative_to(d) for p in d.rglob("*")) == before  # not even a .lock
 
 
-def test_resume_continues_a_dir_from_before_the_marker(tmp_path):
-    """--resume deletes nothing, so a run dir written by an older launcher (no marker) may still be resumed."""
-    d = tmp_path / "old-run"
-    (d / "checkpoint").mkdir(parents=True)
-    (d / "checkpoint" / "latest").write_text("3")
-    (d / "plan.json").write_text("{}")
-    run = RunDir.create(d, resume=True)
-    assert (d / "checkpoint" / "latest").read_text() == "3" and (d / MARKER).is_file()
-    run.unlock()
+def listing(d: Path) -> list:
+    """Every path under ``d`` (itself included) with its mode and a file's bytes."""
+    return sorted((str(p.relative_to(d)), p.stat().st_mode, p.read_bytes() if p.is_file() else b"")
+                  for p in [d, *d.rglob("*")])
+
+
+def deepspeed_save_dir(d: Path) -> list:
+    """What DeepSpeed's own ``engine.save_checkpoint("checkpoint")`` leaves in someone's training dir, beside their
+    job.yaml and logs; its listing."""
+    (d / "checkpoint" / "global_step5").mkdir(parents=True)
+    (d / "checkpoint" / "latest").write_text("global_step5")
+    (d / "checkpoint" / "global_step5" / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (d / "logs").mkdir()
+    (d / "logs" / "train.log").write_text("three days of training")
+    (d / "job.yaml").write_text("my: own job\n")
+    return listing(d)
+
+
+def test_resume_refuses_a_dir_launch_did_not_make(tmp_path):
+    """--resume takes only a marked dir: a DeepSpeed save_checkpoint's checkpoint/latest does not make one (it
+    once rewrote the person's job.yaml, chmod'ed the dir and marked it, so --overwrite later deleted their work)."""
+    from launcher.session.checks import check_resume
+    from launcher.session.options import RunOptions
+
+    d = tmp_path / "training"
+    before = deepspeed_save_dir(d)
+    message = (f"--resume: {str(d)!r} was not made by launch (no {MARKER} in it; DeepSpeed's own save_checkpoint "
+               "leaves a checkpoint/latest too), and --resume continues only a run dir launch made")
+    with pytest.raises(ConfigError) as e:
+        RunDir.create(d, resume=True)
+    assert message in str(e.value) and f"touch {str(d / MARKER)!r}" in str(e.value)
+    with pytest.raises(ConfigError, match="was not made by launch"):
+        check_resume(RunOptions(resume=True, run_dir=d))  # before planning, as the CLI runs it
+    assert listing(d) == before  # not even a .lock or a chmod
+    # An older launch's run dir, marked by hand as the message says: resumed.
+    (d / MARKER).touch()
+    RunDir.create(d, resume=True).unlock()
+    assert (d / "checkpoint" / "latest").read_text() == "global_step5"
 
 
 def test_the_lock_waits_for_a_short_holder_and_refuses_a_long_one(tmp_path):
@@ -119,3 +174,34 @@ def test_one_reader_of_checkpoint_latest(tmp_path):
     sources = [p for p in (REPO / "launcher").rglob("*.py") if p.name != "rundir.py"]
     readers = [str(p.relative_to(REPO)) for p in sources if '/ "latest"' in p.read_text()]
     assert readers == [], readers
+
+
+def test_a_secret_looking_name_holding_a_path_is_no_secret(tmp_path):
+    """MY_API_KEY set to a directory, GOOGLE_APPLICATION_CREDENTIALS to a key file: where things are, not secrets
+    (redacting them rewrote job.yaml's data path to '[redacted]/...' and every run failed). TOKENIZER_PATH names a
+    setting. HF_TOKEN's value, which names nothing, stays a secret."""
+    from launcher.rundir import secret_values
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "key.json").write_text("{}")
+    env = {"MY_API_KEY": str(tmp_path / "data"), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json"),
+           "TOKENIZER_PATH": "gpt2-tokenizer-v2", "TOKENIZERS_PARALLELISM": "disabled-here",
+           "HF_TOKEN": "hf_FAKE_SECRET_123", "GITHUB_TOKEN_RO": "ghp_FAKE_SECRET_4567"}
+    assert secret_values(env) == ["ghp_FAKE_SECRET_4567", "hf_FAKE_SECRET_123"]
+
+
+def test_a_path_the_run_reads_is_never_rewritten(tmp_path, monkeypatch):
+    """A secret that happens to be part of an existing path: job.yaml keeps the path whole (the ranks read it),
+    while the secret is still redacted wherever it is not a path."""
+    import yaml
+
+    secret = "s3cr3t-dir-name-77"
+    data = tmp_path / secret / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    monkeypatch.setenv("SERVICE_API_KEY", secret)
+    run = RunDir.create(tmp_path / "run")
+    run.write_yaml("job.yaml", {"data": {"path": str(data)}, "slurm": {"setup": [f"export KEY={secret}"]}})
+    written = yaml.safe_load((run.path / "job.yaml").read_text())
+    assert written == {"data": {"path": str(data)}, "slurm": {"setup": ["export KEY=[redacted]"]}}
+    run.unlock()

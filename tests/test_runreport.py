@@ -87,3 +87,24 @@ def test_a_newer_report_is_refused_and_a_missing_one_is_none(tmp_path):
     with pytest.raises(ValueError, match="upgrade launcher"):
         RunReport.from_json({"schema": REPORT_SCHEMA + 1})
     assert read_report(tmp_path) is None
+
+
+def test_report_json_carries_the_data_summary_and_reads_older_reports_without_it(tmp_path):
+    """Issue 36 §4: report.json's ``data`` is the launcher's count of the data (RUN/data.json, written before the
+    launch); a report written before the field reads with None."""
+    from launcher.datasummary import DataSummary, DroppedExamples
+    from launcher.report import build_report
+    from launcher.rundir import RunDir
+    from tests.test_report import plan_of
+
+    s = DataSummary(format="messages", task="causal_lm", rows=40, train_examples=35, eval_examples=4,
+                    dropped=[DroppedExamples(reason="prompt_fills_max_seq_len", count=1, rows=[7])], tokens=900,
+                    trained_tokens=300, sequences=35, chat_template="chatml", max_seq_len=64)
+    run = RunDir(tmp_path)
+    run.ranks.mkdir()
+    run.write_json("data.json", s.to_json())
+    rep = build_report(run, plan_of(10_000_000, 6_000_000, {"params": 6_000_000}), expected_ranks=1)
+    assert rep.data == s and rep.data.masked_tokens == 600
+    back = RunReport.from_json(json.loads(json.dumps(rep.to_json())))
+    assert back.data == s
+    assert "data" not in RunReport().to_json() and RunReport.from_json({"verdict": "failed"}).data is None

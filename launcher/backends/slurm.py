@@ -19,7 +19,7 @@ from launcher.backends.base import Backend, LaunchSpec, Outcome
 from launcher.backends.slurm_state import SLURM_JSON, SlurmRecord, is_active, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
-from launcher.emit.slurm_params import executor_parameters, slurm_resources
+from launcher.emit.slurm_params import SlurmResources, executor_parameters, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
@@ -51,21 +51,26 @@ def make_executor(folder: Path, params: dict, *, max_requeues: int):
     return ex
 
 
-def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report | None = None) -> SlurmTask:
-    """What the nodes run: the session's launch spec (rank environment, script) plus the job's Slurm settings."""
+def task_for(run: RunDir, job: Job, plan: Plan, spec: LaunchSpec, report: Report | None = None, *,
+             resources: SlurmResources | None = None) -> SlurmTask:
+    """What the nodes run: the session's launch spec (rank environment, script) plus the job's Slurm settings;
+    ``resources``: the allocation the job asks for (default: what the plan alone derives)."""
     env = dict(spec.env)
-    if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the task's CPUs (more of them for CPU Adam)
-        env["OMP_NUM_THREADS"] = str(slurm_resources(job, plan).threads_per_rank)
+    if "OMP_NUM_THREADS" not in os.environ:  # the ranks share the task's CPUs (CPU Adam's threads among them)
+        env["OMP_NUM_THREADS"] = str((resources or slurm_resources(job, plan)).threads_per_rank)
     return SlurmTask(run_dir=str(run.path), nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, env=env,
                      script=spec.script, script_args=list(spec.script_args), hang_timeout_s=spec.hang_timeout_s,
                      signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, report=report)
 
 
-def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str], **extra) -> SlurmRecord:
-    """The slurm.json record of a submission: job ids, submitit folder, nodes and time limit from the plan and job."""
+def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list[str],
+                 resources: SlurmResources | None = None, **extra) -> SlurmRecord:
+    """The slurm.json record of a submission: job ids, submitit folder, nodes and time limit from the plan and job
+    (``resources``: the allocation submitted, default what the plan alone derives)."""
     return SlurmRecord(kind=kind, job_id=job_ids[0].split("_")[0] if job_ids else None, job_ids=job_ids,
                        submitit_folder=str(folder), submitted_at=time.time(), nodes=plan.nodes,
-                       gpus_per_node=plan.gpus_per_node, timeout_min=slurm_resources(job, plan).time_min,
+                       gpus_per_node=plan.gpus_per_node,
+                       timeout_min=(resources or slurm_resources(job, plan)).time_min,
                        signal_delay_s=job.slurm.signal_delay_s, max_requeues=job.slurm.max_requeues, **extra)
 
 
@@ -76,22 +81,25 @@ class SlurmBackend(Backend):
 
     name = "slurm"
 
-    def __init__(self, job: Job, plan: Plan, *, follow: bool = True, report: Report | None = None):
+    def __init__(self, job: Job, plan: Plan, *, follow: bool = True, report: Report | None = None,
+                 resources: SlurmResources | None = None):
         self.job, self.plan, self.follow, self.report = job, plan, follow, report
+        self.resources = resources or slurm_resources(job, plan)
+        """The allocation the job asks for (the session's, from what it found on disk: launcher.session.prepare)."""
 
     def submit(self, run: RunDir, task: SlurmTask):
         """Submit ``task`` through submitit, write slurm.json and mark the run submitted; returns the submitit job."""
-        params = executor_parameters(self.job, self.plan)
+        params = executor_parameters(self.job, self.plan, resources=self.resources)
         ex = make_executor(run.path / "submitit", params, max_requeues=self.job.slurm.max_requeues)
         sjob = ex.submit(task)
         run.write_json(SLURM_JSON, slurm_record(self.job, self.plan, kind="job", folder=ex.folder,
-                                                job_ids=[sjob.job_id]).to_json())
+                                                job_ids=[sjob.job_id], resources=self.resources).to_json())
         run.set_state("submitted", slurm_job_id=sjob.job_id)
         return sjob
 
     def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
         """Submit the job; with follow, wait for it to end and return its outcome, else return at once (pending)."""
-        sjob = self.submit(run, task_for(run, self.job, self.plan, spec, self.report))
+        sjob = self.submit(run, task_for(run, self.job, self.plan, spec, self.report, resources=self.resources))
         self.started(sjob.job_id)
         if not self.follow:
             return Outcome(ok=True, pending=True, message=f"submitted slurm job {sjob.job_id}")

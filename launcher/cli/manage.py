@@ -231,23 +231,40 @@ def _first_line(path: Path) -> dict | None:
 
 
 def local_status(run_dir: Path) -> dict:
-    """A local run's status: state ("stopped" when the launch that owned it is gone), progress, ranks, verdict."""
-    from launcher.rundir import LIVE_STATES, launch_alive
+    """A local run's status: state ("killed" when the launch that owned it is gone without a verdict), progress,
+    ranks, verdict."""
+    from launcher.runstate import KILLED, LIVE_STATES
 
-    state = _read(run_dir / "state.json")
-    run_state = state.get("state") or "planned (launch plan --out: not run)"
-    pid = state.get("pid")
-    if run_state in LIVE_STATES and isinstance(pid, int) and not launch_alive(pid):
-        # The launch that owned the dir is gone without writing how the run ended (killed with SIGKILL, a reboot).
-        run_state = "stopped"
-        state["message"] = (f"launch process {pid} is gone and never wrote how the run ended (killed?); continue "
-                            f"with launch --resume --run-dir {run_dir}")
+    st = RunDir(run_dir).run_state()
+    run_state = st.state or "planned (launch plan --out: not run)"
+    message, ranks = st.message, rank_rows(run_dir, world_of(run_dir))
+    if st.abandoned():
+        run_state, message = KILLED, killed_message(RunDir(run_dir.resolve()), st)
+        for row in ranks:  # a rank's own word ("running") was cut short with its launch
+            if row["state"] in ("starting", "training", "running"):
+                row["state"] = KILLED
     report = read_report(run_dir)  # None until the run has ended
-    return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": state.get("message"),
-            "pid": pid if run_state in LIVE_STATES else None, "attempt": state.get("attempt"),
-            "progress": progress(run_dir), "ranks": rank_rows(run_dir, world_of(run_dir)),
+    verdicts = {r.rank: r for r in report.ranks} if report else {}
+    for row in ranks:  # each rank's verdict as report.json gives it (ok only for a rank that ran every step)
+        if row["rank"] in verdicts:
+            row["verdict"], row["ended"] = verdicts[row["rank"]].verdict, verdicts[row["rank"]].ended
+    return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": message,
+            "pid": st.pid if run_state in LIVE_STATES else None, "attempt": st.attempt,
+            "progress": progress(run_dir), "ranks": ranks,
             "verdict": report and report.verdict, "eval_loss": report and report.eval_loss,
             "eval_accuracy": report and report.eval_accuracy}
+
+
+def killed_message(run: RunDir, st) -> str:
+    """Why a run still marked running has no verdict: its launch was killed; whether ranks outlived it, and what
+    to do next."""
+    from launcher.session.finish import next_step_after_interrupt
+
+    left = [r.pid for r in st.live_ranks()]
+    ranks = (f"rank process(es) {left} still run: stop them (kill {' '.join(map(str, left))})" if left
+             else "its ranks are gone too")
+    return (f"launch process {st.pid} is gone and never wrote how the run ended: it was killed (SIGKILL, the OOM "
+            f"killer, a reboot); {ranks}; {next_step_after_interrupt(run)}")
 
 
 def render_progress(p: dict) -> str:
@@ -283,7 +300,9 @@ def render_local_status(st: dict) -> str:
     for r in st["ranks"]:
         step = f", step {r['step']}" if r.get("step") else ""
         peak = f", peak {format_bytes(r['mem_peak_bytes'])}" if r.get("mem_peak_bytes") else ""
-        lines.append(f"  rank {r['rank']}: {r['state']}{step}{peak}")
+        verdict = f"; verdict {r['verdict']}" + (f" ({r['ended']})" if r.get("ended") else "") if r.get("verdict") \
+            else ""
+        lines.append(f"  rank {r['rank']}: {r['state']}{step}{peak}{verdict}")
     return "\n".join(lines)
 
 
@@ -326,11 +345,11 @@ def local_log_files(run_dir: Path, rank: int | None) -> list[tuple[str, Path]]:
 
 
 def local_active(run_dir: Path) -> bool:
-    """The local launch that owns the run dir still runs (state.json running, its pid alive)."""
-    from launcher.rundir import LIVE_STATES, launch_alive
+    """The local launch that owns the run dir still runs (state.json running, its pid and start time alive)."""
+    from launcher.runstate import LIVE_STATES
 
-    st = _read(run_dir / "state.json")
-    return st.get("state") in LIVE_STATES and isinstance(st.get("pid"), int) and launch_alive(st["pid"])
+    st = RunDir(run_dir).run_state()
+    return st.state in LIVE_STATES and st.live_launch() is not None
 
 
 def logs(args: argparse.Namespace) -> int:
@@ -396,7 +415,7 @@ def cancel(args: argparse.Namespace) -> int:
     from submitit.slurm.slurm import SlurmJob
 
     if is_local(args.run_dir):
-        pid = _read(args.run_dir / "state.json").get("pid")
+        pid = RunDir(args.run_dir).run_state().pid
         how = f"stop it with kill -INT {pid} (or Ctrl-C where it runs)" if local_active(args.run_dir) else \
             "it is not running"
         raise ConfigError(f"RUN_DIR: {str(args.run_dir)!r} is a local run, not a Slurm job; {how}")
@@ -421,8 +440,6 @@ def cancel(args: argparse.Namespace) -> int:
               f"check with launch status {args.run_dir}", file=sys.stderr)
         return 1
     print(f"slurm job {job_id}: {state}")
-    from launcher.rundir import RunDir
-
     dirs = [args.run_dir] + ([Path(v.run_dir) for v in rec.variants] if rec.kind == "array" else [])
     for d in dirs:
         RunDir(Path(d).resolve()).set_state("cancelled", message=f"slurm job {job_id}: {state}")

@@ -8,14 +8,17 @@ import sys
 from pathlib import Path
 
 from launcher.cli.common import add_job_args, dir_path, job_from_args
+from launcher.cli.plan_sweep import plan_sweep
 from launcher.cli.render import no_fit_reasons, no_fit_suggestions, render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
+from launcher.datasummary import DataSummary, summary_lines
+from launcher.emit.slurm_alloc import SlurmResources
 from launcher.errors import ConfigError, NoPlanError
 from launcher.plan_inputs import plan_job
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
-from launcher.session.checks import check_script
-from launcher.session.prepare import plan_files, total_time_of
+from launcher.session.checks import check_script, lora_base_warning
+from launcher.session.prepare import plan_files, slurm_allocation, total_time_of
 
 EPILOG = """examples:
   launch plan --gpus 4 --budget 16GB job.yaml
@@ -102,14 +105,27 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(bad_out)
         # An sbatch script is a run to be: it needs what a run needs (train.max_steps, the data file).
         job = job_from_args(args, for_run=args.sbatch)
+        if job.sweep is not None:
+            return plan_sweep(args, job)
+        if args.sbatch:
+            from launcher.machine import submit_host_problem
+
+            problem = submit_host_problem(job)
+            if problem:
+                raise ConfigError(problem)
         plan = plan_job(job, force=args.force, script=bool(args.script))
+        data, data_note = plan_data(job, script=bool(args.script))
+        total = total_time_of(job, plan, data)
+        slurm = slurm_allocation(job, plan, total) if job.launcher == "slurm" or args.sbatch else None
         script = None
         if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
             from launcher.emit.sbatch import sbatch_text
             from launcher.rundir import slug
 
-            run_dir = args.out if args.out else Path("runs") / slug(job.name)  # slugged, as launch run's default
-            script = sbatch_text(plan, job, run_dir=run_dir, run_dir_flag="--out" if args.out else "run dir")
+            # Absolute, so the script runs from any directory; slugged, as launch run's default.
+            run_dir = (args.out if args.out else Path("runs") / slug(job.name)).absolute()
+            script = sbatch_text(plan, job, run_dir=run_dir, run_dir_flag="--out" if args.out else "run dir",
+                                 resources=slurm)
         written = write_exports(args.out, plan, job, script=script) if args.out else []
     except NoPlanError as e:
         if not args.json:
@@ -120,27 +136,42 @@ def run(args: argparse.Namespace) -> int:
         if args.json:  # stdout still holds one object a script can read; stderr has the lines as always
             print(json.dumps({"status": "bad_input", "errors": e.problems}, indent=2))
         raise
+    if script is not None and not args.out:
+        print(script)  # stdout is the script alone; its header says how each allocation value was reached
+        return 0
+    lora = None if args.script else lora_base_warning(job)
+    if lora:
+        print(f"launch: warning: {lora}", file=sys.stderr)
+    if total.too_long and args.json:  # the text plan says it in its own lines
+        print(f"launch: warning: {total.warning()}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(plan.to_json() | {"total_time": total_time_json(total)}
+                         | {"data": data.to_json() if data else None, "data_note": data_note}
+                         | ({"slurm": slurm_json(slurm)} if slurm else {}), indent=2))
+    else:
+        print(render_plan(plan, job.name, model_desc(job), total))
+        print("\n".join(summary_lines(data)) if data else f"data: not read ({data_note})")
+        if slurm:
+            print(render_slurm_resources(slurm, plan.hardware))
     # With --json, stdout is the JSON object alone: what was written is said on stderr.
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     for path in written:
         say(f"wrote {path}")
-    if script is not None and not args.out:
-        print(script)
-        return 0
-    slurm = job.launcher == "slurm" or args.sbatch
-    total = total_time_of(job, plan)
-    if total.too_long and (args.json or args.out):  # the text plan says it in its own lines
-        print(f"launch: warning: {total.warning()}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(plan.to_json() | {"total_time": total_time_json(total)}
-                         | ({"slurm": slurm_json(job, plan)} if slurm else {}), indent=2))
-    elif not args.out:
-        print(render_plan(plan, job.name, model_desc(job), total))
-        if slurm:
-            from launcher.emit.slurm_params import slurm_resources
-
-            print(render_slurm_resources(slurm_resources(job, plan)))
     return 0
+
+
+def plan_data(job: Job, *, script: bool) -> tuple[DataSummary | None, str]:
+    """(the data's summary, "") as `launch run` would check it (bad data is refused here too), or (None, why it
+    was not read): a --script reads its own data, and data not on this machine is planned without."""
+    if script:
+        return None, "--script: your script reads its own data"
+    from launcher.session.checks import check_data
+    from launcher.worker.sources import DataNotFound
+
+    try:
+        return check_data(job), ""
+    except DataNotFound as e:
+        return None, f"not on this machine: {e.problems[0]}"
 
 
 def total_time_json(t: TotalTime) -> dict:
@@ -149,11 +180,8 @@ def total_time_json(t: TotalTime) -> dict:
             "warn_after_s": t.warn_after_s, "too_long": t.too_long}
 
 
-def slurm_json(job: Job, plan: Plan) -> dict:
-    """What a Slurm job of this plan asks for, and which values the plan derived (``launch plan --json``)."""
+def slurm_json(res: SlurmResources) -> dict:
+    """What a Slurm job of this plan asks for, how, and which values the plan derived (``launch plan --json``)."""
     import dataclasses
 
-    from launcher.emit.slurm_params import slurm_resources
-
-    res = slurm_resources(job, plan)
-    return dataclasses.asdict(res) | {"derived": res.derived}
+    return dataclasses.asdict(res) | {"derived": res.derived, "startup_s": res.startup.total_s}

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.emit.slurm_params import (
-    HOST_OPTIMIZER_CPUS_PER_RANK,
-    MEM_FACTOR,
-    RANK_PROCESS_BYTES,
-    STARTUP_S,
-    TIME_FACTOR,
-    SlurmResources,
-)
+from launcher.emit.slurm_alloc import SlurmResources, allocation_lines
 from launcher.engines import engine_spec
 from launcher.errors import LauncherError, NoPlanError
 from launcher.levers import LEVERS, REFINEMENTS
@@ -17,7 +10,7 @@ from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import LeverDecision, Plan, Rejected
-from launcher.units import GiB, MiB, format_bytes
+from launcher.units import format_bytes
 
 
 def _bar(part: int, whole: int, width: int = 24) -> str:
@@ -174,9 +167,39 @@ def no_fit_lines(e: NoPlanError) -> list[str]:
     return [*no_fit_reasons(e.no_fit), "what would fit:", *(f"  - {s}" for s in no_fit_suggestions(e))]
 
 
+SCREEN_LINES = 25
+"""Most lines one error answer takes: a terminal's screen. Past it, "... and N more" stands for the rest."""
+SCREEN_BYTES = 2048
+"""Most bytes one error answer takes (its "launch: error: " prefixes included)."""
+LINE_CHARS = 1200
+"""Most characters of one line: a longer one keeps its start (the field, the value, the rule) and its end (the
+fix), its middle (a long list of choices) cut."""
+PREFIX = "launch: error: "
+
+
+def screen(lines: list[str]) -> list[str]:
+    """``lines`` bounded to a screen: each at most LINE_CHARS (its middle cut), at most SCREEN_LINES lines and
+    SCREEN_BYTES in all, the rest counted in a last line."""
+    head = LINE_CHARS * 3 // 4
+    cut = [ln if len(ln) <= LINE_CHARS else f"{ln[:head]} [...] {ln[-(LINE_CHARS - head - 7):]}" for ln in lines]
+    kept: list[str] = []
+    used = 0
+    for i, ln in enumerate(cut):
+        size = len((PREFIX + ln).encode()) + 1
+        rest = len(cut) - i - 1
+        room_lines = SCREEN_LINES - (1 if rest else 0)
+        if len(kept) >= room_lines or used + size > SCREEN_BYTES - (60 if rest else 0):
+            kept.append(f"... and {len(cut) - i} more line(s) of this answer; fix the ones above and run again")
+            break
+        kept.append(ln)
+        used += size
+    return kept
+
+
 def error_lines(e: LauncherError) -> list[str]:
-    """An error's lines for the user: a no-plan answer worded from its typed values, any other as it says."""
-    return no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines()
+    """An error's lines for the user, at most a screen: a no-plan answer worded from its typed values, any other as
+    it says."""
+    return screen(no_fit_lines(e) if isinstance(e, NoPlanError) else str(e).splitlines())
 
 
 WHY_WORDS = {
@@ -217,31 +240,7 @@ def lever_line(d: LeverDecision) -> str:
     return out
 
 
-def render_slurm_resources(r: SlurmResources) -> str:
-    """What a Slurm job of the plan asks for, each value saying whether the job set it or the plan derived it."""
-    if r.time_source == "plan":
-        time = (f"from the plan: {r.predicted_train_s / 3600:.3g} h predicted (step time x train.max_steps) "
-                f"x {TIME_FACTOR} + {STARTUP_S // 60} min start-up")
-    else:
-        time = {"job": "slurm.timeout_min", "default": "default: train.epochs gives no step count to time; set "
-                "slurm.timeout_min or train.max_steps"}[r.time_source]
-    if r.mem_source == "plan":
-        per_rank = " or ".join(format_bytes(v) for v in sorted(set(RANK_PROCESS_BYTES.values())))
-        mem = (f"from the plan: host RAM {format_bytes(r.predicted_host_bytes)} per node x {MEM_FACTOR} + "
-               f"{per_rank} per rank process" + (", cut to cluster.host_ram_per_node" if r.mem_capped else ""))
-    else:
-        mem = {"job": "slurm.mem_gb", "none": "not set: additional_parameters sets memory per CPU or GPU"}[r.mem_source]
-    if r.cpus_source == "plan":
-        cpus = (f"from the plan: {HOST_OPTIMIZER_CPUS_PER_RANK} per rank for the optimizer on the host (CPU Adam)"
-                if r.host_optimizer else "from the plan: 1 per rank")
-    else:
-        cpus = {"job": "slurm.cpus_per_task", "none": "not set: additional_parameters sets CPUs per GPU"}[r.cpus_source]
-    mem_value = "-" if r.mem_bytes is None else (f"{r.mem_bytes // GiB}G" if r.mem_bytes % GiB == 0
-                                                 else f"{r.mem_bytes // MiB}M")
-    return "\n".join([
-        "slurm allocation per node:",
-        f"  --time={r.time_min:<12} {time}",
-        f"  --mem={mem_value:<13} {mem}",
-        f"  --cpus-per-task={r.cpus_per_task if r.cpus_per_task is not None else '-':<3} {cpus}, "
-        f"OMP_NUM_THREADS={r.threads_per_rank} per rank",
-    ])
+def render_slurm_resources(r: SlurmResources, profile: str) -> str:
+    """What a Slurm job of the plan asks for, each value saying whether the job set it or how the plan derived it."""
+    return "\n".join(["slurm allocation per node:",
+                      *(f"  {option:<19} {how}" for option, how in allocation_lines(r, profile))])

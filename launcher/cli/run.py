@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from launcher.cli.common import add_job_args, dir_path, job_from_args, non_negative_int, seconds
+from launcher.cli.pipes import closed_output_note, outliving_closed_output
 from launcher.errors import EXIT_BAD_INPUT
 from launcher.session.options import RunOptions
 
@@ -80,7 +82,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 def run(args: argparse.Namespace) -> int:
     """`launch run`: the job with --slurm, --array-parallelism and --auto-fallback applied, run by the session; the
-    exit code."""
+    exit code (the run's verdict, also when stdout was closed on the way: launcher.cli.pipes)."""
     from launcher.session.run import run_job
 
     extra = {"launcher": "slurm"} if args.slurm else {}
@@ -88,7 +90,13 @@ def run(args: argparse.Namespace) -> int:
         extra["slurm.array_parallelism"] = args.array_parallelism
     if args.auto_fallback is not None:
         extra["auto_fallback"] = args.auto_fallback
-    return run_job(job_from_args(args, extra), options_from_args(args))
+    job, opts = job_from_args(args, extra), options_from_args(args)
+    with outliving_closed_output() as (out, _):  # `launch ... | head`: the run goes on to its verdict
+        code = run_job(job, opts)
+        note = closed_output_note(out)
+        if note:
+            print(note, file=sys.stderr)
+    return code
 
 
 __all__ = ["run", "add_parser", "EXIT_BAD_INPUT"]

@@ -41,6 +41,10 @@ OVERRIDE_CHARS = 16 * 1024
 LIST_ITEMS = 1024
 """Items in any list or mapping of the job (LoRA target modules, Slurm setup lines and extra options, sweep grid
 values): a model has a few dozen distinct linear-layer names, a setup script a few dozen lines."""
+ROW_BYTES = 16 * MB
+"""One data row's text (its JSON Lines line, or the strings the job reads from it): 4M tokens of text, the
+longest sequence (SEQ_LEN) at about 4 bytes a token. A longer document is several examples: split it. Strings
+within the bound are still clipped to the sequence before tokenizing (launcher.worker.examples.clip)."""
 SWEEP_VARIANTS = 1000
 """Variants of one sweep: Slurm's default MaxArraySize is 1001 (array indices 0 to 1000)."""
 
@@ -77,6 +81,15 @@ GPUS_PER_NODE = 1024
 """Ranks per node: GPU nodes hold 4 to 16; CPU ranks up to a machine's cores (a 2-socket node has up to 384)."""
 NODES = 2**16
 """Nodes: the largest training clusters have ~100k GPUs, 12.5k nodes of 8; 65536 is 5x."""
+CPUS_PER_NODE = 4096
+"""CPUs of one node (slurm.cpus_per_task, cluster.cpus_per_node): the largest 2-socket nodes have 384 cores, 768
+hardware threads; 4096 is 5x."""
+HOST_RAM_GB = 2**16
+"""Host RAM of one node in Slurm's GB (GiB; slurm.mem_gb): the largest single-image machines hold 32 TB; 65536 is
+2x. A larger one is a unit slip (MB for GB)."""
+HOST_RAM_GB_MIN = 1.0
+"""The least slurm.mem_gb taken: one rank's process alone peaks at 0.43 GB (docs/reliability/slurm.md), and
+below 1 MB Slurm reads --mem=0 as the whole node."""
 
 
 def over(where: str, value: int, limit: int, unit: str, why: str, fix: str) -> Problem | None:
@@ -104,6 +117,8 @@ def job_problems(job: Any) -> list[Problem]:
         ("cluster.gpus_per_node", job.cluster.gpus_per_node or 0, GPUS_PER_NODE, "ranks per node",
          "the densest nodes", "use e.g. gpus_per_node: 8"),
         ("nodes", job.nodes, NODES, "nodes", "5x the largest training clusters", "use e.g. --nodes 16"),
+        ("cluster.cpus_per_node", job.cluster.cpus_per_node or 0, CPUS_PER_NODE, "CPUs",
+         "5x the CPUs of the largest nodes", "give the CPUs `sinfo -o %c` lists for a node, e.g. 64"),
         ("data.num_labels", job.data.num_labels or 0, VOCAB, "classes", "4x the largest vocabularies",
          "leave it out to count the labels in the data"),
     ]

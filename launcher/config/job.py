@@ -184,6 +184,10 @@ class ClusterConfig:
     """Free bytes on nvme_path ('2TB' in the file); None reads the filesystem."""
     gpus_per_node: int | None = None
     """GPUs per node; defaults to --gpus on one node."""
+    cpus_per_node: int | None = None
+    """CPUs Slurm gives a job on one node (`sinfo -o %c`); a Slurm job's --cpus-per-task shares them among the
+    node's ranks. None: the hardware profile's CPUs per device (8 per GPU, the low end of GPU nodes; 1 per CPU
+    rank)."""
     hardware: str = "auto"
     """Hardware profile: a10g, l4, l40s, a100-40gb, a100-80gb, h100-80gb (SXM), h100-pcie, h200, b200, mi300x,
     rtx4090, v100-16gb, cpu, or auto (the card nvidia-smi or rocm-smi names; launcher.planner.hardware)."""
@@ -203,14 +207,14 @@ class SlurmConfig:
     qos: str | None = None
     """Quality of service (letters, digits, '_', '-', '.')."""
     timeout_min: int | None = None
-    """Time limit, minutes; None derives it from the plan: predicted step time x train.max_steps x 1.5 plus
-    10 minutes of start-up (60 when the job gives epochs instead of max_steps)."""
+    """Time limit, minutes; None derives it from the plan: predicted step time x the run's steps (train.max_steps,
+    or train.epochs over the data) x 1.5 plus the start-up (weight load, DeepSpeed op build, first step)."""
     cpus_per_task: int | None = None
-    """CPUs per task (one task per node runs the torchrun agent and all its ranks); None derives it from the plan:
-    one per rank, four per rank when the optimizer steps on the host (CPU Adam under offload)."""
+    """CPUs per task (one task per node runs the torchrun agent and all its ranks), 1 to 4096; None derives it:
+    cluster.cpus_per_node, else the hardware profile's CPUs per device x the node's ranks."""
     mem_gb: float | None = None
-    """Host memory per node, in Slurm's GB (--mem=64GB: Slurm counts 1024 MB to its GB, so GiB); None derives it
-    from the plan's host RAM per node x 1.25 plus each rank's process."""
+    """Host memory per node, in Slurm's GB (--mem=64GB: Slurm counts 1024 MB to its GB, so GiB), 1 to 65536; None
+    derives it from the plan's host RAM per node x 1.25 plus each rank's process."""
     constraint: str | None = None
     """Node feature constraint: features joined by & | , with [] () *N ! and no spaces, e.g. a100&ib."""
     exclusive: bool = False

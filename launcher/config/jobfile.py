@@ -16,6 +16,7 @@ from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value,
 from launcher.config.problem import Problem
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
+from launcher.fsutil import not_a_file
 from launcher.levers import LEVERS
 from launcher.units import GB, MB, format_bytes
 
@@ -187,9 +188,13 @@ def check_data_path(job: Job) -> list[Problem]:
         if dp.suffix.lower() not in DATA_SUFFIXES:
             return [Problem("data.path", f"{job.data.path!r} must end in .jsonl, .json, .csv, .parquet or .arrow, or "
                             "name a save_to_disk directory or a hub dataset id; convert the data to JSONL")]
-        if not dp.is_file():
+        kind = not_a_file(dp)
+        if kind == "missing":
             return [Problem("data.path", f"{str(dp)!r} does not exist; check the path "
                             "(relative paths start at the job file's directory)")]
+        if kind:
+            return [Problem("data.path", f"{str(dp)!r} is {kind}, not a data file; give the path of a regular "
+                            "JSONL, CSV, JSON, parquet or Arrow file")]
         if not _has_records(dp):
             return [Problem("data.path", f"{str(dp)!r} holds no examples; add at least one record")]
     except (OSError, RuntimeError, ValueError) as e:  # a name too long, an unknown ~user, a NUL byte, unreadable
@@ -211,7 +216,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
         p.append(Problem("name", f"{show(job.name)} is {len(job.name)} characters, over the {bounds.NAME_CHARS} a job "
                          "name may hold (run dirs and file names are built from it); give a shorter name"))
     p += check_job_name(job.name)
-    p += check_slurm_values(job.slurm)  # whatever the launcher: `plan --sbatch` writes them for a local job too
+    # Whatever the launcher: `plan --sbatch` writes them for a local job too.
+    p += check_slurm_values(job.slurm, job.cluster)
     _positive(p, "data.max_seq_len", job.data.max_seq_len, "use e.g. max_seq_len: 512 (or --seq-len 512)")
     _positive(p, "train.global_batch_size", job.train.global_batch_size, "use e.g. global_batch_size: 32")
     _positive(p, "train.lr", job.train.lr, "use e.g. lr: 2.0e-5")
@@ -224,6 +230,7 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
     _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
+    _positive(p, "cluster.cpus_per_node", job.cluster.cpus_per_node, "use the CPUs `sinfo -o %c` lists, e.g. 64")
     per_node = job.cluster.gpus_per_node
     if job.gpus and per_node and job.gpus > per_node:
         # gpus is per node: planning 16 on an 8-GPU node would export a world no node can hold.

@@ -20,6 +20,7 @@ import yaml
 from launcher.config import bounds
 from launcher.engines import LAYOUT_ALIASES
 from launcher.errors import ConfigError
+from launcher.fsutil import not_a_file
 from launcher.units import format_bytes, parse_bytes
 
 T = TypeVar("T")
@@ -44,9 +45,14 @@ _shown = reprlib.Repr()
 _shown.maxstring, _shown.maxother, _shown.maxlevel, _shown.maxlist, _shown.maxdict = 160, 160, 3, 6, 6
 
 
+SHOWN_CHARS = 200
+"""Most characters a quoted value takes in a message: a path (160) shows whole, a nested structure its start."""
+
+
 def show(value: Any) -> str:
     """repr() bounded in size, for quoting a user's value in a message."""
-    return _shown.repr(value)
+    text = _shown.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 4] + " ..."
 
 
 def yaml_key(f: dataclasses.Field) -> str:
@@ -172,6 +178,10 @@ def _convert(tp: Any, value: Any, where: str, problems: _Problems, *, is_bytes: 
             problems.add(where, value, f"has {len(value)} items, over the {bounds.LIST_ITEMS} a job's lists may hold",
                          f"give {where} at most {bounds.LIST_ITEMS} items")
             return None
+        found = _plain_problem(value, where) if item_tp is object else None
+        if found:  # said once for the list, not once per item that shares the alias
+            problems.add(where, value, *found)
+            return None
         return [_convert(item_tp, v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp)
@@ -257,6 +267,7 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
     fields = {yaml_key(f): f for f in public_fields(cls)}
     kwargs: dict[str, Any] = {}
     complete = True
+    strays: list[str] = []  # unknown keys nothing is near: one line for all of them
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         f = fields.get(key)
@@ -271,7 +282,7 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
                 if near[0] not in data:  # its default stands in for what the user meant: no rule may judge it
                     problems.failed.append(f"{where}.{near[0]}" if where else near[0])
             else:
-                problems.append(f"{path}: unknown key; {valid}")
+                strays.append(path)
             continue
         before = len(problems)
         out = _convert(hints[f.name], value, path, problems, is_bytes=f.name.endswith("_bytes"))
@@ -282,6 +293,9 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
                 complete = False
             continue
         kwargs[f.name] = out
+    if strays:
+        names = ", ".join(strays[:8]) + (f" and {len(strays) - 8} more" if len(strays) > 8 else "")
+        problems.append(f"{names}: unknown key{'s' if len(strays) > 1 else ''}; valid keys: {', '.join(fields)}")
     for key, f in fields.items():
         if f.name not in kwargs and _required(f) and key in data:
             continue  # refused above, already reported
@@ -359,8 +373,9 @@ def load_yaml(path: str | Path) -> Any:
     bounds.JOB_FILE_BYTES is refused before YAML reads it."""
     p = Path(path)
     try:
-        if p.exists() and not p.is_file():  # a directory, FIFO or device: reading could block or never end
-            raise ConfigError(f"{path}: not a regular file; pass the path of a YAML job file")
+        kind = not_a_file(p)
+        if kind not in (None, "missing"):  # a directory, FIFO or device: reading could block or never end
+            raise ConfigError(f"{path}: not a regular file ({kind}); pass the path of a YAML job file")
         with p.open("rb") as f:  # read one byte past the bound: /proc files say size 0, a file may grow
             raw = f.read(bounds.JOB_FILE_BYTES + 1)
         if len(raw) > bounds.JOB_FILE_BYTES:

@@ -13,7 +13,8 @@ import math
 import re
 import unicodedata
 
-from launcher.config.job import SlurmConfig
+from launcher.config import bounds
+from launcher.config.job import ClusterConfig, SlurmConfig
 from launcher.config.load import show
 from launcher.config.problem import Problem
 
@@ -92,9 +93,36 @@ def _setup_problems(lines: list) -> list[Problem]:
     return p
 
 
-def check_slurm_values(cfg: SlurmConfig) -> list[Problem]:
-    """Every value of the slurm: section that reaches a script or submitit, checked for its syntax; one each."""
+def check_sizes(cfg: SlurmConfig, cluster: ClusterConfig | None = None) -> list[Problem]:
+    """slurm.mem_gb and slurm.cpus_per_task within what a node can be (launcher.config.bounds) and, where the job
+    gives the node's size (cluster.host_ram_per_node, cluster.cpus_per_node), within it."""
     p: list[Problem] = []
+    mem, cpus = cfg.mem_gb, cfg.cpus_per_task
+    node_ram = cluster.host_ram_per_node_bytes if cluster else None
+    node_cpus = cluster.cpus_per_node if cluster else None
+    if mem is not None and not (isinstance(mem, (int, float)) and math.isfinite(mem)
+                                and bounds.HOST_RAM_GB_MIN <= mem <= bounds.HOST_RAM_GB):
+        p.append(Problem("slurm.mem_gb", f"{mem!r} must be from {bounds.HOST_RAM_GB_MIN:g} to {bounds.HOST_RAM_GB} "
+                         "(Slurm's GB per node; below 1 MB Slurm reads --mem=0 as the whole node, and a rank's process "
+                         "alone takes ~0.5 GB); e.g. 64, or leave it out to derive it from the plan"))
+    elif mem is not None and node_ram is not None and mem * 2**30 > node_ram:
+        p.append(Problem("slurm.mem_gb", f"{mem!r} GB is more than cluster.host_ram_per_node ({node_ram / 2**30:.1f} "
+                         "GiB), which no node could give; lower it, or leave it out to derive it from the plan",
+                         reads=("cluster.host_ram_per_node",)))
+    if cpus is not None and not 1 <= cpus <= bounds.CPUS_PER_NODE:
+        p.append(Problem("slurm.cpus_per_task", f"{cpus!r} must be from 1 to {bounds.CPUS_PER_NODE} (CPUs on one "
+                         "node); leave it out to derive it from the plan"))
+    elif cpus is not None and node_cpus is not None and cpus > node_cpus:
+        p.append(Problem("slurm.cpus_per_task", f"{cpus!r} is more than cluster.cpus_per_node ({node_cpus}), which "
+                         "no node could give; lower it, or leave it out to derive it from the node",
+                         reads=("cluster.cpus_per_node",)))
+    return p
+
+
+def check_slurm_values(cfg: SlurmConfig, cluster: ClusterConfig | None = None) -> list[Problem]:
+    """Every value of the slurm: section that reaches a script or submitit, checked for its syntax and size (against
+    the node's, given ``cluster``); one problem each."""
+    p: list[Problem] = check_sizes(cfg, cluster)
     for name, (pattern, rule) in NAME_RULES.items():
         value = getattr(cfg, name)
         if value is None:

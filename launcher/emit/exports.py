@@ -1,5 +1,6 @@
 """What every engine's exports for other tools share: an `accelerate launch` file's common keys, its header and
-launch line, and the environment accelerate would give a rank. Each engine's own exports are its package's
+launch line, the environment accelerate would give a rank, HF Trainer's form of a script's DeepSpeed config and the
+DeepSpeed ops a script run loads. Each engine's own exports are its package's
 (launcher.engines.deepspeed.exports: ds_config.hf.json and DeepSpeed's accelerate config; launcher.engines.fsdp.emit:
 FSDP2's).
 
@@ -8,7 +9,9 @@ Pure: nothing here reads or writes a file.
 
 from __future__ import annotations
 
+import copy
 import shlex
+import sys
 
 import yaml
 
@@ -46,6 +49,16 @@ def accelerate_base(plan: Plan, distributed_type: str, mixed_precision: str | No
         "use_cpu": False,
         "debug": False,
     }
+
+
+def trainer_ds_config(script_config: dict) -> dict:
+    """``script_config`` (ds_config.script.json) as HF TrainingArguments(deepspeed=...) takes it: the
+    optimizer's betas and eps "auto" too, which the Trainer fills from adam_beta1/2 and adam_epsilon (accelerate
+    has no source for them, so the file keeps torch's defaults)."""
+    cfg = copy.deepcopy(script_config)
+    params = cfg.get("optimizer", {}).get("params", {})
+    params.update({key: "auto" for key in ("betas", "eps") if key in params})
+    return cfg
 
 
 def accelerate_launch_line(plan: Plan, config_file: str, script: str = "train.py", *, env: str = "") -> str:
@@ -123,7 +136,7 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
     """
     env = {
-        "ACCELERATE_MIXED_PRECISION": _ACCELERATE_PRECISION[plan.precision],
+        "ACCELERATE_MIXED_PRECISION": ACCELERATE_PRECISION[plan.precision],
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.strategy.grad_accum_steps),
     }
     if config["distributed_type"] == "DEEPSPEED":
@@ -140,5 +153,24 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     return env
 
 
-_ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 """The plan's precision in accelerate's words (as accelerate.yaml's mixed_precision for FSDP)."""
+
+
+def ops_env() -> str:
+    """The launch line's TORCH_EXTENSIONS_DIR=...: the DeepSpeed ops cache `launch` builds into, so accelerate's
+    DeepSpeed loads those builds instead of compiling its own (deepspeed_shm_comm on CPU ranks took two minutes)."""
+    from launcher.rankenv import EXTENSIONS_ENV, extensions_dir
+
+    return f"{EXTENSIONS_ENV}={shlex.quote(extensions_dir())}"
+
+
+def ops_notes(names: tuple[str, ...]) -> list[str]:
+    """The DeepSpeed ops a script run loads (``names``: its engine's EngineSpec.native_ops) and the one command
+    that builds them into the cache the launch line names (launcher.ops, run with this interpreter); none for none."""
+    if not names:
+        return []
+    build = f"{ops_env()} {shlex.quote(sys.executable)} -m launcher.ops {' '.join(names)}"
+    return [f"DeepSpeed compiles {' and '.join(names)} (minutes, silently) when a process first loads "
+            f"{'it' if len(names) == 1 else 'them'}, unless built in",
+            f"  the cache the line names; build once: {build}"]

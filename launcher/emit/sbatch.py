@@ -1,53 +1,69 @@
 """A plain sbatch script from a plan, for people who submit with sbatch rather than through submitit.
 
-Pure: returns the text. The script carries the run's definition (job.yaml, plan.json and, for DeepSpeed,
-ds_config.json as written at plan time), so it is all a cluster needs besides the launcher package. Each node
-runs one srun task: ``python -m torch.distributed.run`` with the c10d endpoint at the first host of the
-allocation (at its NodeAddr, as scontrol knows it; no localhost fallback, pytorch #76069).
+Returns the text (reading only this interpreter's path and the DeepSpeed ops cache it pins). The script carries
+the run's definition (job.yaml, plan.json and, for DeepSpeed, ds_config.json as written at plan time), so it is
+all a cluster needs besides the launcher package, and it runs from any directory (the run dir is absolute). Each
+node runs one srun task: ``$PYTHON -m torch.distributed.run`` with the c10d endpoint at the first host of the
+allocation (at its NodeAddr, as scontrol knows it; no localhost fallback, pytorch #76069). PYTHON is the
+interpreter `launch plan` ran under, as submitit pins the submitting one (a node's PATH may find another python,
+or none); slurm.setup may set it. The DeepSpeed ops the plan loads are built before srun starts the ranks, once
+(launcher.ops), into the ops cache `launch` uses.
 
 Requeue, as in the submitit path: ``--signal=B:USR2@signal_delay_s`` reaches only the batch shell, whose trap
 drops RUN_DIR/control/checkpoint; the ranks save at the next optimizer step and exit 0 ('checkpointed'); the
 script then runs ``scontrol requeue`` while SLURM_RESTART_COUNT < slurm.max_requeues, and the requeued job
-resumes from RUN_DIR/checkpoint/latest.
+resumes from RUN_DIR/checkpoint/latest. Otherwise the script's last step is the verdict (launcher.cli.finish):
+report.json, state.json and the exit code, as `launch` writes them.
 
 What reaches the shell: every value is checked (launcher.config.slurm_rules: no control characters, each Slurm
 option's syntax) and then quoted (shlex.quote), so it stays one word on one line; the run dir is checked here too.
-``slurm.setup`` is the one exception, written as given: raw shell by design. --time, --mem and --cpus-per-task come
-from ``slurm_resources`` (the job's, or derived from the plan), and the ranks get OMP_NUM_THREADS to match.
+``slurm.setup`` is the one exception, written as given: raw shell by design. --time, --mem, --cpus-per-task and
+the GPUs come from ``slurm_resources`` (the job's, or derived from the plan; the header says how), and the ranks
+get OMP_NUM_THREADS to match.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import yaml
 
 from launcher.config.job import Job
 from launcher.config.slurm_rules import check_shell_path
+from launcher.emit.slurm_alloc import SlurmResources, allocation_lines, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
-from launcher.rankenv import PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, plan_digest
+from launcher.rankenv import EXTENSIONS_ENV, PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, extensions_dir, plan_digest
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
 
 HEADER = """#!/bin/bash
-# {name}: {label} on {nodes} node(s) x {gpus} GPU(s); predicted peak {peak:.3f} GB of {budget:.3f} GB per GPU.
+# {name}: {label} on {nodes} node(s) x {gpus} {ranks}; predicted peak {peak:.3f} GB of {budget:.3f} GB per rank.
 # Written by `launch plan --sbatch`. The run dir must exist before `sbatch` (Slurm opens --output first):
 #   mkdir -p {run_dir_q} && sbatch THIS_FILE
-{derived}"""
+# What the job asks for, and how each value was reached:
+{derived}
+"""
 
 BODY = """
 set -euo pipefail
 RUN_DIR={run_dir_q}
 MAX_REQUEUES={max_requeues}
+# The interpreter `launch plan --sbatch` ran under (its venv has the launcher); slurm.setup may set PYTHON.
+PYTHON={python_q}
+export {ext_env}={ext_dir_q}  # DeepSpeed's compiled ops, shared with `launch` on this filesystem
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ranks" "$RUN_DIR/steps" "$RUN_DIR/control"
 
 # The run as planned when this script was written; the ranks read these files.
-write_file() {{ local tmp; tmp=$(mktemp "$RUN_DIR/.$1.XXXXXX"); cat > "$tmp"; mv -f "$tmp" "$RUN_DIR/$1"; }}
+write_file() {{ local tmp; tmp=$(mktemp "$RUN_DIR/.$1.XXXXXX.launcher-tmp"); cat > "$tmp"; mv -f "$tmp" "$RUN_DIR/$1"; }}
 {files}
 {setup}
+command -v "$PYTHON" >/dev/null \\
+  || {{ echo "launch: $PYTHON not found on $(hostname): set PYTHON in slurm.setup" >&2; exit 2; }}
+
 # Rendezvous at the first host of the allocation, at the address Slurm reaches it by.
 command -v scontrol >/dev/null || {{ echo "launch: scontrol not found: cannot find the head node" >&2; exit 1; }}
 hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")  # no `| head`: its early exit fails the pipe
@@ -55,15 +71,17 @@ head_host=${{hosts%%$'\\n'*}}
 head_addr=$(scontrol show node "$head_host" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
 head_addr=${{head_addr:-$head_host}}
 port=$((20000 + SLURM_JOB_ID % 20000))
+# srun of Slurm 22.05 to 23.02 does not pass the job's --cpus-per-task on to its step: say it again.
+SRUN_CPUS=${{SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK}}
 
 export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export {digest_env}={digest}  # the ranks refuse a plan.json other than the one this script writes
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shared by the node's ranks
-{ds_export}
+{ds_export}{build_ops}
 # USR2 comes here only (B:); the ranks poll the control file at every optimizer step.
 rm -f "$RUN_DIR/control/checkpoint"
 trap 'touch "$RUN_DIR/control/checkpoint"' USR2
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 python -m torch.distributed.run --nnodes={nodes} \\
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 $SRUN_CPUS "$PYTHON" -m torch.distributed.run --nnodes={nodes} \\
   --nproc-per-node={gpus} --max-restarts=0 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$port" \\
   --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" -m launcher.rank_entry "$RUN_DIR" &
 srun_pid=$!
@@ -77,7 +95,10 @@ if [ "$rc" -eq 0 ] && grep -Eqs '"status": *"checkpointed"' "$RUN_DIR/ranks/rank
     && [ "${{SLURM_RESTART_COUNT:-0}}" -lt "$MAX_REQUEUES" ]; then
   echo "launch: ranks checkpointed; requeueing job $SLURM_JOB_ID" >&2
   scontrol requeue "$SLURM_JOB_ID"
+  exit 0
 fi
+# The verdict, as `launch` gives it: report.json, memory.png, state.json; the job exits with the verdict's code.
+"$PYTHON" -m launcher.cli.finish "$RUN_DIR" "$rc" && rc=0 || rc=$?
 exit "$rc"
 """
 
@@ -107,22 +128,34 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
     return files
 
 
-def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run dir") -> str:
-    """The sbatch script for ``plan``; ConfigError (exit 2) if the slurm: section or the run dir (given by
-    ``run_dir_flag``, named in the message) has a problem."""
-    from launcher.emit.slurm_params import directives, slurm_resources
+BUILD_OPS = """# DeepSpeed's ops this plan loads, built once on each node before the ranks start (a line each).
+srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.ops {ops}
+"""
 
-    bad_path = check_shell_path(run_dir, run_dir_flag)
-    if bad_path:
-        raise ConfigError(bad_path)
-    res = slurm_resources(job, plan)
+
+def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run dir",
+                resources: SlurmResources | None = None, python: str | None = None, ops_dir: str | None = None) -> str:
+    """The sbatch script for ``plan``, run dir ``run_dir`` (absolute); ConfigError (exit 2) if the slurm: section
+    or the run dir (given by ``run_dir_flag``, named in the message) has a problem. ``resources``: the allocation
+    (default: what the plan alone derives, launcher.emit.slurm_alloc); ``python``: the interpreter the nodes run
+    (default: this one, as submitit pins it); ``ops_dir``: DeepSpeed's ops cache (default: the one `launch` uses)."""
+    from launcher.emit.slurm_params import directives
+
+    if not run_dir.is_absolute():
+        raise ValueError(f"the sbatch script needs an absolute run dir, not {str(run_dir)!r}")
+    python, ops_dir = python or sys.executable, ops_dir or extensions_dir()
+    bad = check_shell_path(run_dir, run_dir_flag) + check_shell_path(python, "the interpreter (sys.executable)") \
+        + check_shell_path(ops_dir, EXTENSIONS_ENV)
+    if bad:
+        raise ConfigError(bad)
+    res = resources or slurm_resources(job, plan)
     flags = directives(job, plan, resources=res)  # checks the slurm: section and the name first
     run_dir_q = shlex.quote(str(run_dir))
-    derived = f"# From the plan: {' '.join(res.derived)} (`launch plan` says how); the rest as the job sets it.\n"
+    derived = "\n".join(f"#   {option:<19} {how}" for option, how in allocation_lines(res, plan.hardware))
     out = [HEADER.format(name=" ".join(job.name.split()), label=plan.strategy.label(), nodes=plan.nodes,
-                         gpus=plan.gpus_per_node, peak=plan.estimate.peak_bytes / 1e9,
-                         budget=plan.budget_bytes / 1e9, run_dir_q=run_dir_q,
-                         derived=derived if res.derived else "")]
+                         gpus=plan.gpus_per_node, ranks="GPU(s)" if res.gpus_per_node else "CPU rank(s)",
+                         peak=plan.estimate.peak_bytes / 1e9, budget=plan.budget_bytes / 1e9, run_dir_q=run_dir_q,
+                         derived=derived)]
     flags["signal"] = f"B:USR2@{job.slurm.signal_delay_s}"
     flags["requeue"] = True
     flags["open-mode"] = "append"
@@ -133,10 +166,16 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run
     files = "\n".join(heredoc(name, text) for name, text in files_by_name.items())
     setup = "\n# setup (slurm.setup)\n" + "\n".join(job.slurm.setup) + "\n" if job.slurm.setup else ""
     from launcher.engines import engine_spec
+    from launcher.ops import plan_ops
 
-    ds_export = "".join(f'export {var}="$RUN_DIR/{name}"\n' for var, name in engine_spec(plan.strategy.engine).config_env)
+    spec = engine_spec(plan.strategy.engine)
+    ds_export = "".join(f'export {var}="$RUN_DIR/{name}"\n' for var, name in spec.config_env)
+    ops = plan_ops(plan)
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
                            nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export, threads=res.threads_per_rank,
                            run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV, digest_env=PLAN_DIGEST_ENV,
-                           digest=plan_digest(files_by_name["plan.json"].rstrip() + "\n")))
+                           digest=plan_digest(files_by_name["plan.json"].rstrip() + "\n"),
+                           python_q=shlex.quote(python), ext_env=EXTENSIONS_ENV,
+                           ext_dir_q=shlex.quote(ops_dir),
+                           build_ops=BUILD_OPS.format(ops=" ".join(ops)) if ops else ""))
     return "\n".join(out).replace("\n\n\n", "\n\n")

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
-from typing import Literal
 
-from launcher.config.job import Job, SlurmConfig
+from launcher.config.job import ClusterConfig, Job, SlurmConfig
 from launcher.config.problem import Problem
-from launcher.config.slurm_rules import KEY, TIMEOUT_MAX_MIN, check_job_name, check_slurm_values
-from launcher.engines import engine_spec
+from launcher.config.slurm_rules import KEY, check_job_name, check_slurm_values
+from launcher.emit.slurm_alloc import SlurmResources, combined, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rundir import slug
-from launcher.units import GB, GiB
+from launcher.units import GiB
 
 # Keys this backend derives from SlurmConfig fields or from the plan: a user sets the field, not the key.
 OWNED = {
@@ -64,10 +61,12 @@ def _key(k: str) -> str:
     return k.replace("-", "_")
 
 
-def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = None) -> list[Problem]:
-    """Every problem with the slurm: section, typed: the field, the rest of its line (value, rule, fix) and the
-    other fields the rule read; ``str()`` of each is the line the user reads."""
-    p = check_slurm_values(cfg)  # syntax and control characters; setup lines are raw shell
+def check_slurm(cfg: SlurmConfig, *, cluster: ClusterConfig | None = None,
+                sbatch_options: frozenset[str] | None = None) -> list[Problem]:
+    """Every problem with the slurm: section (sizes against ``cluster``'s node where given), typed: the field, the
+    rest of its line (value, rule, fix) and the other fields the rule read; ``str()`` of each is the line the user
+    reads."""
+    p = check_slurm_values(cfg, cluster)  # syntax, sizes and control characters; setup lines are raw shell
     if cfg.timeout_min is not None and cfg.timeout_min < 1:
         p.append(Problem("slurm.timeout_min", f"{cfg.timeout_min!r} must be at least 1 (Slurm's unit is minutes); "
                          "e.g. 60"))
@@ -82,12 +81,6 @@ def check_slurm(cfg: SlurmConfig, *, sbatch_options: frozenset[str] | None = Non
                          "e.g. 3"))
     if cfg.array_parallelism < 1:
         p.append(Problem("slurm.array_parallelism", f"{cfg.array_parallelism!r} must be at least 1; e.g. 64"))
-    if cfg.cpus_per_task is not None and cfg.cpus_per_task < 1:
-        p.append(Problem("slurm.cpus_per_task", f"{cfg.cpus_per_task!r} must be at least 1; leave it out to derive "
-                         "it from the plan"))
-    if cfg.mem_gb is not None and cfg.mem_gb <= 0:
-        p.append(Problem("slurm.mem_gb", f"{cfg.mem_gb!r} must be greater than 0; e.g. 64, or leave it out to derive "
-                         "it from the plan"))
     p += check_additional(cfg.additional_parameters, sbatch_options=sbatch_options)
     return p
 
@@ -120,129 +113,6 @@ def check_additional(extra: dict[str, object], *, sbatch_options: frozenset[str]
     return p
 
 
-TIME_FACTOR = 1.5
-"""Margin on the predicted training time: the cost model's step time is a prediction (benchmarks/results/
-plan_quality.md), and a run that outlives its limit still checkpoints and requeues (slurm.max_requeues)."""
-STARTUP_S = 600
-"""Added to the predicted training time for start-up and the end: imports, the weight load, DeepSpeed's op build,
-rendezvous, checkpoints and the report."""
-MEM_FACTOR = 1.25
-"""Margin on the plan's host RAM per node (offloaded optimizer states and parameters, the weight load)."""
-RANK_PROCESS_BYTES = {"cuda_reserved_plus_context": 4 * GB, "cpu_tensor_bytes": 1 * GB}
-"""Host memory of one rank's process beyond the plan's tensors, bytes, by the plan's basis (GPU or CPU ranks):
-Python, torch, transformers, DeepSpeed and the data (CPU ranks: 0.43 GB peak RSS measured, docs/reliability/slurm.md);
-on GPU ranks also CUDA's libraries and pinned staging buffers (assumed, not measured here)."""
-HOST_OPTIMIZER_CPUS_PER_RANK = 4
-"""CPUs per rank when the optimizer steps on the host (DeepSpeedCPUAdam, FSDP2 CPU offload): an OpenMP loop over
-the rank's fp32 shard, so the ranks get OMP_NUM_THREADS of them; one CPU per rank otherwise."""
-MEM_KEYS_ELSEWHERE = ("mem_per_cpu", "mem_per_gpu")
-"""additional_parameters that set memory another way: sbatch refuses them beside --mem, so none is derived."""
-CPU_KEYS_ELSEWHERE = ("cpus_per_gpu",)
-"""additional_parameters that set CPUs another way: sbatch refuses them beside --cpus-per-task."""
-
-Source = Literal["job", "plan", "default", "none"]
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class SlurmResources:
-    """Time, memory and CPUs a Slurm job asks for, and where each came from: the job (pinned in slurm:), the plan
-    (derived), a default (time, when the job gives epochs), or none (set another way through
-    additional_parameters). The sbatch script and the submitit parameters both use it; cli/ renders it."""
-
-    time_min: int
-    """--time, minutes."""
-    time_source: Source
-    """Where time_min came from."""
-    predicted_train_s: float | None
-    """Predicted step time x train.max_steps, seconds; None when the job gives epochs."""
-    mem_bytes: int | None
-    """--mem per node, bytes (rendered in whole GiB when derived); None: not set (mem_per_cpu or mem_per_gpu)."""
-    mem_source: Source
-    """Where mem_bytes came from."""
-    predicted_host_bytes: int
-    """The plan's host RAM per node, bytes, before the margin."""
-    mem_capped: bool
-    """The derivation was cut to cluster.host_ram_per_node (a node cannot give more)."""
-    cpus_per_task: int | None
-    """--cpus-per-task (the node's one task runs every rank); None: not set (cpus_per_gpu)."""
-    cpus_source: Source
-    """Where cpus_per_task came from."""
-    host_optimizer: bool
-    """The optimizer steps on the host (CPU Adam), so each rank gets HOST_OPTIMIZER_CPUS_PER_RANK CPUs."""
-    threads_per_rank: int
-    """OMP_NUM_THREADS for the ranks: cpus_per_task shared by the node's ranks (1 when not set)."""
-
-    @property
-    def derived(self) -> list[str]:
-        """The sbatch options derived from the plan, sbatch spelling."""
-        return [o for o, src in (("--time", self.time_source), ("--mem", self.mem_source),
-                                 ("--cpus-per-task", self.cpus_source)) if src == "plan"]
-
-
-def host_optimizer(plan: Plan) -> bool:
-    """The optimizer steps on the host CPUs (offloaded optimizer, or FSDP2 parameters on the CPU); CPU ranks
-    always step on their own cores, so they are not counted here."""
-    s = plan.strategy
-    if plan.estimate.basis == "cpu_tensor_bytes":
-        return False
-    return engine_spec(s.engine).optimizer_on_host(s)
-
-
-def slurm_resources(job: Job, plan: Plan) -> SlurmResources:
-    """--time, --mem and --cpus-per-task: the job's when it pins them, else derived from the plan (pure)."""
-    cfg, ranks = job.slurm, plan.gpus_per_node
-    extra = {_key(str(k)) for k in cfg.additional_parameters}
-    steps = job.train.max_steps
-    train_s = plan.estimate.step_time_s * steps if steps else None
-    if cfg.timeout_min is not None:
-        time_min, time_src = cfg.timeout_min, "job"
-    elif train_s is not None:
-        # At least one minute past the checkpoint signal, so USR2 always comes inside the limit.
-        time_min = max(math.ceil((train_s * TIME_FACTOR + STARTUP_S) / 60), cfg.signal_delay_s // 60 + 1)
-        time_min, time_src = min(time_min, TIMEOUT_MAX_MIN), "plan"
-    else:
-        time_min, time_src = max(60, cfg.signal_delay_s // 60 + 1), "default"
-    host = plan.estimate.host_bytes_per_node
-    capped = False
-    if cfg.mem_gb is not None:
-        mem, mem_src = int(cfg.mem_gb * GiB), "job"
-    elif extra & set(MEM_KEYS_ELSEWHERE):
-        mem, mem_src = None, "none"
-    else:
-        need = host * MEM_FACTOR + ranks * RANK_PROCESS_BYTES.get(plan.estimate.basis, 4 * GB)
-        mem, mem_src = math.ceil(need / GiB) * GiB, "plan"
-        node = job.cluster.host_ram_per_node_bytes
-        if node is not None and mem > node:
-            mem, capped = node // GiB * GiB, True
-    on_host = host_optimizer(plan)
-    if cfg.cpus_per_task is not None:
-        cpus, cpus_src = cfg.cpus_per_task, "job"
-    elif extra & set(CPU_KEYS_ELSEWHERE):
-        cpus, cpus_src = None, "none"
-    else:
-        cpus, cpus_src = ranks * (HOST_OPTIMIZER_CPUS_PER_RANK if on_host else 1), "plan"
-    return SlurmResources(time_min=time_min, time_source=time_src, predicted_train_s=train_s, mem_bytes=mem,
-                          mem_source=mem_src, predicted_host_bytes=host, mem_capped=capped, cpus_per_task=cpus,
-                          cpus_source=cpus_src, host_optimizer=on_host,
-                          threads_per_rank=max(1, (cpus or ranks) // ranks))
-
-
-def combined(resources: list[SlurmResources]) -> SlurmResources:
-    """One allocation for several plans (a sweep's array): the largest of each, so every variant fits."""
-    best = resources[0]
-    for r in resources[1:]:
-        best = SlurmResources(
-            time_min=max(best.time_min, r.time_min), time_source=best.time_source,
-            predicted_train_s=max(best.predicted_train_s or 0.0, r.predicted_train_s or 0.0) or None,
-            mem_bytes=None if best.mem_bytes is None else max(best.mem_bytes, r.mem_bytes or 0),
-            mem_source=best.mem_source, predicted_host_bytes=max(best.predicted_host_bytes, r.predicted_host_bytes),
-            mem_capped=best.mem_capped or r.mem_capped,
-            cpus_per_task=None if best.cpus_per_task is None else max(best.cpus_per_task, r.cpus_per_task or 0),
-            cpus_source=best.cpus_source, host_optimizer=best.host_optimizer or r.host_optimizer,
-            threads_per_rank=max(best.threads_per_rank, r.threads_per_rank))
-    return best
-
-
 def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] | None = None,
                         resources: SlurmResources | None = None) -> dict[str, object]:
     """Keyword arguments for ``SlurmExecutor.update_parameters``; ConfigError lists every problem.
@@ -250,18 +120,22 @@ def executor_parameters(job: Job, plan: Plan, *, sbatch_options: frozenset[str] 
     ``resources`` (a sweep's combined allocation) replaces what ``slurm_resources(job, plan)`` would derive.
     """
     cfg = job.slurm
-    problems = check_job_name(job.name) + check_slurm(cfg, sbatch_options=sbatch_options)
+    problems = check_job_name(job.name) + check_slurm(cfg, cluster=job.cluster, sbatch_options=sbatch_options)
     if problems:
         raise ConfigError(problems)
     res = resources or slurm_resources(job, plan)
+    if res.time_min is None:
+        raise ConfigError(Problem("slurm.timeout_min", f"not set, and the plan cannot derive it: "
+                                  f"{res.facts.steps_basis}; set slurm.timeout_min (minutes), or train.max_steps"))
     if not 0 <= cfg.signal_delay_s < res.time_min * 60:
         raise ConfigError(Problem("slurm.signal_delay_s", f"{cfg.signal_delay_s!r} must be in [0, time limit*60 = "
                                   f"{res.time_min * 60}) so the checkpoint signal comes before the limit; e.g. 90"))
     params: dict[str, object] = {
         "job_name": slug(job.name), "time": res.time_min, "nodes": plan.nodes, "ntasks_per_node": 1,
-        "gpus_per_node": plan.gpus_per_node, "signal_delay_s": cfg.signal_delay_s,
-        "array_parallelism": cfg.array_parallelism,
+        "signal_delay_s": cfg.signal_delay_s, "array_parallelism": cfg.array_parallelism,
     }
+    if res.gpus_per_node:  # CPU ranks ask for none: Slurm would hold GPUs nothing uses
+        params["gpus_per_node"] = res.gpus_per_node
     if res.cpus_per_task is not None:
         params["cpus_per_task"] = res.cpus_per_task
     for name in ("partition", "account", "qos", "constraint"):
@@ -315,3 +189,6 @@ def native_sbatch_keys() -> set[str]:
     not_sbatch = {"additional_parameters", "array_parallelism", "setup", "signal_delay_s", "srun_args",
                   "stderr_to_stdout", "teardown", "use_srun", "num_gpus"}
     return set(submitit_parameters()) - not_sbatch - set(OWNED)
+
+
+__all__ = ["SlurmResources", "check_slurm", "combined", "directives", "executor_parameters", "slurm_resources"]

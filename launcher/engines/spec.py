@@ -7,10 +7,11 @@ its rank side (launcher.worker.engines) imports torch and is found by the same n
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from launcher.config.job import Job
-from launcher.emit.exports import accelerate_yaml_text
+from launcher.emit.exports import accelerate_env, accelerate_yaml_text, ops_notes
 from launcher.engines.layout import Layout
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic
@@ -32,10 +33,11 @@ class EngineSpec:
     config_env: tuple[tuple[str, str], ...] = ()
     """(environment variable, file in the run dir) pairs the ranks read their config through."""
     config_names: tuple[str, ...] = ()
-    """The files ``config_files`` writes into a run dir (each attempt of the fallback ladder archives them)."""
+    """The config files every run of the engine has in its run dir (``config_files``; each attempt of the fallback
+    ladder archives them)."""
     export_names: tuple[str, ...] = ()
-    """The files ``export_files`` adds for `plan --out`. A plan for another engine removes both kinds
-    (launcher.rundir.ENGINE_FILES)."""
+    """The engine's other files: what ``export_files`` adds for `plan --out`, and what ``config_files`` adds for a
+    plan made for the user's script. A plan for another engine removes both kinds (launcher.rundir.ENGINE_FILES)."""
     levers: frozenset[str] = frozenset()
     """The lever fields (launcher.planner.plan.LEVER_FIELDS) this engine's rank side implements; the search
     leaves the others off for it (launcher.planner.levers)."""
@@ -95,6 +97,10 @@ class EngineSpec:
         """Seconds per step spent moving offloaded state and stepping the optimizer on the host."""
         raise NotImplementedError
 
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """The compiled ops (launcher.ops.OPS names) a run of ``plan`` loads; built before its ranks start."""
+        return ()
+
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
         """Seconds per step dequantizing a quantized frozen base (QLoRA) where this engine implements it."""
         return 0.0
@@ -129,6 +135,11 @@ class EngineSpec:
         """The Buckets fields `launch plan` shows for this layout (those its config uses); none by default."""
         return ()
 
+    def script_env(self, plan: Plan, job: Job, *, config_dir: Path) -> dict[str, str]:
+        """A --script rank's environment for the engine: what ``accelerate launch`` would set for the plan's
+        accelerate config (launcher.emit.exports.accelerate_env), the engine's config files in ``config_dir``."""
+        return accelerate_env(plan, self.accelerate_config(plan, job, config_dir=config_dir))
+
     def accelerate_env(self, plan: Plan) -> str:
         """What the launch line sets in the environment because accelerate reads it only from there."""
         return ""
@@ -145,7 +156,12 @@ class EngineSpec:
                                     config_file=str((config_dir / "accelerate.yaml").resolve()),
                                     env=self.accelerate_env(plan),
                                     notes=[*self.accelerate_notes(plan, config_dir, optimizer=job.train.optimizer),
-                                           *self._adapter_notes(plan, job)])
+                                           *self._adapter_notes(plan, job), *self.export_notes(plan)])
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """What accelerate.yaml's header adds for the plan's other exports: the DeepSpeed ops a script run loads
+        and the one command that builds them (launcher.emit.exports.ops_notes)."""
+        return ops_notes(self.native_ops(dataclasses.replace(plan, script=True)))
 
     def _adapter_notes(self, plan: Plan, job: Job) -> list[str]:
         """Under LoRA in bf16/fp16, where a script's peft defaults would cost what the recipe's plan does not count."""

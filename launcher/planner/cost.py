@@ -6,9 +6,14 @@ compute   = 6·Ψ·tokens FLOPs, plus 2·Ψ_block·tokens per recomputed block [
             LoRA skips frozen weight gradients: 4·Ψ·tokens. Ψ is the active parameters:
             a mixture of experts runs each token through top-k of its E experts [Mixtral, arXiv:2401.04088 §2].
             Chunked cross-entropy recomputes the head's forward in backward: +2·h·V per token.
+            Attention's own matmuls, which Ψ leaves out: 12·s·d per token and block (attention_flops_per_token).
+            The matmuls run at mfu of the peak; the memory-bound kernels between them (norms, activations, casts,
+            residual adds, eager softmax) move ELEMENTWISE_BYTES_PER_SAVED_BYTE bytes per byte a block saves,
+            over the device's memory bandwidth (elementwise_s).
 comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 2Ψ, ZeRO-3 3Ψ per step];
             FSDP2 hybrid sharding gathers and reduce-scatters within a node and all-reduces its 1/n shard of
-            the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2].
+            the gradients across nodes [PyTorch FSDP, arXiv:2304.11277 §3.2.2]. comm_overlap of it hides behind
+            compute, never more than the compute's own length.
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward;
             activation offload moves the saved activations out in forward and back in backward, not overlapped.
@@ -28,6 +33,7 @@ from __future__ import annotations
 from launcher.levers import (
     ACTIVATION_OFFLOAD,
     CHECKPOINT_EVERY,
+    CHECKPOINT_POLICY,
     CHUNKED_LOSS,
     LOW_MEMORY_OPTIMIZER,
     OPTIMIZER_IN_BACKWARD,
@@ -41,6 +47,15 @@ from launcher.planner.memory import offloaded_activation_bytes, rank_activations
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
 
+ELEMENTWISE_BYTES_PER_SAVED_BYTE = 26.0
+"""Device memory traffic of a block's memory-bound kernels per byte the block saves for backward (the probe's
+block_bytes_per_token, with eager attention's a·s² scores), forward and backward, bytes: eager PyTorch reads and
+writes each activation several times around the matmuls (a norm's fp32 upcast, the gate's activation, the residual
+adds, peft's dropout, an eager softmax). Fitted on the published step-time fit split
+(benchmarks/published/steptime, split.yaml: 12 runs of torchtitan, Qwen and the Hugging Face guide on A100, H100
+and V100; least squares on log(predicted / published) with mfu 0.8 and comm_overlap 1.0): 26; judged on its
+validation split (benchmarks/results/published-steptime.md). What makes fast-FLOP cards slower than their peak
+says: the H100 and the V100's fp16 tensor cores gain less than their FLOP/s over an A100 or fp32."""
 IN_BACKWARD_CALL_S = CALL_S
 """Seconds one more optimizer call costs with the optimizer step in backward (launcher.levers
 .optimizer_in_backward.CALL_S says why)."""
@@ -63,20 +78,21 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
     recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m) * recomputed_share(m, s)
-    flops_per_token = fwd_bwd * m.active_params + recompute
+    flops_per_token = fwd_bwd * m.active_params + recompute + attention_flops_per_token(inp, s)
     if CHUNKED_LOSS.on(s):
         # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
         flops_per_token += recompute_flops_per_token(m)
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
-    compute = flops_per_token * tokens_per_rank / (peak * hw.mfu)
+    compute = flops_per_token * tokens_per_rank / (peak * hw.mfu) + elementwise_s(inp, s, tokens_per_rank)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
     compute += spec.dequant_s(inp, s)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
     overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
-    if OPTIMIZER_IN_BACKWARD.on(s):
-        # The same step arithmetic, moved into backward; only the per-tensor calls are new.
-        overhead += step_calls_s(m)
+    # The step in backward: the same step arithmetic, moved into backward; only the per-tensor calls are new (at
+    # least one tensor). They run in the gradient hooks ahead of the reduce-scatters those gradients feed, so no
+    # collective hides behind them (nor do they make the lever free where the collectives are the longer part).
+    calls = step_calls_s(m) if OPTIMIZER_IN_BACKWARD.on(s) else 0.0
 
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
@@ -84,8 +100,9 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
     offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s)
-    exposed_comm = comm * (1.0 - hw.comm_overlap)
-    terms = {"compute": compute + overhead, "communication": exposed_comm, "offload": offload,
+    # Prefetched gathers and bucketed reduces run beside compute: at most the compute's length hides.
+    exposed_comm = max(comm * (1.0 - hw.comm_overlap), comm - (compute + overhead))
+    terms = {"compute": compute + overhead + calls, "communication": exposed_comm, "offload": offload,
              "engine": hw.step_overhead(spec.name)}  # the engine's fixed seconds (launch calibrate --from fits them)
     if LOW_MEMORY_OPTIMIZER.of(s) != LOW_MEMORY_OPTIMIZER.off or stochastic_rounds(inp, s):
         terms["optimizer"] = optimizer_step_s(inp, s, m.trainable_params / spec.optimizer_shard_ranks(inp, s),
@@ -98,6 +115,35 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     if not s.activation_checkpointing:
         return 0
     return checkpoint_count(num_blocks, CHECKPOINT_EVERY.of(s))
+
+
+def attention_flops_per_token(inp: MemoryInputs, s: Strategy) -> float:
+    """FLOPs per token of attention's two matmuls (Q·Kᵀ, then the scores times V), which 6·Ψ leaves out.
+
+    Forward 2·2·s·d per block (d = heads x head_dim), backward twice that: 12·s·d per block and token [PaLM,
+    arXiv:2204.02311 App. B: 6N + 12·L·H·Q·T; torchtitan's get_num_flop_per_token]. A recomputed block runs its
+    forward again, except under the op policy with a fused kernel, whose output the policy saves
+    (launcher.model.sac.save_ops). Fused kernels (sdpa, flash) skip the masked half of a causal sequence's tiles;
+    eager attention multiplies the whole s x s square."""
+    m = inp.model
+    fused = inp.activations.attention != "eager"
+    per_pass = 4.0 * inp.seq_len * m.num_heads * m.head_dim * (0.5 if fused and m.task == "causal_lm" else 1.0)
+    recomputed = 0 if fused and CHECKPOINT_POLICY.of(s) == "ops" else checkpointed_blocks(m.num_blocks, s)
+    return per_pass * (3 * m.num_blocks + recomputed)
+
+
+def elementwise_s(inp: MemoryInputs, s: Strategy, tokens_per_rank: int) -> float:
+    """Seconds per step of the memory-bound kernels between the matmuls, on a device with a known bandwidth.
+
+    ELEMENTWISE_BYTES_PER_SAVED_BYTE times what a block saves per token (without checkpointing), for every block
+    and a third more for each recomputed one (its forward again), over hw.memory_bw. CPU ranks (memory_bw 0) have
+    their calibrated block_overhead_s instead."""
+    hw, a, m = inp.hardware, inp.activations, inp.model
+    if not hw.memory_bw:
+        return 0.0
+    saved = a.block_bytes_per_token + a.block_bytes_per_token_per_seq * inp.seq_len
+    blocks = m.num_blocks + checkpointed_blocks(m.num_blocks, s) / 3.0
+    return ELEMENTWISE_BYTES_PER_SAVED_BYTE * saved * blocks * tokens_per_rank / hw.memory_bw
 
 
 def active_block_params(m) -> float:
@@ -122,5 +168,6 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw
 
 
-__all__ = ["IN_BACKWARD_CALL_S", "Traffic", "active_block_params", "activation_offload_s", "checkpointed_blocks",
-           "communication", "recomputed_share", "step_time_terms"]
+__all__ = ["ELEMENTWISE_BYTES_PER_SAVED_BYTE", "IN_BACKWARD_CALL_S", "Traffic", "active_block_params",
+           "activation_offload_s", "attention_flops_per_token", "checkpointed_blocks", "communication",
+           "elementwise_s", "recomputed_share", "step_time_terms"]

@@ -2,8 +2,8 @@
 warning threshold (train.warn_total_time_h). Pure: the step count comes in as numbers.
 
 The step count is known at plan time when the job gives train.max_steps, or train.epochs with the number of
-training examples (the rows less the eval split, read by the caller). With data.packing the sequences per epoch
-are known only after tokenization, so the total is not predicted then; the plan says so instead of guessing.
+training sequences the caller counted (the data's summary: the kept examples, or the packed sequences;
+launcher.datasummary). Without the data the total is not predicted; the plan says so instead of guessing.
 """
 
 from __future__ import annotations

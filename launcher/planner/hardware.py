@@ -41,7 +41,8 @@ class HardwareProfile:
     flops_fp32: float
     """Dense fp32 (or TF32) matmul FLOP/s of one device."""
     mfu: float
-    """Share of peak FLOP/s a fine-tune reaches, 0 to 1."""
+    """Share of peak FLOP/s the model's matmuls reach, 0 to 1 (the memory-bound kernels between them are the cost
+    model's bandwidth term, launcher.planner.cost.elementwise_s)."""
     intra_node_bw: float
     """Collective bus bandwidth inside a node, bytes/s (NVLink, or gloo over loopback)."""
     inter_node_bw: float
@@ -62,7 +63,7 @@ class HardwareProfile:
     adds 0 until `launch calibrate --from` fits it from finished runs. A calibration file holds them as
     ``<engine>_step_overhead_s`` (OVERHEAD_SUFFIX; ``with_overrides``)."""
     comm_overlap: float = 0.5
-    """Share of communication hidden behind compute, 0 to 1."""
+    """Share of communication hidden behind compute, 0 to 1; never more than the compute's own length hides."""
     device_is_host: bool = False
     """True for CPU ranks: device memory is host memory, so ranks add up in host RAM."""
     memory_bw: float = 0.0
@@ -72,6 +73,11 @@ class HardwareProfile:
     compute_capability: float | None = None
     """CUDA compute capability (NVIDIA's "CUDA GPUs" list): the GPU generation, which decides native bf16 (>= 8.0)
     and cuBLAS's workspace size (>= 9.0, Hopper); None off CUDA (CPU ranks, AMD)."""
+    host_cpus_per_device: int = 8
+    """CPUs a node gives each device, the Slurm job's --cpus-per-task per rank when cluster.cpus_per_node does not
+    say: 8, the low end of GPU nodes (DGX A100 128 cores for 8 GPUs, DGX H100 112, 8-GPU cloud instances 96-192
+    vCPUs), since sbatch refuses a job asking for more than a node has. CPU ranks: 1, what their rates were
+    measured with (torchrun's OMP_NUM_THREADS=1)."""
 
     @property
     def hopper_or_later(self) -> bool:
@@ -111,13 +117,24 @@ NCCL_COMM_MIB = 562
 NCCL_EXTRA_COMM_MIB = 386
 
 
+# Fitted on the published step-time fit split (benchmarks/published/steptime/split.yaml, 12 runs on A100, H100 and
+# V100; benchmarks/results/published-steptime.md) with the cost model's attention and bandwidth terms: the matmuls
+# at 0.8 of the datasheet peak (torchtitan's A100 runs report 58 % MFU counting whole steps; with about a third
+# of the step in memory-bound kernels that is ~0.8 in the matmuls), and FSDP2's prefetched gathers and reduce-scatters
+# hidden behind compute up to its length (torchtitan's 70B on 64 A100s: 16 s of collectives at HDR rates inside a
+# 23 s step). Were 0.4 and 0.5, which put a 70B step at 44 s and 8B on H100 at 2.3 s against 23 and 2.8 published.
+GPU_MATMUL_SHARE = 0.8
+GPU_COMM_OVERLAP = 1.0
+
+
 def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw, source, capability,
          context_mib=600) -> HardwareProfile:
     return HardwareProfile(
         name=name, memory_bytes=int(mem_gib * GiB), context_bytes=context_mib * MiB, fragmentation=0.08,
         kernel_bytes=KERNEL_MIB * MiB, nccl_comm_bytes=NCCL_COMM_MIB * MiB,
         nccl_extra_comm_bytes=NCCL_EXTRA_COMM_MIB * MiB,
-        flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=0.4, intra_node_bw=intra, inter_node_bw=inter,
+        flops_bf16=flops_bf16, flops_fp32=flops_fp32, mfu=GPU_MATMUL_SHARE, comm_overlap=GPU_COMM_OVERLAP,
+        intra_node_bw=intra, inter_node_bw=inter,
         host_link_bw=pcie, cpu_adam_params_per_s=1.0e9, nvme_bw=3.0 * GB, memory_bw=memory_bw, source=source,
         compute_capability=capability,
     )
@@ -169,7 +186,7 @@ PROFILES: dict[str, HardwareProfile] = {
         # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
         # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
         step_overhead_s=(("deepspeed", 1.0), ("fsdp", 0.09)),
-        comm_overlap=0.0, device_is_host=True, source="measured by `launch calibrate`",
+        comm_overlap=0.0, device_is_host=True, host_cpus_per_device=1, source="measured by `launch calibrate`",
     ),
 }
 
@@ -189,6 +206,13 @@ GPU_NAME_PATTERNS: list[tuple[str, str]] = [
     (r"\bMI300X\b", "mi300x"),
     (r"\bV100\b.*\b16GB\b", "v100-16gb"),
 ]
+
+
+def ranks_on_host(plan) -> bool:
+    """A plan's (launcher.planner.plan.Plan) ranks compute on the host (CPU ranks): its profile says so, or for
+    a profile not known here its memory basis."""
+    profile = PROFILES.get(plan.hardware)
+    return profile.device_is_host if profile else plan.estimate.basis == "cpu_tensor_bytes"
 
 
 def profile_for_gpu_name(gpu_name: str) -> str | None:

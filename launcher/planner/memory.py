@@ -42,6 +42,7 @@ from launcher.planner.memo import spec_for
 from launcher.planner.plan import Buckets, MemoryEstimate, Strategy
 from launcher.planner.terms import (
     BYTES,
+    MASTER_BYTES,
     NVME_PARAM_BUFFER_COUNT,
     ActivationConstants,
     MemoryInputs,
@@ -135,6 +136,36 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes)
 
 
+TRL_TOKEN_TILE = 4096
+"""Tokens per tile of TRL's fused LM head (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE)."""
+TRL_VOCAB_TILE = 32768
+"""Vocabulary columns per tile of TRL's fused LM head (trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)."""
+LOSS_BYTES_PER_LOGIT = 12
+"""The loss's fp32 bytes per logit at the head's backward (log-softmax output, its gradient, the logits' gradient):
+what the probe's head_logit_bytes_per_token counts per vocabulary entry (launcher.model.activations)."""
+TRL_HOST_BYTES_PER_LOGIT = 36.0
+"""Bytes per tile logit at the backward of TRL's fused LM head where Triton is not (CPU ranks): its torch fallback
+(_backward_tile) holds the tile and about eight fp32 copies of it at once (the transform, log-p, p, the gradient,
+the target mask as float, the products). Measured with the probe's tracker on TRL 1.16: 35.3 bytes (fp32),
+34.2 (bf16 autocast), with or without the entropy and top-1 outputs."""
+
+
+def trl_head_bytes(m: ModelStats, precision: str, tokens: int, device_is_host: bool) -> float:
+    """A causal LM's head at the backward peak as TRL's SFTTrainer runs it over ``tokens`` (those with a next
+    token, micro-batch x (seq_len - 1)): its fused LM head
+    (trl.trainer.utils.add_fused_lm_head) projects the hidden states in [TRL_TOKEN_TILE, TRL_VOCAB_TILE] tiles
+    and folds the log-probability, the entropy and the top-1 flag it logs (mean_token_accuracy) into them, so the
+    full logits never exist; the backward recomputes each tile. Live then: one tile (on CPU ranks its fp32
+    copies, TRL_HOST_BYTES_PER_LOGIT), the head weight's gradient accumulated in fp32 (4·V·h) and cast to the
+    weight's dtype at the end, and the hidden states' gradient in fp32 (4·tokens·h)."""
+    if m.task != "causal_lm":
+        return 0.0
+    w = BYTES[precision]
+    tile = min(tokens, TRL_TOKEN_TILE) * min(m.vocab_size, TRL_VOCAB_TILE)
+    grads = 0.0 if m.lora_params else m.vocab_size * m.hidden_size * (MASTER_BYTES + (w if w < MASTER_BYTES else 0))
+    return tile * (TRL_HOST_BYTES_PER_LOGIT if device_is_host else w) + grads + MASTER_BYTES * tokens * m.hidden_size
+
+
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
                                checkpointing: bool, checkpoint_every: int = 1,
                                loss_chunks: int = 0) -> tuple[int, int, int]:
@@ -193,9 +224,35 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
 
 def rank_activations(inp: MemoryInputs, s: Strategy) -> ActivationConstants:
     """The constants this strategy's ranks save by for this request: strategy_activations with the engine's answer
-    on LoRA's adapter dtype for the launcher's recipe or a user's script (EngineSpec.fp32_adapters)."""
+    on LoRA's adapter dtype for the launcher's recipe or a user's script (EngineSpec.fp32_adapters), and for a
+    script the head TRL's fused LM head may hold (script_head_activations)."""
     fp32_adapters = spec_for(inp, s).fp32_adapters(s, script=inp.script)
-    return strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
+    c = strategy_activations(inp.activations, s, fp32_adapters=fp32_adapters)
+    return script_head_activations(c, inp, s) if inp.script and not CHUNKED_LOSS.on(s) else c
+
+
+def script_head_activations(c: ActivationConstants, inp: MemoryInputs, s: Strategy) -> ActivationConstants:
+    """A user's script may compute a causal LM's loss as HF does (the full logits: the head terms as measured) or
+    as TRL does (trl_head_bytes); the plan counts TRL's where it is the larger, which the model's shape decides
+    (analytic bytes, not the constants, so the choice holds while launch calibrate scales them): on CPU ranks, and
+    on GPUs where few tokens meet a large vocabulary x hidden. Then the head terms trade the loss's vocabulary part
+    (head_logit_bytes_per_token, L) for TRL's, each part scaled by the constant it is made of: the tile by L (per
+    logit L/V against the loss's 12 fp32 bytes), the head weight's gradient by head_weight_grad_bytes, the hidden
+    states' by ckpt_bytes_per_token (h in the working dtype), so the terms stay linear in the constants."""
+    m = inp.model
+    if m.task != "causal_lm":
+        return c
+    tokens, shifted = s.micro_batch_size * inp.seq_len, s.micro_batch_size * (inp.seq_len - 1)
+    host, w = inp.hardware.device_is_host, BYTES[inp.precision]
+    if trl_head_bytes(m, inp.precision, shifted, host) <= tokens * m.vocab_size * (w + LOSS_BYTES_PER_LOGIT):
+        return c
+    tile = min(shifted, TRL_TOKEN_TILE) * min(m.vocab_size, TRL_VOCAB_TILE) * (TRL_HOST_BYTES_PER_LOGIT if host else w)
+    per_logit = c.head_logit_bytes_per_token / (LOSS_BYTES_PER_LOGIT * m.vocab_size)
+    grads = c.head_weight_grad_bytes * (MASTER_BYTES + (w if w < MASTER_BYTES else 0)) / w
+    hidden = shifted * c.ckpt_bytes_per_token * MASTER_BYTES / w
+    delta = (tile * per_logit + grads + hidden) / tokens - c.head_logit_bytes_per_token
+    return dataclasses.replace(c, head_bytes_per_token=c.head_bytes_per_token + delta,
+                               head_ckpt_bytes_per_token=c.head_ckpt_bytes_per_token + delta)
 
 
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:

@@ -31,9 +31,19 @@ LOW_BIT_STEP_COPIES = 6
 temporaries. Measured 6.0 for 8-bit, 4-bit and fp32-state tensors alike (MemTracker, torch 2.13, torchao 0.18)."""
 ADAM_STEP_COPIES = 2
 """fp32 tensors the size of the parameter torch's single-tensor AdamW step holds at once (its denominator)."""
-LOW_BIT_CPU_STEP_RATIO = 7.0
-"""Eager low-bit AdamW's step over torch's single-tensor AdamW on CPU, measured 6.4 (4-bit) and 7.4 (8-bit) on
-2.4M parameters."""
+SCRIPT_STEP_COPIES = {True: 4.0, False: 2.0}
+"""fp32 copies of the rank's whole trainable shard a user's script's Adam/AdamW step may hold at once, on the host
+(True) or on CUDA: HF Trainer's default optim (adamw_torch_fused) and torch's foreach default step every tensor in
+one multi-tensor call. Measured 3.6 on 2 CPU ranks (FSDP2 via accelerate, HF Trainer, MiniLM, clipping included);
+CUDA's foreach holds the denominator's square root and quotient (2), fused none."""
+LOW_BIT_CPU_STEP_RATIO = {"adamw8bit": 141.0, "adamw4bit": 80.0}
+"""Eager low-bit AdamW's step over torch's single-tensor AdamW (foreach=False) on CPU, per optimizer: the median
+ratio on one fp32 tensor of 2^20 and 2^22 elements, one thread, the fastest of repeated steps in each of 3 rounds
+(benchmarks/lowbit_step/run.py, benchmarks/results/lowbit-step.md); checked on 2^21 and 2^23 within a median 24 %.
+There AdamW streams its tensors from memory, as for a model's weights and `launch calibrate`'s rate; the eager
+step dequantizes, updates and requantizes through fp32 temporaries at 0.2-1.1 us per element, 8-bit about twice
+4-bit (its 256-code map against 16). Was 7 for both (6.4 and 7.4 measured on 2.4M parameters in 2026-11), which
+priced every host-side low-bit step 11-20 times too cheap."""
 SR_STEP_COPIES = 10.25
 """Pure bf16's stochastically rounded Adam/AdamW step (launcher.worker.engines.optimizers.stochastic_round_adam:
 torchao adam.py single_param_adam with BF16_STOCHASTIC_ROUND) run eagerly: fp32-sized tensors of the parameter it
@@ -124,7 +134,8 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
     (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
     2.0 on FSDP2's fp32 cells); SGD none. Pure bf16's Adam/AdamW rounds stochastically through torchao's step:
     SR_STEP_COPIES on the host, none on CUDA (compiled). Engines that step their own flat partitions (DeepSpeed)
-    count their step apart.
+    count their step apart. A user's script (``inp.script``) steps its own Adam/AdamW, over every tensor at once
+    (SCRIPT_STEP_COPIES).
     """
     opt = LOW_MEMORY_OPTIMIZER.of(s)
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
@@ -138,6 +149,10 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
         # table would swamp a LoRA plan).
         trainable = min(inp.model.largest_layer_params, max(1, inp.model.trainable_params))
         return SR_STEP_COPIES * 4 * math.ceil(trainable / shard_ranks) if on_host else 0.0
+    if opt == "none" and inp.optimizer in ("adam", "adamw") and inp.script:
+        # A script's optimizer is its own (HF's fused AdamW, torch's foreach): the whole shard at once.
+        whole = 4 * math.ceil(max(1, inp.model.trainable_params) / shard_ranks)
+        return max(ADAM_STEP_COPIES * largest, SCRIPT_STEP_COPIES[on_host] * whole)
     if opt == "none":
         return ADAM_STEP_COPIES * largest if inp.optimizer in ("adam", "adamw") else 0.0
     if opt == "adafactor":
@@ -151,7 +166,8 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     """Seconds a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over the job's AdamW
     on the device, for this rank's shard.
 
-    On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO times torch's AdamW, whose rate is
+    On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO (per
+    optimizer) times torch's AdamW, whose rate is
     cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
     (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
     bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
@@ -166,7 +182,8 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
         return (SR_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
     if LOW_MEMORY_OPTIMIZER.of(s) not in LOW_BIT_STATE:
         return 0.0
-    return (LOW_BIT_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    ratio = LOW_BIT_CPU_STEP_RATIO[LOW_MEMORY_OPTIMIZER.of(s)]
+    return (ratio - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
 
 
 def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:

@@ -12,6 +12,7 @@ CUDA only when $LAUNCHER_TRACK_CATEGORIES=1 because it runs Python on every op.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import socket
@@ -25,6 +26,7 @@ import torch
 from launcher import rankenv
 from launcher.rankreport import OomDetails, RankReport
 from launcher.runtime.files import JsonlLog, atomic_write_json
+from launcher.runtime.heap import heap_in_use_bytes
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
 from launcher.units import format_bytes
 
@@ -80,6 +82,8 @@ class MemoryProbe:
         if track_categories is None:
             track_categories = not self.is_cuda or os.environ.get(rankenv.TRACK_ENV) == "1"
         self.track_categories = track_categories
+        self.check_heap = not self.is_cuda and os.environ.get(rankenv.HEAP_ENV) == "1"
+        """Sample glibc's heap beside the tracker (launcher.runtime.heap): $LAUNCHER_HEAP_CHECK=1 on a CPU rank."""
         self.enforce_bytes = enforce_bytes
         self.run_dir = Path(run_dir) if run_dir else None
         self.tracker = None
@@ -129,7 +133,7 @@ class MemoryProbe:
 
     def _enter(self, tracker) -> None:
         cap = None if self.is_cuda else self.enforce_bytes
-        tracker.setup(self.device, cap)
+        tracker.setup(self.device, cap, heap_in_use_bytes if self.check_heap else None, TRAINING_PHASES)
         tracker.start_phase(self.phase_name)
         tracker.__enter__()
         self.tracker = tracker
@@ -148,7 +152,7 @@ class MemoryProbe:
         new = fsdp_tracker(root, optimizer)
         self._enter(new)
         if old is not None:
-            for name in ("phase_peak_bytes", "phase_peak_snap", "peak_bytes", "peak_snap", "peak_phase"):
+            for name in ("phase_peak_bytes", "phase_peak_snap", "peak_bytes", "peak_snap", "peak_phase", "heap_check"):
                 setattr(new, name, getattr(old, name))
             new.start_phase(self.phase_name)
 
@@ -340,6 +344,8 @@ class MemoryProbe:
             steps_done=self.step,
             error=error,
         )
+        if t is not None and t.heap is not None and t.heap_check.untracked_bytes is not None:
+            out.heap_check = dataclasses.asdict(t.heap_check)
         if self.is_cuda:
             out.max_memory_allocated_bytes = self.cuda_max_allocated
             out.max_memory_reserved_bytes = self.cuda_max_reserved

@@ -8,8 +8,9 @@ raises ``torch.OutOfMemoryError`` at the op that crosses it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from copy import deepcopy
+from dataclasses import dataclass
 
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
@@ -69,6 +70,35 @@ def raw_breakdown(dev_snap: dict | None) -> dict[str, int]:
     return {raw_name(k): int(v) for k, v in (dev_snap or {}).items() if k != _TOTAL_KEY}
 
 
+@dataclass(kw_only=True, slots=True)
+class HeapCheck:
+    """The tracker's total beside glibc's heap in use (launcher.runtime.heap), over the phases sampled.
+
+    The heap also holds what is not a tensor (libraries, Python), which mostly settles before training: the heap
+    counts on the tracker's basis once that part, as it stood at the first sample, is taken away. What training
+    adds beyond tensors (gloo's buffer for a collective while it runs, MKL's packed weights, autograd's nodes)
+    then reads as heap above the tracked total (docs/testing.md)."""
+
+    untracked_bytes: int | None = None
+    """Heap in use less the tracked total at the first sample, bytes."""
+    tracked_peak_bytes: int = 0
+    """The largest tracked total sampled, bytes."""
+    heap_peak_bytes: int = 0
+    """The largest heap sampled less ``untracked_bytes``, bytes."""
+    heap_at_tracked_peak_bytes: int = 0
+    """The heap less ``untracked_bytes`` when the tracked total was largest, bytes."""
+
+    def sample(self, tracked: int, heap: int) -> None:
+        """One reading of both instruments."""
+        if self.untracked_bytes is None:
+            self.untracked_bytes = heap - tracked
+        on_basis = heap - self.untracked_bytes
+        self.heap_peak_bytes = max(self.heap_peak_bytes, on_basis)
+        if tracked >= self.tracked_peak_bytes:
+            self.tracked_peak_bytes = tracked
+            self.heap_at_tracked_peak_bytes = on_basis
+
+
 class _NoHandle:
     def remove(self) -> None:
         pass
@@ -84,7 +114,8 @@ class _PhasePeaks:
     so the breakdown shows the steady state after relabelling, not the first step's guesses.
     """
 
-    def setup(self, device: torch.device, cap_bytes: int | None) -> None:
+    def setup(self, device: torch.device, cap_bytes: int | None, heap: Callable[[], int | None] | None = None,
+              heap_phases: tuple[str, ...] = ()) -> None:
         self.watch_device = device
         self.cap_bytes = cap_bytes
         self.phase = "init"
@@ -94,6 +125,9 @@ class _PhasePeaks:
         self.peak_snap: dict = {}
         self.peak_phase = "init"
         self.over_cap: tuple[int, str] | None = None
+        self.heap = heap if heap is not None and heap() is not None else None
+        self.heap_phases = heap_phases
+        self.heap_check = HeapCheck()
 
     def total_bytes(self) -> int:
         snap = self._curr_mem_snap.get(self.watch_device)
@@ -148,6 +182,8 @@ class _PhasePeaks:
                 self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
         total = self.total_bytes()
+        if self.heap is not None and self.phase in self.heap_phases:
+            self.heap_check.sample(total, self.heap())
         self._note(total)
         if self.cap_bytes is not None and total > self.cap_bytes and self.over_cap is None:
             self.over_cap = (total, self.phase)

@@ -9,9 +9,12 @@ from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.config.problem import Problem
+from launcher.datasummary import DataSummary
 from launcher.errors import ConfigError
+from launcher.fsutil import not_a_file
 from launcher.planner.plan import Plan
-from launcher.rundir import latest_checkpoint_tag
+from launcher.rundir import contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
+from launcher.session.endpoint import check_rendezvous
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes
 
@@ -141,13 +144,28 @@ def check_resume(opts: RunOptions) -> None:
                           "pass --run-dir RUN, or run without --resume")
     path = opts.run_dir
     if latest_checkpoint_tag(path / "checkpoint"):
+        unmarked = unmarked_for_resume(path)  # a checkpoint/latest alone does not make a dir launch's
+        if unmarked:
+            raise unmarked
         return
-    if path.is_dir() and any(p.name != ".lock" for p in path.iterdir()):
+    names = _listing(path)
+    if names and not is_marked(path):  # --overwrite would be refused there too: never advise it
+        raise ConfigError(f"--resume: {str(path)!r} is not a run dir launch made (it holds {few(names)}) and has "
+                          "no checkpoint; give the --run-dir of the run to continue, or run without --resume")
+    if names:
         state = _state_of(path)
         was = f" (state.json: {state})" if state else ""
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from{was}; start it again with "
                           "--overwrite instead of --resume, or choose another --run-dir")
     raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
+
+
+def _listing(path: Path) -> list[str]:
+    """What ``path`` holds besides the lock ([] when it is missing, not a directory, or cannot be listed)."""
+    try:
+        return contents(path) if path.is_dir() else []
+    except OSError:
+        return []
 
 
 def _state_of(path: Path) -> str | None:
@@ -161,25 +179,31 @@ def _state_of(path: Path) -> str | None:
 
 def check_script(script: str | None) -> None:
     """--script names a file (launch run, and launch plan planning for it)."""
-    if script and not Path(script).is_file():
+    kind = not_a_file(script) if script else None
+    if kind == "missing":
         raise ConfigError(f"--script: {script!r} does not exist; give the path of your training script")
+    if kind:
+        raise ConfigError(f"--script: {script!r} is {kind}, not a file; give the path of your training script")
 
 
 def check_launch(job: Job, opts: RunOptions) -> None:
-    """The flags against the job, before planning."""
+    """The flags against the job, before planning (the data is checked once the plan knows the model:
+    check_data)."""
     check_script(opts.script)
     if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
+    check_rendezvous(job, opts)
     check_resume(opts)
     check_fallback(job, opts)
-    if not opts.script:  # a user's script reads its own data
-        check_data(job)
 
 
-def count_train_examples(job: Job) -> tuple[int | None, str]:
-    """(training examples, "") for the total-time prediction of a train.epochs job, or (None, why not)."""
+def count_train_examples(job: Job, data: DataSummary | None = None) -> tuple[int | None, str]:
+    """(training sequences, "") for the total-time prediction of a train.epochs job, or (None, why not): the data
+    summary's count when there is one (packed sequences included), else the rows read less the eval split."""
+    if data is not None:
+        return data.sequences, ""
     if job.data.packing:
-        return None, ("data.packing: the sequences per epoch are known only once the ranks tokenize; give "
+        return None, ("data.packing: the sequences per epoch are known only once the data is counted; give "
                       "train.max_steps for a predicted total")
     from launcher.worker.data import eval_count, read_records
 
@@ -190,15 +214,34 @@ def count_train_examples(job: Job) -> tuple[int | None, str]:
     return n - eval_count(n, job.data.eval_fraction), ""
 
 
-def check_data(job: Job) -> None:
-    """Every row has what the job reads (the row number and the field if not), before any rank starts: a bad
-    row found by the ranks would be a failed run (exit 1) instead of refused input (exit 2)."""
-    from launcher.worker.data import read_records
-    from launcher.worker.formats import check_rows
+def check_data(job: Job) -> DataSummary:
+    """Every row has what the job reads (the row number and the field if not), the examples the ranks would drop
+    are counted (refused only when none is left) and one step's worth reaches every rank, before any rank starts:
+    found by the ranks, each would be a failed run (exit 1) instead of refused input (exit 2). The summary."""
+    from launcher.plan_inputs import model_stats
+    from launcher.session.datacheck import check_job_data
 
-    check_rows(read_records(job.data.path), job.task, job.data, job.data.path)
+    summary = check_job_data(job, model_stats(job).vocab_size)
     if job.data.packing and job.train.attn_implementation != "flash_attention_2":
         print(f"launch: warning: data.packing with attention {job.train.attn_implementation or 'sdpa (default)'}: "
               "a token also attends to the earlier examples packed into its sequence (positions restart and labels "
               "never cross); set train.attn_implementation: flash_attention_2 to keep examples apart",
               file=sys.stderr)
+    return summary
+
+
+def lora_base_warning(job: Job) -> str | None:
+    """The warning for LoRA on a base without weights (an inline architecture, a bundled or config-only model:
+    a random init): its adapter cannot be loaded with PeftModel.from_pretrained later, since no base weights
+    exist to load it onto. None with weights, without LoRA, or with train.lora.merge (the merged export holds the
+    base the run trained on)."""
+    if job.train.lora is None or job.train.lora.merge:
+        return None
+    from launcher.plan_inputs import model_stats
+
+    if model_stats(job).checkpoint_bytes:
+        return None
+    return ("train.lora on a model without weights (a random init): the adapter this run saves cannot be loaded "
+            "with PeftModel.from_pretrained later, as no base weights exist to load it onto; set "
+            "train.lora.merge: true (launch export then writes base and adapter merged, a full model), or point "
+            "model at a dir with weights")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from launcher.fallback import Measurement, next_strategy, pins_for
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
 from launcher.runreport import Attempt, AttemptOom, FallbackSummary, NextRung, RunReport, read_report
-from launcher.session.prepare import announce, write_plan_outputs
+from launcher.session.prepare import announce, mark_running, write_plan_outputs
 
 
 def measure_attempt(run: RunDir, code: int, outcome: Outcome) -> Measurement | None:
@@ -103,7 +102,7 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
         attempt += 1
         run_dir.write_yaml("job.yaml", job_to_data(job))
         write_plan_outputs(run_dir.path, plan, job)
-        run_dir.set_state("running", pid=os.getpid(), attempt=attempt)
+        mark_running(run_dir, attempt=attempt)
         announce(plan, run_dir, attempt)
     finish_ladder(run_dir, records, tries, code)
     return code

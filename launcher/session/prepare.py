@@ -12,11 +12,15 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
+from launcher.datasummary import DATA_JSON, DataSummary
+from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
+from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
+from launcher.procs import ProcessRef
 from launcher.rankenv import (
     ENFORCE_ENV,
     EXPANDABLE_SEGMENTS,
@@ -86,12 +90,11 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
 
 def script_env(run: RunDir, plan: Plan, job: Job) -> dict[str, str]:
     """What a --script rank reads the plan from, with no launcher import: accelerate's own variables (which HF
-    Trainer reads through accelerate too) and the three the libraries have no name for."""
-    from launcher.emit.exports import accelerate_env
-
+    Trainer reads through accelerate too, and the rank's seam, launcher.runtime.script_args, applies where the
+    libraries build their arguments) and the three the libraries have no name for."""
     s = plan.strategy
     return {
-        **accelerate_env(plan, engine_spec(s.engine).accelerate_config(plan, job, config_dir=run.path)),
+        **engine_spec(s.engine).script_env(plan, job, config_dir=run.path),
         MICRO_BATCH_ENV: str(s.micro_batch_size),
         GRAD_ACCUM_ENV: str(s.grad_accum_steps),
         GRAD_CKPT_ENV: "1" if s.activation_checkpointing else "0",
@@ -122,27 +125,51 @@ def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
     return written
 
 
-def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan) -> RunDir:
-    """Create (or reopen) the run dir and write job.yaml, plan.json and the engine's configs into it; with --resume
-    it must already hold a checkpoint."""
+def prepare_run_dir(opts: RunOptions, job: Job, plan: Plan, data: DataSummary | None = None) -> RunDir:
+    """Create (or reopen) the run dir and write job.yaml, plan.json, the engine's configs and the data's summary
+    (data.json, for report.json) into it; with --resume it must already hold a checkpoint."""
     path = opts.run_dir or default_run_dir(job.name)
     if opts.resume and not latest_checkpoint_tag(Path(path) / "checkpoint"):  # before anything is created
         raise ConfigError(f"--resume: {str(path)!r} has no checkpoint to resume from; run without --resume")
-    run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
-    run.write_yaml("job.yaml", job_to_data(job))
-    write_plan_outputs(run.path, plan, job)
+    run = None
+    try:
+        run = RunDir.create(path, overwrite=opts.overwrite, resume=opts.resume, job_state=live_state)
+        run.write_yaml("job.yaml", job_to_data(job))
+        write_plan_outputs(run.path, plan, job)
+        if data is not None:
+            run.write_json(DATA_JSON, data.to_json())
+    except OSError as e:  # a full disk or a read-only mount: one line, no traceback, nothing started
+        if run is not None:
+            run.unlock()
+        raise unwritable(path, e) from None
     return run
 
 
-def total_time_of(job: Job, plan: Plan):
+def unwritable(path: Path, e: OSError) -> ConfigError:
+    """The one line for a run dir the launcher cannot write (a full disk, a read-only mount), before any rank runs."""
+    return ConfigError(f"--run-dir: {str(path)!r} cannot be written ({e.strerror or e}); free space there, or "
+                       "choose another --run-dir")
+
+
+def mark_running(run: RunDir, **fields) -> None:
+    """state.json: running, owned by this launch (its pid and start time, what liveness is decided by), no rank
+    started yet (the backend records them once torchrun has)."""
+    try:
+        run.set_state("running", launch=ProcessRef.of(os.getpid()), ranks=[], **fields)
+    except OSError as e:
+        raise unwritable(run.path, e) from None
+
+
+def total_time_of(job: Job, plan: Plan, data: DataSummary | None = None):
     """The plan's predicted training time (launcher.planner.duration.TotalTime); a train.epochs job counts its
-    training examples here (reading the data), so a plan made without the data says it cannot know."""
+    training sequences from the data's summary (or the data), so a plan made without the data says it cannot
+    know."""
     from launcher.planner.duration import total_time
     from launcher.session.checks import count_train_examples
 
     examples, why = None, ""
     if job.train.max_steps is None and job.train.epochs is not None:
-        examples, why = count_train_examples(job)
+        examples, why = count_train_examples(job, data)
     s = plan.strategy
     return total_time(step_time_s=plan.estimate.step_time_s, max_steps=job.train.max_steps, epochs=job.train.epochs,
                       train_examples=examples, unknown_why=why, world_size=plan.world_size,
@@ -150,9 +177,47 @@ def total_time_of(job: Job, plan: Plan):
                       warn_after_h=job.train.warn_total_time_h)
 
 
-def say_total_time(job: Job, plan: Plan) -> None:
+def weight_bytes(job: Job) -> tuple[int | None, bool]:
+    """(bytes of the weight files the first rank reads, measured); (0, True) for a model without weight files
+    (random init), (None, False) when the model dir cannot be found here."""
+    from launcher.config.job import InlineArch
+    from launcher.model.build import resolve_model_dir
+
+    if isinstance(job.model, InlineArch):
+        return 0, True
+    try:
+        d = resolve_model_dir(job.model, job.base_dir)
+    except ConfigError:
+        return None, False
+    if d is None:
+        return 0, True  # a bundled config: random weights
+    files = list(d.glob("*.safetensors")) or list(d.glob("*.bin"))  # from_pretrained prefers safetensors
+    return sum(f.stat().st_size for f in files), True
+
+
+def run_facts(job: Job, plan: Plan, total: TotalTime | None = None) -> RunFacts:
+    """What a Slurm job's allocation rests on, found here (launcher.emit.slurm_alloc.RunFacts): the run's steps
+    (``total``, else total_time_of: a train.epochs job counts its data), the weight files' size and the DeepSpeed
+    ops the plan loads that this machine's extensions cache lacks."""
+    from launcher.ops import missing
+
+    total = total or total_time_of(job, plan)
+    facts = plan_facts(job, plan)
+    size, measured = weight_bytes(job)
+    return dataclasses.replace(facts, train_steps=total.total_steps, steps_basis=total.basis,
+                               weight_bytes=facts.weight_bytes if size is None else size, weights_measured=measured,
+                               ops_to_build=tuple(missing(facts.ops_to_build)))
+
+
+def slurm_allocation(job: Job, plan: Plan, total: TotalTime | None = None) -> SlurmResources:
+    """The Slurm allocation of ``plan`` from the facts found here (run_facts): what `launch --slurm`, `launch plan`
+    and its sbatch script ask for."""
+    return slurm_resources(job, plan, run_facts(job, plan, total))
+
+
+def say_total_time(job: Job, plan: Plan, data: DataSummary | None = None) -> None:
     """launch run: the predicted training time under the plan line, and the warning past the threshold."""
-    total = total_time_of(job, plan)
+    total = total_time_of(job, plan, data)
     print(f"predicted training time: {total.describe()}", flush=True)
     if total.warning():
         print(f"launch: warning: {total.warning()}", file=sys.stderr, flush=True)

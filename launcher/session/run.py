@@ -6,25 +6,27 @@ driven the same way: run(run_dir, spec) -> Outcome, then finish() turns the rank
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 
 from launcher.backends.base import Backend, Outcome
 from launcher.config.job import Job
+from launcher.datasummary import DataSummary
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
 from launcher.fsutil import private_dir
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
-from launcher.session.checks import check_launch, check_runnable, cluster_hints
+from launcher.session.checks import check_data, check_launch, check_runnable, cluster_hints, lora_base_warning
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions
 from launcher.session.prepare import (
     announce,
     launch_spec,
+    mark_running,
     prepare_run_dir,
     resume_plan,
     say_total_time,
+    slurm_allocation,
 )
 
 
@@ -41,20 +43,20 @@ def run_job(job: Job, opts: RunOptions) -> int:
         from launcher.session.sweep import run_sweep
 
         return run_sweep(job, opts)
-    job, plan = plan_run(job, opts)
+    job, plan, data = plan_run(job, opts)
     backend = make_backend(job, plan, opts)
     if job.launcher == "slurm":
-        say_total_time(job, plan)
-        return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan), backend)[0]
+        say_total_time(job, plan, data)
+        return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan, data), backend)[0]
     if opts.node_rank > 0:
         if not opts.run_dir:
             raise ConfigError("--node-rank: nodes after the first need the shared --run-dir of node 0")
         run_dir = RunDir(private_dir(opts.run_dir).resolve())
     else:
-        run_dir = prepare_run_dir(opts, job, plan)
+        run_dir = prepare_run_dir(opts, job, plan, data)
         announce(plan, run_dir)
-        say_total_time(job, plan)
-        run_dir.set_state("running", pid=os.getpid())
+        say_total_time(job, plan, data)
+        mark_running(run_dir)
     if job.auto_fallback:
         from launcher.session.ladder import run_ladder
 
@@ -62,8 +64,9 @@ def run_job(job: Job, opts: RunOptions) -> int:
     return run_attempt(opts, job, plan, run_dir, backend)[0]
 
 
-def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
-    """The plan, or the one error that says why there is none; a resume keeps the run dir's strategy."""
+def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan, DataSummary | None]:
+    """The plan and the data's summary (None for a --script run, which reads its own data), or the one error that
+    says why there is none; a resume keeps the run dir's strategy."""
     from launcher.plan_inputs import plan_job
 
     check_launch(job, opts)
@@ -73,11 +76,15 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan]:
         raise e.with_hints(cluster_hints(job, e.short_of)) from None
     if opts.resume:
         job, plan = resume_plan(opts, job, plan)
+    data = None if opts.script else check_data(job)
     check_runnable(job, plan, opts)
+    lora = None if opts.script else lora_base_warning(job)
+    if lora:
+        print(f"launch: warning: {lora}", file=sys.stderr)
     if plan.status == "forced":
         print(f"launch: warning: running a plan predicted over budget because of --force: {plan.reasons[0]}",
               file=sys.stderr)
-    return job, plan
+    return job, plan, data
 
 
 def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
@@ -89,8 +96,9 @@ def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
         if opts.node_rank or opts.rdzv_endpoint:
             raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them "
                               "with --slurm")
-        executor_parameters(job, plan)  # every slurm: problem before a run dir exists
-        return SlurmBackend(job, plan, follow=opts.wait, report=finish)
+        resources = slurm_allocation(job, plan)
+        executor_parameters(job, plan, resources=resources)  # every slurm: problem before a run dir exists
+        return SlurmBackend(job, plan, follow=opts.wait, report=finish, resources=resources)
     from launcher.backends.local import LocalBackend
 
     return LocalBackend()
@@ -137,11 +145,9 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
     return on_start
 
 
-def slurm_time_min(job: Job, plan: Plan) -> int:
+def slurm_time_min(job: Job, plan: Plan) -> int | None:
     """The Slurm time limit the plan's job asks for, minutes."""
-    from launcher.emit.slurm_params import slurm_resources
-
-    return slurm_resources(job, plan).time_min
+    return slurm_allocation(job, plan).time_min
 
 
 def preload_plotting() -> None:

@@ -20,14 +20,14 @@ from launcher.backends.slurm_array import array_exit_code, submit_array, summary
 from launcher.backends.slurm_state import SLURM_JSON, SweepRow, UnplannedVariant, live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_from_data, job_to_data
-from launcher.emit.slurm_params import combined, executor_parameters, slurm_resources
+from launcher.emit.slurm_params import combined, executor_parameters
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, LauncherError
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.checks import check_runnable
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions, own_lines
-from launcher.session.prepare import launch_spec, write_plan_outputs
+from launcher.session.prepare import launch_spec, slurm_allocation, write_plan_outputs
 from launcher.units import format_bytes
 from launcher.variants import Variant, expand
 
@@ -46,7 +46,7 @@ def plan_variants(job: Job, variants: list[Variant], *, force: bool = False,
             vjob = job_from_data(base, job.base_dir, v.overrides, checks=request_problems)
             plan = plan_job(vjob, force=force)
             check_runnable(vjob, plan)
-            executor_parameters(vjob, plan)
+            executor_parameters(vjob, plan, resources=slurm_allocation(vjob, plan))
             planned.append((v, vjob, plan))
         except LauncherError as e:
             unplanned.append((v, " / ".join(error_lines(e))))
@@ -68,7 +68,7 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
     if not planned:
         raise ConfigError([f"sweep: variant {v.index} ({v.name}): {reason}" for v, reason in unplanned])
     # One allocation for the array: the largest time, memory and CPUs any variant's plan derives.
-    resources = combined([slurm_resources(vj, p) for _, vj, p in planned])
+    resources = combined([slurm_allocation(vj, p) for _, vj, p in planned])
     params = [executor_parameters(vj, p, resources=resources) for _, vj, p in planned]
     if any(p != params[0] for p in params):
         raise ConfigError("sweep: the variants need different Slurm allocations, which one array cannot give; "
@@ -85,20 +85,21 @@ def run_sweep(job: Job, opts: RunOptions) -> int:
         run.write_yaml("job.yaml", job_to_data(vjob))
         write_plan_outputs(run.path, plan, vjob)
         runs.append(run)
-    tasks = [task_for(run, vjob, plan, launch_spec(opts, vjob, plan, run), report=finish)
+    tasks = [task_for(run, vjob, plan, launch_spec(opts, vjob, plan, run), report=finish, resources=resources)
              for run, (_, vjob, plan) in zip(runs, planned, strict=True)]
     folder, sjobs = submit_array(root.path / "submitit", params[0], tasks, max_requeues=job.slurm.max_requeues)
     rows = []
     for run, sjob, (v, _, plan) in zip(runs, sjobs, planned, strict=True):
         run.write_json(SLURM_JSON, slurm_record(job, plan, kind="array-task", folder=folder, job_ids=[sjob.job_id],
-                                                array_run_dir=str(root.path), variant=v.name).to_json())
+                                                resources=resources, array_run_dir=str(root.path),
+                                                variant=v.name).to_json())
         run.set_state("submitted", slurm_job_id=sjob.job_id)
         rows.append(SweepRow(index=v.index, name=v.name, overrides=v.overrides, run_dir=str(run.path),
                              job_id=sjob.job_id, plan=plan.strategy.label(),
                              predicted_peak_bytes=plan.estimate.peak_bytes))
     missing = [UnplannedVariant(index=v.index, name=v.name, overrides=v.overrides, reason=r) for v, r in unplanned]
     record = slurm_record(job, planned[0][2], kind="array", folder=folder, job_ids=[j.job_id for j in sjobs],
-                          variants=rows, unplanned=missing)
+                          resources=resources, variants=rows, unplanned=missing)
     data = record.to_json()
     root.write_json("sweep.json", {"variants": data["variants"], "unplanned": data["unplanned"]})
     root.write_json(SLURM_JSON, data)

@@ -11,7 +11,7 @@ the conversation including it: its content and the end-of-turn marker, so the mo
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from launcher.errors import ConfigError
 from launcher.worker.formats import CHATML_TEMPLATE
@@ -21,6 +21,23 @@ IGNORE = -100
 """The label of a token the loss skips (torch.nn.CrossEntropyLoss's ignore_index, as transformers uses)."""
 
 Segments = list[tuple[str, bool]]
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the launcher's data check counts lists
+    import torch
+
+
+def trained_count(labels: list[int]) -> int:
+    """Tokens a causal-LM loss is on: labels other than IGNORE after the first (the first token is never a
+    target: transformers' loss predicts token i+1 from the tokens up to i)."""
+    return sum(1 for lab in labels[1:] if lab != IGNORE)
+
+
+def drop_reason(fmt: str, labels: list[int]) -> str | None:
+    """Why an example cannot train, or None when it can: ``too_short`` (a text of fewer than 2 tokens: nothing to
+    predict) or ``prompt_fills_max_seq_len`` (truncation cut every trained token)."""
+    if trained_count(labels):
+        return None
+    return "too_short" if fmt == "text" else "prompt_fills_max_seq_len"
 
 
 def chat_template(tok) -> str:
@@ -108,25 +125,21 @@ def encode_segments(tok, segs: Segments, seq_len: int, *, byte_eos_trained: bool
 
 
 def encode_rows(tok, rows: list[dict], fmts: list[str], seq_len: int) -> dict[str, torch.Tensor]:
-    """input_ids, attention_mask and labels, right-padded to exactly ``seq_len``; an example whose trained tokens
-    were all cut by truncation is refused (its loss would be empty)."""
-    n = len(rows)
+    """input_ids, attention_mask and labels, right-padded to exactly ``seq_len``, one row per example that trains:
+    an example whose trained tokens were all cut by truncation is dropped (its loss would be empty; the launcher
+    counted it before the launch, launcher.worker.summary)."""
+    import torch
+
+    encoded = [encode_segments(tok, row_segments(tok, row, fmt), seq_len, byte_eos_trained=fmt == "prompt_completion")
+               for row, fmt in zip(rows, fmts, strict=True)]
+    kept = [(ids, labels) for (ids, labels), fmt in zip(encoded, fmts, strict=True) if not drop_reason(fmt, labels)]
+    n = len(kept)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids_t = torch.full((n, seq_len), pad, dtype=torch.long)
     mask_t = torch.zeros((n, seq_len), dtype=torch.long)
     labels_t = torch.full((n, seq_len), IGNORE, dtype=torch.long)
-    for i, (row, fmt) in enumerate(zip(rows, fmts, strict=True)):
-        ids, labels = encode_segments(tok, row_segments(tok, row, fmt), seq_len,
-                                      byte_eos_trained=fmt == "prompt_completion")
-        if all(lab == IGNORE for lab in labels):
-            raise ConfigError(f"data.max_seq_len: {seq_len} tokens leave nothing to train on in an example whose "
-                              f"{'prompt' if fmt == 'prompt_completion' else 'conversation before the reply'} fills "
-                              f"them ({_preview(row)}); raise data.max_seq_len or shorten the example")
+    for i, (ids, labels) in enumerate(kept):
         ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         mask_t[i, : len(ids)] = 1
         labels_t[i, : len(labels)] = torch.tensor(labels, dtype=torch.long)
     return {"input_ids": ids_t, "attention_mask": mask_t, "labels": labels_t}
-
-
-def _preview(row: dict) -> str:
-    return repr(row)[:80]

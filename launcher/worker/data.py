@@ -10,8 +10,6 @@ import math
 import random
 from dataclasses import dataclass, field
 
-import torch
-
 from launcher.errors import ConfigError
 from launcher.planner.duration import epoch_steps
 from launcher.planner.duration import steps_per_epoch as steps_in_epoch
@@ -53,6 +51,8 @@ def eval_count(n: int, eval_fraction: float) -> int:
 def shard_order(n: int, *, epoch: int, seed: int, world_size: int, rank: int, shuffle: bool = True) -> list[int]:
     """DistributedSampler's rule: permute with seed + epoch, pad by wrapping to a multiple of world_size, stride."""
     if shuffle:
+        import torch  # here: the launcher's data check splits rows without torch
+
         g = torch.Generator()
         g.manual_seed(seed + epoch)
         order = torch.randperm(n, generator=g).tolist()

@@ -3,7 +3,12 @@
 RUN_DIR/model/              the full model (config.json, generation_config.json, *.safetensors [+ index], tokenizer)
                             or, for LoRA, the PEFT adapter (adapter_config.json, adapter_model.safetensors, tokenizer)
 RUN_DIR/model/merged/       LoRA with train.lora.merge (or export --merge): base + adapter merged, a full model
-RUN_DIR/model/export.json   what was exported: step, source, engine, dtype, format; marks the dir as export's own
+RUN_DIR/model/export.json   what was exported: step, source, engine, dtype, format (written last)
+RUN_DIR/model/.launcher-export  the marker, written first: an export dir holding it may be replaced by a new export
+
+A dir is written beside its place under a temporary's name made exclusively (.model.XXXXXXXX.launcher-tmp), then
+renamed in; every failure (a full disk included) removes it. Only a dir holding the marker, or RUN/model of a run
+dir launch made, is ever replaced; an --out dir holding anything else is refused before any work.
 
 Gathering (collective, every rank calls; rank 0 alone keeps host copies):
   DeepSpeed ZeRO-3  one module's own parameters at a time (zero.GatheredParameters), copied to rank 0's host.
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -29,11 +33,16 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.engines import flat_layout
-from launcher.fsutil import atomic_write
+from launcher.errors import ConfigError
+from launcher.fsutil import atomic_write, has_marker, made_dirs, replace_dir, stage_dir, write_marker
+from launcher.rundir import contents, few, is_marked, refuse_protected
 from launcher.worker.engines.base import WORK_DTYPES
 
-MARKER = "export.json"
-"""Written last into every export dir: an --out dir holding it may be replaced by a new export."""
+MARKER = ".launcher-export"
+"""Written first into every export dir: only a dir holding it (a regular file, not a link) may be replaced by a
+new export."""
+RECORD = "export.json"
+"""What was exported (step, source, engine, dtype, format), written last."""
 MERGED = "merged"
 MAX_SHARD_SIZE = "5GB"
 """safetensors files are split past this size (transformers' default), with model.safetensors.index.json."""
@@ -217,11 +226,46 @@ def write_export(out: Path, *, job, recipe, sd: dict[str, torch.Tensor], dtype: 
                              info=info)
 
 
+def out_problem(out: Path) -> str | None:
+    """Why an export may not be written to ``out``, or None: it must be new, empty, a dir an export made
+    (MARKER), or ``model`` at the top of a run dir launch made (an end-of-run export from before the marker)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {str(out)!r}: is a file; give a directory path"
+    if out.exists():
+        try:
+            refuse_protected(out, flag="--out", by="launch export")  # replaced whole, whatever marker it holds
+        except ConfigError as e:
+            return str(e)
+    if has_marker(out, MARKER) or (out.name == "model" and is_marked(out.parent)):
+        return None
+    try:
+        names = contents(out)
+    except OSError as e:
+        return f"--out {str(out)!r}: cannot be read ({e.strerror}); give a directory you can write"
+    if not names:
+        return None
+    return (f"--out {str(out)!r}: not empty and not made by launch export (no {MARKER} in it; it holds "
+            f"{few(names)}); launch export replaces only a dir it made; give a new or empty directory")
+
+
 def _write_export(out: Path, *, job, recipe, sd, dtype, tokenizer, merge: bool, info: dict) -> dict:
     model = host_model(job, recipe, sd, dtype, adapter_only=job.train.lora is not None and not merge)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    problem = out_problem(out)
+    if problem:
+        raise ConfigError(problem)
+    with made_dirs(out.parent):  # a failure removes the parents it made
+        tmp = stage_dir(out, mode=0o777)  # the mode a plain mkdir gives: colleagues may read an export
+        try:
+            write_marker(tmp, MARKER, "launch export")  # first: the staged dir is marked as export's own
+            record = _save(tmp, model, job=job, dtype=dtype, tokenizer=tokenizer, merge=merge, info=info)
+            replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return record
+
+
+def _save(tmp: Path, model, *, job, dtype, tokenizer, merge: bool, info: dict) -> dict:
     lora = is_lora_model(model)
     model.save_pretrained(str(tmp), safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
     has_tok = save_tokenizer(tokenizer, tmp)
@@ -237,10 +281,7 @@ def _write_export(out: Path, *, job, recipe, sd, dtype, tokenizer, merge: bool, 
     record = {**info, "format": "lora_adapter" if lora else "full", "merged": merged,
               "dtype": str(dtype).removeprefix("torch."), "tokenizer": has_tok, "task": job.task,
               "exported_at": time.time()}
-    atomic_write(tmp / MARKER, json.dumps(record, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    atomic_write(tmp / RECORD, json.dumps(record, indent=2) + "\n")
     return record
 
 

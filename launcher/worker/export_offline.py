@@ -1,6 +1,7 @@
 """`launch export RUN_DIR`: the Hugging Face model dir from a checkpoint, in one process, no ranks.
 
-The engine that saved the checkpoint reads it back on the host (Engine.read_checkpoint, launcher.worker.engines):
+The engine that saved the checkpoint reads it back on the host (Engine.read_checkpoint, launcher.worker.engines),
+having checked its files first (Engine.checkpoint_problem, launcher.worker.ckpt_check):
   DeepSpeed ZeRO-1/2/3  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint (the fp32 masters,
                         frozen parameters included), then cast to the saved dtype.
   DeepSpeed ZeRO-0      the module file (mp_rank_00_model_states.pt) holds the whole model.
@@ -12,10 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from launcher.engines import flat_layout
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LauncherError
+from launcher.model.build import first_line
 from launcher.worker import checkpoint
-from launcher.worker.export import MARKER, export_dtype, write_export
+from launcher.worker.ckpt_check import check_tag, damaged
+from launcher.worker.export import export_dtype, out_problem, write_export
 
 
 def pick_tag(root: Path, step: int | None) -> str:
@@ -35,12 +40,10 @@ def pick_tag(root: Path, step: int | None) -> str:
 
 
 def check_out(out: Path) -> None:
-    """--out must be new, empty, or an earlier export (holding export.json), which is replaced."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: is a file; give a directory path")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise ConfigError(f"--out {out}: not empty and not made by launch export (no {MARKER}); give a new or "
-                          "empty directory")
+    """--out must be new, empty, or an earlier export (launcher.worker.export.out_problem), which is replaced."""
+    problem = out_problem(out)
+    if problem:
+        raise ConfigError(problem)
 
 
 def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path | None) -> tuple[Path, dict]:
@@ -61,12 +64,17 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     check_out(out)
     root = run_dir / "checkpoint"
     tag = pick_tag(root, step)
+    check_tag(root, tag, plan)  # a damaged tag is one line naming it, before anything is loaded
     state = json.loads((root / tag / "trainer_state.json").read_text())
     recipe = make_recipe(job.task, job.data)
     if job.task == "seq_cls":
         recipe.fit_labels(read_records(job.data.path))
-    # The engine that saved the checkpoint reads it (DeepSpeed's zero_to_fp32, FSDP2's DCP dir).
-    sd = engine_class(plan.strategy.engine).read_checkpoint(root, tag, plan)
+    try:  # the engine that saved the checkpoint reads it (DeepSpeed's zero_to_fp32, FSDP2's DCP dir)
+        sd = engine_class(plan.strategy.engine).read_checkpoint(root, tag, plan)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - damage check_tag cannot see (a shard's bytes): the engines' readers say it
+        raise damaged(root, tag, plan, first_line(e)) from None
     merge = merge or bool(job.train.lora is not None and job.train.lora.merge)
     dtype = export_dtype(plan.precision)
     if job.train.lora is not None and not merge:
@@ -77,6 +85,13 @@ def export_checkpoint(run_dir: Path, *, step: int | None, merge: bool, out: Path
     sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     info = {"source": f"checkpoint {tag}", "step": int(state["global_step"]), "engine": state["engine"],
             "zero_stage": flat_layout(plan.strategy.layout)["zero_stage"], "precision": plan.precision}
-    record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
-                          merge=merge, info=info)
+    try:
+        record = write_export(out, job=job, recipe=recipe, sd=sd, dtype=dtype, tokenizer=tokenizer_for(job),
+                              merge=merge, info=info)
+    # A full disk or a dir gone read-only (safetensors reports its own write errors as SafetensorError): the
+    # staged dir is gone and the old export untouched.
+    except (OSError, SafetensorError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise LauncherError(f"export: writing {str(out)!r} failed ({why}); it is as it was and nothing was left "
+                            "beside it; free space there (or give another --out) and run launch export again") from None
     return out, record

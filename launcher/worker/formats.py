@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+from launcher.config.bounds import ROW_BYTES
 from launcher.config.job import DataConfig
 from launcher.errors import ConfigError
+from launcher.units import format_bytes
 
 FORMATS = ("text", "messages", "prompt_completion")
 ROLES = ("system", "user", "assistant", "tool")
@@ -39,7 +41,8 @@ def row_format(row: dict, data: DataConfig) -> str:
 
 
 def check_rows(rows: list[dict], task: str, data: DataConfig, where: str) -> None:
-    """Raise one ConfigError for the first row that lacks what the job reads (1-based row number, the field)."""
+    """Raise one ConfigError for the first row that lacks what the job reads, or whose text is no text or past
+    bounds.ROW_BYTES (1-based row number, the field)."""
     if not rows:
         raise ConfigError(f"data.path: {where!r} holds no examples; add at least one record")
     if data.packing and task != "causal_lm":
@@ -52,9 +55,48 @@ def check_rows(rows: list[dict], task: str, data: DataConfig, where: str) -> Non
                           f"'messages' nor 'prompt'/'completion' (fields: {fields}); rename the field or set "
                           "data.text_field")
     for n, row in enumerate(rows, 1):
-        problem = _row_problem(row, fmt, task, data)
+        problem = _row_problem(row, fmt, task, data) or text_problem(row, _read_fields(fmt, task, data))
         if problem:
             raise ConfigError(f"data.path: row {n} of {where}: {problem}")
+
+
+def _read_fields(fmt: str, task: str, data: DataConfig) -> tuple[str, ...]:
+    """The fields of a row the job reads (and tokenizes)."""
+    if fmt == "messages":
+        return ("messages",)
+    if fmt == "prompt_completion":
+        return ("prompt", "completion")
+    return {"seq_cls": (data.text_field, data.label_field),
+            "sentence_embedding": (data.text_field, data.pair_field)}.get(task, (data.text_field,))
+
+
+def _strings(value, path: str, depth: int = 0):
+    """(path, string) of every string inside a field's value (message lists hold them in dicts)."""
+    if isinstance(value, str):
+        yield path, value
+    elif depth < 4 and isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]", depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{path}.{k}", depth + 1)
+
+
+def text_problem(row: dict, fields: tuple[str, ...]) -> str | None:
+    """Text no tokenizer takes, or too much of it: a lone UTF-16 surrogate (a JSON escape such as \\ud83d without
+    its other half, which no UTF-8 holds), or the fields' strings together past bounds.ROW_BYTES."""
+    size = 0
+    for name in fields:
+        for path, text in _strings(row.get(name), name):
+            try:
+                size += len(text.encode("utf-8"))
+            except UnicodeEncodeError as e:
+                return (f"{path} holds a lone surrogate {text[e.start]!r} at character {e.start}, which is no text "
+                        "(a \\ud800-\\udfff escape without its pair); fix the escape or drop the character")
+            if size > ROW_BYTES:
+                return (f"the text is over the {format_bytes(ROW_BYTES)} one row may hold (4M tokens); split the "
+                        "document into several rows")
+    return None
 
 
 def _row_problem(row: dict, fmt: str, task: str, data: DataConfig) -> str | None:
@@ -107,3 +149,35 @@ def _prompt_completion_problem(row: dict) -> str | None:
     if not completion.strip():
         return "completion is empty, so nothing to train on; write the completion or drop the row"
     return None
+
+
+def is_int_label(v: object) -> bool:
+    """A class label written as a whole number (an int, or a string of digits), not a bool."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return True
+    return isinstance(v, str) and v.strip().lstrip("-").isdigit()
+
+
+def fit_label_ids(rows: list[dict], data: DataConfig) -> tuple[dict[str, int], int]:
+    """seq_cls: (label text to class id, sorted so every rank agrees; num_labels) from every row's label. Integer
+    labels keep their number; names are numbered in sorted order. ConfigError for a negative label or a
+    data.num_labels below the classes found."""
+    from launcher.worker.data import column
+
+    raw = column(rows, data.label_field, data.path, "data.label_field")
+    if all(is_int_label(v) for v in raw):
+        ids = sorted({int(v) for v in raw})
+        if ids[0] < 0:
+            raise ConfigError(f"data.label_field: label {ids[0]} is negative; use class ids 0..n-1 or names")
+        label_ids = {str(i): i for i in ids}
+        found = ids[-1] + 1
+    else:
+        names = sorted({str(v) for v in raw})
+        label_ids = {name: i for i, name in enumerate(names)}
+        found = len(names)
+    if data.num_labels is not None and data.num_labels < found:
+        raise ConfigError(f"data.num_labels: {data.num_labels} but the data has {found} classes "
+                          f"({', '.join(list(label_ids)[:10])}); raise data.num_labels or leave it out")
+    return label_ids, data.num_labels or found

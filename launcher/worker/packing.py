@@ -16,33 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from launcher.worker.chat import IGNORE, encode_segments, row_segments
-from launcher.worker.tokenizer import ByteTokenizer
-
-
-def example_ids(tok, row: dict, fmt: str, text_field: str, seq_len: int) -> tuple[list[int], list[int]]:
-    """(ids, labels) of one example, unpadded, truncated to ``seq_len``."""
-    if fmt != "text":
-        return encode_segments(tok, row_segments(tok, row, fmt), seq_len, byte_eos_trained=fmt == "prompt_completion")
-    text = str(row[text_field])
-    if isinstance(tok, ByteTokenizer):
-        ids = tok.encode(text, seq_len)
-    else:
-        ids = tok(text, truncation=True, max_length=seq_len)["input_ids"]
-    return ids, list(ids)
+from launcher.worker.chat import IGNORE
+from launcher.worker.examples import next_fit
 
 
 def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask (1 on real tokens, for counting), labels and position_ids of the packed
-    sequences, each exactly ``seq_len`` long."""
-    seqs: list[list[tuple[list[int], list[int]]]] = [[]]
-    used = 0
-    for ids, labels in examples:
-        if used + len(ids) > seq_len and seqs[-1]:
-            seqs.append([])
-            used = 0
-        seqs[-1].append((ids, labels))
-        used += len(ids)
+    sequences (launcher.worker.examples.next_fit's bins), each exactly ``seq_len`` long; none for no examples."""
+    seqs = [[examples[i] for i in b] for b in next_fit([len(ids) for ids, _ in examples], seq_len)]
     n = len(seqs)
     out = {
         "input_ids": torch.full((n, seq_len), pad_id, dtype=torch.long),

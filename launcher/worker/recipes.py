@@ -14,10 +14,11 @@ import torch
 from launcher.config.job import DataConfig
 from launcher.errors import ConfigError
 from launcher.model.loss import Forward, task_loss
-from launcher.worker.chat import encode_rows
+from launcher.worker.chat import drop_reason, encode_rows
 from launcher.worker.data import column
-from launcher.worker.formats import check_rows, row_format
-from launcher.worker.packing import example_ids, pack
+from launcher.worker.examples import clip_row, example_ids
+from launcher.worker.formats import check_rows, fit_label_ids, is_int_label, row_format
+from launcher.worker.packing import pack
 from launcher.worker.tokenizer import encode_texts
 
 
@@ -48,42 +49,32 @@ class Recipe:
         check_rows(rows, self.task, self.data, self.data.path)
         if self.task == "causal_lm":
             self.format = row_format(rows[0], self.data)
-        if self.task != "seq_cls":
-            return
-        raw = column(rows, self.data.label_field, self.data.path, "data.label_field")
-        if all(_is_int(v) for v in raw):
-            ids = sorted({int(v) for v in raw})
-            if ids[0] < 0:
-                raise ConfigError(f"data.label_field: label {ids[0]} is negative; use class ids 0..n-1 or names")
-            self.label_ids = {str(i): i for i in ids}
-            found = ids[-1] + 1
-        else:
-            names = sorted({str(v) for v in raw})
-            self.label_ids = {name: i for i, name in enumerate(names)}
-            found = len(names)
-        if self.data.num_labels is not None and self.data.num_labels < found:
-            raise ConfigError(
-                f"data.num_labels: {self.data.num_labels} but the data has {found} classes "
-                f"({', '.join(list(self.label_ids)[:10])}); raise data.num_labels or leave it out"
-            )
-        self.num_labels = self.data.num_labels or found
+        if self.task == "seq_cls":
+            self.label_ids, self.num_labels = fit_label_ids(rows, self.data)
 
     def encode(self, rows: list[dict], tokenizer, seq_len: int) -> dict[str, torch.Tensor]:
         """Tensors for ``rows``, one leading row per example, every sequence exactly ``seq_len`` tokens.
 
-        Conversations and prompt-completion pairs also get ``labels`` (-100 outside the trained tokens); packed
-        causal_lm data gets fewer rows than examples, with ``labels`` and ``position_ids`` (launcher.worker.packing)."""
+        Each string is clipped first (launcher.worker.examples.clip_row). Conversations and prompt-completion pairs
+        also get ``labels`` (-100 outside the trained tokens); packed causal_lm data gets fewer rows than examples,
+        with ``labels`` and ``position_ids`` (launcher.worker.packing). A causal_lm example with nothing to train
+        on is dropped (launcher.worker.chat.drop_reason), as the launcher counted before the launch."""
+        fmt = self.format if self.task == "causal_lm" else "text"
+        rows = [clip_row(r, fmt, self.data, seq_len) for r in rows]
         if self.task == "causal_lm" and self.data.packing:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            return pack([example_ids(tokenizer, r, self.format, self.data.text_field, seq_len) for r in rows],
-                        seq_len, pad)
-        if self.task == "causal_lm" and self.format != "text":
-            return encode_rows(tokenizer, rows, [self.format] * len(rows), seq_len)
+            examples = [example_ids(tokenizer, r, fmt, self.data.text_field, seq_len) for r in rows]
+            return pack([e for e in examples if not drop_reason(fmt, e[1])], seq_len, pad)
+        if self.task == "causal_lm" and fmt != "text":
+            return encode_rows(tokenizer, rows, [fmt] * len(rows), seq_len)
         texts = [str(t) for t in column(rows, self.data.text_field, self.data.path, "data.text_field")]
         enc = encode_texts(tokenizer, texts, seq_len)
+        if self.task == "causal_lm":  # a text of one token or none has no next token to predict
+            keep = (enc["attention_mask"].sum(dim=1) >= 2).nonzero().flatten()
+            return {k: v.index_select(0, keep) for k, v in enc.items()}
         if self.task == "seq_cls":
             raw = column(rows, self.data.label_field, self.data.path, "data.label_field")
-            key = (lambda v: str(int(v))) if all(_is_int(v) for v in raw) else str
+            key = (lambda v: str(int(v))) if all(is_int_label(v) for v in raw) else str
             enc["labels"] = torch.tensor([self.label_ids[key(v)] for v in raw], dtype=torch.long)
         elif self.task == "sentence_embedding":
             pairs = [str(t) for t in column(rows, self.data.pair_field, self.data.path, "data.pair_field")]
@@ -124,10 +115,3 @@ def make_recipe(task: str, data: DataConfig) -> Recipe:
         raise ConfigError(f"task: {task!r} has no recipe; use causal_lm, seq_cls or sentence_embedding")
     return Recipe(task=task, data=data, sequences_per_example=2 if task == "sentence_embedding" else 1)
 
-
-def _is_int(v: object) -> bool:
-    if isinstance(v, bool):
-        return False
-    if isinstance(v, int):
-        return True
-    return isinstance(v, str) and v.strip().lstrip("-").isdigit()

@@ -13,9 +13,12 @@ import json
 import os
 from pathlib import Path
 
+from launcher.config.bounds import ROW_BYTES
 from launcher.config.datasource import download_line, looks_like_hub_id
 from launcher.errors import ConfigError
+from launcher.fsutil import not_a_file
 from launcher.model.offline import hub_offline
+from launcher.units import format_bytes
 
 
 def _datasets():
@@ -27,6 +30,11 @@ def _datasets():
     return datasets
 
 
+class DataNotFound(ConfigError):
+    """The data is not on this machine: no such local path, and no hub dataset of that name in the local cache.
+    `launch plan` plans without it (launch run refuses, as for any bad input)."""
+
+
 def read_records(path: str | Path) -> list[dict]:
     """Every row of the job's data as a dict: local file, save_to_disk dir, or a cached hub dataset id."""
     raw = str(path)
@@ -36,14 +44,24 @@ def read_records(path: str | Path) -> list[dict]:
     if not p.exists():
         if looks_like_hub_id(raw):
             return _from_hub(raw)
-        raise ConfigError(f"data.path: {raw!r} does not exist; point it at a local .jsonl, .csv or .parquet file, "
+        raise DataNotFound(f"data.path: {raw!r} does not exist; point it at a local .jsonl, .csv or .parquet file, "
                           "a save_to_disk directory, or a hub dataset id in the local cache")
+    kind = not_a_file(p)
+    if kind:  # a FIFO or a device: reading it could block or never end
+        raise ConfigError(f"data.path: {raw!r} is {kind}, not a data file; give the path of a regular file")
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".ndjson") or (suffix == ".json" and not _json_document(p)):
         return _read_jsonl(p)
     if suffix in (".csv", ".tsv"):
-        with open(p, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+        try:
+            with open(p, newline="", encoding="utf-8") as f:
+                return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"data.path: {str(p)!r} is not UTF-8 text (byte {e.start} of a chunk); save it as "
+                              "UTF-8") from None
+        except csv.Error as e:
+            raise ConfigError(f"data.path: {str(p)!r} is not a CSV file the reader takes ({e}); fix the row it "
+                              "names") from None
     if suffix == ".json":
         return _read_json_document(p)
     if suffix == ".parquet":
@@ -55,17 +73,33 @@ def read_records(path: str | Path) -> list[dict]:
 
 
 def _read_jsonl(p: Path) -> list[dict]:
+    """One object per line; a line past bounds.ROW_BYTES is refused before it is read whole, a line that is not
+    UTF-8 or not a JSON object is named by its number."""
     rows = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"data.path: {p}:{n}: not JSON ({e.msg}); write one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"data.path: {p}:{n}: a JSON {type(row).__name__}, not an object; write {{...}}")
-        rows.append(row)
+    with p.open("rb") as f:
+        n = 0
+        while raw := f.readline(ROW_BYTES + 2):
+            n += 1
+            if len(raw) > ROW_BYTES:
+                raise ConfigError(f"data.path: {p}:{n}: the row is over the {format_bytes(ROW_BYTES)} one row may "
+                                  "hold (4M tokens of text); split the document into several rows")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"data.path: {p}:{n}: not UTF-8 text (byte {e.start} of the line); save the file "
+                                  "as UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"data.path: {p}:{n}: not JSON ({e.msg}); write one JSON object per line") from None
+            except RecursionError:
+                raise ConfigError(f"data.path: {p}:{n}: nests too deeply to be a row; write one flat JSON object "
+                                  "per line") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"data.path: {p}:{n}: a JSON {type(row).__name__}, not an object; write {{...}}")
+            rows.append(row)
     return rows
 
 
@@ -79,6 +113,9 @@ def _json_document(p: Path) -> bool:
 def _read_json_document(p: Path) -> list[dict]:
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, RecursionError) as e:
+        why = f"not UTF-8 text (byte {e.start})" if isinstance(e, UnicodeDecodeError) else "nests too deeply"
+        raise ConfigError(f"data.path: {p}: {why}; write a UTF-8 list of objects or JSON Lines") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"data.path: {p}:{e.lineno}: not JSON ({e.msg}); write a list of objects or JSON Lines") \
             from None
@@ -163,7 +200,7 @@ def _from_hub(repo_id: str) -> list[dict]:
         else:
             ds = load_dataset(snapshot, cache_dir=_hf_cache("HF_DATASETS_CACHE", "datasets"))
     except Exception as e:  # noqa: BLE001 - offline misses surface as ConnectionError, FileNotFoundError, ...
-        raise ConfigError(f"data.path: {repo_id!r} is no local path and no dataset in the local Hugging Face cache "
+        raise DataNotFound(f"data.path: {repo_id!r} is no local path and no dataset in the local Hugging Face cache "
                           f"({_first_line(e)}); download it first: {download_line(repo_id)}") from None
     if isinstance(ds, DatasetDict):
         ds = _train_split(ds, repo_id)

@@ -13,19 +13,20 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from launcher.cache import cache_dir
+from launcher.cache import cache_dir, private_dirs
 from launcher.worker.data import SPLIT_SEED
+from launcher.worker.examples import CHUNK_ROWS
 from launcher.worker.tokenizer import ByteTokenizer
 
-CACHE_VERSION = 1
-"""Bumped when the encoding itself changes, so older cached tensors are never read."""
-CHUNK_ROWS = 1024
-"""Rows encoded per progress-bar tick (packing packs within a chunk)."""
+CACHE_VERSION = 2
+"""Bumped when the encoding itself changes, so older cached tensors are never read (2: long strings clipped, an
+example with nothing to train on dropped)."""
 
 Tensors = dict[str, torch.Tensor]
 
@@ -92,11 +93,17 @@ def tokenized(recipe, tok, rows: list[dict], train_rows: list[dict], eval_rows: 
 
 
 def _save(path: Path, data: dict) -> None:
+    """Save the tensors 0600 in directories made 0700, as every cache file (launcher.cache.private_dirs)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(data, tmp)
-        os.replace(tmp, path)  # readers never see a half-written file
+        private_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(data, f)
+            os.replace(tmp, path)  # readers never see a half-written file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     except OSError as e:  # a read-only cache costs a re-tokenization next time, never the run
         print(f"launcher: tokenized data not cached ({e}); set LAUNCHER_CACHE to a writable directory",
               file=sys.stderr)

@@ -9,10 +9,12 @@ no files, which is all a memory-budget run needs from it.
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from launcher.errors import ConfigError
+
+if TYPE_CHECKING:  # torch only where tensors are made: the launcher's data check encodes lists
+    import torch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
@@ -74,6 +76,8 @@ def load_tokenizer(model_dir: Path | None, vocab_size: int):
 
 def encode_texts(tok, texts: list[str], seq_len: int) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask, truncated and right-padded to exactly ``seq_len`` (fixed shapes)."""
+    import torch
+
     if isinstance(tok, ByteTokenizer):
         ids = torch.full((len(texts), seq_len), tok.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(texts), seq_len), dtype=torch.long)

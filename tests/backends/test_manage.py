@@ -101,7 +101,7 @@ def local_run(tmp_path):
 
 
 def test_local_status_says_state_progress_loss_and_peak_against_budget(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: pid == 4242)
+    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: pid == 4242)
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"local run {local_run}: running (launch pid 4242)")
@@ -115,16 +115,38 @@ def test_local_status_says_state_progress_loss_and_peak_against_budget(local_run
 
 
 def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: False)
+    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: False)
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
-    assert ": stopped" in out and "launch process 4242 is gone" in out and "launch --resume" in out
+    # Killed (SIGKILL, the OOM killer): never "running", and its ranks' own "running" was cut short with it.
+    assert f"local run {local_run}: killed\n" in out
+    assert "launch process 4242 is gone and never wrote how the run ended: it was killed" in out
+    assert "its ranks are gone too" in out and "rank 0: killed, step 3" in out
+    assert "no checkpoint was saved, so --resume cannot continue it" in out and "--overwrite" in out
+    (local_run / "checkpoint").mkdir()
+    (local_run / "checkpoint" / "latest").write_text("step-00000002\n")
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"continue it with the same job file and --run-dir {local_run} --resume" in out, out
     (local_run / "state.json").write_text(json.dumps({"state": "completed"}))
     (local_run / "report.json").write_text(json.dumps({"verdict": "within_budget", "eval_loss": 0.5,
                                                        "eval_accuracy": 0.75}))
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
     assert ": completed" in out and "verdict: within_budget; eval loss 0.5000, eval accuracy 75.0% (report.json)" in out
+
+
+def test_local_status_gives_each_rank_its_verdict_from_the_report(local_run, capsys):
+    """A rank whose file still says running when the run has ended died: status shows the report's verdict beside
+    it (failed, with its signal), as the table did, never a bare "running"."""
+    (local_run / "state.json").write_text(json.dumps({"state": "failed", "message": "rank(s) ended with failed"}))
+    (local_run / "report.json").write_text(json.dumps({"verdict": "failed", "ranks": [
+        {"rank": 0, "status": "running", "verdict": "failed", "ended": "killed by SIGKILL"},
+        {"rank": 1, "status": "failed", "verdict": "failed", "ended": "killed by SIGTERM"}]}))
+    assert main(["status", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"local run {local_run}: failed\n" in out and "verdict: failed (report.json)" in out
+    assert "rank 0: running, step 3, peak 300.00 MB; verdict failed (killed by SIGKILL)" in out, out
 
 
 def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, monkeypatch):
@@ -136,7 +158,7 @@ def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, mon
     assert "--rank: 2 is not a rank of this run (0..1)" in capsys.readouterr().err
     log, polls = local_run / "logs" / "rank-1.log", {"n": 0}
     alive = {"v": True}
-    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: alive["v"])
+    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: alive["v"])
 
     def sleep(_s):
         polls["n"] += 1
@@ -153,7 +175,7 @@ def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, mon
 
 
 def test_cancel_of_a_local_run_says_how_to_stop_it(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.rundir.launch_alive", lambda pid: True)
+    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: True)
     assert main(["cancel", str(local_run)]) == 2
     assert "is a local run, not a Slurm job; stop it with kill -INT 4242" in capsys.readouterr().err
 

@@ -46,10 +46,11 @@ def test_submit_writes_slurm_json_and_an_sbatch_with_one_task_per_node(tmp_path,
     sjob = SlurmBackend(job, plan).submit(run, task_for(run, job, plan, launch_spec(RunOptions(), job, plan, run)))
     assert sjob.job_id == "1000" and sjob.num_tasks == 2
     script = fake_sbatch[0]
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --cpus-per-task=4", "#SBATCH --time=20", "#SBATCH --signal=USR2@45",
                  "#SBATCH --reservation=maint", "#SBATCH --comment=hi", "#SBATCH --job-name=unit"):
         assert line in script, line
+    assert "gpus" not in script  # the plan is for CPU ranks: Slurm holds no GPU for them
     rec = json.loads((run.path / "slurm.json").read_text())
     assert rec["kind"] == "job" and rec["job_ids"] == ["1000"] and rec["nodes"] == 2 and rec["max_requeues"] == 2
     assert rec["submitit_folder"] == str(run.path / "submitit")
@@ -183,12 +184,13 @@ def test_single_job_cli_prints_the_job_id_and_run_dir(tmp_path, data_file, fake_
     code = main([job, "--run-dir", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert code == 0
-    # No slurm.timeout_min: the limit is derived from the plan (2 short steps + 10 min start-up = 11 min), and the
-    # message, slurm.json and submitit's script all say the same.
-    assert f"submitted slurm job 1000 (1 node(s) x 1 rank(s), time limit 11 min); run dir {tmp_path / 'r'}" in out
+    # No slurm.timeout_min: the limit is derived from the plan (2 short steps + the 2 min start-up of a tiny inline
+    # model that reads no weights and builds no op = 3 min), and the message, slurm.json and submitit's script all
+    # say the same.
+    assert f"submitted slurm job 1000 (1 node(s) x 1 rank(s), time limit 3 min); run dir {tmp_path / 'r'}" in out
     record = json.loads((tmp_path / "r" / "slurm.json").read_text())
-    assert record["job_id"] == "1000" and record["timeout_min"] == 11
-    assert "#SBATCH --time=11\n" in fake_sbatch[0] and "#SBATCH --mem=" in fake_sbatch[0]
+    assert record["job_id"] == "1000" and record["timeout_min"] == 3
+    assert "#SBATCH --time=3\n" in fake_sbatch[0] and "#SBATCH --mem=" in fake_sbatch[0]
     assert (tmp_path / "r" / "plan.json").is_file() and (tmp_path / "r" / "job.yaml").is_file()
 
 

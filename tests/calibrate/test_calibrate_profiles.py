@@ -50,3 +50,20 @@ def test_activation_constants_round_trip(cache):
     assert {k: getattr(c, k) for k in fitted} == fitted
     assert c.source.startswith("calibrated: ")
     assert plan_request(job("a100-80gb")).activations.source != c.source  # one file per profile
+
+
+def test_a_measured_matmul_rate_is_not_derated_again(cache):
+    """`launch calibrate` measures the matmul rate itself; the profile's share of the datasheet peak (mfu, 0.8 on a
+    GPU) would count the same shortfall twice, so the calibration writes mfu 1.0 beside the rates it measured."""
+    from launcher.calibrate.hardware import CalibrationOptions, summarize
+    from launcher.planner.hardware import GPU_MATMUL_SHARE
+
+    rank = {"flops_fp32": 1.9e13, "flops_bf16": 2.5e14, "allreduce": {"bus_bw": 2e11, "latency_s": 2e-5},
+            "host_copy": {"bw": 2.5e10}, "adam": {"params_per_s": 1e9}, "block_overhead_s": 1e-4,
+            "context_bytes": 5e8, "kernel_bytes": 1.5e8, "nccl_comm_bytes": 5e8, "nccl_extra_comm_bytes": 4e8}
+    cal = summarize({0: rank, 1: rank}, CalibrationOptions(ranks=2, device="cuda"), 1.0)
+    assert cal.values["mfu"] == 1.0 and cal.values["flops_bf16"] == 2.5e14
+    assert hardware_profile(job("a100-80gb")).mfu == GPU_MATMUL_SHARE
+    save_hardware("a100-80gb", cal.values)
+    prof = hardware_profile(job("a100-80gb"))
+    assert prof.mfu == 1.0 and prof.flops_bf16 == 2.5e14

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -154,16 +155,26 @@ def test_a_slurm_plan_says_which_allocation_values_it_derived(capsys, write_job)
     plan = json.loads(out)
     slurm = plan["slurm"]
     assert slurm["derived"] == ["--time", "--mem", "--cpus-per-task"]
-    assert slurm["time_min"] == math.ceil((plan["predicted_step_time_s"] * 4000 * 1.5 + 600) / 60)
+    step = plan["predicted_step_time_s"]
+    startup = slurm["startup"]
+    # The start-up: 120 s, the weights read (none: an inline model), cpu_adam's build where this machine lacks it,
+    # the first step's extra; the DeepSpeed ops dir this test sees decides the build.
+    from launcher.ops import built
+
+    assert slurm["facts"]["ops_to_build"] == ([] if built("cpu_adam") else ["cpu_adam"])
+    assert startup == {"base_s": 120.0, "load_s": 0.0, "build_s": 0.0 if built("cpu_adam") else 50.0,
+                       "first_step_s": pytest.approx(2 * step)}
+    assert slurm["time_min"] == math.ceil((step * 4000 * 1.5 + slurm["startup_s"]) / 60)
     assert slurm["mem_bytes"] == math.ceil((plan["host_bytes_per_node"] * 1.25 + 2 * 4e9) / 2**30) * 2**30
-    assert slurm["cpus_per_task"] == 8 and slurm["host_optimizer"] and slurm["threads_per_rank"] == 4
+    assert slurm["cpus_per_task"] == 16 and slurm["threads_per_rank"] == 8 and slurm["gpus_per_node"] == 2
     code, out, _ = run_cli(capsys, *args)
     assert "slurm allocation per node:" in out
-    assert f"--time={slurm['time_min']}" in out and "x 1.5 + 10 min start-up" in out
-    assert "--cpus-per-task=8" in out and "4 per rank for the optimizer on the host (CPU Adam)" in out
+    assert f"--time={slurm['time_min']}" in out and "(4000 x " in out and "train.max_steps) x 1.5 + " in out
+    assert "--cpus-per-task=16" in out and "from the h100-80gb profile: 8 CPU(s) per rank" in out
     code, out, _ = run_cli(capsys, *args, "--sbatch")
     for line in (f"#SBATCH --time={slurm['time_min']}\n", f"#SBATCH --mem={slurm['mem_bytes'] // 2**30}G\n",
-                 "#SBATCH --cpus-per-task=8\n", 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"'):
+                 "#SBATCH --cpus-per-task=16\n", 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"',
+                 "#SBATCH --gpus-per-node=2\n"):
         assert line in out, line
     # A value the job pins is kept and not called derived.
     code, out, _ = run_cli(capsys, *args[:-1], write_job(launcher="slurm", **{"slurm.timeout_min": 45}), "--json")
@@ -200,9 +211,10 @@ def test_plan_prints_the_predicted_total_time_and_warns_past_the_threshold(capsy
     # No warning under the default 72 h; epochs count the data's training examples (64 rows less 6 held out).
     code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2}))
     assert "train.epochs 2 x 7 steps (58 training examples)" in out and "WARNING" not in out
+    # Packed, the epoch is counted in the packed sequences the data check found (it was "not predicted").
     code, out, _ = run_cli(capsys, "plan", write_job(**{"train.max_steps": None, "train.epochs": 2,
                                                          "data.packing": True}))
-    assert "total time  not predicted: data.packing" in out
+    assert "train.epochs 2 x 7 steps (57 training examples)" in out and "57 packed sequence(s)" in out
 
 
 def test_alternatives_are_worded_from_their_numbers(capsys, write_job):
@@ -264,3 +276,41 @@ def test_plan_for_a_script_tries_only_the_levers_a_script_receives(capsys, write
     assert code == 2 and "--script: " in err and "does not exist" in err and out == ""
     code, out, err = run_cli(capsys, "plan", "--gpus", "2", "--budget", "1GB", "--script", script, "--sbatch", job)
     assert code == 2 and "--sbatch writes a script that runs the launcher's recipe" in err and out == ""
+
+
+def test_an_epoch_job_asks_slurm_for_the_time_its_plan_predicts(capsys, write_job):
+    """Issue 35 section 3: a train.epochs job got --time=60 beside a plan predicting days; now the counted steps."""
+    import math
+
+    job = write_job(launcher="slurm", **{"train.max_steps": None, "train.epochs": 200, "cluster.hardware": "cpu"})
+    code, out, err = run_cli(capsys, "plan", job, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    slurm, total = plan["slurm"], plan["total_time"]
+    assert slurm["facts"]["train_steps"] == total["total_steps"] and "train.epochs 200" in total["basis"]
+    assert slurm["time_min"] == math.ceil((total["predicted_total_s"] * 1.5 + slurm["startup_s"]) / 60) != 60
+    code, out, err = run_cli(capsys, "plan", job, "--sbatch")
+    assert code == 0 and f"#SBATCH --time={slurm['time_min']}\n" in out, err
+    # With packing the steps are known only once the ranks tokenize: no time is made up, the job must say it.
+    packed = write_job(name="packed.yaml", launcher="slurm", **{"train.max_steps": None, "train.epochs": 2,
+                                                                  "data.packing": True, "cluster.hardware": "cpu"})
+    code, out, err = run_cli(capsys, "plan", packed, "--sbatch")
+    assert code == 2 and out == ""
+    assert "launch: error: slurm.timeout_min: not set, and the plan cannot derive it: data.packing" in err
+
+
+def test_plan_sbatch_out_prints_the_plan_and_how_the_allocation_was_reached(capsys, write_job, tmp_path,
+                                                                             monkeypatch):
+    """Issue 36 section 3: `plan --sbatch --out` printed only the files it wrote; and a relative --out made a
+    script that ran only from the directory it was written in."""
+    monkeypatch.chdir(tmp_path)
+    job = write_job(**{"cluster.hardware": "cpu", "cluster.cpus_per_node": 16})
+    code, out, err = run_cli(capsys, "plan", job, "--sbatch", "--out", "exports")
+    assert code == 0, err
+    assert out.index("plan for t:") < out.index("slurm allocation per node:") < out.index("wrote ")
+    for words in ("--time=", "s of steps (4 x", "start-up (2 min imports, rendezvous and report;",
+                  "--cpus-per-task=16  from cluster.cpus_per_node, shared by the node's ranks; OMP_NUM_THREADS=8",
+                  "--gpus-per-node=-   the cpu profile's ranks compute on the host", f"wrote {Path('exports')}"):
+        assert words in out, words
+    script = (tmp_path / "exports" / "job.sbatch").read_text()
+    assert f"\nRUN_DIR={tmp_path / 'exports'}\n" in script and f"\nPYTHON={sys.executable}\n" in script

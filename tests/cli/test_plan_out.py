@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import yaml
 
+from launcher.procs import ProcessRef
 from launcher.rundir import MARKER, RunDir
 from launcher.session import outdir
 from tests.cli.test_plan_cli import run_cli
@@ -37,7 +37,7 @@ def consistent(d) -> tuple[str, int]:
 
 def test_a_second_plan_replaces_the_set_and_removes_the_other_engines_files(capsys, write_job, tmp_path):
     out = tmp_path / "out"
-    ds = write_job(name="ds.yaml", strategy=DS, **{"launcher": "slurm"})
+    ds = write_job(name="ds.yaml", strategy=DS, **{"launcher": "slurm", "cluster.hardware": "cpu"})
     fsdp = write_job(name="fsdp.yaml", strategy=FSDP)
     assert run_cli(capsys, "plan", ds, "--out", out, "--sbatch")[0] == 0
     assert consistent(out) == ("deepspeed", 4) and (out / "job.sbatch").is_file()
@@ -49,9 +49,12 @@ def test_a_second_plan_replaces_the_set_and_removes_the_other_engines_files(caps
 
 
 def test_plan_out_into_a_locked_run_dir_is_refused_and_changes_nothing(capsys, write_job, tmp_path, monkeypatch):
+    """A dir an earlier plan --out made, whose lock another holds (a launch starting there, before its first run
+    file): refused after the wait, untouched."""
     monkeypatch.setattr(outdir, "LOCK_WAIT_S", 0.2)
-    run = RunDir.create(tmp_path / "run")  # a launch holding its run dir
-    (run.path / "plan.json").write_text('{"the": "live plan"}')
+    outdir.write_out_dir(tmp_path / "run", {"plan.json": '{"the": "live plan"}'})
+    run = RunDir((tmp_path / "run").resolve())
+    run.lock()
     code, out, err = run_cli(capsys, "plan", write_job(strategy=FSDP), "--out", run.path)
     assert code == 2 and out == ""
     assert f"launch: error: --out: {str(run.path)!r} is in use by another launch (lock held)" in err
@@ -66,9 +69,9 @@ def test_plan_out_into_the_dir_of_a_live_launch_is_refused_at_once(capsys, write
     run = RunDir.create(tmp_path / "run")
     run.unlock()  # as seen from another mount: only state.json tells
     (run.path / "plan.json").write_text('{"the": "live plan"}')
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launch"])
+    proc = subprocess.Popen(["sleep", "60"])
     try:
-        run.set_state("running", pid=proc.pid)
+        run.set_state("running", launch=ProcessRef.of(proc.pid))
         t0 = time.monotonic()
         code, _, err = run_cli(capsys, "plan", write_job(strategy=FSDP), "--out", run.path)
         assert code == 2 and time.monotonic() - t0 < outdir.LOCK_WAIT_S
@@ -131,3 +134,21 @@ def test_swaps_under_the_lock_are_never_seen_half_done(tmp_path):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_plan_out_replaces_a_set_but_never_a_run(capsys, write_job, tmp_path):
+    """A dir made by plan --out is replaced by the next plan --out (its purpose); once a run has written there
+    (launch run --overwrite into it, or the sbatch script's ranks), plan --out refuses it and changes nothing."""
+    out = tmp_path / "out"
+    assert run_cli(capsys, "plan", write_job(strategy=DS), "--out", out)[0] == 0
+    assert run_cli(capsys, "plan", write_job(strategy=FSDP), "--out", out)[0] == 0
+    assert consistent(out) == ("fsdp", 2)
+    (out / "ranks").mkdir()  # what a run's first rank file goes into
+    (out / "ranks" / "rank-0.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, printed, err = run_cli(capsys, "plan", write_job(strategy=DS), "--out", out)
+    assert code == 2 and printed == ""
+    assert err == (f"launch: error: --out: {str(out)!r} holds a run: ranks; plan --out replaces only the set an "
+                   "earlier plan --out wrote, never a run's job.yaml and plan.json; choose another --out\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not list(tmp_path.glob(".out.*"))

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import time
@@ -13,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from launcher.rankenv import HEAP_ENV
+from launcher.units import MB
 from tests.conftest import REPO, TINY_GPT2
 from tests.worker.export_checks import check_export, safetensors_of, same_tensors
 
@@ -27,7 +28,26 @@ def private_tree(root: Path) -> list[str]:
     bad = [] if mode(root) == 0o700 else [f". {oct(mode(root))}"]
     return bad + [f"{p.relative_to(root)} {oct(mode(p))}" for p in root.rglob("*")
                   if (p.is_dir() and mode(p) != 0o700) or (p.is_file() and mode(p) & 0o077)]
-ACCURACY = 0.10  # |predicted - measured| / measured we claim on CPU ranks (benchmarks/results/accuracy.md)
+
+
+OVER = 0.10
+"""How far a CPU rank's prediction may sit above its measured peak, (predicted - measured) / measured. Under, it
+may sit by the plan's safety margin only: under-prediction is what crashes a job, so the two bounds differ."""
+MIN_BUDGET_BYTES = 16 * MB
+"""The smallest budget the launcher takes (launcher.config.jobfile.check_budget)."""
+NEAR = 1.3
+"""check_report's runs get a budget of their predicted peak x NEAR (near_budget), so that a peak which outgrew
+its prediction ends over budget (exit 3) instead of passing under a budget no run can reach."""
+HEAP_BELOW = (10**6, 0.01)
+"""glibc's heap (LAUNCHER_HEAP_CHECK=1, an instrument the planner's fits never saw) less its untracked part at the
+first forward op may sit under the tracked peak by at most 1 MB + 1 %: it holds every tensor, so a tensor counted
+twice or a free the tracker missed shows below it (check_heap)."""
+HEAP_ABOVE = (2 * 10**6, 0.15)
+"""... and above the tracked peak by at most 2 MB + 15 %: memory that is no tensor grows during training too. On
+the suite's runs, 0.9-1.7 MB on the tiny models (autograd's nodes, Python) and up to 8.5 MB (14 %) on the 6-block
+Llama on FSDP2: gloo's own buffer for each all-gather and reduce-scatter, the size of the collective, while it
+runs, and MKL's packed copy of the largest weight after its first matmul (docs/testing.md). A tensor the tracker
+never saw shows above it once it outgrows those."""
 
 
 def job_file(tmp_path: Path, name: str, **over) -> Path:
@@ -46,8 +66,23 @@ def job_file(tmp_path: Path, name: str, **over) -> Path:
     return p
 
 
-def launch(*argv, timeout=420, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([LAUNCH, *map(str, argv)], capture_output=True, text=True, timeout=timeout, **kw)
+def launch(*argv, timeout=420, env=None, **kw) -> subprocess.CompletedProcess:
+    """`launch ARGV`, its CPU ranks sampling glibc's heap beside the tracker (check_report reads it)."""
+    env = {**os.environ, HEAP_ENV: "1", **(env or {})}
+    return subprocess.run([LAUNCH, *map(str, argv)], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def near_budget(job: Path, **over) -> Path:
+    """Give ``job`` a budget of NEAR x the peak planned for it (in-process, as `launch plan` plans; ``over``: the
+    job keys the run sets by flag, e.g. nodes), or the smallest budget the launcher takes."""
+    from launcher.config.jobfile import job_from_data
+    from launcher.plan_inputs import plan_job
+
+    doc = yaml.safe_load(job.read_text())
+    plan = plan_job(job_from_data({**doc, **over}, job.parent))
+    doc["budget"] = max(math.ceil(plan.estimate.peak_bytes * NEAR), MIN_BUDGET_BYTES)
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return job
 
 
 def step_losses(run_dir: Path, rank: int = 0) -> list[float]:
@@ -55,13 +90,24 @@ def step_losses(run_dir: Path, rank: int = 0) -> list[float]:
     return [json.loads(ln)["loss"] for ln in lines if ln.strip()]
 
 
+class UnderPredicted(AssertionError):
+    """A rank measured above its prediction by more than the plan's safety margin: the direction that crashes a
+    job (check_report)."""
+
+
 RANK_KEYS = {"rank", "host", "measured_peak_bytes", "predicted_peak_bytes", "budget_bytes", "within_budget"}
 """report.json's public contract for each rank."""
 
 
 def check_report(run_dir: Path, world_size: int) -> dict:
+    """The run's verdict under a budget near its prediction, each rank's peak against the prediction one-sidedly,
+    the tracker against the heap, and a loss that fell."""
     report = json.loads((run_dir / "report.json").read_text())
     plan = json.loads((run_dir / "plan.json").read_text())
+    # The budget sits near the prediction (near_budget): an under-prediction beyond the margin ends over budget.
+    assert plan["budget_bytes"] <= max(1.5 * plan["predicted_peak_bytes"], MIN_BUDGET_BYTES), \
+        "a budget no run can exceed proves nothing"
+    margin = 1 - plan["usable_bytes"] / plan["budget_bytes"]
     assert report["within_budget"] is True
     assert sorted(r["rank"] for r in report["ranks"]) == list(range(world_size))
     for r in report["ranks"]:
@@ -69,25 +115,56 @@ def check_report(run_dir: Path, world_size: int) -> dict:
         assert r["host"] and r["host"] != "?"
         assert r["budget_bytes"] == plan["budget_bytes"] and r["predicted_peak_bytes"] == plan["predicted_peak_bytes"]
         assert r["within_budget"] and r["measured_peak_bytes"] > 0
-        err = abs(r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
-        assert err <= ACCURACY, f"rank {r['rank']}: predicted {r['predicted_peak_bytes']} measured " \
-                                f"{r['measured_peak_bytes']} ({err:.1%})"
+        check_prediction(r, margin)
+        check_heap(run_dir, r["rank"])
     losses = step_losses(run_dir)
     assert losses[-1] < losses[0], f"loss did not decrease: {losses}"
     assert (run_dir / "memory.png").stat().st_size > 0
     return report
 
 
+def check_prediction(rank: dict, margin: float) -> None:
+    """One rank of report.json: its prediction never under its measured peak by more than ``margin`` (the plan's
+    safety margin; UnderPredicted), nor over it by more than OVER (memory wasted, not a crash)."""
+    over = (rank["predicted_peak_bytes"] - rank["measured_peak_bytes"]) / rank["measured_peak_bytes"]
+    seen = (f"rank {rank['rank']}: predicted {rank['predicted_peak_bytes']} B, measured {rank['measured_peak_bytes']} B "
+            f"({over:+.2%}; allowed -{margin:.0%} to +{OVER:.0%})")
+    print(seen)
+    if over < -margin:
+        raise UnderPredicted(seen)
+    assert over <= OVER, seen
+
+
+def check_heap(run_dir: Path, rank: int) -> None:
+    """The tracker's peak over the training phases against glibc's heap, an instrument it does not share with the
+    planner: at the tracked peak (a tensor counted twice, or one whose free was missed, reads above the heap) and
+    at the heap's own peak (a tensor the tracker never saw reads below it)."""
+    rank_file = json.loads((run_dir / "ranks" / f"rank-{rank}.json").read_text())
+    heap = rank_file["heap_check"]
+    tracked = heap["tracked_peak_bytes"]
+    # The training peak the verdict reads, as the ops saw it (a phase's peak can also be noted at its start).
+    assert 0.99 * rank_file["training_peak_bytes"] <= tracked <= rank_file["training_peak_bytes"], (
+        tracked, rank_file["training_peak_bytes"])
+    seen = f"rank {rank}: tracked {tracked} B, heap {heap}"
+    print(seen)
+    assert heap["heap_at_tracked_peak_bytes"] >= tracked - HEAP_BELOW[0] - HEAP_BELOW[1] * tracked, seen
+    assert heap["heap_peak_bytes"] <= tracked + HEAP_ABOVE[0] + HEAP_ABOVE[1] * tracked, seen
+
+
+@pytest.mark.xfail(raises=UnderPredicted, strict=True, reason=(
+    "under-predicted by 5.1 % (margin 5 %) at its near budget of 16 MB: the backward peak holds 0.86 MB more "
+    "activations and temporaries than the plan's moment (tiny GPT-2, ZeRO-2 + AdamW4bit, 1M-element bucket). Found "
+    "by issue 35's one-sided check; remove this marker with the planner's fix"))
 def test_zero2_tiny_gpt2(tmp_path):
     # With torchao's AdamW4bit as DeepSpeed's client optimizer, stepped on ZeRO-2's flat partitions (issue 21:
-    # the lever's one CLI run on DeepSpeed); ds_config.json then names no optimizer.
-    job = job_file(tmp_path, "z2", strategy={"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": "none",
-                                             "low_memory_optimizer": "adamw4bit"},
-                   train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8,
-                          "allow_levers": ["adamw4bit"]})
+    # the lever's one CLI run on DeepSpeed); ds_config.json then names no optimizer. The report is checked last:
+    # only its under-prediction is expected to fail (the marker above).
+    job = near_budget(job_file(tmp_path, "z2", strategy={"engine": "deepspeed", "zero_stage": 2,
+                                                         "offload_optimizer": "none", "low_memory_optimizer": "adamw4bit"},
+                               train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8,
+                                      "allow_levers": ["adamw4bit"]}))
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
-    check_report(tmp_path / "run", 2)
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     ds = json.loads((tmp_path / "run" / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == plan["zero_stage"] == 2
@@ -100,14 +177,15 @@ def test_zero2_tiny_gpt2(tmp_path):
     assert "every rank within budget" in res.stdout
     header = next(ln for ln in res.stdout.splitlines() if ln.lstrip().startswith("rank"))
     assert header.split() == ["rank", "host", "predicted", "measured", "budget", "headroom", "verdict", "largest"]
+    check_report(tmp_path / "run", 2)
 
 
 def test_zero3_cpu_optimizer_offload(tmp_path):
     # With every 2nd block checkpointed (transformers' every_n_layers under zero.Init) and activation offload
     # (its hooks around forward and the loss): ZeRO-3 trains, exports the same tensors, and the peak is predicted.
-    job = job_file(tmp_path, "z3off", strategy={"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
-                                                "activation_checkpointing": True, "checkpoint_every": 2,
-                                                "activation_offload": True})
+    job = near_budget(job_file(tmp_path, "z3off", strategy={
+        "engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "activation_checkpointing": True,
+        "checkpoint_every": 2, "activation_offload": True}))
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
@@ -142,6 +220,7 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     data["train"]["precision"] = "fp32"  # the example says auto: pinned, so the test is the same on every CPU
     job = tmp_path / "minilm.yaml"
     job.write_text(yaml.safe_dump(data))
+    near_budget(job)
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
@@ -180,11 +259,12 @@ def tiny_llama_dir(root: Path) -> Path:
 def test_lora_bf16_trains_only_the_adapters(tmp_path):
     """LoRA in bf16, as the job asks: also the CPU-rank bf16 run (every other run test is fp32), here pure bf16 on
     DeepSpeed (bf16 master adapters and states, the stochastically rounding client AdamW)."""
-    job = job_file(tmp_path, "lora", model=str(tiny_llama_dir(tmp_path)),
-                   train={"global_batch_size": 8, "precision": "bf16", "lr": 1e-2, "max_steps": 8,
-                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "merge": True},
-                          "allow_levers": ["pure_bf16"]},
-                   strategy={"engine": "deepspeed", "zero_stage": 2, "pure_bf16": True})
+    job = near_budget(job_file(
+        tmp_path, "lora", model=str(tiny_llama_dir(tmp_path)),
+        train={"global_batch_size": 8, "precision": "bf16", "lr": 1e-2, "max_steps": 8,
+               "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "merge": True},
+               "allow_levers": ["pure_bf16"]},
+        strategy={"engine": "deepspeed", "zero_stage": 2, "pure_bf16": True}))
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
@@ -269,12 +349,12 @@ def test_forced_plan_over_budget_exits_3_naming_the_rank(tmp_path):
 
 
 def test_two_nodes_on_loopback(tmp_path):
-    job = job_file(tmp_path, "n2", strategy={"engine": "fsdp"})
+    job = near_budget(job_file(tmp_path, "n2", strategy={"engine": "fsdp"}), nodes=2)
     port = 29400 + os.getpid() % 500
     common = ["--gpus", "2", "--nodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", tmp_path / "run",
               "--quiet", job]
     node0 = subprocess.Popen([LAUNCH, "--node-rank", "0", *map(str, common)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, HEAP_ENV: "1"})
     time.sleep(2)  # node 0 writes the run dir (plan, job) that node 1 joins
     node1 = launch("--node-rank", "1", *common)
     out0, err0 = node0.communicate(timeout=300)
@@ -441,36 +521,6 @@ def test_signal_to_launch_terminates_ranks(tmp_path, sig):
     assert not [p for p in run.rglob("*") if p.is_file() and secret in p.read_text(errors="replace")]
 
 
-def test_hf_trainer_script_takes_the_emitted_ds_config(tmp_path):
-    """The example is a plain Trainer script (no launcher import): the wrapper measures it, the plan reaches it
-    through ACCELERATE_DEEPSPEED_CONFIG_FILE and the LAUNCHER_* batch variables."""
-    data = yaml.safe_load((REPO / "examples" / "seq-cls.yaml").read_text())
-    data["data"]["path"] = str(REPO / "examples" / "data" / "sentiment.jsonl")
-    data["strategy"] = {"engine": "deepspeed", "zero_stage": 2}
-    data["train"]["global_batch_size"] = 8
-    data["train"]["precision"] = "fp32"  # the example says auto: pinned, so the test is the same on every CPU
-    job = tmp_path / "trainer.yaml"
-    job.write_text(yaml.safe_dump(data))
-    script = REPO / "examples" / "hf_trainer" / "train.py"
-    assert not re.search(r"^\s*(from|import) launcher", script.read_text(), re.M)
-    res = launch(job, "--run-dir", tmp_path / "run", "--quiet", "--script", script, "--", "--max-steps", "4",
-                 "--max-len", "48", "--lr", str(data["train"]["lr"]), "--output-dir", tmp_path / "out")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "every rank within budget" in res.stdout
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
-    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1] and report["within_budget"] is True
-    assert all(r["measured_peak_bytes"] > 0 for r in report["ranks"])
-    for rank in (0, 1):  # the script prints what TrainingArguments got from the environment
-        log = (tmp_path / "run" / "logs" / f"rank-{rank}.log").read_text()
-        assert (f"rank {rank} of 2, deepspeed=True, micro-batch {plan['micro_batch_size']}, "
-                f"accumulation {plan['grad_accum_steps']}, precision no") in log, log[-2000:]
-        rank_file = json.loads((tmp_path / "run" / "ranks" / f"rank-{rank}.json").read_text())
-        assert rank_file["status"] == "completed" and rank_file["steps_done"] == 4
-    steps = [json.loads(ln) for ln in (tmp_path / "run" / "steps" / "rank-0.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2, 3, 4]  # one line per optimizer step (DeepSpeed's inner AdamW)
-
-
 def test_memory_snapshot_without_cuda_is_refused_before_anything_runs(tmp_path):
     res = launch(job_file(tmp_path, "snap"), "--run-dir", tmp_path / "run", "--memory-snapshot")
     assert res.returncode == 2
@@ -497,7 +547,7 @@ def test_checkpoint_on_interrupt_comes_from_the_flag_or_the_job(tmp_path):
 def test_run_verb_writes_the_default_run_dir(tmp_path):
     import re
 
-    res = launch("run", job_file(tmp_path, "named"), "--quiet", cwd=tmp_path)
+    res = launch("run", near_budget(job_file(tmp_path, "named")), "--quiet", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     dirs = list((tmp_path / "runs").iterdir())
     assert len(dirs) == 1 and re.fullmatch(r"named-\d{8}-\d{6}", dirs[0].name), dirs

@@ -59,6 +59,7 @@ def run_documented(export: Path, out: Path, env_extra: dict[str, str] | None = N
         shlex.quote(str(a)) for a in (CHECK, export, out))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    env = {k: v for k, v in env.items() if v != ""}  # an empty value: unset
     proc = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, f"{line}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     facts = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
@@ -70,7 +71,15 @@ def test_deepspeed_export_runs_the_plan(tmp_path, data_file):
     export, plan = plan_out(tmp_path, data_file, **{"strategy.engine": "deepspeed", "strategy.zero_stage": 2,
                                                    "strategy.micro_batch_size": 2})
     assert plan["precision"] == "bf16" and plan["grad_accum_steps"] > 1  # accumulation accelerate must not drop
-    for f in run_documented(export, tmp_path / "facts"):
+    # A shell without TORCH_EXTENSIONS_DIR (issue 36 section 2): the line itself names the launcher's ops, so
+    # DeepSpeed's CPU comm start loads deepspeed_shm_comm from there instead of compiling it for two minutes into
+    # torch's own cache (under XDG_CACHE_HOME).
+    xdg = tmp_path / "xdg"
+    hf_home = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    env = {"XDG_CACHE_HOME": str(xdg), "HF_HOME": hf_home, "TORCH_EXTENSIONS_DIR": ""}
+    facts = run_documented(export, tmp_path / "facts", env)
+    assert not (xdg / "torch_extensions").exists(), sorted(p.name for p in xdg.rglob("*"))
+    for f in facts:
         assert f["distributed_type"] == "DEEPSPEED" and f["world_size"] == f["engine_dp_world_size"] == 2
         assert (f["bf16"], f["fp16"], f["param_dtype"], f["mixed_precision"]) == (True, False, "bfloat16", "bf16")
         assert f["zero_stage"] == plan["zero_stage"]

@@ -16,8 +16,9 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "launcher" / "engines" / "
 EXPECTED = {"zero0", "zero1", "zero2", "zero2_offload_cpu", "zero3", "zero3_offload_cpu", "zero3_offload_nvme"}
 
 
-def hf_fill(template: dict) -> dict:
-    """Fill a template's "auto" values with HF Trainer's own code, as `Trainer(..., deepspeed=file)` would."""
+def hf_fill(template: dict, **args_over) -> dict:
+    """Fill a template's "auto" values with HF Trainer's own code, as `Trainer(..., deepspeed=file)` would, from
+    TrainingArguments-like values (``args_over`` replaces some)."""
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
     args = SimpleNamespace(
@@ -26,6 +27,7 @@ def hf_fill(template: dict) -> dict:
         save_on_each_node=False, fp16=False, fp16_full_eval=False, bf16=True, bf16_full_eval=False,
         get_warmup_steps=lambda total: 10,
     )
+    vars(args).update(args_over)
     model = SimpleNamespace(config=SimpleNamespace(hidden_size=64))
     hf = HfTrainerDeepSpeedConfig(copy.deepcopy(template))
     try:

@@ -43,6 +43,39 @@ def test_hf_trainer_fills_every_auto_and_deepspeed_accepts_it(stage, offload):
     assert parsed["ok"], parsed["error"]
 
 
+@pytest.mark.parametrize("stage,offload", [(2, "none"), (3, "cpu")])
+def test_a_scripts_config_keeps_the_plans_memory_and_leaves_the_math_to_the_script(tmp_path, stage, offload):
+    """ds_config.script.json: batch shape, precision, stage, offload and the optimizer's kind concrete; no scheduler
+    (the script's own); the optimizer's lr and weight decay "auto", and in the Trainer's copy its betas and eps too.
+    HF Trainer fills them from a script's arguments that differ from the job's (lr 5e-5, clipping 0.5), DeepSpeed
+    parses it; the run dir has it only for a script."""
+    from launcher.emit.exports import trainer_ds_config
+    from launcher.engines.deepspeed.exports import script_ds_config
+    from launcher.engines.deepspeed.spec import SCRIPT_CONFIG
+
+    plan, job = make_plan(zero_stage=stage, offload_optimizer=offload), make_job(**{"train.warmup_steps": 10})
+    cfg = script_ds_config(plan, job)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["bf16"]["enabled"]) \
+        == (2, 4, True)
+    assert "scheduler" not in cfg and cfg["gradient_clipping"] == "auto"
+    assert cfg["optimizer"]["type"] == "AdamW" and ("torch_adam" in cfg["optimizer"]["params"]) == (offload == "none")
+    assert cfg["optimizer"]["params"]["lr"] == cfg["optimizer"]["params"]["weight_decay"] == "auto"
+    assert cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]  # accelerate has no source for them
+    trainer = trainer_ds_config(cfg)
+    assert trainer["optimizer"]["params"]["betas"] == trainer["optimizer"]["params"]["eps"] == "auto"
+    filled = hf_fill({**trainer, "train_batch_size": "auto"}, learning_rate=5e-5, max_grad_norm=0.5)
+    assert filled["gradient_clipping"] == 0.5 and filled["optimizer"]["params"]["lr"] == 5e-5
+    parsed = run_ds_check("parse", {"script": filled}, world_size=1)["script"]
+    assert parsed["ok"], parsed["error"]
+    files = engine_spec("deepspeed").config_files
+    assert SCRIPT_CONFIG not in files(plan, job)
+    script_plan = make_plan(zero_stage=stage, offload_optimizer=offload)
+    script_plan.script = True
+    assert json.loads(files(script_plan, job)[SCRIPT_CONFIG]) == cfg
+    env = engine_spec("deepspeed").script_env(script_plan, job, config_dir=tmp_path)
+    assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(tmp_path / SCRIPT_CONFIG)
+
+
 def test_accelerate_deepspeed_golden():
     text = yaml.safe_dump(deepspeed_accelerate_config(make_plan(zero_stage=3), make_job(), ds_config_file=DS_FILE),
                           sort_keys=False)
@@ -228,3 +261,20 @@ def test_accelerate_yaml_says_how_a_lora_script_gets_the_adapters_the_plan_count
              ds.accelerate_yaml(make_plan(zero_stage=3, precision="fp32"), lora, config_dir=tmp_path),
              fsdp.accelerate_yaml(make_plan(engine="fsdp", zero_stage=None), lora, config_dir=tmp_path)]
     assert not any("autocast_adapter_dtype" in text for text in quiet)
+
+
+def test_the_deepspeed_header_names_the_ops_and_the_trainers_flags(tmp_path, monkeypatch):
+    """Issue 36 section 2: the first `accelerate launch` compiled DeepSpeed's ops the launcher had built, and
+    ds_config.hf.json's "auto" values took the script's own batch and fp32 without a word."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/opt/ops cache")
+    ds, fsdp = engine_spec("deepspeed"), engine_spec("fsdp")
+    text = ds.accelerate_yaml(make_plan(zero_stage=2, offload_optimizer="cpu"), make_job(), config_dir=tmp_path)
+    assert f"#   TORCH_EXTENSIONS_DIR='/opt/ops cache' accelerate launch --config_file {tmp_path}" in text
+    assert "# DeepSpeed compiles cpu_adam (minutes, silently) when a process first loads it" in text
+    assert "build once: TORCH_EXTENSIONS_DIR='/opt/ops cache' " in text and "-m launcher.ops cpu_adam\n" in text
+    assert ("pass the plan's: --per_device_train_batch_size 2 --gradient_accumulation_steps 4 --bf16, and "
+            "TORCH_EXTENSIONS_DIR='/opt/ops cache' before torchrun.") in text
+    # A plan whose script run loads no op says nothing of ops; FSDP2 has neither the ops nor the HF file.
+    assert "DeepSpeed compiles" not in ds.accelerate_yaml(make_plan(zero_stage=2), make_job(), config_dir=tmp_path)
+    plain = fsdp.accelerate_yaml(make_plan(engine="fsdp", zero_stage=None), make_job(), config_dir=tmp_path)
+    assert "TORCH_EXTENSIONS_DIR" not in plain and "HF Trainer" not in plain

@@ -13,9 +13,17 @@ import pytest
 import yaml
 from emit_helpers import check_golden, make_job, make_plan
 
-from launcher.emit.sbatch import sbatch_text
+from launcher.emit import sbatch
 from launcher.errors import ConfigError
 from launcher.rankenv import plan_digest
+
+PYTHON = "/opt/venv/bin/python"
+OPS_DIR = "/opt/launcher/.cache/torch_extensions"
+
+
+def sbatch_text(plan, job, run_dir, **kw):
+    """The emitter with a fixed interpreter and ops dir, so the goldens do not depend on this checkout."""
+    return sbatch.sbatch_text(plan, job, run_dir, **{"python": PYTHON, "ops_dir": OPS_DIR, **kw})
 
 # Like submitit's weird_tmp_path: every character that breaks naive shell quoting.
 WEIRD = "my runs/it's \"quoted\" $HOME `id` ;&|"
@@ -67,12 +75,13 @@ def test_golden_weird_path_and_name(tmp_path):
 def test_directives_and_srun_line():
     text = sbatch_text(fsdp_plan(), slurm_job(), run_dir=Path("/r"))
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --cpus-per-task=8", "#SBATCH --time=120", "#SBATCH --mem=64GB", "#SBATCH --partition=gpu",
+                 "#SBATCH --cpus-per-task=64", "#SBATCH --time=120", "#SBATCH --mem=64GB", "#SBATCH --partition=gpu",
                  "#SBATCH --exclusive", "#SBATCH --signal=B:USR2@120", "#SBATCH --requeue",
                  "#SBATCH --mail-type=END", "#SBATCH --comment='launcher golden'", "MAX_REQUEUES=2",
                  "module load cuda/12.4", "source $HOME/venv/bin/activate"):
         assert line in text, line
-    assert "python -m torch.distributed.run --nnodes=2" in text and "--nproc-per-node=8" in text
+    assert '"$PYTHON" -m torch.distributed.run --nnodes=2' in text and "--nproc-per-node=8" in text
+    assert f"PYTHON={PYTHON}\n" in text and f"export TORCH_EXTENSIONS_DIR={OPS_DIR}" in text
     assert '--rdzv-endpoint="$head_addr:$port"' in text and '-m launcher.rank_entry "$RUN_DIR"' in text
     assert 'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
 
@@ -93,7 +102,7 @@ def test_unknown_additional_key_is_refused(monkeypatch):
 
 
 def _fake_bin(tmp_path: Path, rank_status: str) -> Path:
-    """srun and scontrol stand-ins: record argv, and play the ranks by writing rank-0.json."""
+    """srun, scontrol and python stand-ins: record argv, and play the ranks by writing rank-0.json."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.jsonl"
@@ -116,6 +125,10 @@ json.dump({{"rank": 0, "status": {rank_status!r}}}, open(os.path.join(run_dir, "
           indent=2)
 """,
     }
+    scripts["python"] = f"""#!/usr/bin/env python3
+import json, sys
+open({str(log)!r}, "a").write(json.dumps(["python"] + sys.argv[1:]) + "\\n")
+"""
     for name, body in scripts.items():
         p = bin_dir / name
         p.write_text(body)
@@ -129,8 +142,8 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     run_dir.mkdir()
     job = slurm_job(name="weird $name", **{"slurm.setup": ['echo "setup ran" > "$RUN_DIR/setup.txt"']})
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_text(fsdp_plan(), job, run_dir=run_dir))
     bin_dir = _fake_bin(tmp_path, rank_status)
+    script.write_text(sbatch_text(fsdp_plan(), job, run_dir=run_dir, python=str(bin_dir / "python")))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
            "SLURM_JOB_ID": "20042", "SLURM_RESTART_COUNT": "0"}
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
@@ -140,6 +153,9 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     assert srun[-1] == str(run_dir)  # the path reached the ranks intact
     assert "--rdzv-endpoint=10.0.0.7:20042" in srun and "--rdzv-id=20042-0" in srun
     assert (["scontrol", "requeue", "20042"] in calls) is requeued
+    # The interpreter it was written with runs the ranks, and, unless the job requeued, the verdict.
+    assert srun[srun.index("--kill-on-bad-exit=1") + 1:][:3] == [str(bin_dir / "python"), "-m", "torch.distributed.run"]
+    assert (["python", "-m", "launcher.cli.finish", str(run_dir), "0"] in calls) is not requeued
     assert yaml.safe_load((run_dir / "job.yaml").read_text())["name"] == "weird $name"
     assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
     # The ranks get the digest of the plan.json this script wrote, and check it (launcher.runtime.load_plan).
@@ -165,27 +181,31 @@ def test_golden_offload_plan_derives_time_mem_and_cpus(tmp_path):
     text = sbatch_text(offload_plan(), unpinned_job(), run_dir=Path("/scratch/runs/emit"))
     bash_n(text, tmp_path)
     check_golden("sbatch/offload_derived.sbatch", text)
-    # 8000 steps x 2.0 s = 16000 s x 1.5 + 600 s = 24600 s = 410 min
-    assert "#SBATCH --time=410" in text
+    # 8000 steps x 2.0 s = 16000 s x 1.5 + start-up: 120 s + cpu_adam's build 50 s + the first step's 2 x 2.0 s
+    # (an inline model reads no weights) = 24174 s = 403 min
+    assert "#SBATCH --time=403" in text
     # 116 GB x 1.25 + 8 ranks x 4 GB = 177 GB = 164.8 GiB, rounded up
     assert "#SBATCH --mem=165G" in text
-    # CPU Adam: 4 CPUs for each of the node's 8 ranks, and the ranks use them
-    assert "#SBATCH --cpus-per-task=32" in text and 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"' in text
-    assert "# From the plan: --time --mem --cpus-per-task" in text
+    # The a100-80gb profile's 8 CPUs for each of the node's 8 ranks, and the ranks use them (CPU Adam's threads)
+    assert "#SBATCH --cpus-per-task=64" in text and 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"' in text
+    # The header says how: the steps, the start-up's parts, the profile
+    assert "DeepSpeed's cpu_adam to build 50 s" in text and "from the a100-80gb profile: 8 CPU(s) per rank" in text
+    # cpu_adam is built on every node before the ranks start
+    assert 'srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.ops cpu_adam\n' in text
 
 
 def test_pinned_values_win_over_the_plan():
     job = unpinned_job(**{"slurm.timeout_min": 30, "slurm.mem_gb": 64, "slurm.cpus_per_task": 6})
     text = sbatch_text(offload_plan(), job, run_dir=Path("/r"))
     assert "#SBATCH --time=30\n" in text and "#SBATCH --mem=64GB\n" in text and "#SBATCH --cpus-per-task=6\n" in text
-    assert "# From the plan" not in text
+    assert "from the plan" not in text and "#   --time=30           slurm.timeout_min\n" in text
 
 
 def test_memory_per_cpu_leaves_mem_unset():
     # sbatch refuses --mem beside --mem-per-cpu (and --cpus-per-task beside --cpus-per-gpu)
     job = unpinned_job(**{"slurm.additional_parameters": {"mem_per_cpu": "4G", "cpus_per_gpu": 2}})
     text = sbatch_text(offload_plan(), job, run_dir=Path("/r"))
-    assert "--mem=" not in text and "#SBATCH --mem-per-cpu=4G" in text
+    assert "#SBATCH --mem=" not in text and "#SBATCH --mem-per-cpu=4G" in text
     assert "#SBATCH --cpus-per-task" not in text and "#SBATCH --cpus-per-gpu=2" in text
 
 

@@ -40,7 +40,8 @@ CASES = [
     Case("yaml-top-level-list", lambda s: [s.raw("- name\n- model\n")],
          ["must be a mapping of keys, got list", "write name:, model:"]),
     Case("job-file-missing", lambda s: [s.root / "nope.yaml"], ["nope.yaml: no such job file; check the path"]),
-    Case("job-file-is-a-directory", lambda s: [s.root], ["not a regular file; pass the path of a YAML job file"]),
+    Case("job-file-is-a-directory", lambda s: [s.root],
+         ["not a regular file (a directory); pass the path of a YAML job file"]),
     # -- keys and types -------------------------------------------------------------------------------------------
     Case("unknown-top-level-key", lambda s: [s.raw(s.job().read_text().replace("train:", "trian:"))],
          ["trian: unknown key; did you mean 'train'?"]),

@@ -1,6 +1,8 @@
-"""Bad training data through the real CLI: `launch run` reads every row before any rank starts and refuses a row
-that lacks what the job reads (exit 2, the row number and the field), with nothing launched or written.
-`launch plan` never reads the data, so the same jobs still plan."""
+"""Bad training data through the real CLI: `launch run` (and `launch plan`, when the data is on this machine) reads
+every row before any rank starts and refuses a row that lacks what the job reads, holds no text (a lone surrogate,
+bytes that are not UTF-8), is past the row bound, or data no rank could train on (nothing left after the drops,
+fewer examples than one step takes): exit 2, the row number and the field, nothing launched or written. Data not
+on this machine is planned without."""
 
 from __future__ import annotations
 
@@ -67,7 +69,65 @@ def seq_cls_missing_label(s: Sandbox) -> list:
     return [s.job(task="seq_cls", **{"data.path": jsonl(s, "cls.jsonl", rows)})]
 
 
+def raw_file(s: Sandbox, name: str, data: bytes) -> list:
+    p = s.root / name
+    p.write_bytes(data)
+    return [s.job(**{"data.path": str(p)})]
+
+
+def long_prompts(s: Sandbox, n: int, long: int) -> list:
+    """``n`` conversations of which the first ``long`` have a prompt that fills max_seq_len 64."""
+    rows = [{"messages": [{"role": "user", "content": ("x" * 300 if i < long else f"q{i}")},
+                          {"role": "assistant", "content": f"a{i}"}]} for i in range(n)]
+    return [s.job(**{"data.path": jsonl(s, "chat.jsonl", rows)})]
+
+
+def fifo_data(s: Sandbox) -> list:
+    import os
+
+    p = s.root / "pipe.jsonl"
+    os.mkfifo(p)
+    return [s.job(**{"data.path": str(p)})]
+
+
+def zero_link(s: Sandbox) -> list:
+    p = s.root / "zeros.jsonl"
+    p.symlink_to("/dev/zero")
+    return [s.job(**{"data.path": str(p)})]
+
+
 CASES = [
+    # -- text that is not text, and rows past the bound (issue 35 §3) ------------------------------------------------
+    Case("lone-surrogate-in-a-message", lambda s: messages_file(s, 7, {"messages": [
+        {"role": "user", "content": "q\ud83d"}, {"role": "assistant", "content": "a"}]}),
+         ["row 7 of", "messages[0].content holds a lone surrogate '\\ud83d' at character 1, which is no text",
+          "fix the escape or drop the character"]),
+    Case("lone-surrogate-in-a-completion", lambda s: prompt_completion_file(s, 3, {"prompt": "p",
+                                                                                  "completion": "\udfff"}),
+         ["row 3 of", "completion holds a lone surrogate"]),
+    Case("jsonl-line-not-utf8", lambda s: raw_file(s, "bad.jsonl", b'{"text": "ok"}\n{"text": "\xff\xfe"}\n'),
+         ["bad.jsonl:2: not UTF-8 text (byte", "save the file as UTF-8"]),
+    Case("csv-not-utf8", lambda s: raw_file(s, "bad.csv", b"text\nok\n\xff\xfe\n"),
+         ["bad.csv' is not UTF-8 text", "save it as UTF-8"]),
+    Case("row-over-16mb", lambda s: raw_file(s, "big.jsonl", b'{"text": "ok"}\n{"text": "' + b"x" * (17 * 10**6)
+                                             + b'"}\n'),
+         ["big.jsonl:2: the row is over the 16.00 MB one row may hold", "split the document into several rows"]),
+    Case("json-nesting-bomb", lambda s: raw_file(s, "deep.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000
+                                                 + b"}\n"),
+         ["deep.jsonl:1: nests too deeply to be a row"]),
+    Case("data-path-a-fifo", fifo_data, ["pipe.jsonl' is a FIFO (named pipe), not a data file"]),
+    Case("data-path-a-link-to-dev-zero", zero_link,
+         ["zeros.jsonl' is a character device (/dev/zero), not a data file"]),
+    # -- data no rank could train on ----------------------------------------------------------------------------------
+    Case("every-prompt-fills-max-seq-len", lambda s: long_prompts(s, 40, 40),
+         ["data.max_seq_len: 64 tokens leave nothing to train on in any of the 40 example(s)",
+          "raise data.max_seq_len or shorten the prompts"]),
+    Case("too-few-rows-for-the-ranks", lambda s: [s.job(**{"data.path": jsonl(s, "few.jsonl", text_rows(5))})],
+         ["data.path: 4 training examples over 2 rank(s) give 2 per rank, fewer than one step takes (4: "
+          "train.global_batch_size 8 over 2 ranks)", "add data, lower train.global_batch_size"]),
+    Case("too-few-after-the-drops", lambda s: long_prompts(s, 12, 8),
+         ["training examples over 2 rank(s) give", "fewer than one step takes"]),
+    # -- rows that lack what the job reads -----------------------------------------------------------------------------
     Case("text-field-missing-in-row-37", missing_text_in_row_37,
          ["data.path: row 37 of", "rows.jsonl: no field 'text' (data.text_field; fields: body)",
           "set data.text_field to the field holding it"]),
@@ -109,10 +169,42 @@ def test_bad_data_is_refused_before_any_rank_starts(case, sandbox):
     check_refused(case, sandbox)
 
 
-def test_plan_does_not_read_the_data(sandbox):
-    """Planning needs no data file: the same job with a bad row 37 plans (exit 0)."""
-    argv = missing_text_in_row_37(sandbox)
+def plan(argv: list) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["plan", str(argv[0])])
-    assert code == 0, err.getvalue()
+        code = main(["plan", *map(str, argv)])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in (
+    "text-field-missing-in-row-37", "lone-surrogate-in-a-message", "too-few-rows-for-the-ranks",
+    "every-prompt-fills-max-seq-len")], ids=lambda c: c.id)
+def test_plan_refuses_the_data_a_run_would_refuse(case, sandbox):
+    """`launch plan` reads the data when it is here, so bad data is found by the plan, not at the launch."""
+    check_refused(Case(case.id, case.argv, case.expect, verb="plan"), sandbox)
+
+
+def test_plan_without_the_data_plans_and_says_it_did_not_read_it(sandbox):
+    code, out, err = plan([sandbox.job(**{"data.path": str(sandbox.root / "elsewhere.jsonl")})])
+    assert code == 0, err
+    assert "data: not read (not on this machine: data.path:" in out and "elsewhere.jsonl' does not exist" in out
+
+
+def test_plan_says_what_the_data_holds(sandbox):
+    """Issue 36 §4: the format, examples kept and dropped (and why, by row), tokens trained and masked, and the
+    chat template, at plan time; the same numbers in --json."""
+    argv = long_prompts(sandbox, 40, 1)
+    code, out, err = plan(argv)
+    assert code == 0, err
+    lines = out[out.index("data: "):].splitlines()
+    assert lines[0] == ("data: 40 row(s) of messages (chat template: ChatML, the launcher's default: the tokenizer "
+                        "has none); 35 training and 4 eval example(s), 1 dropped"), lines
+    assert lines[1].startswith("  tokens: ") and " trained, " in lines[1] and "masked (system and user turns" in lines[1]
+    assert lines[2] == ("  dropped 1 example(s): the prompt (or the conversation before the reply) fills "
+                        "data.max_seq_len 64 (row 1)")
+    code, out, _ = plan([*argv, "--json"])
+    data = json.loads(out)["data"]
+    assert data["format"] == "messages" and data["chat_template"] == "chatml"
+    assert data["train_examples"] == 35 and data["eval_examples"] == 4 and data["rows"] == 40
+    assert data["dropped"] == [{"reason": "prompt_fills_max_seq_len", "count": 1, "rows": [1]}]
+    assert 0 < data["trained_tokens"] < data["tokens"]

@@ -50,8 +50,50 @@ def old_plan_set(s: Sandbox) -> None:
     (d / "fsdp.yaml").write_text("old: true\n")
 
 
+def deepspeed_save_dir(s: Sandbox) -> None:
+    """Someone's training dir where DeepSpeed's own save_checkpoint("checkpoint") wrote: checkpoint/latest, beside
+    their job.yaml and log, and no marker."""
+    d = s.run_dir
+    (d / "checkpoint" / "global_step5").mkdir(parents=True)
+    (d / "checkpoint" / "latest").write_text("global_step5")
+    (d / "job.yaml").write_text("my: own job\n")
+    (d / "train.log").write_text("three days of training")
+
+
+DEEPSPEED = ["run", "run/checkpoint", "run/checkpoint/latest", "run/checkpoint/global_step5", "run/job.yaml",
+             "run/train.log"]
+
+
+def finished_run(s: Sandbox) -> None:
+    """The dir of a run that completed: marked, with its job, plan, state, report and rank files."""
+    d = s.root / "out"
+    (d / "ranks").mkdir(parents=True)
+    (d / ".launcher-run").write_text("{}")
+    for name in ("plan.json", "job.yaml", "report.json", "ranks/rank-0.json"):
+        (d / name).write_text("{}")
+    (d / "state.json").write_text('{"state": "completed"}')
+
+
+FINISHED = ["out", "out/.launcher-run", "out/ranks", "out/ranks/rank-0.json", "out/plan.json", "out/job.yaml",
+            "out/report.json", "out/state.json"]
+
+
+def linked_marker(s: Sandbox, name: str) -> None:
+    """A dir of someone's notes holding a link named .launcher-run to a real marker elsewhere."""
+    (s.root / "real").mkdir()
+    (s.root / "real" / ".launcher-run").write_text("{}")
+    (s.root / name).mkdir()
+    (s.root / name / "notes.txt").write_text("notes")
+    (s.root / name / ".launcher-run").symlink_to(s.root / "real" / ".launcher-run")
+
+
+def linked(name: str) -> list[str]:
+    return ["real", "real/.launcher-run", name, f"{name}/notes.txt", f"{name}/.launcher-run"]
+
+
 FOREIGN = "is not empty and was not made by launch"
-BAD_SLURM = {"launcher": "slurm", "slurm.additional_parameters": {"bogus_opt": "1"}}
+# A named profile: `plan --sbatch` refuses hardware auto on this GPU-less host before it reads slurm:.
+BAD_SLURM = {"launcher": "slurm", "cluster.hardware": "cpu", "slurm.additional_parameters": {"bogus_opt": "1"}}
 
 CASES = [
     # -- 1. --overwrite and the run dir ---------------------------------------------------------------------------
@@ -82,6 +124,14 @@ CASES = [
          [f"/link' {FOREIGN} (it holds .hidden, notes.txt, sub)"],
          setup=lambda s: link_to_user_dir(s, "link"),
          keeps=["link", "userdata", "userdata/notes.txt", "userdata/sub", "userdata/sub/data.bin", "userdata/.hidden"]),
+    Case("run-dir-marker-is-a-link-overwrite", lambda s: [s.job(), "--overwrite"],
+         [f"--run-dir: '{'{root}'}/run' {FOREIGN} (it holds .launcher-run, notes.txt)"],
+         setup=lambda s: linked_marker(s, "run"), keeps=linked("run")),
+    # -- issue 35: --resume takes only a dir launch made ----------------------------------------------------------
+    Case("resume-a-deepspeed-save-dir", lambda s: [s.job(), "--resume"],
+         [f"--resume: '{'{root}'}/run' was not made by launch (no .launcher-run in it; DeepSpeed's own "
+          "save_checkpoint leaves a checkpoint/latest too)", "start afresh with another --run-dir",
+          f"touch '{'{root}'}/run/.launcher-run'"], setup=deepspeed_save_dir, keeps=DEEPSPEED),
     # -- 2 and 10. plan --out: where it may write ------------------------------------------------------------------
     Case("out-is-a-file", lambda s: [s.job(), "--out", s.file("plain-file")],
          ["--out: ", "plain-file' exists and is not a directory", "choose another path"], verb="plan",
@@ -99,6 +149,17 @@ CASES = [
     Case("out-symlink-to-user-dir", lambda s: [s.job(), "--out", s.root / "link"], [FOREIGN, "notes.txt"],
          verb="plan", setup=lambda s: link_to_user_dir(s, "link"),
          keeps=["link", "userdata", "userdata/notes.txt", "userdata/sub", "userdata/sub/data.bin", "userdata/.hidden"]),
+    Case("out-marker-is-a-link", lambda s: [s.job(), "--out", s.root / "out"],
+         [f"--out: '{'{root}'}/out' {FOREIGN} (it holds .launcher-run, notes.txt)"], verb="plan",
+         setup=lambda s: linked_marker(s, "out"), keeps=linked("out")),
+    # issue 35: a run's job.yaml and plan.json are what export, status and --resume read.
+    Case("out-into-a-finished-run", lambda s: [s.job(), "--out", s.root / "out"],
+         [f"--out: '{'{root}'}/out' holds a run (state.json: completed): ranks, report.json, state.json",
+          "plan --out replaces only the set an earlier plan --out wrote", "choose another --out"], verb="plan",
+         setup=finished_run, keeps=FINISHED),
+    Case("out-sbatch-into-a-finished-run", lambda s: [s.job(**{"cluster.hardware": "cpu"}), "--out", s.root / "out", "--sbatch"],
+         [f"--out: '{'{root}'}/out' holds a run (state.json: completed)"], verb="plan", setup=finished_run,
+         keeps=FINISHED),
     # -- 3. refused input leaves nothing behind ---------------------------------------------------------------------
     Case("sbatch-bad-param-new-out", lambda s: [s.job(**BAD_SLURM), "--out", s.root / "out", "--sbatch"],
          ["slurm.additional_parameters.bogus_opt: unknown key"], verb="plan"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -26,7 +27,12 @@ def named(s: Sandbox, job_name: str, **over):
     return s.raw(yaml.safe_dump(base_job(str(s.data), name=job_name, **over), sort_keys=False), name="named")
 
 
+CPU = {"cluster.hardware": "cpu"}
+"""An sbatch script plans for a named profile: auto on this GPU-less host is refused (machine.submit_host_problem)."""
+
+
 def plan_sbatch(**over):
+    over = {**CPU, **over}
     if "job_name" in over:
         job_name = over.pop("job_name")
         return lambda s: [named(s, job_name, **over), "--sbatch"]
@@ -96,7 +102,7 @@ CASES = [
          ["slurm.timeout_min: 1000000000 minutes is over a year", "leave it out to derive it from the plan"],
          verb="plan"),
     Case("extra-unknown-option-with-out",
-         lambda s: [s.job(**extra({"gpu_typo": 1})), "--sbatch", "--out", s.root / "exports"],
+         lambda s: [s.job(**CPU, **extra({"gpu_typo": 1})), "--sbatch", "--out", s.root / "exports"],
          ["slurm.additional_parameters.gpu_typo: unknown key", "valid keys:"], verb="plan"),
     # -- paths the script names -----------------------------------------------------------------------------------
     Case("out-path-newline", lambda s: [s.job(), "--sbatch", "--out", s.root / "out\n#SBATCH --wrap=id"],
@@ -111,6 +117,16 @@ CASES = [
          ["slurm.additional_parameters: key 'x\\n#SBATCH --wrap' holds a newline"]),
     Case("plain-plan-checks-slurm-too", lambda s: [s.job(**{"slurm.account": "a\nb"})],
          ["slurm.account: 'a\\nb' holds a newline"], verb="plan"),
+    # -- sizes no node has, and a plan for the wrong machine (issue 35 section 3, issue 36 section 3) ----------------
+    Case("mem-gb-tiny-would-be-the-whole-node", plan_sbatch(**{"slurm.mem_gb": 0.0001}),
+         ["slurm.mem_gb: 0.0001 must be from 1 to 65536", "--mem=0 as the whole node"], verb="plan"),
+    Case("mem-gb-past-any-node", run_slurm(**{"slurm.mem_gb": 1e9}), ["slurm.mem_gb: 1000000000.0 must be from 1"]),
+    Case("cpus-per-task-past-any-node", plan_sbatch(**{"slurm.cpus_per_task": 10**8}),
+         ["slurm.cpus_per_task: 100000000 must be from 1 to 4096"], verb="plan"),
+    Case("cpus-per-task-past-the-node", plan_sbatch(**{"slurm.cpus_per_task": 64, "cluster.cpus_per_node": 32}),
+         ["slurm.cpus_per_task: 64 is more than cluster.cpus_per_node (32)"], verb="plan"),
+    Case("hardware-auto-on-a-gpu-less-submit-host", lambda s: [s.job(), "--sbatch", "--out", s.root / "exports"],
+         ["cluster.hardware: auto found no GPU on this host", "or to cpu for CPU ranks"], verb="plan"),
 ]
 
 
@@ -144,17 +160,18 @@ def _bash_n(text: str, tmp_path) -> None:
 ])
 def test_names_are_slugged_in_every_path(sandbox: Sandbox, tmp_path, name, slug):
     before = entries(sandbox.root)
-    code, out, err = _plan([named(sandbox, name), "--sbatch"])
+    code, out, err = _plan([named(sandbox, name, **CPU), "--sbatch"])
     assert code == 0, err
-    assert f"\nRUN_DIR=runs/{slug}\n" in out and f"#SBATCH --job-name={slug}\n" in out
-    assert f"#SBATCH --output=runs/{slug}/slurm-%j.out\n" in out
+    run_dir = Path.cwd() / "runs" / slug  # absolute: the script runs from any directory
+    assert f"\nRUN_DIR={run_dir}\n" in out and f"#SBATCH --job-name={slug}\n" in out
+    assert f"#SBATCH --output={run_dir}/slurm-%j.out\n" in out
     _bash_n(out, tmp_path)
     assert entries(sandbox.root) == before | {"named.yaml"}
 
 
 def test_an_allowed_out_path_with_spaces_and_quotes_round_trips(sandbox: Sandbox, tmp_path):
     out_dir = sandbox.root / "my runs" / "it's \"q\" $HOME `id` ;&|#x"
-    code, _, err = _plan([sandbox.job(), "--sbatch", "--out", out_dir])
+    code, _, err = _plan([sandbox.job(**CPU), "--sbatch", "--out", out_dir])
     assert code == 0, err
     text = (out_dir / "job.sbatch").read_text()
     _bash_n(text, tmp_path)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.errors import ConfigError
+from launcher.procs import ProcessRef, start_ticks
 from launcher.rundir import REDACTED, RunDir, redact, redact_data, secret_values
 from tests.conftest import REPO
 
@@ -96,14 +96,14 @@ def test_a_second_launch_on_a_locked_run_dir_is_refused(tmp_path):
 
 
 def test_overwrite_refuses_a_run_dir_whose_launch_still_lives(tmp_path):
-    """The lock dies with its process; a launch that state.json names and that still runs keeps its dir."""
+    """The lock dies with its process; a launch that state.json names (pid and start time) and that still runs
+    keeps its dir, whatever its command line says (a launch through a wrapper is a launch too)."""
     first = RunDir.create(tmp_path / "run")
     first.unlock()  # as seen from another mount: the lock says nothing, the pid does
     (first.path / "report.json").write_text("{}")
-    # A real process whose command line names the launcher, as `launch` does.
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "launch"])
+    proc = subprocess.Popen(["sleep", "60"])  # no "launch" in its command line
     try:
-        first.set_state("running", pid=proc.pid)
+        first.set_state("running", launch=ProcessRef.of(proc.pid))
         with pytest.raises(ConfigError) as e:
             RunDir.create(tmp_path / "run", overwrite=True)
         assert f"is in use by launch process {proc.pid}, which is still running; --overwrite would delete" in str(e.value)
@@ -117,13 +117,34 @@ def test_overwrite_refuses_a_run_dir_whose_launch_still_lives(tmp_path):
     assert not (tmp_path / "run" / "report.json").exists()
 
 
-def test_a_live_pid_that_is_not_a_launch_does_not_hold_the_dir(tmp_path):
+def test_a_reused_pid_does_not_hold_the_dir(tmp_path):
+    """A live process with the recorded pid but another start time is not the launch that wrote state.json."""
     first = RunDir.create(tmp_path / "run")
     first.unlock()
     proc = subprocess.Popen(["sleep", "60"])  # the pid was reused by something else
     try:
-        first.set_state("running", pid=proc.pid)
+        first.set_state("running", launch=ProcessRef(pid=proc.pid, start_ticks=start_ticks(proc.pid) - 1))
         RunDir.create(tmp_path / "run", overwrite=True).unlock()
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ranks_that_outlive_their_launch_hold_the_dir(tmp_path):
+    """Recorded rank processes still alive (their launch gone) keep the dir from a second launch: orphans would
+    write into the new run's rank files."""
+    first = RunDir.create(tmp_path / "run")
+    first.unlock()
+    rank = subprocess.Popen(["sleep", "60"])
+    try:
+        gone = ProcessRef(pid=rank.pid, start_ticks=start_ticks(rank.pid) - 1)  # the launch: not this process
+        first.set_state("running", launch=gone, ranks=[ProcessRef.of(rank.pid)])
+        for overwrite, resume in ((True, False), (False, True)):
+            with pytest.raises(ConfigError) as e:
+                RunDir.create(tmp_path / "run", overwrite=overwrite, resume=resume)
+            assert f"has rank processes still running ({rank.pid}) though their launch is gone" in str(e.value)
+            assert f"kill {rank.pid}" in str(e.value)
+    finally:
+        rank.kill()
+        rank.wait()
+    RunDir.create(tmp_path / "run", overwrite=True).unlock()

@@ -31,19 +31,80 @@ def strategy(engine="deepspeed", stage=2, reshard=None, sharding=None, opt="none
 
 
 def no_overhead(inp: MemoryInputs) -> MemoryInputs:
-    return dataclasses.replace(inp, hardware=dataclasses.replace(inp.hardware, block_overhead_s=0.0))
+    """The matmuls alone: no per-block overhead, and no memory-bound term (a bandwidth of 0 turns it off)."""
+    return dataclasses.replace(inp, hardware=dataclasses.replace(inp.hardware, block_overhead_s=0.0, memory_bw=0.0))
+
+
+def attention(passes: int, seq: int = 2048, d: int = 4096, causal_half: float = 0.5) -> float:
+    """Attention's matmul FLOPs per token, by hand: Q·Kᵀ and scores·V, 2·2·s·d per block and pass (backward 2)."""
+    return passes * 4 * seq * d * causal_half
 
 
 @pytest.mark.parametrize("ac,every,recomputed", [(False, 1, 0), (True, 1, 32), (True, 2, 16), (True, 4, 8)])
 def test_compute_is_6_psi_tokens_plus_2_psi_block_per_recomputed_block(ac, every, recomputed):
     # [Kaplan et al. 2020]: forward 2Ψ + backward 4Ψ per token; a recomputed block repeats its forward [Kort §5],
-    # and only the checkpointed blocks recompute (every k-th of the 32; embeddings and head never do).
+    # and only the checkpointed blocks recompute (every k-th of the 32; embeddings and head never do). Attention's
+    # own matmuls beside Ψ: 3 passes per block, a fourth when it recomputes; sdpa on a causal LM does half.
     inp = no_overhead(inputs())
     m, hw = inp.model, inp.hardware
     s = dataclasses.replace(strategy(ac=ac), checkpoint_every=every)
     got = step_time_terms(inp, s, 10**6)["compute"]
     block = (P - m.non_block_params) / m.num_blocks
-    assert got == pytest.approx((6 * P + 2 * recomputed * block) * TOKENS_PER_STEP / (hw.flops_bf16 * hw.mfu))
+    flops = 6 * P + 2 * recomputed * block + attention(3 * 32 + recomputed)
+    assert got == pytest.approx(flops * TOKENS_PER_STEP / (hw.flops_bf16 * hw.mfu))
+
+
+def test_attention_matmuls_by_kernel_and_checkpointing():
+    """12·s·d per token and block [PaLM App. B; torchtitan's get_num_flop_per_token], half the tiles under a fused
+    causal kernel, all of them eagerly or bidirectionally; a recomputed block's forward again, except under the op
+    policy with a fused kernel, whose output the policy saves."""
+    from launcher.planner.cost import attention_flops_per_token
+
+    inp = inputs()
+    eager = dataclasses.replace(inp, activations=dataclasses.replace(inp.activations, attention="eager"))
+    bidirectional = dataclasses.replace(inp, model=dataclasses.replace(inp.model, task="seq_cls"))
+    full, ops = strategy(ac=True), dataclasses.replace(strategy(ac=True), checkpoint_policy="ops")
+    assert attention_flops_per_token(inp, strategy()) == attention(96)
+    assert attention_flops_per_token(inp, full) == attention(96 + 32)
+    assert attention_flops_per_token(inp, ops) == attention(96)
+    assert attention_flops_per_token(eager, strategy()) == attention(96, causal_half=1.0)
+    assert attention_flops_per_token(eager, ops) == attention(96 + 32, causal_half=1.0)
+    assert attention_flops_per_token(bidirectional, strategy()) == attention(96, causal_half=1.0)
+
+
+@pytest.mark.parametrize("ac,every,blocks", [(False, 1, 32), (True, 1, 32 + 32 / 3), (True, 2, 32 + 16 / 3)])
+def test_memory_bound_kernels_move_a_multiple_of_the_saved_bytes_over_the_bandwidth(ac, every, blocks):
+    from launcher.planner.cost import ELEMENTWISE_BYTES_PER_SAVED_BYTE
+
+    inp = inputs()
+    a, hw = inp.activations, inp.hardware
+    s = dataclasses.replace(strategy(ac=ac), checkpoint_every=every)
+    flat = dataclasses.replace(inp, hardware=dataclasses.replace(hw, memory_bw=0.0))
+    got = step_time_terms(inp, s, 10**6)["compute"] - step_time_terms(flat, s, 10**6)["compute"]
+    saved = a.block_bytes_per_token + a.block_bytes_per_token_per_seq * 2048
+    assert got == pytest.approx(ELEMENTWISE_BYTES_PER_SAVED_BYTE * saved * blocks * TOKENS_PER_STEP / hw.memory_bw)
+    assert got > 0 and PROFILES["cpu"].memory_bw == 0.0  # CPU ranks: their calibrated block overhead instead
+
+
+def test_overlap_hides_communication_up_to_the_computes_length():
+    """A compute-bound step hides all of FSDP2's collectives (comm_overlap 1.0 on a GPU); a communication-bound
+    one pays what the compute cannot cover; gloo on CPU ranks (comm_overlap 0) pays all of it."""
+    s = strategy("fsdp", accum=4)
+    inp = inputs(gpus=8, nodes=1)
+    assert step_time_terms(inp, s, 10**9)["communication"] == 0.0
+    slow_net = dataclasses.replace(inp, hardware=dataclasses.replace(inp.hardware, intra_node_bw=1e9,
+                                                                     inter_node_bw=1e9))
+    terms = step_time_terms(slow_net, s, 10**9)
+    t = communication(slow_net, s, 10**9)
+    comm = (t.intra_node_bytes + t.inter_node_bytes) / 1e9 + t.calls * slow_net.hardware.collective_latency_s
+    assert comm > terms["compute"] and terms["communication"] == pytest.approx(comm - terms["compute"])
+    half = dataclasses.replace(slow_net, hardware=dataclasses.replace(slow_net.hardware, comm_overlap=0.5))
+    assert step_time_terms(half, s, 10**9)["communication"] == pytest.approx(max(comm / 2, comm - terms["compute"]))
+    cpu = inputs(gpus=2, hw="cpu")
+    t = communication(cpu, s, 10**9)
+    assert step_time_terms(cpu, s, 10**9)["communication"] == pytest.approx(
+        (t.intra_node_bytes + t.inter_node_bytes) / cpu.hardware.intra_node_bw
+        + t.calls * cpu.hardware.collective_latency_s)
 
 
 def test_block_overhead_is_paid_again_by_recomputed_blocks_only():
@@ -82,11 +143,12 @@ def test_compute_uses_the_fp32_peak_for_fp32():
 
 
 def test_lora_skips_the_frozen_weight_gradients():
-    # Frozen weights still pass activation gradients back (2Ψ) but compute no weight gradient (2Ψ).
+    # Frozen weights still pass activation gradients back (2Ψ) but compute no weight gradient (2Ψ); attention
+    # has no weights and runs its backward either way.
     lora = no_overhead(inputs(model=llama_stats(trainable=4_000_000)))
     full = no_overhead(inputs())
     assert step_time_terms(lora, strategy(), 10**6)["compute"] / step_time_terms(full, strategy(), 10**6)[
-        "compute"] == pytest.approx(4 / 6)
+        "compute"] == pytest.approx((4 * P + attention(96)) / (6 * P + attention(96)))
 
 
 def test_block_overhead_is_paid_per_micro_step():
@@ -136,8 +198,13 @@ def test_a_group_across_nodes_runs_at_network_speed():
     assert (one.inter_node_bytes, two.intra_node_bytes) == (0, 0)
     assert one.intra_node_bytes == pytest.approx(two.inter_node_bytes)
     hw = PROFILES["a100-80gb"]
-    t_one = step_time_terms(inputs(gpus=8, nodes=1), strategy(stage=2), 10**9)["communication"]
-    t_two = step_time_terms(inputs(gpus=4, nodes=2), strategy(stage=2), 10**9)["communication"]
+    exposed = dataclasses.replace(hw, comm_overlap=0.0)  # nothing hidden: the collectives' own seconds
+
+    def seconds(**kw) -> float:
+        return step_time_terms(dataclasses.replace(inputs(**kw), hardware=exposed), strategy(stage=2),
+                               10**9)["communication"]
+
+    t_one, t_two = seconds(gpus=8, nodes=1), seconds(gpus=4, nodes=2)
     assert t_two > t_one * hw.intra_node_bw / hw.inter_node_bw * 0.99
 
 

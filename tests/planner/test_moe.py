@@ -8,7 +8,7 @@ import pytest
 from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.model.introspect import introspect
-from launcher.planner.cost import step_time_terms
+from launcher.planner.cost import attention_flops_per_token, step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.scoring import memory_inputs
 from launcher.planner.search import PlanRequest, make_plan
@@ -60,11 +60,16 @@ def test_compute_scales_with_active_parameters_memory_with_all(tmp_path):
     dense = dataclasses.replace(moe, num_experts=0, experts_per_token=0, expert_params=0)  # every expert active
     plan_moe, plan_dense = make_plan(request(moe)), make_plan(request(dense))
     s = plan_moe.strategy
-    c_moe = step_time_terms(memory_inputs(request(moe)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
-    c_dense = step_time_terms(memory_inputs(request(dense)), s, plan_moe.buckets.reduce_bucket_size)["compute"]
-    overhead = s.grad_accum_steps * moe.num_blocks * PROFILES["a100-80gb"].block_overhead_s * (
-        1.5 if s.activation_checkpointing else 1.0)
-    assert (c_moe - overhead) / (c_dense - overhead) == pytest.approx(moe.active_params / moe.num_params, rel=1e-9)
+    # The weights' matmuls only: no per-block overhead, no memory-bound term (bandwidth 0), attention apart.
+    hw = dataclasses.replace(PROFILES["a100-80gb"], block_overhead_s=0.0, memory_bw=0.0)
+
+    def weights_s(m) -> float:
+        inp = dataclasses.replace(memory_inputs(request(m)), hardware=hw)
+        tokens = s.micro_batch_size * s.grad_accum_steps * inp.seq_len
+        attn = attention_flops_per_token(inp, s) * tokens / (hw.flops_bf16 * hw.mfu)
+        return step_time_terms(inp, s, plan_moe.buckets.reduce_bucket_size)["compute"] - attn
+
+    assert weights_s(moe) / weights_s(dense) == pytest.approx(moe.active_params / moe.num_params, rel=1e-9)
     # The same strategy holds the same parameters, optimizer state and gradients: every expert is stored.
     assert plan_moe.estimate.breakdown["params"] == plan_dense.estimate.breakdown["params"]
     assert plan_moe.estimate.breakdown["optimizer"] == plan_dense.estimate.breakdown["optimizer"]

@@ -156,3 +156,7 @@ def test_plans_fit_and_more_budget_never_hurts(request_for, model, gpus, nodes, 
     assert getattr(s.layout, "fsdp_sharding", None) != "hybrid" or nodes > 1
     bigger = make_plan(dataclasses.replace(req, budget_bytes=int(req.budget_bytes * grow)))
     assert bigger.estimate.peak_bytes <= bigger.usable_bytes
+    # ... and it never plans a slower step: every plan that fitted still fits, and the planner takes the fastest.
+    assert bigger.estimate.step_time_s <= plan.estimate.step_time_s * (1 + 1e-9), (
+        f"{req.budget_bytes} B: {plan.strategy.label()} {plan.estimate.step_time_s:.6g} s/step; x{grow:.3g}: "
+        f"{bigger.strategy.label()} {bigger.estimate.step_time_s:.6g} s/step")

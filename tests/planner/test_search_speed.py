@@ -152,12 +152,14 @@ def test_the_engine_terms_run_once_per_distinct_reading_not_per_candidate(reques
         real = type(spec).states
         monkeypatch.setattr(type(spec), "states", lambda self, *a, real=real: calls.append(1) or real(self, *a))
     req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
-    found = search(req, top_rejected)
-    scored = len(found.scored)
+    # Every candidate scored through the memo: each distinct reading once (836 for 8,976 candidates here);
+    # without it at least once per candidate. (How many the step-time-ordered search scores before it may stop
+    # depends on the cost model, not on the memo.)
+    total = len(evaluate(req))
+    assert len(calls) < total / 4
     calls.clear()
     plan = make_plan(req)
-    # Each distinct reading once (346 for 805 scored here); without the memo at least once per scored candidate.
-    assert len(calls) < scored / 2
+    assert 0 < len(calls) <= len(search(req, top_rejected).scored)
     assert plan.to_json() == exhaustive_plan(req).to_json()
 
 

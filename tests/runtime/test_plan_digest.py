@@ -83,7 +83,7 @@ def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(monkeypatch):
     ninja = shutil.which("ninja", path=path)
     assert ninja and Path(ninja).parent == Path(here), ninja  # pip's ninja, a dependency of deepspeed
     op = Path(extensions_dir()) / "deepspeed_shm_comm"
-    assert (op / "build.ninja").is_file(), f"{op}: scripts/setup.sh builds it (scripts/build_ops.py)"
+    assert (op / "build.ninja").is_file(), f"{op}: scripts/test.sh builds it (python -m launcher.ops --all)"
     out = subprocess.run([ninja, "-C", str(op), "-n", "-d", "explain"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "no work to do" in out.stdout, out.stdout + out.stderr
 

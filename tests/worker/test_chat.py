@@ -98,9 +98,15 @@ def test_byte_tokenizer_chat_labels():
     assert enc["labels"][0, : len(want)].tolist() == [IGNORE] * (1 + len(prompt)) + [3 + b for b in reply] + [IGNORE]
 
 
-def test_truncation_that_cuts_every_trained_token_is_refused(tok):
-    with pytest.raises(ConfigError, match=r"data.max_seq_len: 8 tokens leave nothing to train on"):
-        encode_rows(tok, [CHAT], ["messages"], 8)
+def test_an_example_whose_trained_tokens_truncation_cuts_is_dropped_not_refused(tok):
+    """TRL truncates; an example with no trained token left cannot train and is dropped (the launcher counted
+    it before the launch), the others are kept: one over-long example no longer stops a run."""
+    short = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    enc = encode_rows(tok, [CHAT, short, CHAT], ["messages"] * 3, 12)
+    assert enc["input_ids"].shape[0] == 1  # the short one alone
+    assert (enc["labels"][0] != IGNORE).any()
+    none = encode_rows(tok, [CHAT], ["messages"], 8)
+    assert none["input_ids"].shape == (0, 8)
 
 
 def test_a_template_that_is_not_prefix_stable_is_refused(tok):

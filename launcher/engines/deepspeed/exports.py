@@ -1,5 +1,6 @@
-"""DeepSpeed's exports for other tools: the HF Trainer variant of ds_config.json (ds_config.hf.json) and the
-`accelerate launch` config that reads ds_config.json, with what a script run through it must do.
+"""DeepSpeed's exports for other tools: the HF Trainer variant of ds_config.json (ds_config.hf.json), a --script
+run's variant (ds_config.script.json) and the `accelerate launch` config that reads ds_config.json, with what a
+script run through it must do.
 
 Pure: nothing here reads or writes a file.
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import copy
 
 from launcher.config.job import Job
-from launcher.emit.exports import accelerate_base
+from launcher.emit.exports import accelerate_base, ops_env
 from launcher.engines.deepspeed.emit import ds_config
 from launcher.planner.plan import Plan
 
@@ -48,6 +49,24 @@ def hf_ds_config(plan: Plan, job: Job) -> dict:
     pure = {k: v for k, v in cfg["bf16"].items() if k != "enabled"}
     cfg["bf16"] = {"enabled": "auto", **pure}
     cfg["fp16"] = {"enabled": "auto"}
+    return cfg
+
+
+def script_ds_config(plan: Plan, job: Job) -> dict:
+    """The DeepSpeed config of a ``launch --script`` run (ds_config.script.json): the plan's memory and speed
+    settings concrete (stage, offload, buckets, micro-batch, accumulation, precision, the optimizer's kind), the
+    math the script's own.
+
+    No scheduler block: the script's schedule (TrainingArguments' lr_scheduler_type and warm-up, or the scheduler
+    it passes to accelerate). The optimizer block keeps the plan's optimizer (its states and its step are what the
+    plan counts; DeepSpeedCPUAdam under offload) with its learning rate and weight decay "auto": HF Trainer fills
+    them from its arguments, accelerate from the script's DummyOptim (accelerate's rule for a config that names an
+    optimizer). Clipping is "auto": the Trainer's max_grad_norm, accelerate's default."""
+    cfg = copy.deepcopy(ds_config(plan, job))
+    cfg.pop("scheduler", None)
+    cfg["gradient_clipping"] = "auto"
+    params = cfg.get("optimizer", {}).get("params", {})
+    params.update({key: "auto" for key in ("lr", "weight_decay") if key in params})
     return cfg
 
 
@@ -94,3 +113,14 @@ def _cpu_rank_notes() -> list[str]:
         "CPU ranks: Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend='gloo')]); without it accelerate",
         "  counts each rank as the only one. Do not set ACCELERATE_USE_CPU: it turns DeepSpeed off.",
     ]
+
+
+def hf_trainer_notes(plan: Plan, hf_file: str) -> list[str]:
+    """How HF Trainer takes ``hf_file`` (ds_config.hf.json): its "auto" values are the Trainer's own arguments, so
+    the script must pass the plan's."""
+    s = plan.strategy
+    precision = {"bf16": " --bf16", "fp16": " --fp16", "fp32": ""}[plan.precision]
+    return [f"HF Trainer: torchrun ... train.py --deepspeed {hf_file} fills its \"auto\" values from the Trainer's",
+            f"  own arguments; pass the plan's: --per_device_train_batch_size {s.micro_batch_size} "
+            f"--gradient_accumulation_steps {s.grad_accum_steps}{precision}"
+            + ("" if precision else " (fp32: neither --bf16 nor --fp16)") + f", and {ops_env()} before torchrun."]

@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 
 from launcher.config.job import Job
-from launcher.emit.exports import ADAM_TITLES, PURE_BF16_CLIENT
+from launcher.emit.exports import ADAM_TITLES, PURE_BF16_CLIENT, ops_env
 from launcher.engines.deepspeed.emit import DS_CONFIG_FILE, ds_config
 from launcher.engines.deepspeed.exports import (
     deepspeed_accelerate_config,
     deepspeed_notes,
     hf_ds_config,
+    hf_trainer_notes,
+    script_ds_config,
 )
 from launcher.engines.deepspeed.layout import ZeroLayout
 from launcher.engines.deepspeed.memory import DEEPSPEED_COMMUNICATORS, cuda_init_bytes, deepspeed_states
@@ -29,6 +31,7 @@ from launcher.levers import (
     RELEASE_FROZEN_WEIGHTS,
     fields,
 )
+from launcher.planner.hardware import ranks_on_host
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
@@ -44,6 +47,8 @@ from launcher.rankenv import DS_CONFIG_ENV
 
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
+SCRIPT_CONFIG = "ds_config.script.json"
+"""A --script run's DeepSpeed config (exports.script_ds_config): the plan's memory, the script's math."""
 
 LOW_MEMORY_REFUSED = {
     "offload": "ZeRO-Offload steps the optimizer with DeepSpeed's own CPU Adam (DeepSpeedCPUAdam; engine.py "
@@ -113,7 +118,7 @@ class DeepSpeedSpec(EngineSpec):
     uses_buckets = True
     config_env = ((DS_CONFIG_ENV, DS_CONFIG_FILE),)
     config_names = (DS_CONFIG_FILE,)
-    export_names = (HF_EXPORT,)
+    export_names = (HF_EXPORT, SCRIPT_CONFIG)
     levers = fields(CHUNKED_LOSS, CHECKPOINT_EVERY, CHECKPOINT_POLICY, ACTIVATION_OFFLOAD, LOW_MEMORY_OPTIMIZER,
                     PURE_BF16, RELEASE_FROZEN_WEIGHTS)
     # At ZeRO-1/2 (the layouts offering both, lever_values) the client optimizer steps the flat bf16 master:
@@ -137,6 +142,19 @@ class DeepSpeedSpec(EngineSpec):
         if c.zero_stage in (1, 2):
             return {**out, LOW_MEMORY_OPTIMIZER.field: (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
         return {**out, PURE_BF16.field: ((False,), PURE_BF16_REFUSED["stage0"])}
+
+    def native_ops(self, plan: Plan) -> tuple[str, ...]:
+        """cpu_adam for an offloaded optimizer (DeepSpeedCPUAdam steps it, from NVMe too), async_io for NVMe, and
+        on CPU ranks under a script deepspeed_shm_comm, which DeepSpeed's communication start loads there (the
+        launcher's own ranks skip it: worker.engines.deepspeed.skip_shm_comm_op)."""
+        lay, ops = plan.strategy.layout, []
+        if lay.offload_optimizer != "none":
+            ops.append("cpu_adam")
+        if "nvme" in (lay.offload_optimizer, lay.offload_params):
+            ops.append("async_io")
+        if plan.script and ranks_on_host(plan):
+            ops.append("deepspeed_shm_comm")
+        return tuple(ops)
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[ZeroLayout]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
@@ -280,8 +298,17 @@ class DeepSpeedSpec(EngineSpec):
         return ("reduce_bucket_size", "allgather_bucket_size", *stage3)
 
     def config_files(self, plan: Plan, job: Job) -> dict[str, str]:
-        """ds_config.json for the run dir."""
-        return {DS_CONFIG_FILE: json.dumps(ds_config(plan, job), indent=2) + "\n"}
+        """ds_config.json for the run dir; a plan for the user's script adds ds_config.script.json."""
+        files = {DS_CONFIG_FILE: json.dumps(ds_config(plan, job), indent=2) + "\n"}
+        if plan.script:
+            files[SCRIPT_CONFIG] = json.dumps(script_ds_config(plan, job), indent=2) + "\n"
+        return files
+
+    def script_env(self, plan: Plan, job: Job, *, config_dir: Path) -> dict[str, str]:
+        """accelerate's variables, its DeepSpeed config file the script's variant (ds_config.script.json)."""
+        env = super().script_env(plan, job, config_dir=config_dir)
+        env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str((Path(config_dir) / SCRIPT_CONFIG).resolve())
+        return env
 
     def rank_files(self, plan: Plan, job: Job) -> dict[str, str]:
         """ds_config.json: the ranks read it too."""
@@ -326,6 +353,14 @@ class DeepSpeedSpec(EngineSpec):
         if opt == "none":
             return deepspeed_notes(self._ds_file(config_dir))
         return [*deepspeed_notes(self._ds_file(config_dir), CLIENT_OPTIMIZER[opt]), HF_TRAINER_OPTIM[opt]]
+
+    def accelerate_env(self, plan: Plan) -> str:
+        """TORCH_EXTENSIONS_DIR: the ops `launch` built, which accelerate's DeepSpeed would otherwise compile again."""
+        return ops_env()
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """The ops, and the flags HF Trainer needs beside ds_config.hf.json (its "auto" values are the Trainer's)."""
+        return [*super().export_notes(plan), *hf_trainer_notes(plan, HF_EXPORT)]
 
 
 SPEC = DeepSpeedSpec()

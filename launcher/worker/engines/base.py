@@ -61,6 +61,12 @@ class Engine(Protocol):
         ...
 
     @staticmethod
+    def checkpoint_problem(tag_dir: Path, plan, world_size: int) -> str | None:
+        """Why the files ``save`` wrote into ``tag_dir`` (by ``world_size`` ranks) would not load, or None: checked
+        before `launch export` reads anything whole (launcher.worker.ckpt_check)."""
+        ...
+
+    @staticmethod
     def read_checkpoint(root: Path, tag: str, plan) -> dict[str, torch.Tensor]:
         """`launch export`'s reader (launcher.worker.export_offline): the full state dict of the checkpoint this
         engine's ``save`` wrote under root/tag, on the host, in one process without a process group."""

@@ -257,6 +257,14 @@ class DeepSpeedEngine:
                    checkpoint_policy=plan.strategy.checkpoint_policy)
 
     @staticmethod
+    def checkpoint_problem(tag_dir: Path, plan: Plan, world_size: int) -> str | None:
+        """The module file, and from ZeRO-1 on every rank's optimizer partition, there and readable
+        (launcher.worker.ckpt_check.deepspeed_problem)."""
+        from launcher.worker.ckpt_check import deepspeed_problem
+
+        return deepspeed_problem(tag_dir, plan.strategy.layout.zero_stage or 0, world_size)
+
+    @staticmethod
     def read_checkpoint(root: Path, tag: str, plan: Plan) -> dict[str, torch.Tensor]:
         """A checkpoint tag's full fp32 state dict on the CPU (`launch export`): ZeRO-0's module states, or the
         ZeRO-1/2/3 partitions gathered by DeepSpeed's zero_to_fp32."""

@@ -96,6 +96,14 @@ class FsdpEngine:
         return engine
 
     @staticmethod
+    def checkpoint_problem(tag_dir: Path, plan: Plan, world_size: int) -> str | None:
+        """The DCP dir's .metadata readable and every shard it indexes whole (launcher.worker.ckpt_check
+        .dcp_problem)."""
+        from launcher.worker.ckpt_check import dcp_problem
+
+        return dcp_problem(tag_dir / "dcp")
+
+    @staticmethod
     def read_checkpoint(root: Path, tag: str, plan: Plan) -> dict[str, torch.Tensor]:
         """The "model" entries of the DCP dir ``save`` wrote under root/tag (`launch export`; the optimizer state is
         not read), without a process group."""
