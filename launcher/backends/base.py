@@ -65,6 +65,10 @@ class Backend(abc.ABC):
         """Start the ranks and block until they end (or, for a scheduler, until the job is submitted and, when
         followed, ended)."""
 
+    def time_limit_min(self) -> int | None:
+        """The scheduler's time limit for the job, minutes; None where the ranks run here without one."""
+        return None
+
     def started(self, job_id: str = "") -> None:
         """Tell the session (on_start) that the ranks are on their way; a backend calls it once."""
         if self.on_start is not None:

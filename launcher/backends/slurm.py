@@ -87,6 +87,10 @@ class SlurmBackend(Backend):
         self.resources = resources or slurm_resources(job, plan)
         """The allocation the job asks for (the session's, from what it found on disk: launcher.session.prepare)."""
 
+    def time_limit_min(self) -> int | None:
+        """The job's --time, minutes (the allocation derived at submit time)."""
+        return self.resources.time_min
+
     def submit(self, run: RunDir, task: SlurmTask):
         """Submit ``task`` through submitit, write slurm.json and mark the run submitted; returns the submitit job."""
         params = executor_parameters(self.job, self.plan, resources=self.resources)

@@ -27,6 +27,7 @@ from launcher.session.prepare import (
     resume_plan,
     say_total_time,
     slurm_allocation,
+    total_time_of,
 )
 
 
@@ -44,7 +45,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
 
         return run_sweep(job, opts)
     job, plan, data = plan_run(job, opts)
-    backend = make_backend(job, plan, opts)
+    backend = make_backend(job, plan, opts, data)
     if job.launcher == "slurm":
         say_total_time(job, plan, data)
         return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan, data), backend)[0]
@@ -87,8 +88,9 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan, DataSummary | None]
     return job, plan, data
 
 
-def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
-    """The backend the job names: SlurmBackend (its parameters checked now, before a run dir exists) or LocalBackend."""
+def make_backend(job: Job, plan: Plan, opts: RunOptions, data: DataSummary | None = None) -> Backend:
+    """The backend the job names: SlurmBackend (its parameters checked now, before a run dir exists; its time from
+    the data's counted sequences for a train.epochs job) or LocalBackend."""
     if job.launcher == "slurm":
         from launcher.backends.slurm import SlurmBackend
         from launcher.emit.slurm_params import executor_parameters
@@ -96,7 +98,7 @@ def make_backend(job: Job, plan: Plan, opts: RunOptions) -> Backend:
         if opts.node_rank or opts.rdzv_endpoint:
             raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them "
                               "with --slurm")
-        resources = slurm_allocation(job, plan)
+        resources = slurm_allocation(job, plan, total_time_of(job, plan, data))
         executor_parameters(job, plan, resources=resources)  # every slurm: problem before a run dir exists
         return SlurmBackend(job, plan, follow=opts.wait, report=finish, resources=resources)
     from launcher.backends.local import LocalBackend
@@ -110,7 +112,7 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
 
     view = LiveView(run_dir.path, plan.world_size, job.train.max_steps, mode=view_mode(opts.quiet, opts.verbose),
                     budget_bytes=plan.budget_bytes)
-    backend.on_start = started(job, plan, run_dir, opts, view)
+    backend.on_start = started(plan, run_dir, opts, view, backend.time_limit_min())
     try:
         outcome = backend.run(run_dir, launch_spec(opts, job, plan, run_dir))
     finally:
@@ -125,15 +127,16 @@ def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend
     return finish(run_dir, plan, outcome), outcome
 
 
-def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Callable[[str], None]:
-    """What the session says and starts once the backend has the ranks on their way (a Slurm job id, or '')."""
+def started(plan: Plan, run_dir: RunDir, opts: RunOptions, view, time_min: int | None) -> Callable[[str], None]:
+    """What the session says and starts once the backend has the ranks on their way (a Slurm job id, or '');
+    ``time_min``: the scheduler's time limit."""
 
     def on_start(job_id: str) -> None:
         if job_id:
             print(f"plan: {plan.strategy.label()}, predicted peak per rank {plan.estimate.peak_bytes / 1e9:.3f} GB "
                   f"of {plan.budget_bytes / 1e9:.3f} GB")
             print(f"submitted slurm job {job_id} ({plan.nodes} node(s) x {plan.gpus_per_node} rank(s), "
-                  f"time limit {slurm_time_min(job, plan)} min); run dir {run_dir.path}")
+                  f"time limit {time_min} min); run dir {run_dir.path}")
             print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel {run_dir.path}")
             sys.stdout.flush()
             if opts.wait:
@@ -143,11 +146,6 @@ def started(job: Job, plan: Plan, run_dir: RunDir, opts: RunOptions, view) -> Ca
         preload_plotting()
 
     return on_start
-
-
-def slurm_time_min(job: Job, plan: Plan) -> int | None:
-    """The Slurm time limit the plan's job asks for, minutes."""
-    return slurm_allocation(job, plan).time_min
 
 
 def preload_plotting() -> None:

@@ -291,12 +291,15 @@ def test_an_epoch_job_asks_slurm_for_the_time_its_plan_predicts(capsys, write_jo
     assert slurm["time_min"] == math.ceil((total["predicted_total_s"] * 1.5 + slurm["startup_s"]) / 60) != 60
     code, out, err = run_cli(capsys, "plan", job, "--sbatch")
     assert code == 0 and f"#SBATCH --time={slurm['time_min']}\n" in out, err
-    # With packing the steps are known only once the ranks tokenize: no time is made up, the job must say it.
+    # With packing the steps are counted from the packed sequences the plan's data summary finds: still no 60.
     packed = write_job(name="packed.yaml", launcher="slurm", **{"train.max_steps": None, "train.epochs": 2,
                                                                   "data.packing": True, "cluster.hardware": "cpu"})
-    code, out, err = run_cli(capsys, "plan", packed, "--sbatch")
-    assert code == 2 and out == ""
-    assert "launch: error: slurm.timeout_min: not set, and the plan cannot derive it: data.packing" in err
+    code, out, err = run_cli(capsys, "plan", packed, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    steps = plan["total_time"]["total_steps"]
+    assert plan["slurm"]["facts"]["train_steps"] == steps and "train.epochs 2" in plan["total_time"]["basis"]
+    assert steps == 2 * (plan["data"]["sequences"] // 8)  # global batch 8, the last partial batch dropped
 
 
 def test_plan_sbatch_out_prints_the_plan_and_how_the_allocation_was_reached(capsys, write_job, tmp_path,

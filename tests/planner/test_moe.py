@@ -87,7 +87,7 @@ def test_an_moe_plans_through_the_cli_without_a_failed_probe(tmp_path, capsys, m
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"text": "a"}) + "\n")
+    data.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(8)))  # launch plan checks it
     job = tmp_path / "job.yaml"
     job.write_text(json.dumps({"name": "moe", "model": str(save_model_dir("mixtral", tmp_path)), "task": "causal_lm",
                                "data": {"path": str(data), "max_seq_len": 32},
