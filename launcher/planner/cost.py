@@ -77,18 +77,19 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
     # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
     # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
-    recompute = 2.0 * checkpointed_blocks(m.num_blocks, s) * active_block_params(m) * recomputed_share(m, s)
-    flops_per_token = fwd_bwd * m.active_params + recompute + attention_flops_per_token(inp, s)
+    checkpointed = checkpointed_blocks(m.num_blocks, s)
+    recompute = 2.0 * checkpointed * active_block_params(m) * recomputed_share(m, s) if checkpointed else 0.0
+    flops_per_token = fwd_bwd * m.active_params + recompute + attention_flops_per_token(inp, s, checkpointed)
     if CHUNKED_LOSS.on(s):
         # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
         flops_per_token += recompute_flops_per_token(m)
     peak = hw.flops_fp32 if inp.precision == "fp32" else hw.flops_bf16
-    compute = flops_per_token * tokens_per_rank / (peak * hw.mfu) + elementwise_s(inp, s, tokens_per_rank)
+    compute = flops_per_token * tokens_per_rank / (peak * hw.mfu) + elementwise_s(inp, s, tokens_per_rank, checkpointed)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
     compute += spec.dequant_s(inp, s)
     # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
     # its forward's half of it again.
-    overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed_blocks(m.num_blocks, s))
+    overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed)
     # The step in backward: the same step arithmetic, moved into backward; only the per-tensor calls are new (at
     # least one tensor). They run in the gradient hooks ahead of the reduce-scatters those gradients feed, so no
     # collective hides behind them (nor do they make the lever free where the collectives are the longer part).
@@ -117,32 +118,36 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
     return checkpoint_count(num_blocks, CHECKPOINT_EVERY.of(s))
 
 
-def attention_flops_per_token(inp: MemoryInputs, s: Strategy) -> float:
+def attention_flops_per_token(inp: MemoryInputs, s: Strategy, checkpointed: int | None = None) -> float:
     """FLOPs per token of attention's two matmuls (Q·Kᵀ, then the scores times V), which 6·Ψ leaves out.
 
     Forward 2·2·s·d per block (d = heads x head_dim), backward twice that: 12·s·d per block and token [PaLM,
     arXiv:2204.02311 App. B: 6N + 12·L·H·Q·T; torchtitan's get_num_flop_per_token]. A recomputed block runs its
     forward again, except under the op policy with a fused kernel, whose output the policy saves
     (launcher.model.sac.save_ops). Fused kernels (sdpa, flash) skip the masked half of a causal sequence's tiles;
-    eager attention multiplies the whole s x s square."""
+    eager attention multiplies the whole s x s square. ``checkpointed``: checkpointed_blocks, where the caller has it."""
     m = inp.model
     fused = inp.activations.attention != "eager"
     per_pass = 4.0 * inp.seq_len * m.num_heads * m.head_dim * (0.5 if fused and m.task == "causal_lm" else 1.0)
-    recomputed = 0 if fused and CHECKPOINT_POLICY.of(s) == "ops" else checkpointed_blocks(m.num_blocks, s)
+    if checkpointed is None:
+        checkpointed = checkpointed_blocks(m.num_blocks, s)
+    recomputed = 0 if fused and CHECKPOINT_POLICY.of(s) == "ops" else checkpointed
     return per_pass * (3 * m.num_blocks + recomputed)
 
 
-def elementwise_s(inp: MemoryInputs, s: Strategy, tokens_per_rank: int) -> float:
+def elementwise_s(inp: MemoryInputs, s: Strategy, tokens_per_rank: int, checkpointed: int | None = None) -> float:
     """Seconds per step of the memory-bound kernels between the matmuls, on a device with a known bandwidth.
 
     ELEMENTWISE_BYTES_PER_SAVED_BYTE times what a block saves per token (without checkpointing), for every block
     and a third more for each recomputed one (its forward again), over hw.memory_bw. CPU ranks (memory_bw 0) have
-    their calibrated block_overhead_s instead."""
+    their calibrated block_overhead_s instead. ``checkpointed``: checkpointed_blocks, where the caller has it."""
     hw, a, m = inp.hardware, inp.activations, inp.model
     if not hw.memory_bw:
         return 0.0
     saved = a.block_bytes_per_token + a.block_bytes_per_token_per_seq * inp.seq_len
-    blocks = m.num_blocks + checkpointed_blocks(m.num_blocks, s) / 3.0
+    if checkpointed is None:
+        checkpointed = checkpointed_blocks(m.num_blocks, s)
+    blocks = m.num_blocks + checkpointed / 3.0
     return ELEMENTWISE_BYTES_PER_SAVED_BYTE * saved * blocks * tokens_per_rank / hw.memory_bw
 
 

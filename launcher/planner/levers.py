@@ -10,13 +10,15 @@ rank side implements it (EngineSpec.levers); a lever the job pinned is kept. Pur
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 
 from launcher.levers import LEVER_FIELDS, LEVERS, SCRIPT_LEVERS, LeverSpec, Shape, with_lever_fields
 from launcher.planner.request import PlanRequest
 
-_EXCLUDING = tuple(spec for spec in LEVERS.values() if type(spec).excludes is not LeverSpec.excludes)
-"""The specs whose ``excludes`` rule is their own (the others exclude nothing): the only ones asked per setting."""
+_EXCLUDES = tuple(spec.excludes for spec in LEVERS.values() if type(spec).excludes is not LeverSpec.excludes)
+"""The ``excludes`` rules of the specs that have their own (the others exclude nothing): the only ones asked per
+setting."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -30,8 +32,11 @@ class LeverSetting:
 
     def fields(self) -> dict[str, object]:
         """The setting as Strategy keyword arguments: activation_checkpointing and every lever's field."""
-        return {"activation_checkpointing": self.activation_checkpointing,
-                **{name: getattr(self, name) for name in LEVER_FIELDS}}
+        return dict(zip(_SETTING_FIELDS, _setting_values(self), strict=True))
+
+
+_SETTING_FIELDS = ("activation_checkpointing", *LEVER_FIELDS)
+_setting_values = operator.attrgetter(*_SETTING_FIELDS)
 
 
 def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
@@ -87,9 +92,11 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     for on, axes in per_ac:
         for values in itertools.product(*axes):
             setting = LeverSetting(activation_checkpointing=on, **dict(zip(LEVERS, values, strict=True)))
-            if any(spec.excludes(setting, pure_bf16_optimizers) for spec in _EXCLUDING):
-                continue
-            out.append(setting)
+            for excludes in _EXCLUDES:
+                if excludes(setting, pure_bf16_optimizers):
+                    break
+            else:
+                out.append(setting)
     return out
 
 
