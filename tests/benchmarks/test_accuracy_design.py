@@ -401,3 +401,20 @@ def test_the_zero2_flush_cells_flush_during_backward(cell):
     plan = plan_job(job_from_data({**cell.job(), "gpus": cell.ranks, "budget": cell.budget}, "."))
     assert plan.buckets.reduce_bucket_size < plan.trainable_params
     assert plan.estimate.peak_bytes < plan.usable_bytes
+
+
+def test_restored_compare_lists_the_rows_that_moved_only():
+    from benchmarks.accuracy.restored import compare
+
+    def out(sha, *rows):
+        return {"planner_memory_sha": sha, "rows": [
+            {"file": "accuracy", "cell": c, "measured_bytes": 100e6, "predicted_bytes": p, "moment_bytes": m,
+             "error": (p - 100e6) / 100e6} for c, p, m in rows]}
+
+    before = out("a", ("x", 90e6, {"backward": 90e6}), ("y", 100e6, {"backward": 100e6}))
+    after = out("b", ("x", 101e6, {"backward": 101e6}), ("y", 100e6, {"backward": 100e6}),
+                ("new", 1e6, {"backward": 1e6}))
+    table = compare(before, after)
+    assert table.startswith("1 of 2 stored rows moved (planner memory.py `a` -> `b`)")
+    assert "| accuracy | x | 100.00 | 90.00 | -10.0% | 101.00 | +1.0% | backward |" in table
+    assert "| y |" not in table and "| new |" not in table
