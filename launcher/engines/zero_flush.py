@@ -25,13 +25,17 @@ a tied embedding's hook fires last, after its three tables meet (terms.tied_embe
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from launcher.model.introspect import ModelStats
 from launcher.planner.terms import tied_embedding_grad_bytes
 
-Instant = tuple[float, bool, int]
-"""(share of the blocks whose saved activations are still held, whether backward is still running, working-dtype
-elements beside the states)."""
+During = Literal["blocks", "embeddings", "after"]
+"""Where backward is at an instant: in the blocks or the head (their backward's temporaries held), in the input
+embeddings' (the gradient reaching them held), or done."""
+Instant = tuple[float, During, int]
+"""(share of the blocks whose saved activations are still held, where backward is, working-dtype elements beside the
+states)."""
 
 
 def partition_elems(trainable: int, ranks: int) -> int:
@@ -81,29 +85,31 @@ def zero2_instants(layout: tuple[tuple[int, int], ...], ranks: int, bucket: int,
     count: grads_in_partition(...)'s max).
 
     ``held``: elements held until the hook of tensor ``tied`` (a tied head's gradient, buffered by autograd until
-    the input embedding's backward), whose hook instead sees ``tied_elems`` (the three tables meeting)."""
+    the input embedding's backward), just before which ``tied_elems`` meet (the three tables of the sum)."""
     gip = grads_in_partition(layout, ranks)
     most = max(gip)
     cuts = pieces(layout, ranks)
     first_block = next((i for i, (_, b) in enumerate(layout) if b >= 0), len(layout))
 
-    def alive(i: int) -> float:
-        """Share of the blocks whose activations are held while tensor i's gradient is made."""
+    def alive(i: int) -> tuple[float, During]:
+        """Share of the blocks whose activations are held while tensor i's gradient is made, and where backward is."""
         block = layout[i][1]
         if block >= 0:
-            return (block + 1) / num_blocks
-        return 0.0 if i < first_block else 1.0
+            return (block + 1) / num_blocks, "blocks"
+        return (0.0, "embeddings") if i < first_block else (1.0, "blocks")
 
     # The largest per-rank part, kept as ranks allocate: an allocated rank's grads_in_partition (twice while
     # accumulating, less the states' share), else its accumulated one only (at most 0).
     allocated = [False] * ranks
-    waiting = sorted(range(ranks), key=lambda r: -gip[r])  # the unallocated, largest first (popped lazily)
+    waiting = sorted(range(ranks), key=lambda r: -gip[r])  # the unallocated, largest first (skipped once allocated)
+    first = 0
     done = -most if accumulating else 0
 
     def worst() -> int:
-        while waiting and allocated[waiting[0]]:
-            waiting.pop(0)
-        idle = (gip[waiting[0]] - most if accumulating else 0) if waiting else done
+        nonlocal first
+        while first < ranks and allocated[waiting[first]]:
+            first += 1
+        idle = (gip[waiting[first]] - most if accumulating else 0) if first < ranks else done
         return max(done, idle)
 
     def allocate(r: int) -> None:
@@ -118,7 +124,7 @@ def zero2_instants(layout: tuple[tuple[int, int], ...], ranks: int, bucket: int,
     filled = 0
     large = False  # content is one tensor larger than the bucket, reduced alone (extra_large_param_to_reduce)
 
-    def flush(f: float, running: bool, beside: int) -> None:
+    def flush(f: float, running: During, beside: int) -> None:
         nonlocal content, filled, large, part
         if content:
             slices: list[tuple[int, int]] = []
@@ -141,37 +147,38 @@ def zero2_instants(layout: tuple[tuple[int, int], ...], ranks: int, bucket: int,
         n = layout[i][0]
         if not n:  # reduce_independent_p_g_buckets_and_remove_grads returns at once
             continue
-        f = alive(i)
-        grad = max(n, tied_elems) if i == tied else n
+        f, at = alive(i)
+        if i == tied:  # the three tables meet in AccumulateGrad's sum, before the hook sees the one it made
+            out.append((f, at, bucket + tied_elems + part))
         still = held if 0 <= tied < i else 0
         if filled + n > bucket:
-            flush(f, True, grad + still)
-        out.append((f, True, bucket + grad + still + part))
+            flush(f, at, n + still)
+        out.append((f, at, bucket + n + still + part))
         content.append(i)
         filled += n
         large = n > bucket
-    flush(0.0, False, 0)
+    flush(0.0, "after", 0)
     return pareto(out)
 
 
 def pareto(instants: list[Instant]) -> tuple[Instant, ...]:
-    """The instants no other outweighs: per backward-running flag, those holding more than every instant with as
-    many or more blocks' activations (an instant's total grows with both)."""
-    best: dict[tuple[float, bool], int] = {}
-    for share, running, elems in instants:
-        best[share, running] = max(best.get((share, running), elems), elems)
+    """The instants no other outweighs: for each place backward is at, those holding more than every instant with
+    as many or more blocks' activations (an instant's total grows with both)."""
+    best: dict[tuple[float, During], int] = {}
+    for share, at, elems in instants:
+        best[share, at] = max(best.get((share, at), elems), elems)
     front: list[Instant] = []
-    for running in (True, False):
+    for at in ("blocks", "embeddings", "after"):
         top = None
-        for share in sorted((f for f, r in best if r is running), reverse=True):
-            if top is None or best[share, running] > top:
-                top = best[share, running]
-                front.append((share, running, top))
+        for share in sorted((f for f, a in best if a == at), reverse=True):
+            if top is None or best[share, at] > top:
+                top = best[share, at]
+                front.append((share, at, top))
     return tuple(front)
 
 
 def zero2_reduce(m: ModelStats, w: int, ranks: int, bucket: int, accumulating: bool,
-                 bucket_bytes: float) -> tuple[float, tuple[tuple[float, bool, float], ...]]:
+                 bucket_bytes: float) -> tuple[float, tuple[tuple[float, During, float], ...]]:
     """ZeRO-2's reduce for a model with a known grad_layout, in bytes of the working dtype ``w``: (the gradients
     a micro-step leaves while accumulating, the largest grads_in_partition; its reduce instants for
     States.reduce_instants). ``bucket``: reduce_bucket_size, elements; ``bucket_bytes``: what the bucket
@@ -184,4 +191,4 @@ def zero2_reduce(m: ModelStats, w: int, ranks: int, bucket: int, accumulating: b
     instants = zero2_instants(layout, ranks, bucket, m.num_blocks, accumulating, held=table if tied >= 0 else 0,
                               tied=tied, tied_elems=3 * table if tied >= 0 else 0)
     kept = w * max(grads_in_partition(layout, ranks)) if accumulating else 0.0
-    return kept, tuple((share, running, w * elems + bucket_bytes - w * bucket) for share, running, elems in instants)
+    return kept, tuple((share, at, w * elems + bucket_bytes - w * bucket) for share, at, elems in instants)

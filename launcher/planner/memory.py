@@ -334,20 +334,22 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     persistent = st.params + st.grads + st.optimizer + st.buffers
     tokens = s.micro_batch_size * inp.seq_len
 
-    def held(share: float, running: bool) -> float:
+    def held(share: float, at: str) -> float:
         """Activation bytes at an end-of-backward instant: ``share`` of the blocks' saved tensors, what they hold
-        once (a recomputed block, checkpointed layers' kwargs) and, while backward runs, what it holds beyond them
-        (reduce_bytes_per_token: the gradient reduce of issue 36's tiny GPT-2, -5.1 % without it)."""
+        once (a recomputed block, checkpointed layers' kwargs) and what the backward running then holds beyond them:
+        in the blocks or the head reduce_bytes_per_token (the gradient reduce of issue 36's tiny GPT-2, -5.1 %
+        without it), in the input embeddings the hidden states' gradient (a block's input, ckpt_bytes_per_token)."""
         blocks_held = share * blocks_saved + (blocks - blocks_saved) if share > 0 else 0.0
-        return blocks_held + (tokens * consts.reduce_bytes_per_token if running else 0.0)
+        running = {"blocks": consts.reduce_bytes_per_token, "embeddings": consts.ckpt_bytes_per_token}.get(at, 0.0)
+        return blocks_held + tokens * running
 
     # The end of backward is its largest instant: by default the gradient reduce (with the blocks' activations where
     # reduce_with_blocks) and the last one, once every block's backward has run (States.backward_end_late); the
     # engine's own instants where it lists them (States.reduce_instants). The first of equal instants is shown.
     with_blocks = st.reduce_with_blocks
-    instants = st.reduce_instants or ((1.0 if with_blocks else 0.0, with_blocks, st.backward_end_extra),
-                                      (0.0, False, st.backward_end_late))
-    at = [extra + held(share, running) for share, running, extra in instants]
+    instants = st.reduce_instants or ((1.0 if with_blocks else 0.0, "blocks" if with_blocks else "after",
+                                       st.backward_end_extra), (0.0, "after", st.backward_end_late))
+    at = [extra + held(share, where) for share, where, extra in instants]
     end = max(range(len(at)), key=at.__getitem__)
     end_extra, end_activations = instants[end][2], held(*instants[end][:2])
     moments = {

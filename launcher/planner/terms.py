@@ -343,10 +343,11 @@ class States:
     """Bytes at the last instant of backward, once every block's activations are freed: ZeRO-2's final bucket
     flush, or a tied embedding's gradients meeting (tied_embedding_grad_bytes). The end-of-backward moment is the
     larger of this and backward_end_extra (with the blocks' activations where reduce_with_blocks)."""
-    reduce_instants: tuple[tuple[float, bool, float], ...] = ()
+    reduce_instants: tuple[tuple[float, str, float], ...] = ()
     """The end-of-backward moment instant by instant, in place of the two above where set: (share of the blocks
-    whose saved activations are still held, whether backward is still running, bytes beyond the persistent states
-    less buffers). ZeRO-2's reduce hook by hook (launcher.engines.zero_flush)."""
+    whose saved activations are still held, where backward is: "blocks" (their or the head's), "embeddings" (the
+    input embeddings') or "after", bytes beyond the persistent states less buffers). ZeRO-2's reduce hook by hook
+    (launcher.engines.zero_flush)."""
     host: float = 0.0
     """Host bytes per rank: offloaded state and pinned staging or swap buffers."""
     host_step_extra: float = 0.0
