@@ -336,19 +336,25 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
 
     def held(share: float, at: str) -> float:
         """Activation bytes at an end-of-backward instant: ``share`` of the blocks' saved tensors, what they hold
-        once (a recomputed block, checkpointed layers' kwargs) and what the backward running then holds beyond them:
-        in the blocks or the head reduce_bytes_per_token (the gradient reduce of issue 36's tiny GPT-2, -5.1 %
-        without it), in the input embeddings the hidden states' gradient (a block's input, ckpt_bytes_per_token)."""
+        once (a recomputed block, checkpointed layers' kwargs) and, while a block's or the head's backward runs,
+        what it holds beyond them (reduce_bytes_per_token: the gradient reduce of issue 36's tiny GPT-2, -5.1 %
+        without it)."""
         blocks_held = share * blocks_saved + (blocks - blocks_saved) if share > 0 else 0.0
-        running = {"blocks": consts.reduce_bytes_per_token, "embeddings": consts.ckpt_bytes_per_token}.get(at, 0.0)
-        return blocks_held + tokens * running
+        return blocks_held + (tokens * consts.reduce_bytes_per_token if at == "blocks" else 0.0)
+
+    # At the input embeddings' backward the gradient reaching them (the hidden states, a sentence_embedding example
+    # two sequences), shown with the gradients: shape arithmetic, no activation constant, so the activation group
+    # stays linear in the constants (launch calibrate's fit, launcher.calibrate.runs).
+    hidden = tokens * m.hidden_size * BYTES[inp.precision] * (2 if m.task == "sentence_embedding" else 1)
 
     # The end of backward is its largest instant: by default the gradient reduce (with the blocks' activations where
     # reduce_with_blocks) and the last one, once every block's backward has run (States.backward_end_late); the
     # engine's own instants where it lists them (States.reduce_instants). The first of equal instants is shown.
     with_blocks = st.reduce_with_blocks
-    instants = st.reduce_instants or ((1.0 if with_blocks else 0.0, "blocks" if with_blocks else "after",
-                                       st.backward_end_extra), (0.0, "after", st.backward_end_late))
+    instants = tuple((share, where, extra + (hidden if where == "embeddings" else 0.0))
+                     for share, where, extra in st.reduce_instants) or (
+        (1.0 if with_blocks else 0.0, "blocks" if with_blocks else "after", st.backward_end_extra),
+        (0.0, "after", st.backward_end_late))
     at = [extra + held(share, where) for share, where, extra in instants]
     end = max(range(len(at)), key=at.__getitem__)
     end_extra, end_activations = instants[end][2], held(*instants[end][:2])
