@@ -31,7 +31,7 @@ from launcher.planner.search import PlanRequest, batch_problem, context_problem,
 from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
-INTROSPECT_VERSION = 6
+INTROSPECT_VERSION = 7
 """Version of what the cached introspection (ModelStats) holds; raise it when ModelStats or how it is measured
 changes, so that caches written by an older launcher are not read as current."""
 
@@ -184,7 +184,8 @@ def shipped_constants(job: Job) -> ActivationConstants | None:
 SHIPPED_SEQ_LENS = (1024, 2048, 4096, 8192)
 """Sequence lengths scripts/gen_bundled_stats.py probes for each bundled config."""
 PER_TOKEN = ("block_bytes_per_token", "block_bytes_per_token_per_seq", "ckpt_bytes_per_token",
-             "head_bytes_per_token", "head_ckpt_bytes_per_token", "sac_bytes_per_token", "ckpt_kwargs_bytes_per_token")
+             "head_bytes_per_token", "head_ckpt_bytes_per_token", "sac_bytes_per_token", "ckpt_kwargs_bytes_per_token",
+             "reduce_bytes_per_token")
 """The probe's per-token constants (launcher.planner.terms.ActivationConstants)."""
 SEQ_LINEAR = ("each per-token constant is linear in the sequence length, exactly so across the shipped lengths "
               "and within 1e-5 of a fresh probe between them (tests/model/test_bundled_stats.py)")

@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stem = args.stem or ("accuracy" if len(chosen) == len(cells) else "accuracy-quick" if args.quick else "accuracy-partial")
     sides = sides_of_all()
-    meta = {**machine(), "steps": STEPS, "budget": BUDGET, "ranks": sorted({c.ranks for c in chosen}), "stem": stem,
+    budgets = sorted({c.budget for c in chosen})
+    meta = {**machine(), "steps": STEPS, "budget": budgets[0] if budgets == [BUDGET] else f"{', '.join(budgets)} per cell",
+            "ranks": sorted({c.ranks for c in chosen}), "stem": stem,
             "replanned": args.replan, "cache": str(BENCH_CACHE), "split_salt": split_salt(full_matrix()),
             "safety_margin": 0.05}
     meta["measured_time"] = meta["time"]
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.replan and not (args.reuse and (run_dir / "report.json").is_file()):
             job_file = write_job(cell.job(), ROOT / "jobs" / f"{cell.name}.yaml")
             log(f"[{i}/{len(chosen)}] {cell.name} ...")
-            res = launch(job_file, run_dir, gpus=cell.ranks, budget=BUDGET, timeout_s=1500)
+            res = launch(job_file, run_dir, gpus=cell.ranks, budget=cell.budget, timeout_s=1500)
             log(f"    exit {res.returncode} in {res.wall_s:.0f} s")
             if res.returncode != 0:
                 failures.append({"cell": cell.name, "exit": res.returncode, "tail": res.output_tail})

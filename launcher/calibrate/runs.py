@@ -109,7 +109,9 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
         r = dataclasses.replace(req, activations=with_constants(consts, values))
         return float(score(r, plan.strategy).estimate.peak_bytes)
 
-    names = [k for k in current if k != "probe_seq_len"]  # where the constants were measured, not a term
+    # probe_seq_len: where the constants were measured, not a term. reduce_bytes_per_token: the gradient reduce's own
+    # term (launcher.planner.memory), never at the backward start the fit reads: it keeps the probe's value.
+    names = [k for k in current if k not in ("probe_seq_len", "reduce_bytes_per_token")]
     base, coef, nonlinear = coefficients(group, names, current)
     if nonlinear > 1e-3:
         raise ConfigError(f"{run_dir}: the memory model is not linear in its activation constants "

@@ -18,10 +18,11 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 10
+PROBE_VERSION = 11
 """Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA; 8: the
 checkpointed layers' kwargs in a mixed layout; 9: LoRA's adapters in the working dtype, fp32 ones as differences;
-10: the frozen linears' inputs beside working-dtype adapters, and what fp32 ones add to them)."""
+10: the frozen linears' inputs beside working-dtype adapters, and what fp32 ones add to them; 11: what the gradient
+reduce holds beyond the blocks, reduce_bytes_per_token)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -72,7 +73,9 @@ def _saving_linear():
 
 def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, checkpointing: bool,
                            dtype, loss_chunks: int = 0, policy: str = "full", saving_linear: bool = False,
-                           checkpoint_every: int = 1, fp32_adapters: bool = False) -> int:
+                           checkpoint_every: int = 1, fp32_adapters: bool = False, at_reduce: bool = False) -> int:
+    """Activation and temporary bytes at the fake run's peak, or with ``at_reduce`` at their largest once the first
+    parameter gradient is ready (_fake_run)."""
     import torch
 
     from launcher.model.build import model_class
@@ -120,18 +123,36 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
     if saving_linear:  # nn.Linear.forward looks F.linear up at each call, as DeepSpeed's zero.Init relies on
         functional.linear = _saving_linear()
     try:
-        return _fake_run(job, model, batch, loss_chunks)
+        return _fake_run(job, model, batch, loss_chunks, at_reduce)
     finally:
         functional.linear = linear
         quiet.setLevel(level)
 
 
-def _fake_run(job: Job, model, batch, loss_chunks: int = 0) -> int:
+def _fake_run(job: Job, model, batch, loss_chunks: int = 0, at_reduce: bool = False) -> int:
+    """One fake forward and backward under the tracker: activation and temporary bytes at the peak, or with
+    ``at_reduce`` their largest from the first parameter gradient's hook on (where DeepSpeed's ZeRO-1/2 allocate
+    their reduce bucket: grad_handling_hook -> setup_buckets), parameter gradients left out (the bucket takes them)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from launcher.model.loss import task_loss
-    from launcher.runtime.tracker import PhaseMemTracker
+    from launcher.runtime.tracker import PhaseMemTracker, raw_name
+
+    class ReduceTracker(PhaseMemTracker):
+        """Keeps the largest activation and temporary bytes of the "reduce" phase, op by op."""
+
+        reduce_bytes = 0
+
+        def note_reduce(self) -> None:
+            snap = self._curr_mem_snap.get(self.watch_device, {})
+            held = sum(v for k, v in snap.items() if raw_name(k) in ("Activation", "Temp"))
+            self.reduce_bytes = max(self.reduce_bytes, held)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            super()._update_peak_stats(peak_state)
+            if self.phase == "reduce":
+                self.note_reduce()
 
     with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
         # A module made inside forward and gone by backward (seq_cls's loss: transformers builds a CrossEntropyLoss
@@ -141,14 +162,26 @@ def _fake_run(job: Job, model, batch, loss_chunks: int = 0) -> int:
         model.to_empty(device="cpu")
         model.train()
         # The worker's tracker: it also handles frozen parameters (LoRA), which plain MemTracker cannot hook.
-        tracker = PhaseMemTracker()
+        tracker = ReduceTracker()
         tracker.setup(torch.device("cpu"), None)
         tracker.track_external(model)
+
+        def first_gradient(_param) -> None:
+            if tracker.phase != "reduce":
+                tracker.start_phase("reduce")
+                tracker.note_reduce()
+
+        hooks = [p.register_post_accumulate_grad_hook(first_gradient) for p in model.parameters()
+                 if p.requires_grad and at_reduce]
         with tracker:
             tracker.start_phase("forward")
             loss = task_loss(job.task, model, batch, loss_chunks=loss_chunks)
             loss.backward()
+        for hook in hooks:
+            hook.remove()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    if at_reduce:
+        return tracker.reduce_bytes
     return sum(v for k, v in peak.items() if str(k).split(".")[-1] in ("ACT", "TEMP"))
 
 
@@ -174,13 +207,13 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     examples = -(-tokens // s_long)
 
     def peak(blocks: int, s: int, ac: bool, policy: str = "full", saving_linear: bool = False,
-             every: int = 1, fp32_adapters: bool = False) -> float:
+             every: int = 1, fp32_adapters: bool = False, at_reduce: bool = False) -> float:
         """Activation bytes per example-token of a ``blocks``-block model at sequence length ``s``; LoRA's adapters
-        in the working dtype unless ``fp32_adapters``."""
+        in the working dtype unless ``fp32_adapters``; from the first parameter gradient on with ``at_reduce``."""
         n = examples * s_long // s
         total = _peak_activation_bytes(job, _with_blocks(config, blocks), seq_len=s, examples=n,
                                        checkpointing=ac, dtype=dtype, policy=policy, saving_linear=saving_linear,
-                                       checkpoint_every=every, fp32_adapters=fp32_adapters)
+                                       checkpoint_every=every, fp32_adapters=fp32_adapters, at_reduce=at_reduce)
         return total / (n * s)
 
     # P(L, s) = L·(a + b·s) + head per token; the per-block cost per token is a + b·s.
@@ -238,10 +271,16 @@ def probe_activations(job: Job, *, seq_len: int, precision: str) -> ActivationCo
     # backward peak, the log-softmax output, its gradient and the logits' gradient.
     causal = job.task == "causal_lm"
     vocab = int(config.vocab_size)
+    # The gradient reduce (ZeRO-1/2's bucket, allocated at the first gradient hook): what the 1-block run holds from
+    # then on beyond its block's saved tensors, per token. Parameter gradients are left out, a tied head's too: the
+    # fake copy of the model does not keep the tie (the same bytes tied or untied, tests/model), and the engine's
+    # terms count the buffered V x h table a tied head keeps on real ranks (launcher.engines.zero_flush).
+    reduce = max(0.0, peak(1, s_long, False, at_reduce=True) - per_block_long)
     return ActivationConstants(
         head_logit_bytes_per_token=12.0 * vocab if causal else 0.0,
         head_weight_grad_bytes=head_weight_grad_bytes(vocab, int(h), 4 if precision == "fp32" else 2,
                                                       causal and job.train.lora is None),
+        reduce_bytes_per_token=reduce,
         block_bytes_per_token=a,
         block_bytes_per_token_per_seq=b,
         ckpt_bytes_per_token=ckpt,

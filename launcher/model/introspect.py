@@ -78,6 +78,10 @@ class ModelStats:
     (0: no weight files, the model starts from a random init)."""
     chunk_problem: str = ""
     """causal_lm: why the head cannot compute a chunked loss (launcher.model.chunked_loss); "" when it can."""
+    grad_layout: list[list[int]] = field(default_factory=list)
+    """[elements, block index or -1 outside the blocks] of each trainable tensor, in parameters() order (shared ones
+    once): the order DeepSpeed's ZeRO-1/2 flatten them and cut the flat buffer into partitions, and the reverse of
+    their gradients' order (launcher.engines.deepspeed.zero_flush). Empty: not known (stats built by hand)."""
 
     @property
     def active_params(self) -> int:
@@ -215,6 +219,10 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         trained = apply_lora(model, job.train.lora, job.task)
         trainable, lora_params = trainable_counts(trained)
     tensors = sum(1 for p in trained.parameters() if p.requires_grad and id(p) not in frozen_ids)
+    # Block membership by identity: peft injects its adapters into the same block modules, so they count in them.
+    block_of = {id(p): k for k, b in enumerate(blocks) for p in b.parameters()}
+    layout = [[p.numel(), block_of.get(id(p), -1)] for p in trained.parameters()
+              if p.requires_grad and id(p) not in frozen_ids]
     import torch.nn as nn
 
     largest_block = blocks[per_block.index(max(per_block))]
@@ -267,6 +275,7 @@ def introspect(job: Job, num_labels: int | None = None) -> ModelStats:
         rope_scaling=rope_scaling,
         block_linear_shapes=linear_shapes,
         chunk_problem=chunking,
+        grad_layout=layout,
         checkpoint_bytes=checkpoint_bytes(None if isinstance(job.model, InlineArch)
                                           else resolve_model_dir(job.model, job.base_dir)),
     )

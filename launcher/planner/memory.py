@@ -306,6 +306,8 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
     every, chunks = CHECKPOINT_EVERY.of(s), CHUNKED_LOSS.of(s)
     blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
                                     s.activation_checkpointing, every, chunks, CHECKPOINT_POLICY.of(s))
+    blocks_saved = block_activations(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
+                                     s.activation_checkpointing, every, CHECKPOINT_POLICY.of(s))[0]
     pinned = 0
     if ACTIVATION_OFFLOAD.on(s) and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
@@ -313,16 +315,38 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
         blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, s.micro_batch_size,
                                                          inp.seq_len, s.activation_checkpointing, every, chunks)
         pinned = PINNED_ROUNDING * saved
+        blocks_saved = 0  # the device holds one block's backward whatever the share
     persistent = st.params + st.grads + st.optimizer + st.buffers
-    # The end of backward is the larger of two instants: the gradient reduce (with the blocks' activations where
-    # reduce_with_blocks) and the last one, once every block's backward has run (States.backward_end_late).
-    reduce_end = st.backward_end_extra + (blocks if st.reduce_with_blocks else 0.0)
-    late = st.backward_end_late > reduce_end
-    end_extra = st.backward_end_late if late else st.backward_end_extra
+    tokens = s.micro_batch_size * inp.seq_len
+
+    def held(share: float, at: str) -> float:
+        """Activation bytes at an end-of-backward instant: ``share`` of the blocks' saved tensors, what they hold
+        once (a recomputed block, checkpointed layers' kwargs) and, while a block's or the head's backward runs,
+        what it holds beyond them (reduce_bytes_per_token: the gradient reduce of issue 36's tiny GPT-2, -5.1 %
+        without it)."""
+        blocks_held = share * blocks_saved + (blocks - blocks_saved) if share > 0 else 0.0
+        return blocks_held + (tokens * consts.reduce_bytes_per_token if at == "blocks" else 0.0)
+
+    # At the input embeddings' backward the gradient reaching them (the hidden states, a sentence_embedding example
+    # two sequences), shown with the gradients: shape arithmetic, no activation constant, so the activation group
+    # stays linear in the constants (launch calibrate's fit, launcher.calibrate.runs).
+    hidden = tokens * m.hidden_size * BYTES[inp.precision] * (2 if m.task == "sentence_embedding" else 1)
+
+    # The end of backward is its largest instant: by default the gradient reduce (with the blocks' activations where
+    # reduce_with_blocks) and the last one, once every block's backward has run (States.backward_end_late); the
+    # engine's own instants where it lists them (States.reduce_instants). The first of equal instants is shown.
+    with_blocks = st.reduce_with_blocks
+    instants = tuple((share, where, extra + (hidden if where == "embeddings" else 0.0))
+                     for share, where, extra in st.reduce_instants) or (
+        (1.0 if with_blocks else 0.0, "blocks" if with_blocks else "after", st.backward_end_extra),
+        (0.0, "after", st.backward_end_late))
+    at = [extra + held(share, where) for share, where, extra in instants]
+    end = max(range(len(at)), key=at.__getitem__)
+    end_extra, end_activations = instants[end][2], held(*instants[end][:2])
     moments = {
         "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
-        "backward_end": persistent - st.buffers + max(reduce_end, st.backward_end_late),
+        "backward_end": persistent - st.buffers + at[end],
     }
     if inp.hardware.device_is_host:
         # Rank 0's export copy at the end of the run (launcher.worker.export) is host memory, and on CPU ranks the
@@ -366,9 +390,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
             "grads": st.grads + {"step": st.step_extra, "backward_end": end_extra}.get(moment, 0.0),
             "optimizer": st.optimizer,
             "buffers": 0.0,
-            "activations": blocks if moment == "backward"
-            or (moment == "backward_end" and st.reduce_with_blocks and not late)
-            else 0.0,
+            "activations": blocks if moment == "backward" else end_activations if moment == "backward_end" else 0.0,
             "logits": head if moment == "backward" else 0.0,
         }
         if not (moment == "backward_end" or (moment in ("step", "export") and st.step_frees_buffers)):

@@ -249,6 +249,12 @@ class ActivationConstants:
     its recompute closure (checkpoint.py ``_checkpoint_without_reentrant_generator``: ``recompute_fn`` calls
     ``fn(*args, **kwargs)``) until the block's backward, where without checkpointing sdpa frees the mask with the
     forward. With every block checkpointed the head's checkpointed term holds them already. 0: not measured."""
+    reduce_bytes_per_token: float = 0.0
+    """Bytes per token the backward holds beyond the blocks' saved tensors once the first parameter's gradient is
+    ready, where ZeRO-1/2 allocate their reduce bucket (the gradient-reduce moment): the last block's backward
+    temporaries (an MLP activation's backward makes several intermediate-sized tensors) and what the head still
+    holds. Parameter gradients are counted apart (the bucket takes them; a tied head's, buffered, in the engine's
+    terms). 0: not measured (the paper's constants, an old cache)."""
     frozen_input_bytes_per_token: float = 0.0
     """Under LoRA, the bytes per token per block the frozen linears' inputs add when each linear saves its input
     (Strategy.release_frozen_weights: DeepSpeed's ZeRO-3 memory_efficient_linear); inputs saved already count 0.
@@ -346,6 +352,11 @@ class States:
     """Bytes at the last instant of backward, once every block's activations are freed: ZeRO-2's final bucket
     flush, or a tied embedding's gradients meeting (tied_embedding_grad_bytes). The end-of-backward moment is the
     larger of this and backward_end_extra (with the blocks' activations where reduce_with_blocks)."""
+    reduce_instants: tuple[tuple[float, str, float], ...] = ()
+    """The end-of-backward moment instant by instant, in place of the two above where set: (share of the blocks
+    whose saved activations are still held, where backward is: "blocks" (their or the head's), "embeddings" (the
+    input embeddings') or "after", bytes beyond the persistent states less buffers). ZeRO-2's reduce hook by hook
+    (launcher.engines.deepspeed.zero_flush)."""
     host: float = 0.0
     """Host bytes per rank: offloaded state and pinned staging or swap buffers."""
     host_step_extra: float = 0.0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.accuracy.cells import (
+    BUDGET,
     BWDEND_DEV,
     BWDEND_VALIDATION,
     BWDEND_VALIDATION_2,
@@ -31,6 +32,8 @@ from benchmarks.accuracy.cells import (
     Z3_PIN_VALIDATION,
     Z3_RELEASE_VALIDATION,
     Z3_RELEASE_VALIDATION_2,
+    ZERO2_FLUSH_DEV,
+    ZERO2_FLUSH_VALIDATION,
     balanced,
     every_cell,
     full_matrix,
@@ -376,3 +379,42 @@ def test_the_deepspeed_pure_bf16_low_bit_validation_is_new():
     assert {dict(c.levers)["low_memory_optimizer"] for c in DS_PURE_BF16_LOW_BIT_VALIDATION} == {"adamw8bit",
                                                                                               "adamw4bit"}
     assert {sides_of_all()[c.name] for c in DS_PURE_BF16_LOW_BIT_VALIDATION} == {"ds-pbf16-lowbit-validation"}
+
+
+def test_the_zero2_flush_validation_is_new():
+    earlier = [c for c in every_cell() if c not in ZERO2_FLUSH_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in ZERO2_FLUSH_VALIDATION}
+    assert all(c.budget == BUDGET for c in earlier if c not in ZERO2_FLUSH_DEV)  # the development cells: seen
+    assert all(c.sharding == "z2" and c.ranks == 2 and c.budget != BUDGET for c in ZERO2_FLUSH_VALIDATION)
+    assert {c.accum for c in ZERO2_FLUSH_VALIDATION} == {1, 2}
+    assert len({c.model for c in ZERO2_FLUSH_VALIDATION}) == len({c.task for c in ZERO2_FLUSH_VALIDATION}) + 2 == 5
+    assert {sides_of_all()[c.name] for c in ZERO2_FLUSH_VALIDATION} == {"zero2-flush-validation"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", ZERO2_FLUSH_VALIDATION, ids=lambda c: c.name)
+def test_the_zero2_flush_cells_flush_during_backward(cell):
+    # Each cell's budget sizes the reduce bucket below the trainable parameters (and fits the plan).
+    from launcher.plan_inputs import plan_job
+
+    plan = plan_job(job_from_data({**cell.job(), "gpus": cell.ranks, "budget": cell.budget}, "."))
+    assert plan.buckets.reduce_bucket_size < plan.trainable_params
+    assert plan.estimate.peak_bytes < plan.usable_bytes
+
+
+def test_restored_compare_lists_the_rows_that_moved_only():
+    from benchmarks.accuracy.restored import compare
+
+    def out(sha, *rows):
+        return {"planner_memory_sha": sha, "rows": [
+            {"file": "accuracy", "cell": c, "measured_bytes": 100e6, "predicted_bytes": p, "moment_bytes": m,
+             "error": (p - 100e6) / 100e6} for c, p, m in rows]}
+
+    before = out("a", ("x", 90e6, {"backward": 90e6}), ("y", 100e6, {"backward": 100e6}))
+    after = out("b", ("x", 101e6, {"backward": 101e6}), ("y", 100e6, {"backward": 100e6}),
+                ("new", 1e6, {"backward": 1e6}))
+    table = compare(before, after)
+    assert table.startswith("1 of 2 stored rows moved (planner memory.py `a` -> `b`)")
+    assert "| accuracy | x | 100.00 | 90.00 | -10.0% | 101.00 | +1.0% | backward |" in table
+    assert "| y |" not in table and "| new |" not in table

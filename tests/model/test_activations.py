@@ -171,3 +171,31 @@ def test_a_mixed_layout_is_predicted_as_a_whole_model_fake_run_measures_it(tmp_p
     measured = _peak_activation_bytes(j, config, seq_len=128, examples=2, checkpointing=True, dtype=torch.float32,
                                       policy="ops", checkpoint_every=2)
     assert sum(activation_bytes(c, 4, 2, 128, True, 2, policy="ops")) == measured
+
+
+def test_the_gradient_reduce_constant_is_what_a_whole_model_holds_from_its_first_gradient_on(tmp_path):
+    # ZeRO-1/2 allocate their reduce bucket at the first gradient hook, with every block's activations still saved:
+    # from then on a 4-block fake run holds the blocks' saved tensors and reduce_bytes_per_token a token beyond them
+    # (the last block's backward temporaries, what the head still holds), parameter gradients left out.
+    import copy
+
+    import torch
+
+    from launcher.model.activations import _peak_activation_bytes, _with_blocks
+    from launcher.model.build import model_config
+    from launcher.planner.memory import activation_bytes
+
+    j = job(tmp_path)
+    c = probe_activations(j, seq_len=128, precision="fp32")
+    assert 0 < c.reduce_bytes_per_token < c.head_bytes_per_token
+    config = _with_blocks(model_config(j), 4)
+    measured = _peak_activation_bytes(j, config, seq_len=128, examples=2, checkpointing=False, dtype=torch.float32,
+                                      at_reduce=True)
+    blocks, _ = activation_bytes(c, 4, 2, 128, False)
+    assert blocks + 2 * 128 * c.reduce_bytes_per_token == measured
+    # A tied head's gradient is a parameter's there: the fake copy of the model does not keep the tie, so the
+    # engine's terms count the table autograd buffers on real ranks (launcher.engines.deepspeed.zero_flush).
+    tied, untied = copy.deepcopy(config), copy.deepcopy(config)
+    tied.tie_word_embeddings, untied.tie_word_embeddings = True, False
+    assert len({_peak_activation_bytes(j, cfg, seq_len=128, examples=2, checkpointing=False, dtype=torch.float32,
+                                       at_reduce=True) for cfg in (tied, untied)}) == 1

@@ -118,6 +118,7 @@ CACHED_FIELDS = {5: ["model_type", "task", "num_params", "trainable_params", "lo
                      "experts_per_token", "expert_params", "max_positions", "position_key", "rope_scaling",
                      "checkpoint_bytes"]}
 CACHED_FIELDS[6] = [*CACHED_FIELDS[5][:-1], "block_linear_shapes", "checkpoint_bytes", "chunk_problem"]
+CACHED_FIELDS[7] = [*CACHED_FIELDS[6], "grad_layout"]
 
 
 def test_the_introspection_version_moves_with_what_it_caches():
