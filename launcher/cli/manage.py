@@ -31,7 +31,7 @@ from launcher.backends.slurm_state import (
 )
 from launcher.errors import ConfigError
 from launcher.live import json_rows, last_line, rank_rows
-from launcher.rundir import RunDir
+from launcher.rundir import MARKER, RunDir, is_marked
 from launcher.runreport import read_report
 from launcher.units import format_bytes, format_duration
 
@@ -442,5 +442,10 @@ def cancel(args: argparse.Namespace) -> int:
     print(f"slurm job {job_id}: {state}")
     dirs = [args.run_dir] + ([Path(v.run_dir) for v in rec.variants] if rec.kind == "array" else [])
     for d in dirs:
-        RunDir(Path(d).resolve()).set_state("cancelled", message=f"slurm job {job_id}: {state}")
+        path = Path(d).resolve()
+        if not is_marked(path):  # slurm.json names it, but only a dir launch made and marked gets a state.json
+            print(f"launch: warning: {str(path)!r} was not made by launch (no {MARKER}); left untouched",
+                  file=sys.stderr)
+            continue
+        RunDir(path).set_state("cancelled", message=f"slurm job {job_id}: {state}")
     return 0

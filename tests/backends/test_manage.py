@@ -10,6 +10,7 @@ from launcher.backends import slurm_state
 from launcher.backends.slurm_state import SlurmRecord, SweepRow, read_slurm_json
 from launcher.cli import manage
 from launcher.cli.main import main
+from launcher.rundir import MARKER
 
 SACCT = """JobID|JobName|State|ExitCode|Elapsed|NodeList|Start|End
 77|t|REQUEUED|0:0|00:00:49|node[1-2]|x|y
@@ -24,6 +25,7 @@ def run_dir(tmp_path):
     d = tmp_path / "run"
     for sub in ("ranks", "steps", "logs", "rdzv/77-1"):
         (d / sub).mkdir(parents=True)
+    (d / MARKER).write_text("")  # a run dir launch made
     (d / "plan.json").write_text(json.dumps({"world_size": 2}))
     (d / "slurm.json").write_text(json.dumps(SlurmRecord(
         kind="job", job_id="77", job_ids=["77"], submitit_folder=str(d / "submitit"), submitted_at=0.0, nodes=2,
@@ -259,6 +261,33 @@ def test_cancel_scancels_and_waits_for_cancelled(run_dir, sacct, capsys, monkeyp
     assert sent == [["scancel", "77"]]
     assert "slurm job 77: CANCELLED by 0" in out
     assert json.loads((run_dir / "state.json").read_text())["state"] == "cancelled"
+
+
+def test_cancel_marks_only_the_variant_dirs_launch_made(run_dir, sacct, capsys, monkeypatch):
+    # slurm.json is a file in the run dir: a variant path it names that launch did not make (no marker) gets no
+    # state.json, whatever slurm.json says.
+    import subprocess
+
+    made, foreign = run_dir / "variants" / "0-a", run_dir.parent / "colleague"
+    made.mkdir(parents=True)
+    (made / MARKER).write_text("")
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    rec = SlurmRecord.from_json(json.loads((run_dir / "slurm.json").read_text()))
+    rec.kind, rec.variants = "array", [
+        SweepRow(index=i, name=n, overrides={}, run_dir=str(p), job_id=f"77_{i}", plan="ZeRO-2", predicted_peak_bytes=1)
+        for i, (n, p) in enumerate((("a", made), ("b", foreign)))]
+    (run_dir / "slurm.json").write_text(json.dumps(rec.to_json()))
+
+    def check_call(argv, shell=False):
+        sacct["out"] = SACCT.replace("RUNNING", "CANCELLED by 0")
+        return 0
+
+    monkeypatch.setattr(subprocess, "check_call", check_call)
+    assert main(["cancel", str(run_dir)]) == 0
+    assert json.loads((made / "state.json").read_text())["state"] == "cancelled"
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    assert "colleague' was not made by launch" in capsys.readouterr().err
 
 
 def test_cancel_of_a_finished_job_does_nothing(run_dir, sacct, capsys, monkeypatch):
