@@ -141,34 +141,38 @@ def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw
 
 
 # Each card from its vendor's datasheet: memory (the datasheet's "GB" of HBM/GDDR, which nvidia-smi reports in
-# MiB within 1 %, so read as GiB), dense bf16 and fp32/TF32 tensor FLOP/s (no sparsity), memory bandwidth, and the
-# GPU-to-GPU link. intra_node_bw is one direction of the link (the datasheets quote NVLink both ways); PCIe-only
+# MiB within 1 %, so read as GiB), dense bf16 tensor and plain fp32 FLOP/s (no sparsity), memory bandwidth, and the
+# GPU-to-GPU link. fp32 is the datasheet's non-tensor FP32, not its TF32 tensor figure (8x it on A100): torch leaves
+# TF32 matmuls off (torch.backends.cuda.matmul.allow_tf32 is False since 1.12) and the ranks never turn them on, so
+# an fp32 plan runs plain fp32 matmuls. B200's FP32 is the HGX (1,000 W) figure, 80 TFLOPS
+# (https://glennklockwood.com/garden/processors/B200, from NVIDIA's Blackwell datasheet).
+# intra_node_bw is one direction of the link (the datasheets quote NVLink both ways); PCIe-only
 # cards talk over PCIe (Gen4 x16: 32 GB/s a direction). inter_node_bw is one NIC per GPU: HDR 200 Gb/s on A100
 # systems, NDR 400 Gb/s on H100/H200/B200/MI300X systems, 100 Gb/s Ethernet shared by a PCIe box's cards.
 PROFILES: dict[str, HardwareProfile] = {
-    "a10g": _gpu("a10g", 24, 70e12, 35e12, 16 * GB, 3 * GB, 16 * GB, capability=8.6, memory_bw=600 * GB, context_mib=400,
+    "a10g": _gpu("a10g", 24, 70e12, 31.2e12, 16 * GB, 3 * GB, 16 * GB, capability=8.6, memory_bw=600 * GB, context_mib=400,
                  source="https://aws.amazon.com/ec2/instance-types/g5/ ; A10G vs A10 figures: "
                         "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
-    "l4": _gpu("l4", 24, 121e12, 60e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=300 * GB, context_mib=400,
+    "l4": _gpu("l4", 24, 121e12, 30.3e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=300 * GB, context_mib=400,
                source="https://www.nvidia.com/en-us/data-center/l4/"),
-    "l40s": _gpu("l40s", 48, 362e12, 183e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=864 * GB, context_mib=400,
+    "l40s": _gpu("l40s", 48, 362e12, 91.6e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=864 * GB, context_mib=400,
                  source="https://www.nvidia.com/en-us/data-center/l40s/"),
-    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=1555 * GB,
+    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 19.5e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=1555 * GB,
                       source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 156e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=2039 * GB,
+    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 19.5e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=2039 * GB,
                       source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=3350 * GB,
+    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 67e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=3350 * GB,
                       source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM)"),
-    "h100-pcie": _gpu("h100-pcie", 80, 756e12, 378e12, 300 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=2000 * GB,
+    "h100-pcie": _gpu("h100-pcie", 80, 756e12, 51e12, 300 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=2000 * GB,
                       source="https://www.nvidia.com/en-us/data-center/h100/ (H100 PCIe; NVLink bridge 600 GB/s)"),
-    "h200": _gpu("h200", 141, 989e12, 494e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=4800 * GB,
+    "h200": _gpu("h200", 141, 989e12, 67e12, 450 * GB, 50 * GB, 64 * GB, capability=9.0, memory_bw=4800 * GB,
                  source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM)"),
-    "b200": _gpu("b200", 180, 2250e12, 1100e12, 900 * GB, 50 * GB, 64 * GB, capability=10.0, memory_bw=7700 * GB,
+    "b200": _gpu("b200", 180, 2250e12, 80e12, 900 * GB, 50 * GB, 64 * GB, capability=10.0, memory_bw=7700 * GB,
                  source="https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 1,440 GB over 8 GPUs, "
                         "18 PFLOPS sparse bf16 over 8 GPUs, NVLink 5 1.8 TB/s)"),
-    "mi300x": _gpu("mi300x", 192, 1307e12, 654e12, 448 * GB, 50 * GB, 64 * GB, capability=None, memory_bw=5300 * GB,
+    "mi300x": _gpu("mi300x", 192, 1307e12, 163.4e12, 448 * GB, 50 * GB, 64 * GB, capability=None, memory_bw=5300 * GB,
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
                           "(Infinity Fabric 896 GB/s aggregate, both ways)"),
     "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, capability=8.9, memory_bw=1008 * GB, context_mib=400,

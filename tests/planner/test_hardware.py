@@ -111,3 +111,11 @@ def test_auto_on_a_card_without_a_profile_is_bad_input(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"cluster.hardware: auto found a 'NVIDIA A10', which has no profile; "
                                           r"set cluster.hardware to the card closest"):
         auto_profile_name(detect_gpu_name())
+
+
+def test_fp32_is_priced_as_plain_fp32_not_tf32():
+    # The ranks leave torch's TF32 matmuls off (its default since 1.12), so an fp32 plan on a tensor-core card runs at
+    # the datasheet's non-tensor FP32: A100 19.5 TFLOPS, not the 156 of TF32 (8x too fast a plan before).
+    assert PROFILES["a100-80gb"].flops_fp32 == 19.5e12 and PROFILES["h100-80gb"].flops_fp32 == 67e12
+    for name in ("a10g", "l4", "l40s", "a100-40gb", "a100-80gb", "h100-80gb", "h100-pcie", "h200", "b200"):
+        assert PROFILES[name].flops_bf16 / PROFILES[name].flops_fp32 > 2.2, name  # TF32 would be 2x
