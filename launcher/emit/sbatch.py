@@ -37,6 +37,7 @@ from launcher.emit.slurm_alloc import SlurmResources, allocation_lines, slurm_re
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rankenv import EXTENSIONS_ENV, PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, extensions_dir, plan_digest
+from launcher.rundir import MARKER
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
 
@@ -55,6 +56,20 @@ MAX_REQUEUES={max_requeues}
 # The interpreter `launch plan --sbatch` ran under (its venv has the launcher); slurm.setup may set PYTHON.
 PYTHON={python_q}
 export {ext_env}={ext_dir_q}  # DeepSpeed's compiled ops, shared with `launch` on this filesystem
+# Only into a run dir launch made ({marker}) or a new one (Slurm's output files only), marked then for
+# launch status, --resume and --overwrite.
+if [ -L "$RUN_DIR/{marker}" ] || [ ! -f "$RUN_DIR/{marker}" ]; then
+  for entry in "$RUN_DIR"/* "$RUN_DIR"/.[!.]* "$RUN_DIR"/..?*; do
+    [ -e "$entry" ] || [ -L "$entry" ] || continue
+    case "${{entry##*/}}" in
+      slurm-*.out) ;;
+      *) echo "launch: $RUN_DIR holds ${{entry##*/}} and was not made by launch (no {marker}): nothing written;" \\
+           "give the script an empty or new run dir (launch plan --sbatch --out DIR)" >&2; exit 2 ;;
+    esac
+  done
+  made='{{"made_by": "sbatch job %s", "created": %s}}\\n'
+  printf "$made" "${{SLURM_JOB_ID:-}}" "$(date +%s)" > "$RUN_DIR/{marker}"
+fi
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ranks" "$RUN_DIR/steps" "$RUN_DIR/control"
 
 # The run as planned when this script was written; the ranks read these files.
@@ -173,7 +188,7 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run
     ops = plan_ops(plan)
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
                            nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export, threads=res.threads_per_rank,
-                           run_dir_env=RUN_DIR_ENV, plan_env=PLAN_ENV, digest_env=PLAN_DIGEST_ENV,
+                           run_dir_env=RUN_DIR_ENV, marker=MARKER, plan_env=PLAN_ENV, digest_env=PLAN_DIGEST_ENV,
                            digest=plan_digest(files_by_name["plan.json"].rstrip() + "\n"),
                            python_q=shlex.quote(python), ext_env=EXTENSIONS_ENV,
                            ext_dir_q=shlex.quote(ops_dir),

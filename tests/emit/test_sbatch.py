@@ -16,6 +16,7 @@ from emit_helpers import check_golden, make_job, make_plan
 from launcher.emit import sbatch
 from launcher.errors import ConfigError
 from launcher.rankenv import plan_digest
+from launcher.rundir import MARKER, is_marked
 
 PYTHON = "/opt/venv/bin/python"
 OPS_DIR = "/opt/launcher/.cache/torch_extensions"
@@ -162,6 +163,31 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     assert ["env", plan_digest((run_dir / "plan.json").read_bytes())] in calls
     assert (run_dir / "setup.txt").read_text() == "setup ran\n"
     assert not (run_dir / "control" / "checkpoint").exists()
+
+
+def test_script_writes_only_into_a_run_dir_launch_made_or_a_new_one(tmp_path):
+    # A colleague's dir given as the run dir: the script stops before writing anything (Slurm's own output file is
+    # all it may find in a new dir, and that is kept); a new dir gets the marker, so status/--resume know it.
+    bin_dir = _fake_bin(tmp_path, "completed")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
+           "SLURM_JOB_ID": "20042", "SLURM_RESTART_COUNT": "0"}
+    theirs, new = tmp_path / "theirs", tmp_path / "new"
+    for d in (theirs, new):
+        d.mkdir()
+        (d / "slurm-20042.out").write_text("")
+    (theirs / "notes.txt").write_text("mine")
+    for d in (theirs, new):
+        script = tmp_path / f"{d.name}.sbatch"
+        job = slurm_job(**{"slurm.setup": []})
+        script.write_text(sbatch_text(fsdp_plan(), job, run_dir=d, python=str(bin_dir / "python")))
+        out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+        if d is theirs:
+            assert out.returncode == 2 and "holds notes.txt and was not made by launch" in out.stderr
+            assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt", "slurm-20042.out"]
+        else:
+            assert out.returncode == 0, out.stderr
+            assert json.loads((new / MARKER).read_text())["made_by"] == "sbatch job 20042"
+            assert is_marked(new) and (new / "plan.json").is_file()
 
 
 def offload_plan(**estimate):
