@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.rankreport import RankReport
+from launcher.records.rankreport import RankReport
 from launcher.units import format_bytes, format_duration
 
 CARRIED = ("loss", "tokens_per_s")

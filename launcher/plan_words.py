@@ -3,7 +3,7 @@ the no-plan answer's smallest footprint (pure: numbers in, text out).
 
 Not in launcher.cli.render, which words everything else the planner returns: a forced plan's reason is part of
 plan.json, which the session writes (run dir, ladder, sweep) and the sbatch emitter embeds, and neither may import
-the CLI (tests/test_layers.py); it is put in where every plan is made, launcher.plan_inputs.plan_job. Not in the
+the CLI (tests/test_layers.py); it is put in where every plan is made, launcher.inputs.plan_inputs.plan_job. Not in the
 planner, which returns the numbers only.
 """
 

@@ -1,7 +1,7 @@
 """A rank's log, RUN/logs/rank-K.log: private from its creation, and no secret value ever written into it.
 
 Everything a rank prints (Python, C++ extensions, NCCL/gloo, faulthandler's stack dumps) goes to its file
-descriptors 1 and 2. When secret-looking environment variables are set (launcher.rundir.secret_values), those
+descriptors 1 and 2. When secret-looking environment variables are set (launcher.redact.secret_values), those
 descriptors are a pipe to a small redactor process, `python -m launcher.ranklog LOG`, which replaces each secret
 value by "[redacted]" before a byte reaches the file; a value split across two reads is held back until it can be
 told apart. Without secrets the rank writes the file directly (nothing to redact, no extra process).
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from launcher.fsutil import FILE_MODE, private_dir
-from launcher.rundir import REDACTED, secret_values
+from launcher.redact import REDACTED, secret_values
 
 _redactors: list[subprocess.Popen] = []
 """Kept referenced for the rank's life (a dropped Popen of a running child warns)."""

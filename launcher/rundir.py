@@ -21,12 +21,7 @@ files a person put into a run dir stay and are named, and a non-empty dir withou
 (launcher.errors.ConfigError), as --resume refuses a dir without it. docs/reliability/writes.md lists what each
 command may write.
 
-What the launcher writes here passes through ``redact``: the values of secret-looking environment
-variables (names with TOKEN, SECRET, KEY, PASSWORD, ...) never land in a file it writes. A value naming a path
-that exists is no secret (it says where something is), and a string naming one (job.yaml's data.path) is never
-rewritten: the run reads it. The rank logs are redacted as they are written (launcher.ranklog); they are scrubbed
-again when the run ends, as are submitit's own .out/.err files on Slurm (by each task as it ends and again by
-`--wait`), which are written by Slurm itself.
+What the launcher writes here passes through launcher.redact (secret values never land in a file).
 The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.fsutil).
 """
 
@@ -57,19 +52,12 @@ from launcher.fsutil import (
     write_marker,
     write_reserved,
 )
-from launcher.rankreport import RankReport
-from launcher.runstate import LIVE_STATES, RESERVE_BYTES, RunState
+from launcher.records.rankreport import RankReport
+from launcher.records.runstate import LIVE_STATES, RESERVE_BYTES, RunState
+from launcher.redact import redact, redact_data, redact_file, redact_file_in_place, secret_values
 
-__all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.runstate), re-exported for its readers
+__all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.records.runstate), re-exported for its readers
 
-# Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable; TOKEN only ending a
-# word, so TOKENIZERS_PARALLELISM or TOKENIZER_PATH (settings, not secrets) do too.
-SECRET_NAME = re.compile(r"TOKEN($|_)|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|"
-                         r"(^|_)(API_?|ACCESS_?|PRIVATE_?)?KEY($|_)", re.IGNORECASE)
-SECRET_MIN_CHARS = 8
-"""Shorter values are not redacted: replacing every '1' or 'true' in a log would destroy it and hide nothing."""
-REDACTED = "[redacted]"
 ATTEMPT_ITEMS = ("job.yaml", "plan.json", *(n for spec in ENGINES.values() for n in spec.config_names), "report.json",
                  "memory.png", "ranks", "steps", "logs", "checkpoint", "heartbeat")
 """What one attempt of the fallback ladder leaves in RUN; moved to RUN/attempts/<k>/ before the next."""
@@ -92,95 +80,6 @@ PLAN_OUT_ENTRIES = (MARKER, ".lock", *EXPORT_FILES)
 """What a dir `launch plan --out` made holds; any other launcher name in it is a run's."""
 FINAL_STATUSES = ("completed", "checkpointed", "failed", "oom")
 """A rank file with one of these is the rank's last word for its attempt."""
-
-
-def names_a_path(text: str) -> bool:
-    """Whether ``text`` (``~`` expanded) is the path of something that exists: a place the run reads or writes
-    (a data dir, GOOGLE_APPLICATION_CREDENTIALS' key file), never itself a secret."""
-    try:
-        return os.path.lexists(os.path.expanduser(text))
-    except (ValueError, OSError):  # a NUL byte, a name too long
-        return False
-
-
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of secret-looking environment variables, longest first (so a longer secret is replaced whole);
-    a value naming an existing path is not one (redacting it would rewrite every path below it)."""
-    env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_CHARS
-              and not names_a_path(v)}
-    return sorted(values, key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str] | None = None) -> str:
-    """``text`` with every secret value (default: the environment's, secret_values) replaced by the redaction mark."""
-    for value in secret_values() if secrets is None else secrets:
-        if value in text:
-            text = text.replace(value, REDACTED)
-    return text
-
-
-def redact_data(obj, secrets: list[str] | None = None):
-    """``redact`` applied to every string (keys included) in plain JSON/YAML data, before it is serialized:
-    a secret holding a quote would be escaped in the JSON text and slip past a replace on the text. A string
-    naming an existing path is a field the run reads (data.path, model) and is never rewritten."""
-    secrets = secret_values() if secrets is None else secrets
-    if not secrets:
-        return obj
-    if isinstance(obj, str):
-        return obj if names_a_path(obj) else redact(obj, secrets)
-    if isinstance(obj, dict):
-        return {redact_data(k, secrets): redact_data(v, secrets) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [redact_data(v, secrets) for v in obj]
-    return obj
-
-
-def _scrubbed(data: bytes, secrets: list[str]) -> bytes | None:
-    """``data`` with every secret value replaced, or None when it held none (the file stays untouched)."""
-    needles = [v.encode() for v in secrets]
-    if not any(n in data for n in needles):
-        return None
-    for n in needles:
-        data = data.replace(n, REDACTED.encode())
-    return data
-
-
-def redact_file(path: Path, secrets: list[str] | None = None) -> bool:
-    """Rewrite ``path`` (atomically) without secret values; True when it held one. Untouched otherwise."""
-    secrets = secret_values() if secrets is None else secrets
-    if not secrets:
-        return False
-    try:
-        data = _scrubbed(path.read_bytes(), secrets)
-    except OSError:
-        return False
-    if data is None:
-        return False
-    atomic_write(path, data)
-    return True
-
-
-def redact_file_in_place(path: Path, secrets: list[str] | None = None) -> bool:
-    """``redact_file`` for a file another process may still append to (Slurm opens submitit's logs with
-    --open-mode=append): the same inode is rewritten and truncated, so later appends land in the scrubbed file
-    instead of an unlinked one that a rename would leave behind."""
-    secrets = secret_values() if secrets is None else secrets
-    if not secrets:
-        return False
-    try:
-        with path.open("r+b") as f:
-            data = _scrubbed(f.read(), secrets)
-            if data is None:
-                return False
-            f.seek(0)
-            f.write(data)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        return False
-    return True
 
 
 SLUG_MAX_CHARS = 64
@@ -531,7 +430,7 @@ class RunDir:
         return json.loads((self.path / name).read_text())
 
     def set_state(self, state: str, **fields) -> RunState:
-        """Update state.json (launcher.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
+        """Update state.json (launcher.records.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
         kept as extra) and write it, secret values redacted, with room kept so a full disk cannot keep the next
         state out (launcher.fsutil.write_reserved). Returns the state written."""
         current = self.run_state().update(state, **fields)

@@ -5,7 +5,7 @@ imports neither torch nor transformers.
     .venv/bin/python scripts/gen_bundled_stats.py            # rewrite the file (minutes: one probe per entry)
     .venv/bin/python scripts/gen_bundled_stats.py --check    # exit 1 if the file differs from a fresh run
 
-Entries are keyed exactly as launcher.plan_inputs keys its cache (the model fingerprint, which includes the
+Entries are keyed exactly as launcher.inputs.plan_inputs keys its cache (the model fingerprint, which includes the
 transformers and peft versions, then seq_len, precision, attention and PROBE_VERSION): with other library
 versions nothing matches and the planner introspects and probes as before. tests/model/test_bundled_stats.py
 checks that the file equals a fresh introspection and probe, so it cannot go stale unnoticed.
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from launcher.config.jobfile import job_from_data  # noqa: E402
+from launcher.inputs.plan_inputs import BUNDLED_STATS, SHIPPED_SEQ_LENS, activation_key, model_fingerprint  # noqa: E402
 from launcher.model.build import BUNDLED_DIR  # noqa: E402
-from launcher.plan_inputs import BUNDLED_STATS, SHIPPED_SEQ_LENS, activation_key, model_fingerprint  # noqa: E402
 
 SEQ_LENS = SHIPPED_SEQ_LENS
 """The sequence lengths shipped: the examples' and the usual fine-tuning ones."""
@@ -52,9 +52,9 @@ def job(model: str, lora: dict | None, seq_len: int = 2048, precision: str = "bf
 
 def fresh(seq_lens=SEQ_LENS, precisions=PRECISIONS, models=None) -> dict:
     """Introspect and probe every shipped entry now."""
+    from launcher.inputs.plan_inputs import _transformers_quiet
     from launcher.model.activations import probe_activations
     from launcher.model.introspect import introspect
-    from launcher.plan_inputs import _transformers_quiet
 
     out: dict = {"introspect": {}, "activations": {}}
     for model, lora in jobs():

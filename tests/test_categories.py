@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import categories, fallback, report
+from launcher import categories, fallback
 from launcher.categories import CATEGORY_GROUPS, MEASURED, PREDICTED, grown_category, measured_bytes, predicted_bytes
+from launcher.records import report
 from tests.conftest import REPO
 
 
@@ -35,7 +36,7 @@ FSDP2_CELLS = ["fsdp-gpt2s-clm-bf16-ac-mb2-s256-r4", "fsdp-llama-clm-fp32-noac-m
 def test_grew_most_compares_like_with_like_on_measured_fsdp2_runs(cell_name, tmp_path):
     from benchmarks.accuracy.cells import every_cell
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     rows = {r["cell"]: r for r in json.loads((REPO / "benchmarks/results/accuracy.json").read_text())["rows"]}
     row, cell = rows[cell_name], next(c for c in every_cell() if c.name == cell_name)
@@ -52,7 +53,7 @@ def test_grew_most_compares_like_with_like_on_measured_fsdp2_runs(cell_name, tmp
 
 def test_fsdp2_gathered_parameters_are_predicted_as_params(data_file, tmp_path):
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from tests.conftest import base_job
 
     params = {}

@@ -38,8 +38,8 @@ def private_tree(root: Path) -> list[str]:
 
 
 def test_every_file_the_launcher_writes_is_private_from_creation(tmp_path, monkeypatch):
-    from launcher.report import plot_memory
-    from launcher.runreport import RankRow, RunReport
+    from launcher.records.report import plot_memory
+    from launcher.records.runreport import RankRow, RunReport
     from launcher.runtime.files import JsonlLog
 
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
@@ -103,7 +103,7 @@ def test_a_rank_log_never_holds_a_secret_even_mid_run(tmp_path, monkeypatch):
 
 
 def test_without_secrets_the_rank_writes_its_log_itself(tmp_path, monkeypatch):
-    from launcher.rundir import SECRET_NAME
+    from launcher.redact import SECRET_NAME
 
     for name in [k for k in os.environ if SECRET_NAME.search(k)]:
         monkeypatch.delenv(name)
@@ -128,8 +128,8 @@ def test_the_tokenized_data_cache_is_private_like_every_cache_file(tmp_path, mon
     """The tokenized-data cache holds a dataset's tokens: its files were 0644 in 0755 directories while every
     other cache file was 0600. Now its files are 0600 and the directories the launcher makes for the cache 0700;
     a $LAUNCHER_CACHE that exists keeps its mode (it may be shared on purpose)."""
-    from launcher.cache import write_cache
     from launcher.config.job import DataConfig
+    from launcher.inputs.cache import write_cache
     from launcher.worker.recipes import make_recipe
     from launcher.worker.tokcache import tokenized
     from launcher.worker.tokenizer import ByteTokenizer

@@ -180,7 +180,7 @@ def test_a_secret_looking_name_holding_a_path_is_no_secret(tmp_path):
     """MY_API_KEY set to a directory, GOOGLE_APPLICATION_CREDENTIALS to a key file: where things are, not secrets
     (redacting them rewrote job.yaml's data path to '[redacted]/...' and every run failed). TOKENIZER_PATH names a
     setting. HF_TOKEN's value, which names nothing, stays a secret."""
-    from launcher.rundir import secret_values
+    from launcher.redact import secret_values
 
     (tmp_path / "data").mkdir()
     (tmp_path / "key.json").write_text("{}")

@@ -10,9 +10,9 @@ from benchmarks.accuracy.cells import Cell
 from benchmarks.accuracy.estimators import external
 from benchmarks.accuracy.harness import rank_files, read_json
 from benchmarks.accuracy.moments import predicted_moments, total
-from launcher.rankreport import RankReport
-from launcher.report import CATEGORY_GROUPS
-from launcher.runreport import read_report
+from launcher.records.rankreport import RankReport
+from launcher.records.report import CATEGORY_GROUPS
+from launcher.records.runreport import read_report
 
 ESTIMATORS = ("planner", "refit", "deepspeed", "accelerate")
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")

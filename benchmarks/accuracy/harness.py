@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.rankreport import RankReport
+from launcher.records.rankreport import RankReport
 from launcher.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ ACT_KEYS = ("activations", "logits")
 def predicted_moments(run_dir: Path) -> dict[str, dict[str, int]] | None:
     from launcher.calibrate.profiles import numeric_fields
     from launcher.calibrate.runs import SCALE, activation_bytes, constants_dict, run_job
-    from launcher.plan_inputs import plan_job, plan_request
+    from launcher.inputs.plan_inputs import plan_job, plan_request
     from launcher.planner.search import score
 
     try:

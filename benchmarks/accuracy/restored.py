@@ -42,7 +42,7 @@ def stored_rows(patterns: list[str] | None) -> list[tuple[str, dict]]:
 def predict(patterns: list[str] | None) -> dict:
     """The current planner's peak and moments for every stored row, beside the row's measurement."""
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     cells = {c.name: c for c in every_cell()}

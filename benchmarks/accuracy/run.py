@@ -58,7 +58,7 @@ def replan(run_dir: Path) -> dict | None:
     import os
 
     from launcher.calibrate.runs import run_job
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     if not (run_dir / "job.yaml").is_file():
         return None

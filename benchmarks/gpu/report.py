@@ -29,8 +29,8 @@ from benchmarks.gpu.splits import (
 )
 from launcher.planner.cuda_overhead import OUTSIDE_ALLOCATOR, absent_at
 from launcher.planner.plan import Plan
-from launcher.report import predicted_on_basis
-from launcher.runreport import read_report
+from launcher.records.report import predicted_on_basis
+from launcher.records.runreport import read_report
 from launcher.units import format_bytes
 
 CUDA_BASIS = "cuda_reserved_plus_context"
@@ -74,7 +74,7 @@ def run_row(run_dir: Path, returncode: int) -> dict:
     ov = plan.get("overhead") or {}
     # The measured maxima need not come from one moment: reserved peaks at the verdict's moment, allocated at the
     # largest tensor moment, which a side-stream pool may have made another (plan.json tensor_peak_bytes). So the
-    # allocated peak is predicted as launcher.report does for that basis, and reserved - allocated as the difference
+    # allocated peak is predicted as launcher.records.report does for that basis, and reserved - allocated as the difference
     # of the two peaks, not the allocator_reserve + stream_pools of the verdict's moment alone.
     planned = Plan.from_json(plan)
     allocated = predicted_on_basis(planned, "cuda_allocated")

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/models/run.py      # writes benchmarks/results/models.md and models.json
 
-Each model is planned the way `launch plan` plans it (launcher.plan_inputs.plan_job: meta-device introspection,
+Each model is planned the way `launch plan` plans it (launcher.inputs.plan_inputs.plan_job: meta-device introspection,
 the fake-tensor activation probe, the hardware profile), for one setting stated in the table's header. The
 parameter counts are the meta model's own; the published counts are given beside them as a check.
 Nothing is trained here: peak and step time are the planner's predictions.
@@ -59,7 +59,7 @@ def plan_one(name: str, root: Path) -> dict:
 
     from launcher.config.job import Job
     from launcher.config.load import from_dict
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.units import parse_bytes
 
     cls, kwargs, published = MODELS[name]
@@ -76,7 +76,7 @@ def plan_one(name: str, root: Path) -> dict:
     job.cluster.host_ram_per_node_bytes = parse_bytes(SETTING["host_ram"])
     t = time.perf_counter()
     plan = plan_job(job)
-    from launcher.plan_inputs import model_stats
+    from launcher.inputs.plan_inputs import model_stats
 
     m = model_stats(job)
     return {"model": name, "published": published, "total_params": m.num_params, "active_params": m.active_params,

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.runreport import read_report
+from launcher.records.runreport import read_report
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / ".venv" / "bin" / "launch"

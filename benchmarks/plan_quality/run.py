@@ -49,7 +49,7 @@ from benchmarks.accuracy.harness import (  # noqa: E402
     step_times_s,
     write_job,
 )
-from launcher.runreport import RunReport, read_report  # noqa: E402
+from launcher.records.runreport import RunReport, read_report  # noqa: E402
 
 ROOT = RUNS / "plan_quality"
 TIGHT_FITS, MEDIUM_SHARE, LOOSE_MB = 6, 0.5, 1000.0
@@ -116,7 +116,7 @@ def choose_budgets() -> dict[str, float]:
 
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_request
+    from launcher.inputs.plan_inputs import plan_request
     from launcher.planner.search import evaluate
 
     req = plan_request(job_from_data(base_job(LOOSE_MB, SCREEN_STEPS), "."))
@@ -134,7 +134,7 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
     """Per budget: the planner's candidates with their predictions, which fit, and its pick."""
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_request
+    from launcher.inputs.plan_inputs import plan_request
     from launcher.plan_words import problem_words
     from launcher.planner.search import evaluate, make_plan
 

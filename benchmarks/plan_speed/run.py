@@ -52,7 +52,7 @@ def child(argv: list[str]) -> None:
         every_lever()
         argv = argv[1:]
     if argv[0] == "--no-shipped":
-        import launcher.plan_inputs as pi
+        import launcher.inputs.plan_inputs as pi
 
         pi.bundled = lambda: {"introspect": {}, "activations": {}}
         argv = argv[1:]
@@ -81,7 +81,7 @@ def process(argv: list[str], env: dict) -> tuple[float, dict]:
 def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[float, int, int]:
     """Median seconds of make_plan on a warm request, candidates in the space, candidates scored."""
     from launcher.config.jobfile import load_job, parse_overrides
-    from launcher.plan_inputs import plan_request
+    from launcher.inputs.plan_inputs import plan_request
     from launcher.planner.search import make_plan, search
 
     if levers:

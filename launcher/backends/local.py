@@ -73,7 +73,7 @@ def rank_processes() -> dict[int, object]:
 
 class RankRecorder(threading.Thread):
     """Records this node's rank processes (pid and start time) in state.json once torchrun has started them all:
-    what tells later whether a rank still runs (launcher.runstate), however its launch ended."""
+    what tells later whether a rank still runs (launcher.records.runstate), however its launch ended."""
 
     def __init__(self, run: RunDir, ranks: int, poll_s: float = 0.2):
         super().__init__(daemon=True, name="launcher-rank-recorder")

@@ -1,7 +1,7 @@
 """The calibration files under ``cache_dir()/profiles`` and their shape.
 
 ``<profile>.json``                       {"hardware": {field: value}, "measured_at": ..., "host": ..., "details": ...}
-                                         read by ``launcher.machine.hardware_profile`` (unknown fields ignored).
+                                         read by ``launcher.inputs.machine.hardware_profile`` (unknown fields ignored).
 ``activations-<type>-<profile>.json``    exactly the ActivationConstants fields (the planner passes them as
                                          keyword arguments), so the fit's provenance goes to a ``.fit.json`` beside it.
 """
@@ -14,9 +14,9 @@ import json
 import socket
 from pathlib import Path
 
-from launcher.cache import cache_dir
 from launcher.calibrate.timing import FIELD
 from launcher.fsutil import atomic_write
+from launcher.inputs.cache import cache_dir
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 

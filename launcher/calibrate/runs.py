@@ -14,9 +14,9 @@ from launcher.config.load import from_dict, load_yaml
 from launcher.errors import ConfigError
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
-from launcher.rankreport import RankReport
+from launcher.records.rankreport import RankReport
+from launcher.records.runreport import read_report
 from launcher.rundir import RunDir
-from launcher.runreport import read_report
 
 ACTIVATION_PHASES = ("forward", "backward")
 """Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""
@@ -87,7 +87,7 @@ def activation_bytes(req, strategy, consts: ActivationConstants, values: dict[st
 
 def samples_from_run(run_dir: Path) -> list[Sample]:
     """One sample per rank that finished training; raises ConfigError naming what the run dir lacks."""
-    from launcher.plan_inputs import model_stats, plan_request
+    from launcher.inputs.plan_inputs import model_stats, plan_request
     from launcher.planner.search import score
 
     run_dir = Path(run_dir)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile_name(requested: str) -> tuple[str, str]:
     """(profile name, device kind) for --hardware."""
-    from launcher.machine import auto_profile_name, detect_gpu_name
+    from launcher.inputs.machine import auto_profile_name, detect_gpu_name
     from launcher.planner.hardware import PROFILES
 
     gpu = detect_gpu_name()

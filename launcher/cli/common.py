@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.config.jobfile import load_job, parse_overrides
-from launcher.plan_inputs import request_problems
+from launcher.inputs.plan_inputs import request_problems
 from launcher.planner.hardware import PROFILES
 from launcher.units import BYTES_HELP, parse_bytes
 

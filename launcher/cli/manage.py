@@ -31,8 +31,8 @@ from launcher.backends.slurm_state import (
 )
 from launcher.errors import ConfigError
 from launcher.live import json_rows, last_line, rank_rows
+from launcher.records.runreport import read_report
 from launcher.rundir import MARKER, RunDir, is_marked
-from launcher.runreport import read_report
 from launcher.units import format_bytes, format_duration
 
 CANCEL_WAIT_S = 60.0
@@ -233,7 +233,7 @@ def _first_line(path: Path) -> dict | None:
 def local_status(run_dir: Path) -> dict:
     """A local run's status: state ("killed" when the launch that owned it is gone without a verdict), progress,
     ranks, verdict."""
-    from launcher.runstate import KILLED, LIVE_STATES
+    from launcher.records.runstate import KILLED, LIVE_STATES
 
     st = RunDir(run_dir).run_state()
     run_state = st.state or "planned (launch plan --out: not run)"
@@ -346,7 +346,7 @@ def local_log_files(run_dir: Path, rank: int | None) -> list[tuple[str, Path]]:
 
 def local_active(run_dir: Path) -> bool:
     """The local launch that owns the run dir still runs (state.json running, its pid and start time alive)."""
-    from launcher.runstate import LIVE_STATES
+    from launcher.records.runstate import LIVE_STATES
 
     st = RunDir(run_dir).run_state()
     return st.state in LIVE_STATES and st.live_launch() is not None
@@ -354,7 +354,7 @@ def local_active(run_dir: Path) -> bool:
 
 def logs(args: argparse.Namespace) -> int:
     """`launch logs`: the tails of a run's logs, secret values redacted, and with --follow new lines until it ends."""
-    from launcher.rundir import redact, secret_values
+    from launcher.redact import redact, secret_values
 
     if is_local(args.run_dir):
         rec, files = None, local_log_files(args.run_dir, args.rank)
@@ -379,7 +379,7 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord | None, poll_s: float
            secrets: list[str] | None = None, active: Callable[[], bool] | None = None) -> None:
     """Print what the files gain, line by line with their label (secret values redacted), until the run is over:
     the Slurm job of ``rec`` has ended, or (a local run) ``active`` says False."""
-    from launcher.rundir import redact
+    from launcher.redact import redact
 
     offsets = {p: (p.stat().st_size if p.is_file() else 0) for _, p in files}
     if active is None:

@@ -11,12 +11,12 @@ from launcher.cli.common import add_job_args, dir_path, job_from_args
 from launcher.cli.plan_sweep import plan_sweep
 from launcher.cli.render import no_fit_reasons, no_fit_suggestions, render_plan, render_slurm_resources
 from launcher.config.job import InlineArch, Job
-from launcher.datasummary import DataSummary, summary_lines
 from launcher.emit.slurm_alloc import SlurmResources
 from launcher.errors import ConfigError, NoPlanError
-from launcher.plan_inputs import plan_job
+from launcher.inputs.plan_inputs import plan_job
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
+from launcher.records.datasummary import DataSummary, summary_lines
 from launcher.session.checks import check_script, lora_base_warning
 from launcher.session.prepare import plan_files, slurm_allocation, total_time_of
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if job.sweep is not None:
             return plan_sweep(args, job)
         if args.sbatch:
-            from launcher.machine import submit_host_problem
+            from launcher.inputs.machine import submit_host_problem
 
             problem = submit_host_problem(job)
             if problem:

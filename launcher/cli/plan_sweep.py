@@ -10,8 +10,8 @@ import json
 from launcher.cli.render import error_lines
 from launcher.config.job import Job
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError
+from launcher.inputs.variants import expand
 from launcher.units import format_bytes
-from launcher.variants import expand
 
 
 def plan_sweep(args: argparse.Namespace, job: Job) -> int:

@@ -77,7 +77,7 @@ def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | 
 
     ``sets`` are KEY=VALUE overrides from the command line (None is a value there: key=null); ``overrides``
     are the flags (None: not given), applied after them. Type and key problems, the rules over values, and the
-    caller's ``checks`` (the CLI passes launcher.plan_inputs.request_problems: budget against the card, batch
+    caller's ``checks`` (the CLI passes launcher.inputs.plan_inputs.request_problems: budget against the card, batch
     against the ranks) are gathered together; a value refused by its type is not judged again. Without ``checks``
     nothing runs beyond this module, so loading a job never probes the machine. ``for_run`` adds the rules only a run needs (train.max_steps or
     epochs, a data file with records). Relative model, data and NVMe paths become absolute against ``base_dir``.

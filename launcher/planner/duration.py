@@ -3,7 +3,7 @@ warning threshold (train.warn_total_time_h). Pure: the step count comes in as nu
 
 The step count is known at plan time when the job gives train.max_steps, or train.epochs with the number of
 training sequences the caller counted (the data's summary: the kept examples, or the packed sequences;
-launcher.datasummary). Without the data the total is not predicted; the plan says so instead of guessing.
+launcher.records.datasummary). Without the data the total is not predicted; the plan says so instead of guessing.
 """
 
 from __future__ import annotations

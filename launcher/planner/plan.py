@@ -118,7 +118,7 @@ class MemoryEstimate:
     tensor_peak_bytes: int = 0
     """CUDA only: the tensor bytes (reserve apart) of the largest tensor moment, where a side-stream pool made
     another moment the peak on the verdict basis (what a basis that counts no pool compares with,
-    launcher.report.predicted_on_basis); 0 where the peak's moment is also the tensor peak."""
+    launcher.records.report.predicted_on_basis); 0 where the peak's moment is also the tensor peak."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -302,7 +302,7 @@ class Plan:
     """Each lever beyond sharding: used or not, and why (launcher.planner.lever_choice)."""
     math_notes: list[str] = field(default_factory=list)
     """What the plan turns off in the job's training math, a sentence each (also among the reasons): the optimizer
-    step in backward and clipping. The report repeats them (launcher.report)."""
+    step in backward and clipping. The report repeats them (launcher.records.report)."""
     script: bool = False
     """Planned for the user's own script (launch --script, PlanRequest.script), not the launcher's recipe: what
     re-plans this run (the fallback ladder, --resume, calibrate --from) plans for the script again."""

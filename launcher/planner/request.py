@@ -44,7 +44,7 @@ class PlanRequest:
     force: bool = False
     """Return a fully pinned plan even when it is over budget."""
     precision_reason: str = ""
-    """Why this precision (launcher.precision.choose_precision); the plan repeats it among its reasons."""
+    """Why this precision (launcher.inputs.precision.choose_precision); the plan repeats it among its reasons."""
     allow_levers: tuple[str, ...] = ()
     """The math-changing levers the job allows (train.allow_levers); the exact ones need no permission."""
     script: bool = False

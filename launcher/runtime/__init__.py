@@ -8,7 +8,7 @@ Users' own training scripts can call these too::
     with probe:
         with probe.phase("forward"):
             ...
-    report = probe.write()        # RUN_DIR/ranks/rank-K.json; a launcher.rankreport.RankReport
+    report = probe.write()        # RUN_DIR/ranks/rank-K.json; a launcher.records.rankreport.RankReport
 """
 
 from launcher.rankenv import (

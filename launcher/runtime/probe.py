@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from launcher import rankenv
-from launcher.rankreport import OomDetails, RankReport
+from launcher.records.rankreport import OomDetails, RankReport
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.heap import heap_in_use_bytes
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown

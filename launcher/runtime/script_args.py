@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import rankenv
-from launcher.rankreport import ScriptOverride
+from launcher.records.rankreport import ScriptOverride
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

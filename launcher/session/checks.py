@@ -9,10 +9,10 @@ from pathlib import Path
 
 from launcher.config.job import Job
 from launcher.config.problem import Problem
-from launcher.datasummary import DataSummary
 from launcher.errors import ConfigError
 from launcher.fsutil import not_a_file
 from launcher.planner.plan import Plan
+from launcher.records.datasummary import DataSummary
 from launcher.rundir import contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
 from launcher.session.endpoint import check_rendezvous
 from launcher.session.options import RunOptions
@@ -21,7 +21,7 @@ from launcher.units import format_bytes
 
 def cuda_available() -> bool:
     """True when this machine has an NVIDIA or AMD GPU (detect_gpu_name finds one)."""
-    from launcher.machine import detect_gpu_name
+    from launcher.inputs.machine import detect_gpu_name
 
     return detect_gpu_name() is not None
 
@@ -218,7 +218,7 @@ def check_data(job: Job) -> DataSummary:
     """Every row has what the job reads (the row number and the field if not), the examples the ranks would drop
     are counted (refused only when none is left) and one step's worth reaches every rank, before any rank starts:
     found by the ranks, each would be a failed run (exit 1) instead of refused input (exit 2). The summary."""
-    from launcher.plan_inputs import model_stats
+    from launcher.inputs.plan_inputs import model_stats
     from launcher.session.datacheck import check_job_data
 
     summary = check_job_data(job, model_stats(job).vocab_size)
@@ -237,7 +237,7 @@ def lora_base_warning(job: Job) -> str | None:
     base the run trained on)."""
     if job.train.lora is None or job.train.lora.merge:
         return None
-    from launcher.plan_inputs import model_stats
+    from launcher.inputs.plan_inputs import model_stats
 
     if model_stats(job).checkpoint_bytes:
         return None

@@ -1,7 +1,7 @@
 """The job's data read, checked and counted before any rank starts (launch run) and at plan time (launch plan):
 every row has what the job reads, the examples the ranks would drop are counted (and refused only when nothing
 is left to train on), and the ranks get at least one step's worth of sequences. The count is a DataSummary
-(launcher.datasummary), kept in the cache by the identity of the data and tokenizer files, so planning the same
+(launcher.records.datasummary), kept in the cache by the identity of the data and tokenizer files, so planning the same
 data again reads neither."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import json
 import math
 from pathlib import Path
 
-from launcher.cache import cache_dir, write_cache
 from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import data_path
-from launcher.datasummary import DataSummary
 from launcher.errors import ConfigError
+from launcher.inputs.cache import cache_dir, write_cache
 from launcher.planner.duration import steps_per_epoch
+from launcher.records.datasummary import DataSummary
 
 SUMMARY_VERSION = 1
 """Bumped when what a summary counts changes, so older cached summaries are not read."""

@@ -14,9 +14,10 @@ from launcher.planner.plan import Plan
 from launcher.procs import exit_words
 from launcher.rankenv import plan_digest
 from launcher.ranklog import wait_settled
-from launcher.report import build_report, over_budget_message, plot_memory, render_report, unmeasured
-from launcher.rundir import RunDir, redact
-from launcher.runreport import RankFailure, RunOutcome, RunReport
+from launcher.records.report import build_report, over_budget_message, plot_memory, render_report, unmeasured
+from launcher.records.runreport import RankFailure, RunOutcome, RunReport
+from launcher.redact import redact
+from launcher.rundir import RunDir
 from launcher.session.prepare import plan_text
 
 ENDINGS = {"interrupted": ("interrupted", EXIT_INTERRUPTED), "oom": ("failed", EXIT_TRAINING_FAILED),
@@ -28,7 +29,7 @@ ENDINGS = {"interrupted": ("interrupted", EXIT_INTERRUPTED), "oom": ("failed", E
 def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     """Merge the rank files, write report.json and memory.png, print the table, and return the exit code.
 
-    One verdict (launcher.report.run_verdict) decides the table's last line, report.json's "verdict" and
+    One verdict (launcher.records.report.run_verdict) decides the table's last line, report.json's "verdict" and
     "within_budget", state.json and the exit code, so they cannot disagree. A file that cannot be written (a full
     disk) ends nothing early: report.json missing makes the run failed, said so in the table, state.json (which
     keeps room for it, launcher.fsutil.write_reserved) and the exit code."""
@@ -120,7 +121,7 @@ def _job_auto_fallback(run: RunDir) -> int:
 
 KILL_HINT = " (the OOM killer, a kill -9, or torchrun after its grace; its peak is the last it measured)"
 """Said after a rank killed by SIGKILL: who sends one, and why its row's peak may be short of its true one (the
-rank could not write its last word; its last step line is the latest figure, launcher.report.last_seen)."""
+rank could not write its last word; its last step line is the latest figure, launcher.records.report.last_seen)."""
 
 
 def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = None) -> None:

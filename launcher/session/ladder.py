@@ -13,8 +13,8 @@ from launcher.config.jobfile import job_to_data
 from launcher.errors import EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.fallback import Measurement, next_strategy, pins_for
 from launcher.planner.plan import Plan
+from launcher.records.runreport import Attempt, AttemptOom, FallbackSummary, NextRung, RunReport, read_report
 from launcher.rundir import RunDir
-from launcher.runreport import Attempt, AttemptOom, FallbackSummary, NextRung, RunReport, read_report
 from launcher.session.prepare import announce, mark_running, write_plan_outputs
 
 
@@ -50,7 +50,7 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
     """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
     until an attempt ends within budget, a non-memory failure or interrupt ends it (its own exit code), or the
     tries run out or no rung is predicted to fit (exit 3). A rung predicted over the budget is never launched."""
-    from launcher.plan_inputs import plan_job, plan_request
+    from launcher.inputs.plan_inputs import plan_job, plan_request
 
     tries = job.auto_fallback
     records: list[Attempt] = []

@@ -12,7 +12,6 @@ from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_state import live_state
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
-from launcher.datasummary import DATA_JSON, DataSummary
 from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
@@ -35,6 +34,7 @@ from launcher.rankenv import (
     extensions_dir,
     plan_digest,
 )
+from launcher.records.datasummary import DATA_JSON, DataSummary
 from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.session.options import RunOptions
 
@@ -54,7 +54,7 @@ def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
     job = dataclasses.replace(job, strategy=pins_for(old.strategy, job.strategy.safety_margin))
     print(f"launch: --resume keeps the run dir's strategy {old.strategy.label()} (its checkpoint is in that layout)",
           file=sys.stderr)
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     return job, plan_job(job, force=True, script=plan.script)
 

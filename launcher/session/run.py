@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from launcher.backends.base import Backend, Outcome
 from launcher.config.job import Job
-from launcher.datasummary import DataSummary
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
 from launcher.fsutil import private_dir
 from launcher.planner.plan import Plan
+from launcher.records.datasummary import DataSummary
 from launcher.rundir import RunDir
 from launcher.session.checks import check_data, check_launch, check_runnable, cluster_hints, lora_base_warning
 from launcher.session.finish import finish
@@ -68,7 +68,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
 def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan, DataSummary | None]:
     """The plan and the data's summary (None for a --script run, which reads its own data), or the one error that
     says why there is none; a resume keeps the run dir's strategy."""
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     check_launch(job, opts)
     try:

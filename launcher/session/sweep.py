@@ -22,6 +22,7 @@ from launcher.config.job import Job
 from launcher.config.jobfile import job_from_data, job_to_data
 from launcher.emit.slurm_params import combined, executor_parameters
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, LauncherError
+from launcher.inputs.variants import Variant, expand
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir, default_run_dir
 from launcher.session.checks import check_runnable
@@ -29,14 +30,13 @@ from launcher.session.finish import finish
 from launcher.session.options import RunOptions, own_lines
 from launcher.session.prepare import launch_spec, slurm_allocation, write_plan_outputs
 from launcher.units import format_bytes
-from launcher.variants import Variant, expand
 
 
 def plan_variants(job: Job, variants: list[Variant], *, force: bool = False,
                   error_lines: Callable[[Exception], list[str]] = own_lines):
     """(planned [(variant, job, plan)], unplanned [(variant, reason)]); each variant planned for itself, a reason
     worded by ``error_lines`` (RunOptions.error_lines)."""
-    from launcher.plan_inputs import plan_job, request_problems
+    from launcher.inputs.plan_inputs import plan_job, request_problems
 
     base = job_to_data(job)
     base.pop("sweep", None)

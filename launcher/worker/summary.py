@@ -1,11 +1,11 @@
-"""The data's DataSummary (launcher.datasummary), counted from token lists with the ranks' own rules: the same eval
+"""The data's DataSummary (launcher.records.datasummary), counted from token lists with the ranks' own rules: the same eval
 split, the same clipping, truncation, drops and packing bins (launcher.worker.examples), so what the launcher
 says before the launch is what the ranks train on. No tensors: the byte tokenizer's jobs import no torch here."""
 
 from __future__ import annotations
 
 from launcher.config.job import DataConfig
-from launcher.datasummary import DataSummary, DroppedExamples
+from launcher.records.datasummary import DataSummary, DroppedExamples
 from launcher.worker.chat import drop_reason, trained_count
 from launcher.worker.data import split
 from launcher.worker.examples import CHUNK_ROWS, clip_row, example_ids, next_fit

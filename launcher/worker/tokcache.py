@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.cache import cache_dir, private_dirs
+from launcher.inputs.cache import cache_dir, private_dirs
 from launcher.worker.data import SPLIT_SEED
 from launcher.worker.examples import CHUNK_ROWS
 from launcher.worker.tokenizer import ByteTokenizer
@@ -93,7 +93,7 @@ def tokenized(recipe, tok, rows: list[dict], train_rows: list[dict], eval_rows: 
 
 
 def _save(path: Path, data: dict) -> None:
-    """Save the tensors 0600 in directories made 0700, as every cache file (launcher.cache.private_dirs)."""
+    """Save the tensors 0600 in directories made 0700, as every cache file (launcher.inputs.cache.private_dirs)."""
     try:
         private_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600

@@ -396,7 +396,7 @@ def test_the_zero2_flush_validation_is_new():
 @pytest.mark.parametrize("cell", ZERO2_FLUSH_VALIDATION, ids=lambda c: c.name)
 def test_the_zero2_flush_cells_flush_during_backward(cell):
     # Each cell's budget sizes the reduce bucket below the trainable parameters (and fits the plan).
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     plan = plan_job(job_from_data({**cell.job(), "gpus": cell.ranks, "budget": cell.budget}, "."))
     assert plan.buckets.reduce_bucket_size < plan.trainable_params

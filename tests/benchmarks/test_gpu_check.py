@@ -141,8 +141,8 @@ def test_reserved_minus_allocated_takes_allocated_at_the_tensor_peak(tmp_path):
     import dataclasses
 
     from launcher.planner.plan import Estimate
-    from launcher.rankreport import RankReport
-    from launcher.report import build_report
+    from launcher.records.rankreport import RankReport
+    from launcher.records.report import build_report
     from launcher.rundir import RunDir
     from tests.emit.emit_helpers import make_plan
 

@@ -7,8 +7,8 @@ import pytest
 
 from launcher.calibrate.profiles import activations_path, numeric_fields, save_activations, save_hardware
 from launcher.config.jobfile import job_from_data
-from launcher.machine import hardware_profile
-from launcher.plan_inputs import plan_request
+from launcher.inputs.machine import hardware_profile
+from launcher.inputs.plan_inputs import plan_request
 from launcher.planner.hardware import PROFILES
 
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")

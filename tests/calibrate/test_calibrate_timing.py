@@ -8,8 +8,8 @@ import pytest
 from launcher.calibrate.timing import fit_overheads
 from launcher.cli.main import main
 from launcher.config.jobfile import job_from_data
-from launcher.machine import hardware_profile
-from launcher.plan_inputs import plan_job
+from launcher.inputs.machine import hardware_profile
+from launcher.inputs.plan_inputs import plan_job
 
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
 

@@ -52,7 +52,7 @@ def test_run_needs_the_package_where_the_ranks_start(capsys, write_job, no_flash
 
 def test_the_run_check_passes_with_the_package_or_without_flash(write_job, monkeypatch):
     from launcher.config.jobfile import load_job
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.session import checks
 
     job = load_job(write_job(**{"train.attn_implementation": "flash_attention_2", "cluster.hardware": "h100-80gb",

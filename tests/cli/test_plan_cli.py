@@ -220,7 +220,7 @@ def test_plan_prints_the_predicted_total_time_and_warns_past_the_threshold(capsy
 def test_alternatives_are_worded_from_their_numbers(capsys, write_job):
     from launcher.cli.render import rejected_reason
     from launcher.config.jobfile import load_job
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.planner.plan import Rejected
 
     plan = plan_job(load_job(write_job()))

@@ -76,7 +76,7 @@ def near_budget(job: Path, **over) -> Path:
     """Give ``job`` a budget of NEAR x the peak planned for it (in-process, as `launch plan` plans; ``over``: the
     job keys the run sets by flag, e.g. nodes), or the smallest budget the launcher takes."""
     from launcher.config.jobfile import job_from_data
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     doc = yaml.safe_load(job.read_text())
     plan = plan_job(job_from_data({**doc, **over}, job.parent))

@@ -8,7 +8,7 @@ from launcher.config.job import Job
 from launcher.config.jobfile import load_job
 from launcher.config.load import from_dict, to_dict
 from launcher.errors import ConfigError
-from launcher.plan_inputs import request_problems
+from launcher.inputs.plan_inputs import request_problems
 from tests.conftest import base_job, relative_project
 
 
@@ -196,7 +196,7 @@ def test_a_model_name_that_is_no_local_dir_stays_as_written(write_job):
 
 def test_plan_and_sbatch_see_the_resolved_paths(tmp_path, monkeypatch):
     from launcher.emit.sbatch import sbatch_text
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
 
     job_path = relative_project(tmp_path / "proj")
     monkeypatch.chdir(tmp_path)
@@ -214,7 +214,7 @@ def test_loading_a_job_probes_nothing(write_job, tmp_path, monkeypatch):
     (fake / "nvidia-smi").chmod(0o755)
     job = write_job(**{"cluster.hardware": "auto", "budget": "900GB"})  # over any card: only a probe could tell
     code = ("import sys; from launcher.config.jobfile import load_job; load_job(sys.argv[1]); "
-            "print(sorted(m for m in sys.modules if m.startswith(('launcher.machine', 'launcher.plan', 'torch'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('launcher.inputs.machine', 'launcher.plan', 'torch'))))")
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     out = subprocess.run([sys.executable, "-c", code, str(job)], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

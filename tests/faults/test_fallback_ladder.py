@@ -9,7 +9,7 @@ import pytest
 
 from launcher.config.jobfile import job_from_data
 from launcher.fallback import RUNGS, Measurement, correction_for, next_strategy
-from launcher.plan_inputs import plan_request
+from launcher.inputs.plan_inputs import plan_request
 from launcher.planner.plan import Strategy
 from launcher.planner.search import make_plan, score
 from tests.conftest import TINY_GPT2
@@ -187,7 +187,7 @@ def _ladder_job(data_file, tmp_path, tries):
 
 
 def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, capsys):
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
     from launcher.session.prepare import write_plan_outputs
@@ -215,7 +215,7 @@ def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_
 def test_a_scripts_relaunch_is_planned_for_the_script(data_file, tmp_path):
     # launch --script --auto-fallback: each rung is planned for the user's script, as attempt 1 was (the levers a
     # script receives, the adapters' dtype it computes in: PlanRequest.script), not for the launcher's recipe.
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 
@@ -235,7 +235,7 @@ def test_a_scripts_relaunch_is_planned_for_the_script(data_file, tmp_path):
 
 def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, capsys):
     from launcher.errors import EXIT_OVER_BUDGET
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 
@@ -259,7 +259,7 @@ def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_ex
     """README: exit 3 when the budget is not met. The ladder ends so whenever memory stopped it (an OOM, under
     --enforce the budget's own cap, or a peak over budget), and never relaunches what it predicts to be over."""
     from launcher.errors import EXIT_OVER_BUDGET
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 

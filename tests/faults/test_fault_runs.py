@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.rundir import REDACTED
+from launcher.redact import REDACTED
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")

@@ -230,7 +230,7 @@ def config_texts(draw) -> str:
 def test_random_model_configs_build_or_fail_with_config_error(tmp_path_factory, monkeypatch):
     """Before: a float, string or NaN size, an unknown model_type, a list, vocab 0 or heads not dividing the hidden
     size each ended in a transformers traceback (exit 1)."""
-    from launcher.plan_inputs import model_stats
+    from launcher.inputs.plan_inputs import model_stats
 
     d = tmp_path_factory.mktemp("fuzz-config")
     monkeypatch.setenv("LAUNCHER_CACHE", str(d / "cache"))

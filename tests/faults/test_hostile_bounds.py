@@ -250,7 +250,7 @@ def test_no_probe_for_a_sequence_past_the_position_table(sandbox: Sandbox, monke
     import launcher.model.activations as activations
     from launcher.config.jobfile import load_job
     from launcher.errors import ConfigError
-    from launcher.plan_inputs import plan_request
+    from launcher.inputs.plan_inputs import plan_request
 
     def no_probe(*a, **k):
         raise AssertionError("the activation probe ran for a sequence the model cannot take")

@@ -97,7 +97,7 @@ def test_resume_without_run_dir_names_the_flag_it_needs(sandbox):
 def test_enforce_with_force_is_allowed_when_the_ladder_may_step_down(sandbox):
     """--enforce --force --auto-fallback is the ladder's own use (tests/faults/test_fault_runs.py): no refusal."""
     from launcher.config.jobfile import load_job
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.session.checks import check_runnable
     from launcher.session.options import RunOptions
 
@@ -112,7 +112,7 @@ def test_enforce_with_force_is_allowed_when_the_ladder_may_step_down(sandbox):
 def interrupted_run(tmp_path, *, checkpoint: bool, auto_fallback: int = 0):
     """A run dir whose two ranks measured within budget and then wrote "failed" as a signal stopped them."""
     from launcher.config.jobfile import job_from_data, job_to_data
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.rundir import RunDir
     from tests.conftest import base_job
 
@@ -298,7 +298,7 @@ def test_a_full_disk_before_the_run_is_one_line_and_no_rank(tmp_path, monkeypatc
     """--resume (or any launch) on a run dir the disk has no room for: exit 2 with one line, nothing started."""
     from launcher.config.jobfile import job_from_data
     from launcher.errors import ConfigError
-    from launcher.plan_inputs import plan_job
+    from launcher.inputs.plan_inputs import plan_job
     from launcher.session.options import RunOptions
     from launcher.session.prepare import prepare_run_dir
     from tests.conftest import base_job

@@ -11,7 +11,8 @@ import pytest
 
 from launcher.errors import ConfigError
 from launcher.procs import ProcessRef, start_ticks
-from launcher.rundir import REDACTED, RunDir, redact, redact_data, secret_values
+from launcher.redact import REDACTED, redact, redact_data, secret_values
+from launcher.rundir import RunDir
 from tests.conftest import REPO
 
 SOURCES = [p for d in ("launcher", "benchmarks", "examples", "tests") for p in (REPO / d).rglob("*.py")

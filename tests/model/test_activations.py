@@ -6,8 +6,8 @@ import json
 
 from launcher.config.job import Job, LoraConfig
 from launcher.config.load import from_dict
+from launcher.inputs.plan_inputs import plan_job
 from launcher.model.activations import on_device, probe_activations
-from launcher.plan_inputs import plan_job
 
 # Llama has no attention dropout, so CPU sdpa runs its fused kernel: only eager saves the softmax scores.
 TINY_LLAMA = {"family": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,

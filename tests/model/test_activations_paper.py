@@ -1,5 +1,5 @@
 """The activation constants the planner actually plans with (the fake-tensor probe, through
-launcher.plan_inputs.activation_constants) held against the paper's structure, with numbers taken from the paper
+launcher.inputs.plan_inputs.activation_constants) held against the paper's structure, with numbers taken from the paper
 rather than from our code [Korthikanti et al. 2022, eq. 1: a transformer block saves sbh(34 + 5as/h) bytes in
 16-bit, 2sbh with full recompute].
 
@@ -18,9 +18,9 @@ KORT_PER_AS = 5.0  # bytes per token per (head x sequence position): the a·s² 
 
 
 def planned_constants(tmp_path, monkeypatch, *, h: int, heads: int, seq: int = 256):
-    """What the planner would use for this job: launcher.plan_inputs.activation_constants, cache empty."""
-    from launcher.machine import hardware_profile
-    from launcher.plan_inputs import activation_constants, model_stats
+    """What the planner would use for this job: launcher.inputs.plan_inputs.activation_constants, cache empty."""
+    from launcher.inputs.machine import hardware_profile
+    from launcher.inputs.plan_inputs import activation_constants, model_stats
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     job = job_from_data({

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.model.activations import probe_activations
-from launcher.model.introspect import introspect
-from launcher.plan_inputs import (
+from launcher.inputs.plan_inputs import (
     PER_TOKEN,
     SEQ_LINEAR,
     _transformers_quiet,
@@ -21,6 +19,8 @@ from launcher.plan_inputs import (
     model_fingerprint,
     shipped_constants,
 )
+from launcher.model.activations import probe_activations
+from launcher.model.introspect import introspect
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -98,7 +98,7 @@ def test_a_length_between_shipped_ones_is_interpolated_and_equals_a_fresh_probe(
 def test_a_cold_plan_of_a_bundled_family_imports_no_torch(tmp_path):
     """The first plan of llama-70b with an empty cache: the shipped statistics, no torch, no transformers."""
     code = (
-        "import sys; from launcher.config.jobfile import load_job; from launcher.plan_inputs import plan_job\n"
+        "import sys; from launcher.config.jobfile import load_job; from launcher.inputs.plan_inputs import plan_job\n"
         f"plan = plan_job(load_job({str(REPO / 'examples' / 'llama-70b.yaml')!r}, for_run=False))\n"
         "print(plan.constants['activations']['source'])\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
@@ -125,9 +125,9 @@ def test_the_introspection_version_moves_with_what_it_caches():
     """A cached (or shipped) ModelStats written before a field existed reads back with the field's default
     (trainable_tensors = 0 made the step in backward look free): a new field must come with a new
     INTROSPECT_VERSION, so old caches are rebuilt. Add the new version's field list here when bumping it."""
+    from launcher.inputs.plan_inputs import INTROSPECT_VERSION
     from launcher.model.introspect import ModelStats
-    from launcher.plan_inputs import INTROSPECT_VERSION
 
     assert [f.name for f in dataclasses.fields(ModelStats)] == CACHED_FIELDS.get(INTROSPECT_VERSION), (
-        "ModelStats changed: bump launcher.plan_inputs.INTROSPECT_VERSION, list its fields here, and rerun "
+        "ModelStats changed: bump launcher.inputs.plan_inputs.INTROSPECT_VERSION, list its fields here, and rerun "
         "scripts/gen_bundled_stats.py")

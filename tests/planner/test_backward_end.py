@@ -13,7 +13,7 @@ from benchmarks.accuracy.cells import BWDEND_DEV
 from launcher.config.jobfile import job_from_data
 from launcher.engines.deepspeed.memory import deepspeed_states
 from launcher.engines.fsdp.memory import fsdp_states
-from launcher.plan_inputs import plan_job
+from launcher.inputs.plan_inputs import plan_job
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants, estimate_memory
 from launcher.planner.plan import Buckets, Strategy

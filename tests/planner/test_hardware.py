@@ -78,7 +78,7 @@ GPU[1]		: Card Series: 		AMD Instinct MI300X OAM
 
 
 def test_rocm_smi_names_the_mi300x():
-    from launcher.machine import rocm_product_name
+    from launcher.inputs.machine import rocm_product_name
 
     assert profile_for_gpu_name(rocm_product_name(ROCM_SMI)) == "mi300x"
 
@@ -95,7 +95,7 @@ def _fake_tool(bin_dir, name, stdout):
     ("rocm-smi", ROCM_SMI, "mi300x"),
 ])
 def test_auto_detects_the_card_through_its_tool(tmp_path, monkeypatch, tool, stdout, profile):
-    from launcher.machine import auto_profile_name, detect_gpu_name
+    from launcher.inputs.machine import auto_profile_name, detect_gpu_name
 
     _fake_tool(tmp_path, tool, stdout)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -104,7 +104,7 @@ def test_auto_detects_the_card_through_its_tool(tmp_path, monkeypatch, tool, std
 
 def test_auto_on_a_card_without_a_profile_is_bad_input(tmp_path, monkeypatch):
     from launcher.errors import ConfigError
-    from launcher.machine import auto_profile_name, detect_gpu_name
+    from launcher.inputs.machine import auto_profile_name, detect_gpu_name
 
     _fake_tool(tmp_path, "nvidia-smi", "NVIDIA A10")
     monkeypatch.setenv("PATH", str(tmp_path))

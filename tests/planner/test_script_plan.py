@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from launcher.config.jobfile import load_job
+from launcher.inputs.plan_inputs import plan_job
 from launcher.model.introspect import ModelStats
-from launcher.plan_inputs import plan_job
 from launcher.planner.memory import TRL_HOST_BYTES_PER_LOGIT, trl_head_bytes
 from tests.conftest import REPO, TINY_GPT2
 

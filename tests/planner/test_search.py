@@ -99,7 +99,7 @@ def test_forced_plan_over_budget(request_for):
 
 def test_a_forced_plan_carries_its_problem_typed_and_unworded(request_for):
     """The planner returns what the forced plan overruns as numbers (Plan.problem, kept in plan.json); the
-    sentence is launcher.plan_words', put first by launcher.plan_inputs.plan_job, not the planner's."""
+    sentence is launcher.plan_words', put first by launcher.inputs.plan_inputs.plan_job, not the planner's."""
     from launcher.planner.plan import Plan, Problem
 
     pins = StrategyConfig(engine="deepspeed", zero_stage=0, offload_optimizer="none", offload_params="none",

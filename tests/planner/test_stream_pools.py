@@ -106,8 +106,8 @@ def test_a_basis_without_the_pool_is_predicted_at_the_largest_tensor_moment(monk
     # A GPU plan read on CPU ranks (tensor bytes) or by allocated bytes counts no pool: where the pool made the
     # backward moment the verdict's peak, those bases still peak where the tensors do (the end of backward here).
     from launcher.planner.plan import Estimate, Plan
-    from launcher.report import predicted_on_basis
-    from tests.test_report import plan_of
+    from launcher.records.report import predicted_on_basis
+    from tests.records.test_report import plan_of
 
     base = plan()
     assert base.peak_moment == "backward_end"  # also the largest tensor moment (no pool lifts another)

@@ -12,7 +12,7 @@ from benchmarks.accuracy.cells import ZERO2_FLUSH_DEV
 from launcher.config.jobfile import job_from_data
 from launcher.engines.deepspeed.memory import deepspeed_states
 from launcher.engines.deepspeed.zero_flush import flatten_copy, grads_in_partition, partition_elems, zero2_instants
-from launcher.plan_inputs import plan_job
+from launcher.inputs.plan_inputs import plan_job
 from launcher.planner.memory import estimate_memory
 from tests.planner.test_backward_end import FSDP, ZERO1, ZERO2, ZERO3, buckets, gpt2_stats, inputs
 

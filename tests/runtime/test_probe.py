@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from launcher.rankreport import RankReport
+from launcher.records.rankreport import RankReport
 from launcher.runtime import memory_probe, read_jsonl
 from launcher.runtime.probe import MemoryProbe
 

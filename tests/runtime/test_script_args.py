@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launcher.rankreport import RankReport, ScriptOverride
+from launcher.records.rankreport import RankReport, ScriptOverride
 from launcher.runtime.script_args import CHECKPOINTING, ScriptPlan, Seam, training_args_values
 
 pytest.importorskip("transformers")

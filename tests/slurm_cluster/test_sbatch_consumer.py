@@ -25,7 +25,7 @@ from launcher.config.jobfile import set_dotted
 from launcher.config.load import from_dict
 from launcher.emit.sbatch import sbatch_text
 from launcher.planner.plan import Buckets, Estimate, Plan, Strategy
-from launcher.runreport import read_report
+from launcher.records.runreport import read_report
 from tests.conftest import require_cluster
 from tests.slurm_cluster.test_slurm_dev_cluster import CLUSTER_UP, DEADLINE_S, _sacct_state
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from launcher import machine
-from launcher.machine import cpu_bf16_support, gpu_bf16_support
-from launcher.precision import Bf16Support, choose_precision
+from launcher.inputs import machine
+from launcher.inputs.machine import cpu_bf16_support, gpu_bf16_support
+from launcher.inputs.precision import Bf16Support, choose_precision
 from tests.cli.test_plan_cli import run_cli
 
 AMX_CPU = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 amx_tile avx512_bf16\n"
@@ -114,7 +114,7 @@ def test_plan_decides_auto_for_a_gpu_profile(capsys, write_job, hardware, expect
 
 
 def test_every_gpu_profile_has_a_bf16_answer():
-    from launcher.machine import NATIVE_BF16_WITHOUT_CUDA
+    from launcher.inputs.machine import NATIVE_BF16_WITHOUT_CUDA
     from launcher.planner.hardware import PROFILES
 
     gpus = {name for name, p in PROFILES.items() if not p.device_is_host}

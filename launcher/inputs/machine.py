@@ -8,13 +8,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from launcher.cache import profile_file
 from launcher.calibrate.profiles import hardware_path
 from launcher.config.job import Job
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
+from launcher.inputs.cache import profile_file
+from launcher.inputs.precision import GPU_BF16_MIN_CAPABILITY, Bf16Support
 from launcher.planner.hardware import PROFILES, HardwareProfile, profile_for_gpu_name
-from launcher.precision import GPU_BF16_MIN_CAPABILITY, Bf16Support
 
 
 def _run(argv: list[str]) -> str | None:

@@ -8,15 +8,15 @@ from pathlib import Path
 from launcher.categories import CATEGORY_GROUPS, grown_category
 from launcher.categories import measured_bytes as measured_group
 from launcher.categories import predicted_bytes as predicted_group
-from launcher.datasummary import read_data_summary
 from launcher.fsutil import atomic_write
 from launcher.live import last_line
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.planner.plan import Plan
 from launcher.procs import exit_words, stopped_by_request
-from launcher.rankreport import RankReport, ScriptOverride
+from launcher.records.datasummary import read_data_summary
+from launcher.records.rankreport import RankReport, ScriptOverride
+from launcher.records.runreport import RankRow, RunReport
 from launcher.rundir import FINAL_STATUSES, RunDir
-from launcher.runreport import RankRow, RunReport
 from launcher.units import decimal_unit, format_bytes
 
 __all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.categories), re-exported for its readers

@@ -13,13 +13,14 @@ import json
 import warnings
 from pathlib import Path
 
-from launcher.cache import cache_dir, write_cache
 from launcher.calibrate.profiles import activations_path
 from launcher.config.job import InlineArch, Job
 from launcher.config.jobfile import check_budget
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
-from launcher.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
+from launcher.inputs.cache import cache_dir, write_cache
+from launcher.inputs.machine import bf16_support, hardware_profile, host_ram_bytes, nvme_free_bytes
+from launcher.inputs.precision import choose_precision
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
 from launcher.model.config_file import config_file_problems
 from launcher.model.introspect import ModelStats
@@ -28,7 +29,6 @@ from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
 from launcher.planner.search import PlanRequest, batch_problem, context_problem, make_plan
-from launcher.precision import choose_precision
 from launcher.units import article, format_bytes_apart
 
 INTROSPECT_VERSION = 7
@@ -82,7 +82,7 @@ def _transformers_quiet():
         hf_logging.set_verbosity(level)
 
 
-BUNDLED_STATS = Path(__file__).parent / "model" / "bundled_stats.json"
+BUNDLED_STATS = Path(__file__).parents[1] / "model" / "bundled_stats.json"
 """The bundled configs' ModelStats and probe constants, keyed like the cache (scripts/gen_bundled_stats.py)."""
 
 
@@ -198,7 +198,7 @@ def request_problems(job: Job) -> list[Problem]:
     problems: list[Problem] = []
     try:
         profile = hardware_profile(job)
-    except ConfigError as e:  # cluster.hardware names no profile (launcher.machine raises it typed)
+    except ConfigError as e:  # cluster.hardware names no profile (launcher.inputs.machine raises it typed)
         problems += e.found
         profile = None
     budget = job.budget_bytes

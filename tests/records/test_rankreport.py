@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.rankreport import RANK_REPORT_SCHEMA, OomDetails, RankReport
+from launcher.records.rankreport import RANK_REPORT_SCHEMA, OomDetails, RankReport
 
 
 def full_report() -> RankReport:

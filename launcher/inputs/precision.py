@@ -1,6 +1,6 @@
 """train.precision: auto: the rule that picks bf16 or fp32 from what the ranks' devices compute natively.
 
-Pure: launcher.machine detects the support (environment, /proc/cpuinfo, nvidia-smi); ``choose_precision`` turns it
+Pure: launcher.inputs.machine detects the support (environment, /proc/cpuinfo, nvidia-smi); ``choose_precision`` turns it
 into a dtype and a reason, and both go to the planner as inputs, like the hardware profile.
 
 Why it matters on CPU: without AMX or AVX512-BF16, oneDNN emulates bf16 matmuls and they run ~10x slower than

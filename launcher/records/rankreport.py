@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from launcher.records import known_and_extra, set_fields
+from launcher.records.shared import known_and_extra, set_fields
 
 RANK_REPORT_SCHEMA = 1
 """Version of rank-K.json's layout; from_json refuses a newer one rather than misread it."""

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from launcher.planner.plan import Strategy
-from launcher.runreport import (
+from launcher.records.runreport import (
     REPORT_SCHEMA,
     Attempt,
     AttemptOom,
@@ -92,10 +92,10 @@ def test_a_newer_report_is_refused_and_a_missing_one_is_none(tmp_path):
 def test_report_json_carries_the_data_summary_and_reads_older_reports_without_it(tmp_path):
     """Issue 36 §4: report.json's ``data`` is the launcher's count of the data (RUN/data.json, written before the
     launch); a report written before the field reads with None."""
-    from launcher.datasummary import DataSummary, DroppedExamples
-    from launcher.report import build_report
+    from launcher.records.datasummary import DataSummary, DroppedExamples
+    from launcher.records.report import build_report
     from launcher.rundir import RunDir
-    from tests.test_report import plan_of
+    from tests.records.test_report import plan_of
 
     s = DataSummary(format="messages", task="causal_lm", rows=40, train_examples=35, eval_examples=4,
                     dropped=[DroppedExamples(reason="prompt_fills_max_seq_len", count=1, rows=[7])], tokens=900,

@@ -1,6 +1,6 @@
 """Where the launcher keeps what it can rebuild: introspection, activation probes, calibrated profiles.
 
-The one reader of the two environment variables that move it (tests/test_cache.py holds every other module to
+The one reader of the two environment variables that move it (tests/inputs/test_cache.py holds every other module to
 that): they are read at each call, not at import, so a test or a benchmark that sets them in its own process is
 seen, and nothing else in the launcher needs to know they exist.
 """

@@ -67,7 +67,7 @@ def expand(sweep: dict | None) -> list[Variant]:
         return []
     problems: list[str] = []
     if not isinstance(sweep, dict):
-        raise ConfigError(f"sweep: {sweep!r} must be a mapping with grid: and/or list:; see launcher/variants.py")
+        raise ConfigError(f"sweep: {sweep!r} must be a mapping with grid: and/or list:; see launcher/inputs/variants.py")
     unknown = sorted(set(sweep) - {"grid", "list"})
     for key in unknown:
         problems.append(f"sweep.{key}: unknown key; use grid: (dotted key to a list of values) or list: "

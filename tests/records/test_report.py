@@ -4,8 +4,8 @@ import json
 import struct
 
 from launcher.planner.plan import Buckets, Estimate, Plan, Strategy
-from launcher.report import BUDGET_OFF_CHART, over_budget_message, plot_memory, plot_unit
-from launcher.runreport import RankRow, RunReport
+from launcher.records.report import BUDGET_OFF_CHART, over_budget_message, plot_memory, plot_unit
+from launcher.records.runreport import RankRow, RunReport
 
 
 def report(budget: int, measured: int = 8_340_000, predicted: int = 8_610_000) -> RunReport:
@@ -62,7 +62,7 @@ def test_over_budget_message_names_the_rank_peak_budget_and_category():
 
 
 def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):
-    from launcher.report import build_report, render_report
+    from launcher.records.report import build_report, render_report
     from launcher.rundir import RunDir
 
     run = RunDir(tmp_path)
@@ -102,7 +102,7 @@ CUDA_PLAN = plan_of(80_000_000_000, 50_000_000_000, basis="cuda_reserved_plus_co
 
 
 def test_report_states_the_basis_cpu_ranks_measure_tensor_bytes(tmp_path):
-    from launcher.report import build_report
+    from launcher.records.report import build_report
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes", "measured_peak_bytes": 9}])
     plan = plan_of(10, 8, {"reserve": 0})
@@ -112,7 +112,7 @@ def test_report_states_the_basis_cpu_ranks_measure_tensor_bytes(tmp_path):
 
 
 def test_report_on_cuda_judges_reserved_plus_context_against_the_same_prediction(tmp_path):
-    from launcher.report import build_report
+    from launcher.records.report import build_report
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cuda:0", "basis": "cuda_reserved_plus_context",
                                   "measured_peak_bytes": 81_000_000_000, "max_memory_allocated_bytes": 70_000_000_000,
@@ -126,7 +126,7 @@ def test_report_on_cuda_judges_reserved_plus_context_against_the_same_prediction
 
 
 def test_a_gpu_plan_run_on_cpu_ranks_is_compared_on_tensor_bytes(tmp_path):
-    from launcher.report import build_report
+    from launcher.records.report import build_report
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes",
                                   "measured_peak_bytes": 44_000_000_000}])
@@ -136,7 +136,7 @@ def test_a_gpu_plan_run_on_cpu_ranks_is_compared_on_tensor_bytes(tmp_path):
 
 
 def test_report_carries_the_runs_eval_loss_and_accuracy(tmp_path):
-    from launcher.report import build_report, render_report
+    from launcher.records.report import build_report, render_report
     from launcher.rundir import RunDir
 
     (tmp_path / "ranks").mkdir()
@@ -152,7 +152,7 @@ def test_report_carries_the_runs_eval_loss_and_accuracy(tmp_path):
 
 
 def test_report_repeats_that_the_step_in_backward_turned_clipping_off(tmp_path):
-    from launcher.report import build_report, render_report
+    from launcher.records.report import build_report, render_report
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "basis": "cpu_tensor_bytes", "measured_peak_bytes": 9}])
     note = "optimizer step in backward: gradient clipping is OFF -- train.max_grad_norm 1 is not applied"
@@ -166,7 +166,7 @@ def test_report_repeats_that_the_step_in_backward_turned_clipping_off(tmp_path):
 
 
 def test_a_torn_rank_file_counts_as_missing_rather_than_ending_the_report(tmp_path):
-    from launcher.report import build_report
+    from launcher.records.report import build_report
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cpu", "status": "completed", "measured_peak_bytes": 9}])
     (run.ranks / "rank-1.json").write_text('{"rank": 1, "status": "comp')  # a rank killed while writing it
@@ -178,7 +178,7 @@ def test_a_rank_that_completed_without_measuring_is_said_so_not_failed(tmp_path,
     """A --script that exits 0 at once: its ranks complete and measure nothing. The verdict stays not-within-budget
     (0 bytes is no evidence of fitting), but the words said "rank(s) [0, 1] failed" and "recorded a failure"."""
     from launcher.backends.base import Outcome
-    from launcher.report import build_report, render_report
+    from launcher.records.report import build_report, render_report
     from launcher.rundir import RunDir
     from launcher.session.finish import describe_failure
 

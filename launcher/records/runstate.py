@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.procs import ProcessRef
-from launcher.records import known_and_extra, set_fields
+from launcher.records.shared import known_and_extra, set_fields
 
 RUN_STATE_SCHEMA = 1
 """Version of state.json's layout; from_json refuses a newer one rather than misread it."""

@@ -1,7 +1,7 @@
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.variants import expand, variant_name
+from launcher.inputs.variants import expand, variant_name
 
 
 def test_grid_is_the_product_last_key_fastest():

@@ -1,4 +1,4 @@
-"""state.json as launcher.runstate.RunState: typed, with the processes that own the run, and kept on a full disk."""
+"""state.json as launcher.records.runstate.RunState: typed, with the processes that own the run, and kept on a full disk."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from launcher.fsutil import write_reserved
 from launcher.procs import ProcessRef
+from launcher.records.runstate import RESERVE_BYTES, RunState
 from launcher.rundir import RunDir
-from launcher.runstate import RESERVE_BYTES, RunState
 
 
 def test_state_json_round_trips_and_keeps_what_other_writers_added(tmp_path):

@@ -1,6 +1,6 @@
 """RUN_DIR/report.json: the run's verdict, one row per rank, and with --auto-fallback the ladder's attempts.
 
-Built by launcher.report.build_report (the rows and verdict), launcher.session.finish (how the ranks ended) and
+Built by launcher.records.report.build_report (the rows and verdict), launcher.session.finish (how the ranks ended) and
 launcher.session.ladder (the attempts). The keys on disk are the field names, as before the type existed.
 """
 
@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.datasummary import DataSummary
 from launcher.planner.plan import Strategy
-from launcher.rankreport import ScriptOverride
+from launcher.records.datasummary import DataSummary
+from launcher.records.rankreport import ScriptOverride
 
 REPORT_SCHEMA = 1
 """Version of report.json's layout; from_json refuses a newer one rather than misread it."""
@@ -35,9 +35,9 @@ class RankRow:
     device: str = "cpu"
     """Device type: cpu or cuda."""
     status: str = "unknown"
-    """The status its rank file records (launcher.rankreport.RankReport.status)."""
+    """The status its rank file records (launcher.records.rankreport.RankReport.status)."""
     verdict: str = "failed"
-    """ok, OVER, oom, failed or interrupted (launcher.report.rank_verdict)."""
+    """ok, OVER, oom, failed or interrupted (launcher.records.report.rank_verdict)."""
     measured: bool = False
     """Whether the rank measured a peak (above 0 bytes)."""
     basis: str = "cpu_tensor_bytes"
@@ -239,7 +239,7 @@ _WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_over
 
 @dataclass(kw_only=True, slots=True)
 class RunReport:
-    """report.json: one verdict for the run (launcher.report.RUN_VERDICTS) and a row per rank that wrote a file."""
+    """report.json: one verdict for the run (launcher.records.report.RUN_VERDICTS) and a row per rank that wrote a file."""
 
     verdict: str = "incomplete"
     """within_budget, over_budget, oom, failed, interrupted or incomplete."""

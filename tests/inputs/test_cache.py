@@ -1,15 +1,15 @@
-"""launcher.cache is the one reader of LAUNCHER_CACHE and LAUNCHER_PROFILE_FILE (issue 18 §6)."""
+"""launcher.inputs.cache is the one reader of LAUNCHER_CACHE and LAUNCHER_PROFILE_FILE (issue 18 §6)."""
 
 import ast
 import json
 import shutil
 from pathlib import Path
 
-from launcher.cache import CACHE_ENV, PROFILE_FILE_ENV, cache_dir
 from launcher.config.jobfile import job_from_data
-from launcher.machine import hardware_profile
+from launcher.inputs.cache import CACHE_ENV, PROFILE_FILE_ENV, cache_dir
+from launcher.inputs.machine import hardware_profile
 
-PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
+PACKAGE = Path(__file__).resolve().parents[2] / "launcher"
 DATA = str(PACKAGE.parent / "examples" / "data" / "causal.jsonl")
 
 
@@ -24,15 +24,15 @@ def modules_naming(names: set[str], root: Path = PACKAGE) -> list[str]:
 
 
 def test_only_launcher_cache_reads_its_variables():
-    assert {f.split(":")[0] for f in modules_naming({CACHE_ENV, PROFILE_FILE_ENV})} == {"launcher/cache.py"}
+    assert {f.split(":")[0] for f in modules_naming({CACHE_ENV, PROFILE_FILE_ENV})} == {"launcher/inputs/cache.py"}
 
 
 def test_a_read_elsewhere_is_caught(tmp_path):
     root = tmp_path / "launcher"
     shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
-    target = root / "plan_inputs.py"
+    target = root / "inputs" / "plan_inputs.py"
     target.write_text(target.read_text() + '\n\nCACHE = os.environ.get("LAUNCHER_CACHE")\n')
-    assert f"launcher/plan_inputs.py:{len(target.read_text().splitlines())}" in modules_naming({CACHE_ENV}, root)
+    assert f"launcher/inputs/plan_inputs.py:{len(target.read_text().splitlines())}" in modules_naming({CACHE_ENV}, root)
 
 
 def test_the_profile_file_named_replaces_the_cache_own(tmp_path, monkeypatch):
