@@ -248,26 +248,22 @@ def local_shards(cls):
             self.state[q] = self.state[p]  # the same dict: what bitsandbytes writes under q is p's
             return q
 
-        def _done(self, p: torch.Tensor, q: torch.Tensor) -> None:
-            if q is not p:
-                del self.state[q]
-                q.grad = None
+        def _on_local(self, method, group, p, gindex, pindex) -> None:
+            q = self._local(p)
+            try:
+                method(group, q, gindex, pindex)
+            finally:
+                if q is not p:
+                    del self.state[q]
+                    q.grad = None
 
         @torch.no_grad()
         def init_state(self, group, p, gindex, pindex):
-            q = self._local(p)
-            try:
-                super().init_state(group, q, gindex, pindex)
-            finally:
-                self._done(p, q)
+            self._on_local(super().init_state, group, p, gindex, pindex)
 
         @torch.no_grad()
         def update_step(self, group, p, gindex, pindex):
-            q = self._local(p)
-            try:
-                super().update_step(group, q, gindex, pindex)
-            finally:
-                self._done(p, q)
+            self._on_local(super().update_step, group, p, gindex, pindex)
 
     LocalShards.__name__ = LocalShards.__qualname__ = cls.__name__
     return LocalShards
