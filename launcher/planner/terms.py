@@ -489,13 +489,24 @@ def over_links(inp: MemoryInputs, volume: float, calls: int) -> Traffic:
     return Traffic(intra_node_bytes=0.0, inter_node_bytes=volume * ring(inp.world_size), calls=calls)
 
 
-def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -> float:
+TORCH_HOST_ADAM_RATIO = 8.6
+"""torch's single-tensor AdamW (foreach=False, what FSDP2's CPU offload steps its host shards with:
+launcher.worker.engines.base.build_optimizer) over DeepSpeed's CPU Adam (DeepSpeedCPUAdam, the vectorized step
+ZeRO-Offload runs and ``cpu_adam_params_per_s`` rates: `launch calibrate` times it where it loads) on the same fp32
+tensor, one thread each (the launcher's local ranks run with OMP_NUM_THREADS=1): the median of 7 interleaved rounds
+on 2^22 elements, the fastest of 10 steps each (8.6, 10.8, 4.0, 9.2, 3.1, 12.9, 3.2; DeepSpeedCPUAdam 0.36-1.36e9
+params/s, torch 0.10-0.31e9, a shared 2-core host at load 10-12; DeepSpeed 0.16+, torch 2.13). Issue 37 §4: the
+host step priced from the implementation that runs it; was 1, which priced FSDP2's offloaded step as DeepSpeed's."""
+
+
+def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool, *, torch_adam: bool = False) -> float:
     """Seconds per step of an optimizer on the host over this rank's shard: gradients down and updated
-    parameters up over PCIe, CPU Adam on the node's cores, and with NVMe the state swapped out and back
-    [ZeRO-Offload, arXiv:2101.06840]."""
+    parameters up over PCIe, CPU Adam on the node's cores (``torch_adam``: torch's AdamW, TORCH_HOST_ADAM_RATIO
+    times DeepSpeed's), and with NVMe the state swapped out and back [ZeRO-Offload, arXiv:2101.06840]."""
     hw, w = inp.hardware, BYTES[inp.precision]
     pcie = 2 * w * trainable_shard / hw.host_link_bw  # grads down, updated params up
-    adam = trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    adam = trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s * (TORCH_HOST_ADAM_RATIO if torch_adam
+                                                                              else 1.0)
     seconds = pcie + adam
     if nvme:
         seconds += 2 * 16 * trainable_shard * inp.gpus_per_node / hw.nvme_bw

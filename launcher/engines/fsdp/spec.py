@@ -190,8 +190,9 @@ class FsdpSpec(EngineSpec):
         offload = 0.0
         if self.optimizer_on_host(s):
             # The optimizer runs over this rank's shard: 1/N of the model, or 1/gpus_per_node under hybrid.
+            # torch's AdamW (build_optimizer) steps the host shards, not DeepSpeed's vectorized CPU Adam.
             offload += optimizer_offload_s(inp, m.trainable_params / fsdp_shard_ranks(inp, s),
-                                           s.layout.offload_optimizer == "nvme")
+                                           s.layout.offload_optimizer == "nvme", torch_adam=True)
         if s.layout.offload_params == "cpu":
             # CPUOffloadPolicy keeps every fp32 shard on the host and copies it to the device before each
             # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)

@@ -228,14 +228,29 @@ def _paged_class():
     return PagedAdamW8bit
 
 
+def _evict(state: dict) -> None:
+    """Send a paged state's pages back to the host once its tensor has stepped (bitsandbytes' prefetch_tensor with
+    to_cpu: cudaMemPrefetchAsync to the host, on the stream the step ran on), so the device holds one tensor's pages
+    at a time whatever room the card has: the working set the plan counts (terms.page_state), and no managed pages
+    left resident where the rank measures device memory outside the allocator. Plain tensors (CPU ranks, tensors
+    under bitsandbytes' paging size) stay where they are."""
+    paged = [t for t in (state.get("state1"), state.get("state2")) if getattr(t, "is_paged", False)]
+    if paged:
+        from bitsandbytes import functional as F
+
+        for t in paged:
+            F.prefetch_tensor(t, to_cpu=True)
+
+
 def local_shards(cls):
     """``cls`` (a bitsandbytes optimizer) stepping FSDP2's DTensor parameters through their local shards.
 
     bitsandbytes' kernels are custom ops DTensor has no sharding rule for, so each tensor's state is built and
     stepped on the plain local tensor (DTensor.to_local under no_grad is the shard's own storage, which FSDP2 steps
     in place) with the local gradient; the state stays keyed by the DTensor parameter, as get_state_dict reads it.
-    Plain tensors (DeepSpeed's, a test's) step as they are. On CUDA the large states are paged (managed memory); on
-    CPU bitsandbytes keeps plain tensors and steps them with its CPU kernel (it warns once that it does not page)."""
+    Plain tensors (DeepSpeed's, a test's) step as they are. On CUDA the large states are paged (managed memory) and
+    sent back to the host after each tensor's step (_evict); on CPU bitsandbytes keeps plain tensors and steps them
+    with its CPU kernel (it warns once that it does not page)."""
 
     class LocalShards(cls):
         def _local(self, p: torch.Tensor):
@@ -264,6 +279,7 @@ def local_shards(cls):
         @torch.no_grad()
         def update_step(self, group, p, gindex, pindex):
             self._on_local(super().update_step, group, p, gindex, pindex)
+            _evict(self.state[p])
 
     LocalShards.__name__ = LocalShards.__qualname__ = cls.__name__
     return LocalShards
