@@ -117,7 +117,7 @@ def test_without_a_low_memory_optimizer_the_jobs_adamw_is_built():
     assert type(build_optimizer(TRAIN, _params((4,)))) is torch.optim.AdamW
 
 
-@pytest.mark.parametrize("name", ["adamw8bit", "adafactor"])
+@pytest.mark.parametrize("name", ["adamw8bit", "adafactor", "paged_adamw8bit"])
 def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, single_rank, examples_data):
     # DCP saves torchao's quantized DTensor states and ShardedAdafactor's row/column DTensors; a resumed engine
     # steps exactly as the one that saved.
@@ -138,7 +138,8 @@ def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, s
         finally:
             FsdpEngine.low_memory_optimizer = "none"
     a, b = engines
-    assert type(a.optimizer).__name__ == {"adamw8bit": "AdamW8bit", "adafactor": "ShardedAdafactor"}[name]
+    assert type(a.optimizer).__name__ == {"adamw8bit": "AdamW8bit", "adafactor": "ShardedAdafactor",
+                                          "paged_adamw8bit": "PagedAdamW8bit"}[name]
     train_step(a)
     assert_resumes_exactly(a, b, tmp_path)
 
