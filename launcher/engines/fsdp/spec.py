@@ -250,7 +250,10 @@ class FsdpSpec(EngineSpec):
             # The rank side's step (launcher.worker.engines.base.build_optimizer): a low-bit AdamW rounds
             # stochastically (optimizers.low_memory_optimizer), as do Adam/AdamW (optimizers.stochastic_round_adam);
             # SGD is torch's.
-            if opt != "none":
+            if opt == PAGED:
+                notes.append(f"  The plan's {opt} (bitsandbytes) rounds each bf16 weight to nearest in its own "
+                             "kernel, as torchtune's recipes run it.")
+            elif opt != "none":
                 notes.append(f"  The plan's {opt} rounds stochastically: build it (below) with "
                              "bf16_stochastic_round=True; rounding to nearest")
                 notes.append("  drops updates under half a bf16 spacing of the weight.")
