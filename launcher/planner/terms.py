@@ -62,6 +62,14 @@ torch kernel, backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu: dequanti
 requantize; no paging off CUDA): 21, the median of the same fit cells (30.2, 29.9, 28.3 at 2^20; 14.5, 13.4, 11.2
 at 2^22, one thread, best of 5 against best of 15 AdamW steps, 3 rounds, bitsandbytes 0.50.2); 2^21 read 12-24,
 2^23 5-8, so it over-prices a large tensor's step, harmless on the CPU ranks it prices."""
+TORCH_HOST_ADAM_RATIO = 8.6
+"""torch's single-tensor AdamW (foreach=False, what FSDP2's CPU offload steps its host shards with:
+launcher.worker.engines.base.build_optimizer) over DeepSpeed's CPU Adam (DeepSpeedCPUAdam, the vectorized step
+ZeRO-Offload runs and ``cpu_adam_params_per_s`` rates: `launch calibrate` times it where it loads) on the same fp32
+tensor, one thread each (the launcher's local ranks run with OMP_NUM_THREADS=1): the median of 7 interleaved rounds
+on 2^22 elements, the fastest of 10 steps each (8.6, 10.8, 4.0, 9.2, 3.1, 12.9, 3.2; DeepSpeedCPUAdam 0.36-1.36e9
+params/s, torch 0.10-0.31e9, a shared 2-core host at load 10-12; DeepSpeed 0.16+, torch 2.13). Issue 37 §4: the
+host step priced from the implementation that runs it; was 1, which priced FSDP2's offloaded step as DeepSpeed's."""
 SR_STEP_COPIES = 10.25
 """Pure bf16's stochastically rounded Adam/AdamW step (launcher.worker.engines.optimizers.stochastic_round_adam:
 torchao adam.py single_param_adam with BF16_STOCHASTIC_ROUND) run eagerly: fp32-sized tensors of the parameter it
@@ -243,8 +251,8 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     on the device, for this rank's shard.
 
     On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO (per
-    optimizer) times torch's AdamW, whose rate is
-    cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
+    optimizer) times torch's AdamW, whose rate is cpu_adam_params_per_s / TORCH_HOST_ADAM_RATIO shared by the node's
+    ranks. On CUDA the compiled step is bandwidth-bound like AdamW
     (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
     bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
     and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0. A low-bit AdamW
@@ -254,12 +262,13 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     hw = inp.hardware
     if not on_host:
         return 0.0
+    # The ratios are to torch's AdamW, TORCH_HOST_ADAM_RATIO times slower than the CPU Adam the rate is of.
+    torch_adam_s = TORCH_HOST_ADAM_RATIO * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
     if stochastic_rounds(inp, s):
-        return (SR_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+        return (SR_CPU_STEP_RATIO - 1) * torch_adam_s
     if LOW_MEMORY_OPTIMIZER.of(s) not in LOW_BIT_STATE:
         return 0.0
-    ratio = LOW_BIT_CPU_STEP_RATIO[LOW_MEMORY_OPTIMIZER.of(s)]
-    return (ratio - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    return (LOW_BIT_CPU_STEP_RATIO[LOW_MEMORY_OPTIMIZER.of(s)] - 1) * torch_adam_s
 
 
 def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
@@ -487,16 +496,6 @@ def over_links(inp: MemoryInputs, volume: float, calls: int) -> Traffic:
     if inp.nodes == 1:
         return Traffic(intra_node_bytes=volume * ring(inp.world_size), inter_node_bytes=0.0, calls=calls)
     return Traffic(intra_node_bytes=0.0, inter_node_bytes=volume * ring(inp.world_size), calls=calls)
-
-
-TORCH_HOST_ADAM_RATIO = 8.6
-"""torch's single-tensor AdamW (foreach=False, what FSDP2's CPU offload steps its host shards with:
-launcher.worker.engines.base.build_optimizer) over DeepSpeed's CPU Adam (DeepSpeedCPUAdam, the vectorized step
-ZeRO-Offload runs and ``cpu_adam_params_per_s`` rates: `launch calibrate` times it where it loads) on the same fp32
-tensor, one thread each (the launcher's local ranks run with OMP_NUM_THREADS=1): the median of 7 interleaved rounds
-on 2^22 elements, the fastest of 10 steps each (8.6, 10.8, 4.0, 9.2, 3.1, 12.9, 3.2; DeepSpeedCPUAdam 0.36-1.36e9
-params/s, torch 0.10-0.31e9, a shared 2-core host at load 10-12; DeepSpeed 0.16+, torch 2.13). Issue 37 §4: the
-host step priced from the implementation that runs it; was 1, which priced FSDP2's offloaded step as DeepSpeed's."""
 
 
 def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool, *, torch_adam: bool = False) -> float:
