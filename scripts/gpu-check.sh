@@ -69,6 +69,11 @@ lever_job levers-pure-bf16-fsdp fsdp gpt2-124m ", pure_bf16: true" ", allow_leve
 # GPU_VALIDATION_5: pure bf16 with torchao's 8-bit AdamW (stochastically rounded, compiled on CUDA).
 lever_job levers-pbf16-adamw8bit-fsdp fsdp gpt2-124m ", pure_bf16: true, low_memory_optimizer: adamw8bit" \
   ", allow_levers: [pure_bf16, adamw8bit]"
+# GPU_VALIDATION_6 (issue 37): bitsandbytes' paged 8-bit AdamW with pure bf16 and the step in backward, as
+# torchtune's single-device recipe runs it: its state in CUDA managed memory, evicted after each tensor's step.
+lever_job levers-paged-adamw8bit-fsdp fsdp llama-1b \
+  ", pure_bf16: true, optimizer_in_backward: true, low_memory_optimizer: paged_adamw8bit, activation_checkpointing: true" \
+  ", allow_levers: [pure_bf16, adamw8bit], max_grad_norm: 0"
 # ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use). With the allocator's snapshot:
 # its segments carry their stream, which measures the reduce_and_partition stream's pool (DEEPSPEED_COMMUNICATORS,
 # launcher/engines/deepspeed/memory.py, says why).

@@ -11,11 +11,12 @@ mkdir -p .whl
 rm -f .whl/*.whl
 pkgs=()
 for p in transformers peft torchao submitit hjson pydantic pydantic_core annotated-types typing-inspection \
-         typing_extensions datasets dill multiprocess; do
+         typing_extensions datasets dill multiprocess bitsandbytes; do
   pkgs+=("$p==$(ver "$p")")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${pkgs[@]}"
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .whl "${pkgs[@]}"  # 2_24: bitsandbytes' wheel (py3-none, its CUDA libs inside)
 # DeepSpeed publishes a source archive only: build its pure-Python wheel (no ops; they JIT-compile on first use).
 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(ver deepspeed)"
 du -sh .whl

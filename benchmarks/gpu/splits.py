@@ -49,6 +49,13 @@ GPU_VALIDATION_5 = ("levers-pbf16-adamw8bit-fsdp",)
 appearance, launcher.worker.engines.optimizers._fp32_appearance), whose CUDA step the plan counts with no working
 copies (terms.optimizer_step_temp_bytes). GPT-2 124M, bf16, one GPU. Criteria: GPU_VALIDATION_3's."""
 
+GPU_VALIDATION_6 = ("levers-paged-adamw8bit-fsdp",)
+"""gpu-check run name, committed on 2026-11-29 (issue 37 §4, no GPU lent) before it ran anywhere: bitsandbytes'
+PagedAdamW8bit on one FSDP2 rank with pure bf16 and the step in backward (Llama 3.2 1B shapes, bf16, one GPU): its
+large states in CUDA managed memory, paged in for each tensor's step and evicted after it
+(launcher.worker.engines.optimizers._evict), which the plan counts as host bytes and one tensor's working set
+(terms.page_state). Criteria: GPU_VALIDATION_3's; the outside-allocator one is where resident pages would show."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

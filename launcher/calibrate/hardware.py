@@ -8,7 +8,7 @@ Every figure is in seconds-based units (FLOP/s, bytes/s, params/s, s) and maps o
   collective_latency_s     a 4-byte all-reduce
   host_link_bw             CPU: a memcpy between host buffers; CUDA: pinned host <-> device, the slower way
   cpu_adam_params_per_s    the node: every rank steps its own fp32 partition at once (DeepSpeedCPUAdam when it
-                           loads, else torch AdamW), summed over ranks
+                           loads, else torch AdamW read at DeepSpeed's rate: deepspeed_rate), summed over ranks
   block_overhead_s         a GPT-2 block's forward + backward at a tiny size, minus its FLOPs at the measured
                            rate; on CPU under the same MemTracker the ranks run (its per-op hooks are the cost)
   context_bytes            CUDA only: device memory in use after the context exists, outside the allocator
@@ -164,6 +164,14 @@ def cpu_adam(torch, params: list, ds_ok: bool):
         except Exception:  # no deepspeed, or its op does not load here
             pass
     return torch.optim.AdamW(params, lr=1e-3, foreach=False), "torch.optim.AdamW(foreach=False)"
+
+
+def deepspeed_rate(adam: dict) -> float:
+    """What one rank's measured Adam rate (adam_params_per_s) is multiplied by to read as DeepSpeed's CPU Adam's:
+    1 where it timed DeepSpeedCPUAdam, TORCH_HOST_ADAM_RATIO where it timed torch's AdamW."""
+    from launcher.planner.terms import TORCH_HOST_ADAM_RATIO
+
+    return 1.0 if "DeepSpeedCPUAdam" in str(adam.get("optimizer", "")) else TORCH_HOST_ADAM_RATIO
 
 
 def adam_params_per_s(torch, dist, rank: int, device, numel: int, box_s: float) -> dict[str, object]:
@@ -395,8 +403,10 @@ def summarize(per_rank: dict[int, dict], opts: CalibrationOptions, seconds: floa
         "intra_node_bw": med(lambda r: r["allreduce"]["bus_bw"]),
         "collective_latency_s": med(lambda r: r["allreduce"]["latency_s"]),
         "host_link_bw": med(lambda r: r["host_copy"]["bw"]),
-        # The cost model divides the node's partitions by this: every rank's optimizer runs at once.
-        "cpu_adam_params_per_s": float(sum(r["adam"]["params_per_s"] for r in ranks)),
+        # The cost model divides the node's partitions by this: every rank's optimizer runs at once. It is DeepSpeed's
+        # CPU Adam's rate (HardwareProfile.cpu_adam_params_per_s): a rank that timed torch's AdamW (no compiled op)
+        # counts TORCH_HOST_ADAM_RATIO times faster.
+        "cpu_adam_params_per_s": float(sum(r["adam"]["params_per_s"] * deepspeed_rate(r["adam"]) for r in ranks)),
         "block_overhead_s": med(lambda r: r["block_overhead_s"]),
         # The measured rate is what a large matmul reaches here: the profile's share of the datasheet peak (mfu)
         # would count the same shortfall twice.

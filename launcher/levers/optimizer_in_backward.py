@@ -52,8 +52,10 @@ class OptimizerInBackward(LeverSpec):
         return bool(pin) and not in_backward_possible(req, shape.grad_accum_steps)
 
     def excludes(self, setting, pure_bf16_optimizers: frozenset[str]) -> bool:
-        """Not with a low-memory optimizer: not modelled together (its step copies would sit in backward)."""
-        return self.on(setting) and low_memory_optimizer.SPEC.on(setting)
+        """Not with a low-memory optimizer: not modelled together (its step copies would sit in backward); but with
+        bitsandbytes' paged AdamW8bit, whose fused device step holds no copies (torchtune's single-device recipe)."""
+        opt = low_memory_optimizer.SPEC.of(setting)
+        return self.on(setting) and opt != low_memory_optimizer.SPEC.off and opt != low_memory_optimizer.PAGED
 
     def math_note(self, req) -> str:
         """Clipping is off: the one thing the lever changes in the math (its deltas are in the lever lines)."""

@@ -50,6 +50,14 @@ class PureBf16(LeverSpec):
         return (f"pure bf16: no fp32 master; {req.optimizer}'s step rounds to nearest (no stochastic rounding for it), "
                 "so updates under half a bf16 spacing of the weight are lost")
 
+    def strategy_note(self, req, s) -> str:
+        """math_note, but bitsandbytes' paged AdamW8bit rounds its bf16 weights to nearest (its own kernel)."""
+        if low_memory_optimizer.SPEC.of(s) == low_memory_optimizer.PAGED:
+            return ("pure bf16: no fp32 master; paged_adamw8bit's step (bitsandbytes) rounds each new bf16 weight to "
+                    "nearest, so updates under half a bf16 spacing of the weight are lost, as in torchtune's "
+                    "single-device recipes")
+        return self.math_note(req)
+
     def word(self, value: object) -> str:
         """"pure bf16"."""
         return "pure bf16" if value else ""

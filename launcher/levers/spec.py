@@ -136,6 +136,10 @@ class LeverSpec:
         report (Plan.math_notes); "" for none."""
         return ""
 
+    def strategy_note(self, req, s) -> str:
+        """math_note for the plan's strategy ``s``, where the other levers change what this one does to the math."""
+        return self.math_note(req)
+
     # -- words -----------------------------------------------------------------------------------------------------
     def word(self, value: object) -> str:
         """The lever in use, a short word for Strategy.label and `launch plan`'s lever line ("" when off)."""

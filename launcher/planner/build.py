@@ -56,8 +56,9 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
                            "term uses the bf16 rate, and precision: fp32 would step faster")
         if pinned:
             reasons.append(f"kept as pinned by the job: {', '.join(pinned)}")
-    # What the plan's levers turn off in the job's math (LeverSpec.math_note), in the registry's order.
-    math_notes = [note for spec in LEVERS.values() if spec.on(best.strategy) and (note := spec.math_note(req))]
+    # What the plan's levers turn off in the job's math (LeverSpec.strategy_note), in the registry's order.
+    s = best.strategy
+    math_notes = [note for spec in LEVERS.values() if spec.on(s) and (note := spec.strategy_note(req, s))]
     reasons += math_notes
     if req.precision_reason:
         reasons.append(req.precision_reason)

@@ -16,7 +16,8 @@ comm      = ring collectives move (N-1)/N of the payload per rank [ZeRO §7: DP 
             compute, never more than the compute's own length.
 offload   = PCIe traffic of grads and params, plus CPU Adam over the partition [ZeRO-Offload, arXiv:2101.06840];
             parameter offload moves every weight (frozen ones too) host to device in each forward and backward;
-            activation offload moves the saved activations out in forward and back in backward, not overlapped.
+            activation offload moves the saved activations out in forward and back in backward, not overlapped;
+            paged_adamw8bit pages its state in for each tensor's step and out again, over the host link.
 dequant   = QLoRA: each NF4 weight dequantized in forward, backward (and recompute), memory-bound: the
             bytes NF4Tensor.get_original_weight writes and reads over the device's memory bandwidth.
 optimizer = what a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over AdamW's
@@ -45,7 +46,7 @@ from launcher.levers.optimizer_in_backward import CALL_S, step_calls_s
 from launcher.planner.memo import spec_for
 from launcher.planner.memory import offloaded_activation_bytes, rank_activations
 from launcher.planner.plan import Strategy
-from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, stochastic_rounds
+from launcher.planner.terms import MemoryInputs, Traffic, optimizer_step_s, paged_state_s, stochastic_rounds
 
 ELEMENTWISE_BYTES_PER_SAVED_BYTE = 26.0
 """Device memory traffic of a block's memory-bound kernels per byte the block saves for backward (the probe's
@@ -100,7 +101,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
             + traffic.calls * hw.collective_latency_s)
     # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
-    offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s)
+    # paged_adamw8bit's state in and out over the host link, whatever the engine (terms.paged_state_s).
+    offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s) + paged_state_s(inp, s)
     # Prefetched gathers and bucketed reduces run beside compute: at most the compute's length hides.
     exposed_comm = max(comm * (1.0 - hw.comm_overlap), comm - (compute + overhead))
     terms = {"compute": compute + overhead + calls, "communication": exposed_comm, "offload": offload,

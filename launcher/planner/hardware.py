@@ -50,7 +50,8 @@ class HardwareProfile:
     host_link_bw: float
     """Device to host copy bandwidth per device, bytes/s (PCIe)."""
     cpu_adam_params_per_s: float
-    """Parameters one node's CPU Adam updates per second."""
+    """Parameters one node's CPU Adam updates per second: DeepSpeed's vectorized CPU Adam (ZeRO-Offload's); torch's
+    AdamW on the host runs launcher.planner.terms.TORCH_HOST_ADAM_RATIO times slower."""
     nvme_bw: float
     """NVMe read/write bandwidth per node, bytes/s."""
     block_overhead_s: float = 3e-4

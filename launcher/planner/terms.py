@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.levers import LOW_MEMORY_OPTIMIZER, PURE_BF16
+from launcher.levers import LOW_MEMORY_OPTIMIZER, OPTIMIZER_IN_BACKWARD, PURE_BF16
+from launcher.levers.low_memory_optimizer import PAGED
 from launcher.model.introspect import ModelStats
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Strategy
@@ -18,17 +19,30 @@ BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Optimizer state bytes per trainable parameter: Adam keeps fp32 momentum and variance, SGD one momentum.
 # Read through optimizer_state_bytes only, which also knows the low-memory optimizers.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
-LOW_BIT_STATE = {"adamw8bit": (1.0, 256), "adamw4bit": (0.5, 128)}
-"""Low-bit AdamW (torchao.optim): bytes per element of one quantized moment, and the block that shares one fp32
-scale. OptimState8bit.zeros keeps a uint8 code per element and numel/block_size fp32 scales; OptimState4bit packs
-two codes per byte (torchao/optim/subclass_8bit.py, subclass_4bit.py); block 256 (AdamW8bit), 128 (AdamW4bit)."""
+LOW_BIT_STATE = {"adamw8bit": (1.0, 256), "adamw4bit": (0.5, 128), PAGED: (1.0, 256)}
+"""Low-bit AdamW (torchao.optim, and bitsandbytes' paged one): bytes per element of one quantized moment, and the
+block that shares one fp32 scale. OptimState8bit.zeros keeps a uint8 code per element and numel/block_size fp32
+scales; OptimState4bit packs two codes per byte (torchao/optim/subclass_8bit.py, subclass_4bit.py); block 256
+(AdamW8bit), 128 (AdamW4bit). bitsandbytes' Optimizer2State.init_state (optim/optimizer.py, 0.50) keeps state1 and
+state2 as uint8 per element and absmax1/absmax2 as one fp32 per block of 256 (``blocksize = 256``, the last block
+short), beside two shared 256-entry fp32 maps."""
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes pages a state only for a tensor of at least this many elements (Optimizer8bit.get_state_buffer:
+``if not self.is_paged or p.numel() < 1e5``: a plain device tensor); the others' state stays on the device."""
+BNB_MIN_8BIT_NUMEL = 4096
+"""bitsandbytes keeps fp32 moments (8 bytes per element whatever the parameter's dtype) for a tensor under this
+many elements (Optimizer2State min_8bit_size, default 4096)."""
 LOW_BIT_MIN_NUMEL = 4096
 """torchao adam.py _AdamBase._new_buffer quantizes a (local) tensor only with at least this many elements and a
 size its block divides; any other keeps fp32 moments (8 bytes per element)."""
 LOW_BIT_STEP_COPIES = 6
 """fp32 tensors the size of the parameter that torchao's single_param_adam holds at once when it runs eagerly
 (CPU ranks, launcher.worker.engines.optimizers): p_f32, exp_avg_f32, exp_avg_sq_f32 and the denominator's
-temporaries. Measured 6.0 for 8-bit, 4-bit and fp32-state tensors alike (MemTracker, torch 2.13, torchao 0.18)."""
+temporaries. Measured 6.0 for 8-bit, 4-bit and fp32-state tensors alike (MemTracker, torch 2.13, torchao 0.18).
+bitsandbytes' CPU step (paged_adamw8bit on CPU ranks) is counted the same: down its source (backends/cpu/ops.py
+_optimizer_update_8bit_blockwise_cpu) both moments dequantized to fp32, the scaled gradient, the denominator's
+square root and quotient: 5 at once, 6 with a bf16 parameter's fp32 copy. MemTracker does not see them (they are
+made inside the custom op's kernel, below the dispatch mode), so counted, not measured."""
 ADAM_STEP_COPIES = 2
 """fp32 tensors the size of the parameter torch's single-tensor AdamW step holds at once (its denominator)."""
 SCRIPT_STEP_COPIES = {True: 4.0, False: 2.0}
@@ -36,14 +50,26 @@ SCRIPT_STEP_COPIES = {True: 4.0, False: 2.0}
 (True) or on CUDA: HF Trainer's default optim (adamw_torch_fused) and torch's foreach default step every tensor in
 one multi-tensor call. Measured 3.6 on 2 CPU ranks (FSDP2 via accelerate, HF Trainer, MiniLM, clipping included);
 CUDA's foreach holds the denominator's square root and quotient (2), fused none."""
-LOW_BIT_CPU_STEP_RATIO = {"adamw8bit": 141.0, "adamw4bit": 80.0}
+LOW_BIT_CPU_STEP_RATIO = {"adamw8bit": 141.0, "adamw4bit": 80.0, PAGED: 21.0}
 """Eager low-bit AdamW's step over torch's single-tensor AdamW (foreach=False) on CPU, per optimizer: the median
 ratio on one fp32 tensor of 2^20 and 2^22 elements, one thread, the fastest of repeated steps in each of 3 rounds
 (benchmarks/lowbit_step/run.py, benchmarks/results/lowbit-step.md); checked on 2^21 and 2^23 within a median 24 %.
 There AdamW streams its tensors from memory, as for a model's weights and `launch calibrate`'s rate; the eager
 step dequantizes, updates and requantizes through fp32 temporaries at 0.2-1.1 us per element, 8-bit about twice
 4-bit (its 256-code map against 16). Was 7 for both (6.4 and 7.4 measured on 2.4M parameters in 2026-11), which
-priced every host-side low-bit step 11-20 times too cheap."""
+priced every host-side low-bit step 11-20 times too cheap. bitsandbytes' 8-bit step on CPU (its registered
+torch kernel, backends/cpu/ops.py _optimizer_update_8bit_blockwise_cpu: dequantize both moments to fp32, AdamW,
+requantize; no paging off CUDA): 21, the median of the same fit cells (30.2, 29.9, 28.3 at 2^20; 14.5, 13.4, 11.2
+at 2^22, one thread, best of 5 against best of 15 AdamW steps, 3 rounds, bitsandbytes 0.50.2); 2^21 read 12-24,
+2^23 5-8, so it over-prices a large tensor's step, harmless on the CPU ranks it prices."""
+TORCH_HOST_ADAM_RATIO = 8.6
+"""torch's single-tensor AdamW (foreach=False, what FSDP2's CPU offload steps its host shards with:
+launcher.worker.engines.base.build_optimizer) over DeepSpeed's CPU Adam (DeepSpeedCPUAdam, the vectorized step
+ZeRO-Offload runs and ``cpu_adam_params_per_s`` rates: `launch calibrate` times it where it loads) on the same fp32
+tensor, one thread each (the launcher's local ranks run with OMP_NUM_THREADS=1): the median of 7 interleaved rounds
+on 2^22 elements, the fastest of 10 steps each (8.6, 10.8, 4.0, 9.2, 3.1, 12.9, 3.2; DeepSpeedCPUAdam 0.36-1.36e9
+params/s, torch 0.10-0.31e9, a shared 2-core host at load 10-12; DeepSpeed 0.16+, torch 2.13). Issue 37 §4: the
+host step priced from the implementation that runs it; was 1, which priced FSDP2's offloaded step as DeepSpeed's."""
 SR_STEP_COPIES = 10.25
 """Pure bf16's stochastically rounded Adam/AdamW step (launcher.worker.engines.optimizers.stochastic_round_adam:
 torchao adam.py single_param_adam with BF16_STOCHASTIC_ROUND) run eagerly: fp32-sized tensors of the parameter it
@@ -118,10 +144,68 @@ def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTE
     else two moments in the parameter's dtype (_AdamBase._new_buffer: torch.zeros_like(p); ``param_bytes``, 2
     under pure bf16). The quantized codes' scales are fp32 whatever the parameter's dtype (subclass_8bit.py
     OptimState8bit.zeros: torch.zeros(n // block_size)). DeepSpeed's ZeRO-1/2 hand it one flat partition
-    (launcher.engines.deepspeed.memory.flat_partition_elems), FSDP2 each parameter's shard."""
+    (launcher.engines.deepspeed.memory.flat_partition_elems), FSDP2 each parameter's shard. bitsandbytes' paged one
+    quantizes from BNB_MIN_8BIT_NUMEL elements on, in ceil(numel / 256) blocks, and keeps fp32 moments below."""
     code, block = LOW_BIT_STATE[opt]
+    if opt == PAGED:
+        return 8.0 * numel if numel < BNB_MIN_8BIT_NUMEL else 2 * (numel * code + 4 * math.ceil(numel / block))
     quantized = numel >= LOW_BIT_MIN_NUMEL and numel % block == 0
     return numel * (2 * (code + 4 / block) if quantized else 2.0 * param_bytes)
+
+
+def paged_state_bytes(inp: MemoryInputs, s: Strategy) -> tuple[float, float, float]:
+    """paged_adamw8bit's state on its one rank, bytes: (on the device between steps, in host memory, the device
+    working set of one tensor's step).
+
+    bitsandbytes allocates a state of PAGED_MIN_NUMEL elements or more in CUDA managed memory (F.get_paged:
+    cudaMallocManaged) and prefetches it to the device before that tensor's step (Optimizer8bit.prefetch_state:
+    cudaMemPrefetchAsync); the driver evicts the pages back to the host when device allocations need the room, so
+    between steps they live in host memory, and at a step the device holds the one tensor's pages: the largest
+    tensor's state is the working set. Smaller tensors' states (norms, biases) are plain device tensors. Which
+    tensors page: the vocabulary tables and the blocks' linears (ModelStats.block_linear_shapes) of at least
+    PAGED_MIN_NUMEL elements; everything else in a block is counted at fp32 moments (8 bytes, the most a small
+    tensor's state takes). On CPU ranks bitsandbytes does not page (get_state_buffer: plain tensors): all of it is
+    device, which is host. The caching allocator never sees managed pages, so the working set is room the plan
+    keeps free, not memory a rank's tracker measures."""
+    m = inp.model
+    total = optimizer_state_bytes(inp, s, 1)
+    if inp.hardware.device_is_host:
+        return total, 0.0, 0.0
+    linears = [o * i for o, i in m.block_linear_shapes] or [m.block_params]
+    paged_tensors = [n for n in linears if n >= PAGED_MIN_NUMEL]
+    table = m.vocab_size * m.hidden_size if _embedding_tables(m) and m.vocab_size * m.hidden_size >= PAGED_MIN_NUMEL \
+        else 0
+    host = (m.num_blocks * sum(low_bit_tensor_bytes(PAGED, n) for n in paged_tensors)
+            + _embedding_tables(m) * (low_bit_tensor_bytes(PAGED, table) if table else 0.0))
+    small = max(0.0, m.trainable_params - m.num_blocks * sum(paged_tensors) - _embedding_tables(m) * table)
+    working = low_bit_tensor_bytes(PAGED, max([table, *paged_tensors]))
+    return min(total, 8.0 * small), host, working
+
+
+def page_state(inp: MemoryInputs, s: Strategy, st: States) -> None:
+    """Move paged_adamw8bit's paged states from ``st.optimizer`` to ``st.host`` and keep room for the working set
+    (paged_state_bytes): at the step, or with the step in backward at backward's end, in the root's hook, where the
+    largest tensor (a vocabulary table) steps; a block's tensors, stepped earlier, have smaller pages. Each engine
+    that offers the optimizer calls it from its states(); nothing without it."""
+    if LOW_MEMORY_OPTIMIZER.of(s) != PAGED:
+        return
+    st.optimizer, host, working = paged_state_bytes(inp, s)
+    st.host += host
+    if OPTIMIZER_IN_BACKWARD.on(s):
+        st.backward_end_extra += working
+        st.backward_end_late += working
+    else:
+        st.step_extra += working
+
+
+def paged_state_s(inp: MemoryInputs, s: Strategy) -> float:
+    """Seconds per step paged_adamw8bit's state spends on the host link: every paged state in before its tensor's
+    step and out again when the device needs the room (paged_state_bytes), over hw.host_link_bw each way, not
+    overlapped (the prefetch and the faults run on the compute stream). The plan offers it where the state does not
+    fit on the device beside the rest, so the pages do not stay; 0 on CPU ranks and without the optimizer."""
+    if LOW_MEMORY_OPTIMIZER.of(s) != PAGED or inp.hardware.device_is_host:
+        return 0.0
+    return 2.0 * paged_state_bytes(inp, s)[1] / inp.hardware.host_link_bw
 
 
 def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:
@@ -167,8 +251,8 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     on the device, for this rank's shard.
 
     On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO (per
-    optimizer) times torch's AdamW, whose rate is
-    cpu_adam_params_per_s shared by the node's ranks. On CUDA the compiled step is bandwidth-bound like AdamW
+    optimizer) times torch's AdamW, whose rate is cpu_adam_params_per_s / TORCH_HOST_ADAM_RATIO shared by the node's
+    ranks. On CUDA the compiled step is bandwidth-bound like AdamW
     (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
     bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
     and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0. A low-bit AdamW
@@ -178,12 +262,13 @@ def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_
     hw = inp.hardware
     if not on_host:
         return 0.0
+    # The ratios are to torch's AdamW, TORCH_HOST_ADAM_RATIO times slower than the CPU Adam the rate is of.
+    torch_adam_s = TORCH_HOST_ADAM_RATIO * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
     if stochastic_rounds(inp, s):
-        return (SR_CPU_STEP_RATIO - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+        return (SR_CPU_STEP_RATIO - 1) * torch_adam_s
     if LOW_MEMORY_OPTIMIZER.of(s) not in LOW_BIT_STATE:
         return 0.0
-    ratio = LOW_BIT_CPU_STEP_RATIO[LOW_MEMORY_OPTIMIZER.of(s)]
-    return (ratio - 1) * trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    return (LOW_BIT_CPU_STEP_RATIO[LOW_MEMORY_OPTIMIZER.of(s)] - 1) * torch_adam_s
 
 
 def stochastic_rounds(inp: MemoryInputs, s: Strategy) -> bool:
@@ -198,8 +283,10 @@ def rounds_stochastically(inp: MemoryInputs, s: Strategy) -> bool:
     """Whether the plan's step is torchao's stochastically rounding single_param_adam, whose eager run holds
     SR_STEP_COPIES: pure bf16's Adam/AdamW (stochastic_rounds), or pure bf16 weights stepped by a low-bit AdamW
     (AdamW8bit / AdamW4bit with bf16_stochastic_round=True: launcher.worker.engines.optimizers.low_memory_optimizer,
-    on the engines that pair them, EngineSpec.pure_bf16_optimizers)."""
-    return stochastic_rounds(inp, s) or (PURE_BF16.on(s) and LOW_MEMORY_OPTIMIZER.of(s) in LOW_BIT_STATE)
+    on the engines that pair them, EngineSpec.pure_bf16_optimizers). bitsandbytes' paged AdamW8bit rounds its bf16
+    weights to nearest in its own kernel: not this step."""
+    opt = LOW_MEMORY_OPTIMIZER.of(s)
+    return stochastic_rounds(inp, s) or (PURE_BF16.on(s) and opt in LOW_BIT_STATE and opt != PAGED)
 
 
 def nvme_param_buffer_elems(prefetch_bucket_elems: int, largest_layer_params: int, world_size: int) -> int:
@@ -411,13 +498,14 @@ def over_links(inp: MemoryInputs, volume: float, calls: int) -> Traffic:
     return Traffic(intra_node_bytes=0.0, inter_node_bytes=volume * ring(inp.world_size), calls=calls)
 
 
-def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool) -> float:
+def optimizer_offload_s(inp: MemoryInputs, trainable_shard: float, nvme: bool, *, torch_adam: bool = False) -> float:
     """Seconds per step of an optimizer on the host over this rank's shard: gradients down and updated
-    parameters up over PCIe, CPU Adam on the node's cores, and with NVMe the state swapped out and back
-    [ZeRO-Offload, arXiv:2101.06840]."""
+    parameters up over PCIe, CPU Adam on the node's cores (``torch_adam``: torch's AdamW, TORCH_HOST_ADAM_RATIO
+    times DeepSpeed's), and with NVMe the state swapped out and back [ZeRO-Offload, arXiv:2101.06840]."""
     hw, w = inp.hardware, BYTES[inp.precision]
     pcie = 2 * w * trainable_shard / hw.host_link_bw  # grads down, updated params up
-    adam = trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s
+    adam = trainable_shard * inp.gpus_per_node / hw.cpu_adam_params_per_s * (TORCH_HOST_ADAM_RATIO if torch_adam
+                                                                              else 1.0)
     seconds = pcie + adam
     if nvme:
         seconds += 2 * 16 * trainable_shard * inp.gpus_per_node / hw.nvme_bw

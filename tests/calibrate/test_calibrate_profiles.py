@@ -67,3 +67,22 @@ def test_a_measured_matmul_rate_is_not_derated_again(cache):
     save_hardware("a100-80gb", cal.values)
     prof = hardware_profile(job("a100-80gb"))
     assert prof.mfu == 1.0 and prof.flops_bf16 == 2.5e14
+
+
+def test_the_node_adam_rate_reads_as_deepspeeds_cpu_adam_whichever_the_ranks_timed():
+    """cpu_adam_params_per_s is DeepSpeed's CPU Adam's rate (the one ZeRO-Offload runs): a rank that could not load
+    its op timed torch's AdamW, which the rate reads TORCH_HOST_ADAM_RATIO times faster (issue 37 §4: the host step
+    priced from the implementation that runs it, FSDP2's torch AdamW at that ratio)."""
+    from launcher.calibrate.hardware import CalibrationOptions, summarize
+    from launcher.planner.terms import TORCH_HOST_ADAM_RATIO
+
+    def rank(optimizer):
+        return {"flops_fp32": 1e11, "flops_bf16": 1e11, "allreduce": {"bus_bw": 1e9, "latency_s": 1e-4},
+                "host_copy": {"bw": 5e9}, "adam": {"params_per_s": 1e8, "optimizer": optimizer},
+                "block_overhead_s": 1e-3}
+
+    ds, torch_adam = rank("deepspeed.ops.adam.DeepSpeedCPUAdam"), rank("torch.optim.AdamW(foreach=False)")
+    opts = CalibrationOptions(ranks=2, device="cpu")
+    assert summarize({0: ds, 1: ds}, opts, 1.0).values["cpu_adam_params_per_s"] == pytest.approx(2e8)
+    assert summarize({0: torch_adam, 1: torch_adam}, opts, 1.0).values["cpu_adam_params_per_s"] == pytest.approx(
+        2e8 * TORCH_HOST_ADAM_RATIO)

@@ -216,3 +216,14 @@ def test_pure_bf16_notes_tell_the_script_to_round_stochastically(tmp_path):
     assert "torchao.optim.AdamW8bit" in low_bit and "bf16_stochastic_round=True" in low_bit
     assert "_AdamW(" not in low_bit
     assert "bf16_stochastic_round" not in notes("adamw", low_memory_optimizer="adamw8bit")
+
+
+def test_pure_bf16_notes_say_the_paged_adamw8bit_rounds_to_nearest(tmp_path):
+    # bitsandbytes' PagedAdamW8bit steps the bf16 weights in its own kernel, rounding to nearest: the script builds
+    # it as it is, with no stochastic rounding to ask for.
+    from launcher.engines import ENGINES
+
+    plan = fsdp_plan(dict(precision="bf16"), pure_bf16=True, low_memory_optimizer="paged_adamw8bit")
+    notes = " ".join(ENGINES["fsdp"].accelerate_notes(plan, tmp_path, optimizer="adamw"))
+    assert "bitsandbytes.optim.PagedAdamW8bit" in notes and "rounds each bf16 weight to nearest" in notes
+    assert "stochastic" not in notes

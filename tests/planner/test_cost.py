@@ -8,6 +8,7 @@ from launcher.planner.cost import communication, step_time_terms
 from launcher.planner.hardware import PROFILES
 from launcher.planner.memory import MemoryInputs, analytic_constants
 from launcher.planner.plan import Plan, Strategy
+from launcher.planner.terms import TORCH_HOST_ADAM_RATIO
 from tests.planner.conftest import llama_stats
 
 P = 6_738_415_616
@@ -249,10 +250,12 @@ def test_hybrid_fsdp_offload_runs_adam_over_the_node_shard():
     hw = inp.hardware
     hybrid = step_time_terms(inp, strategy("fsdp", sharding="hybrid", opt="cpu", par="cpu"), 10**6)["offload"]
     shard = P / 8  # one node's shard, not the world's 1/16
-    # grads down and params up, CPU Adam over the shard, and the fp32 shard copied up before each of the
-    # 2 gathers (forward, backward) of the 4 micro-steps
+    # grads down and params up, torch's AdamW over the shard on the host (TORCH_HOST_ADAM_RATIO times DeepSpeed's CPU
+    # Adam, which cpu_adam_params_per_s rates), and the fp32 shard copied up before each of the 2 gathers (forward,
+    # backward) of the 4 micro-steps
     weights = 4 * 2 * 4 * shard / hw.host_link_bw
-    assert hybrid == pytest.approx(2 * 2 * shard / hw.host_link_bw + shard * 8 / hw.cpu_adam_params_per_s + weights)
+    adam = shard * 8 * TORCH_HOST_ADAM_RATIO / hw.cpu_adam_params_per_s
+    assert hybrid == pytest.approx(2 * 2 * shard / hw.host_link_bw + adam + weights)
 
 
 @pytest.mark.parametrize("reshard,gathers", [(True, 2), (False, 1)])
@@ -265,10 +268,11 @@ def test_fsdp_param_offload_moves_frozen_lora_weights_every_forward_and_backward
     hw = inp.hardware
     with_par = step_time_terms(inp, strategy("fsdp", reshard=reshard, opt="cpu", par="cpu", accum=4), 10**6)
     trainable_shard = lora.trainable_params / 8
-    optimizer_only = 2 * 2 * trainable_shard / hw.host_link_bw + trainable_shard * 8 / hw.cpu_adam_params_per_s
+    optimizer_only = (2 * 2 * trainable_shard / hw.host_link_bw
+                      + trainable_shard * 8 * TORCH_HOST_ADAM_RATIO / hw.cpu_adam_params_per_s)  # torch's AdamW
     weights = 4 * gathers * (4 * lora.trainable_params + 2 * (P - lora.trainable_params)) / 8 / hw.host_link_bw
     assert with_par["offload"] == pytest.approx(optimizer_only + weights)
-    assert weights > 50 * optimizer_only  # the frozen weights, not the adapters, are what moving costs
+    assert weights > 5 * optimizer_only  # the frozen weights, not the adapters, are what moving costs
 
 
 def test_bf16_compute_uses_the_calibrated_bf16_rate_on_a_cpu_without_native_bf16():

@@ -53,11 +53,71 @@ def test_adafactor_is_torchs_adafactor_step_for_plain_tensors():
                                                                                                     "variance"]
 
 
+def _adamw_steps(opt, ps, steps=10):
+    """``steps`` steps of ``opt`` over ``ps`` with the same seeded gradients (a pull back toward zero in each)."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=gen) + 0.1 * p.detach()
+        opt.step()
+    return [p.detach().clone() for p in ps]
+
+
+def test_paged_adamw8bit_is_bitsandbytes_8bit_adamw_as_close_to_adamw_as_torchaos():
+    # bitsandbytes' PagedAdamW8bit with the job's hyperparameters: uint8 moments with one fp32 absmax per block of
+    # 256 from 4096 elements on, fp32 moments below (min_8bit_size), the rule the memory model
+    # counts (launcher.planner.terms.low_bit_tensor_bytes). After 10 steps it stays as close to torch's AdamW as
+    # torchao's AdamW8bit does (both quantize the moments block-wise with the same kind of dynamic map).
+    shapes = ((96, 128), (64,))  # 48 blocks of 256, which torchao quantizes too
+    opt = build_optimizer(TRAIN, _params(*shapes), "paged_adamw8bit")
+    assert type(opt).__name__ == "PagedAdamW8bit" and opt.is_paged
+    g = opt.param_groups[0]
+    assert (g["lr"], g["betas"], g["eps"], g["weight_decay"]) == (TRAIN.lr, ADAM_BETAS, ADAM_EPS, 0.1)
+    ps = opt.param_groups[0]["params"]
+    start = [p.detach().clone() for p in ps]
+    paged = _adamw_steps(opt, ps)
+    big, small = (opt.state[p] for p in ps)
+    assert (big["state1"].dtype, big["state2"].dtype, big["absmax1"].numel()) == (torch.uint8, torch.uint8, 48)
+    assert small["state1"].dtype == torch.float32
+    ref_ps = _params(*shapes)
+    adamw = _adamw_steps(torch.optim.AdamW(ref_ps, lr=TRAIN.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                           weight_decay=0.1, foreach=False), ref_ps)
+    ao_ps = _params(*shapes)
+    torchao = _adamw_steps(build_optimizer(TRAIN, ao_ps, "adamw8bit"), ao_ps)
+    moved = (adamw[0] - start[0]).abs().mean()
+    err, ao_err = (paged[0] - adamw[0]).abs().mean(), (torchao[0] - adamw[0]).abs().mean()
+    assert err < 0.05 * moved and err < 2 * ao_err, (float(err), float(ao_err), float(moved))
+    torch.testing.assert_close(paged[1], adamw[1], rtol=1e-5, atol=1e-6)  # fp32 moments: AdamW itself
+
+
+def test_paged_adamw8bit_steps_a_dtensor_shard_as_the_plain_tensor(single_rank):
+    # bitsandbytes' kernels have no DTensor sharding rule: the optimizer steps FSDP2's shards through their local
+    # tensors (optimizers.local_shards), in place, with the state keyed by the DTensor parameter.
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (1,))
+    (plain,) = _params((64, 128))
+    sharded = torch.nn.Parameter(distribute_tensor(plain.detach().clone(), mesh, [Shard(0)]))
+    local = sharded.to_local()
+    a, b = build_optimizer(TRAIN, [plain], "paged_adamw8bit"), build_optimizer(TRAIN, [sharded], "paged_adamw8bit")
+    for _ in range(3):
+        grad = torch.randn(plain.shape)
+        plain.grad, sharded.grad = grad.clone(), distribute_tensor(grad.clone(), mesh, [Shard(0)])
+        a.step()
+        b.step()
+    assert isinstance(sharded, DTensor) and sharded.to_local().data_ptr() == local.data_ptr()
+    torch.testing.assert_close(sharded.to_local(), plain.detach())
+    assert list(b.state) == [sharded] and b.state[sharded]["step"] == 3
+    assert local.grad is None  # the local gradient handed to the kernel is not kept
+
+
 def test_without_a_low_memory_optimizer_the_jobs_adamw_is_built():
     assert type(build_optimizer(TRAIN, _params((4,)))) is torch.optim.AdamW
 
 
-@pytest.mark.parametrize("name", ["adamw8bit", "adafactor"])
+@pytest.mark.parametrize("name", ["adamw8bit", "adafactor", "paged_adamw8bit"])
 def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, single_rank, examples_data):
     # DCP saves torchao's quantized DTensor states and ShardedAdafactor's row/column DTensors; a resumed engine
     # steps exactly as the one that saved.
@@ -78,7 +138,8 @@ def test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state(name, tmp_path, s
         finally:
             FsdpEngine.low_memory_optimizer = "none"
     a, b = engines
-    assert type(a.optimizer).__name__ == {"adamw8bit": "AdamW8bit", "adafactor": "ShardedAdafactor"}[name]
+    assert type(a.optimizer).__name__ == {"adamw8bit": "AdamW8bit", "adafactor": "ShardedAdafactor",
+                                          "paged_adamw8bit": "PagedAdamW8bit"}[name]
     train_step(a)
     assert_resumes_exactly(a, b, tmp_path)
 

@@ -31,6 +31,7 @@ from launcher.levers import (
     RELEASE_FROZEN_WEIGHTS,
     fields,
 )
+from launcher.levers.low_memory_optimizer import PAGED
 from launcher.planner.hardware import ranks_on_host
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
@@ -55,6 +56,7 @@ LOW_MEMORY_REFUSED = {
                "_configure_optimizer refuses a client optimizer there), which keeps fp32 moments",
     "stage3": "ZeRO-3 steps flat sub-groups of per-parameter padded partitions (stage3.py _optimizer_step), whose "
               "sizes the plan cannot check against torchao's block rule, and that was not measured",
+    "paged": "bitsandbytes' paged AdamW8bit runs on FSDP2's one-rank plans only, not as DeepSpeed's client optimizer",
     "flat": "ZeRO-1/2 hand the optimizer one flat 1-D partition (stage_1_and_2.py single_partition_of_fp32_groups): "
             "Adafactor would factor nothing and take its RMS over the whole partition, another update for every N",
 }
@@ -127,9 +129,9 @@ class DeepSpeedSpec(EngineSpec):
 
     def lever_values(self, c: ZeroLayout) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
-        all three at ZeRO-0 (the parameters keep their shapes), the low-bit AdamWs at ZeRO-1/2 (one flat partition:
+        torchao's two and Adafactor at ZeRO-0 (the parameters keep their shapes), torchao's low-bit AdamWs at ZeRO-1/2 (one flat partition:
         block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
-        (LOW_MEMORY_REFUSED). Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED). The frozen
+        (LOW_MEMORY_REFUSED), bitsandbytes' paged one at none. Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED). The frozen
         weights released after forward at ZeRO-3 only (RELEASE_REFUSED)."""
         out: dict[str, tuple[tuple[object, ...], str]] = {}
         if c.zero_stage != 3:
@@ -140,8 +142,12 @@ class DeepSpeedSpec(EngineSpec):
         if c.zero_stage == 3:
             return {**out, LOW_MEMORY_OPTIMIZER.field: (("none",), LOW_MEMORY_REFUSED["stage3"])}
         if c.zero_stage in (1, 2):
-            return {**out, LOW_MEMORY_OPTIMIZER.field: (("none", *LOW_BIT_STATE), LOW_MEMORY_REFUSED["flat"])}
-        return {**out, PURE_BF16.field: ((False,), PURE_BF16_REFUSED["stage0"])}
+            torchao = tuple(v for v in LOW_BIT_STATE if v != PAGED)
+            return {**out, LOW_MEMORY_OPTIMIZER.field: (("none", *torchao),
+                                                        f"{LOW_MEMORY_REFUSED['flat']}; {LOW_MEMORY_REFUSED['paged']}")}
+        return {**out, PURE_BF16.field: ((False,), PURE_BF16_REFUSED["stage0"]),
+                LOW_MEMORY_OPTIMIZER.field: (("none", "adamw8bit", "adamw4bit", "adafactor"),
+                                             LOW_MEMORY_REFUSED["paged"])}
 
     def native_ops(self, plan: Plan) -> tuple[str, ...]:
         """cpu_adam for an offloaded optimizer (DeepSpeedCPUAdam steps it, from NVMe too), async_io for NVMe, and

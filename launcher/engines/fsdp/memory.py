@@ -17,6 +17,7 @@ from launcher.planner.terms import (
     kept_param_bytes,
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
+    page_state,
     stochastic_rounds,
     tied_embedding_grad_bytes,
 )
@@ -169,6 +170,7 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     root_grads = w * root_trainable + tied_embedding_grad_bytes(m, w) * 2 / 3
     st.backward_end_late = (w * m.non_block_params + waiting_grads + pb * block_trainable + root_grads
                             - st.grads)
+    page_state(inp, s, st)  # paged_adamw8bit (one rank): its large states in host memory, paged in at the step
     if not inp.hardware.device_is_host:
         st.side_stream_cached = side_stream_cached(inp, s, block, unit)
     if s.layout.offload_params == "cpu":  # CPUOffloadPolicy moves params, grads and optimizer state together

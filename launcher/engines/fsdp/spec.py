@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import get_args
 
 from launcher.config.job import Job
 from launcher.emit.exports import ADAM_TITLES, PURE_BF16_CLIENT
@@ -32,6 +33,7 @@ from launcher.levers import (
     fields,
 )
 from launcher.levers.checkpoint_every import checkpointed
+from launcher.levers.low_memory_optimizer import PAGED, LowMemoryOptimizer
 from launcher.model.qlora import NF4_TABLE, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
@@ -48,9 +50,15 @@ from launcher.planner.terms import (
 FSDP_YAML = "fsdp.yaml"
 """The run dir's FSDP2 settings (the worker reads plan.json; this documents them and holds accelerate's config)."""
 LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torchao.optim.AdamW4bit",
+                      PAGED: "bitsandbytes.optim.PagedAdamW8bit",
                       # torch.optim.Adafactor itself refuses FSDP2's DTensor shards (torch 2.13)
                       "adafactor": "launcher.worker.engines.optimizers.ShardedAdafactor"}
 """What a script of its own builds for Strategy.low_memory_optimizer (the worker: launcher.worker.engines.optimizers)."""
+
+PAGED_REFUSED = ("CPU offload keeps the state and the step on the host already: bitsandbytes' paged state is for an "
+                 "optimizer stepped on the device")
+"""Why FSDP2's CPU-offload layouts do not offer paged_adamw8bit (FsdpSpec.lever_values)."""
+LOW_MEMORY_VALUES = get_args(LowMemoryOptimizer)
 
 FSDP_NOTES = [
     "GPUs only: accelerate applies FSDP2 (fully_shard) on GPUs; on CPU ranks it ignores the FSDP settings",
@@ -73,7 +81,15 @@ class FsdpSpec(EngineSpec):
     # torchao's low-bit AdamW steps bf16 shards with bf16_stochastic_round (optimizers.low_memory_optimizer): the
     # parameters, gradients and step of pure bf16 with the quantized moments. Adafactor would keep bf16 factors
     # and round to nearest: not paired.
-    pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit"})
+    # bitsandbytes' paged AdamW8bit steps bf16 weights in its own kernel, rounding to nearest (as torchtune's
+    # single-device recipes run it; PureBf16.strategy_note says so).
+    pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit", PAGED})
+
+    def lever_values(self, layout: FsdpLayout) -> dict[str, tuple[tuple[object, ...], str]]:
+        """No paged_adamw8bit under CPU offload: the optimizer then steps on the host already (PAGED_REFUSED)."""
+        if layout.offload_params == "none":
+            return {}
+        return {LOW_MEMORY_OPTIMIZER.field: (tuple(v for v in LOW_MEMORY_VALUES if v != PAGED), PAGED_REFUSED)}
 
     def candidates(self, *, nodes: int, nvme: bool) -> list[FsdpLayout]:
         """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
@@ -174,8 +190,9 @@ class FsdpSpec(EngineSpec):
         offload = 0.0
         if self.optimizer_on_host(s):
             # The optimizer runs over this rank's shard: 1/N of the model, or 1/gpus_per_node under hybrid.
+            # torch's AdamW (build_optimizer) steps the host shards, not DeepSpeed's vectorized CPU Adam.
             offload += optimizer_offload_s(inp, m.trainable_params / fsdp_shard_ranks(inp, s),
-                                           s.layout.offload_optimizer == "nvme")
+                                           s.layout.offload_optimizer == "nvme", torch_adam=True)
         if s.layout.offload_params == "cpu":
             # CPUOffloadPolicy keeps every fp32 shard on the host and copies it to the device before each
             # all-gather: once in forward and again in backward when resharded, every micro-step, frozen (LoRA)
@@ -233,7 +250,10 @@ class FsdpSpec(EngineSpec):
             # The rank side's step (launcher.worker.engines.base.build_optimizer): a low-bit AdamW rounds
             # stochastically (optimizers.low_memory_optimizer), as do Adam/AdamW (optimizers.stochastic_round_adam);
             # SGD is torch's.
-            if opt != "none":
+            if opt == PAGED:
+                notes.append(f"  The plan's {opt} (bitsandbytes) rounds each bf16 weight to nearest in its own "
+                             "kernel, as torchtune's recipes run it.")
+            elif opt != "none":
                 notes.append(f"  The plan's {opt} rounds stochastically: build it (below) with "
                              "bf16_stochastic_round=True; rounding to nearest")
                 notes.append("  drops updates under half a bf16 spacing of the weight.")

@@ -6,6 +6,11 @@ adamw8bit / adamw4bit  torchao.optim.AdamW8bit / AdamW4bit: AdamW whose two mome
                        block does not divide, keeps fp32 moments (torchao/optim/adam.py _AdamBase._new_buffer).
                        lr, betas, eps and weight_decay mean what they mean for AdamW: the job's train.lr and
                        train.weight_decay, base.ADAM_BETAS and base.ADAM_EPS, the same numbers as the plain run.
+paged_adamw8bit        bitsandbytes.optim.PagedAdamW8bit: AdamW with 8-bit moments (one fp32 absmax per block of 256,
+                       fp32 moments under 4096 elements), the large ones in CUDA managed memory, paged to the device
+                       for each tensor's step (on CPU ranks plain tensors: bitsandbytes pages only on CUDA). The same
+                       lr, betas, eps and weight_decay. Over FSDP2's DTensors it steps the local shards
+                       (local_shards); bf16 weights are rounded to nearest by its kernel.
 adafactor              torch.optim.Adafactor: no first moment (torch's has no beta1, so betas do not apply), a
                        factored second moment (a row and a column vector per matrix, the full vector for 1-D
                        tensors) decaying by beta2_t = 1 - t^-0.8 (beta2_decay). train.lr is its lr, which caps the
@@ -32,6 +37,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from launcher.levers.low_memory_optimizer import PAGED
 
 LOW_BIT_BLOCK = {"adamw8bit": 256, "adamw4bit": 128}
 """torchao's default block sizes (AdamW8bit, AdamW4bit), which these optimizers use."""
@@ -196,6 +203,10 @@ def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, 
             raise ValueError("adafactor has no stochastically rounding step; pure bf16 pairs with adamw8bit or "
                              "adamw4bit")
         return ShardedAdafactor(params, lr=train.lr, weight_decay=train.weight_decay, foreach=False)
+    if name == PAGED:
+        # bitsandbytes' kernel steps bf16 weights itself, rounding to nearest: no stochastic rounding to ask for.
+        return local_shards(_paged_class())(params, lr=train.lr, betas=betas, eps=eps,
+                                            weight_decay=train.weight_decay)
     if name not in LOW_BIT_BLOCK:
         raise ValueError(f"unknown low_memory_optimizer {name!r}")
     from torchao.optim import AdamW4bit, AdamW8bit
@@ -208,6 +219,70 @@ def low_memory_optimizer(name: str, train, params: list, *, betas: tuple[float, 
     if stochastic_round:
         opt.rounding_salt = salt
     return opt
+
+
+def _paged_class():
+    """bitsandbytes.optim.PagedAdamW8bit (imported on use: only its ranks need bitsandbytes)."""
+    from bitsandbytes.optim import PagedAdamW8bit
+
+    return PagedAdamW8bit
+
+
+def _evict(state: dict) -> None:
+    """Send a paged state's pages back to the host once its tensor has stepped (bitsandbytes' prefetch_tensor with
+    to_cpu: cudaMemPrefetchAsync to the host, on the stream the step ran on), so the device holds one tensor's pages
+    at a time whatever room the card has: the working set the plan counts (terms.page_state), and no managed pages
+    left resident where the rank measures device memory outside the allocator. Plain tensors (CPU ranks, tensors
+    under bitsandbytes' paging size) stay where they are."""
+    paged = [t for t in (state.get("state1"), state.get("state2")) if getattr(t, "is_paged", False)]
+    if paged:
+        from bitsandbytes import functional as F
+
+        for t in paged:
+            F.prefetch_tensor(t, to_cpu=True)
+
+
+def local_shards(cls):
+    """``cls`` (a bitsandbytes optimizer) stepping FSDP2's DTensor parameters through their local shards.
+
+    bitsandbytes' kernels are custom ops DTensor has no sharding rule for, so each tensor's state is built and
+    stepped on the plain local tensor (DTensor.to_local under no_grad is the shard's own storage, which FSDP2 steps
+    in place) with the local gradient; the state stays keyed by the DTensor parameter, as get_state_dict reads it.
+    Plain tensors (DeepSpeed's, a test's) step as they are. On CUDA the large states are paged (managed memory) and
+    sent back to the host after each tensor's step (_evict); on CPU bitsandbytes keeps plain tensors and steps them
+    with its CPU kernel (it warns once that it does not page)."""
+
+    class LocalShards(cls):
+        def _local(self, p: torch.Tensor):
+            from torch.distributed.tensor import DTensor
+
+            if not isinstance(p, DTensor):
+                return p
+            q = p.to_local()
+            q.grad = p.grad.to_local() if p.grad is not None else None
+            self.state[q] = self.state[p]  # the same dict: what bitsandbytes writes under q is p's
+            return q
+
+        def _on_local(self, method, group, p, gindex, pindex) -> None:
+            q = self._local(p)
+            try:
+                method(group, q, gindex, pindex)
+            finally:
+                if q is not p:
+                    del self.state[q]
+                    q.grad = None
+
+        @torch.no_grad()
+        def init_state(self, group, p, gindex, pindex):
+            self._on_local(super().init_state, group, p, gindex, pindex)
+
+        @torch.no_grad()
+        def update_step(self, group, p, gindex, pindex):
+            self._on_local(super().update_step, group, p, gindex, pindex)
+            _evict(self.state[p])
+
+    LocalShards.__name__ = LocalShards.__qualname__ = cls.__name__
+    return LocalShards
 
 
 def rounding_seed(opt: torch.optim.Optimizer, salt: int, part: int = 0) -> int:
