@@ -9,6 +9,7 @@ from launcher.levers import LEVERS, REFINEMENTS
 from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
+from launcher.planner.levers import MATH_LEVER_MARGIN
 from launcher.planner.plan import LeverDecision, Plan, Rejected
 from launcher.units import format_bytes
 
@@ -205,6 +206,9 @@ def error_lines(e: LauncherError) -> list[str]:
 WHY_WORDS = {
     "needed_to_fit": "used: without it the plan does not fit",
     "faster": "used: it fits without it, but steps slower",
+    "faster_than_without": (f"used: plans without it fit, but this one is faster by more than the "
+                            f"{MATH_LEVER_MARGIN:.0%} each change of the training math must buy (or they change it "
+                            "more)"),
     "lower_peak": "used: as fast without it, with a higher peak",
     "pinned": "as pinned by the job",
     "fits_without": "not used: the plan fits without it",

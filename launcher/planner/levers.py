@@ -55,6 +55,19 @@ def math_departure(fields) -> int:
 
 _MATH = tuple(spec for spec in LEVERS.values() if not spec.exact)
 
+MATH_LEVER_MARGIN = 0.05
+"""How much faster a plan must be to depart further from the job's training math where both fit: more than 5 % of
+step time per unit of math_departure (issue 37 §6; docs/levers.md). So a math lever wins over every plan with the
+job's own math only by being more than 5 % faster, 4-bit AdamW over 8-bit likewise, and two levers over one: a
+change of the math buys memory or speed, and a gain within the step-time model's own error buys nothing."""
+
+
+def ranked_step_time(step_time_s: float, fields) -> float:
+    """The step time the planner ranks a plan by (launcher.planner.scoring.Searched.best): its own over
+    (1 - MATH_LEVER_MARGIN) to the power of its math_departure, so its own for the job's math. Never below the
+    plan's own time: the search's stop on step-time bounds stays sound."""
+    return step_time_s / (1 - MATH_LEVER_MARGIN) ** math_departure(fields)
+
 
 def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
     """The levers of ``supported`` (an engine's) the search may try for this job: all of them for the launcher's
@@ -121,4 +134,5 @@ def _axis(req: PlanRequest, spec: LeverSpec, shape: Shape, supported: frozenset[
     return [v for v in values if spec.permitted(req, v)]
 
 
-__all__ = ["LeverSetting", "allowed", "math_departure", "options", "reachable"]
+__all__ = ["MATH_LEVER_MARGIN", "LeverSetting", "allowed", "math_departure", "options", "ranked_step_time",
+           "reachable"]
