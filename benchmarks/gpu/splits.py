@@ -49,6 +49,14 @@ GPU_VALIDATION_5 = ("levers-pbf16-adamw8bit-fsdp",)
 appearance, launcher.worker.engines.optimizers._fp32_appearance), whose CUDA step the plan counts with no working
 copies (terms.optimizer_step_temp_bytes). GPT-2 124M, bf16, one GPU. Criteria: GPU_VALIDATION_3's."""
 
+GPU_VALIDATION_6 = ("compose-stack-fsdp", "chunked-inplace-fsdp")
+"""gpu-check run names, committed on 2026-11-29 (issue 37) before they ran anywhere: torchtune's low-memory
+single-device stack on FSDP2 (pure bf16, full checkpointing, chunked loss, the optimizer step in backward with one
+torchao AdamW8bit per parameter, compiled on CUDA, activation offload), whose CUDA hooks the plan counts with no
+working copies (engines.fsdp.memory.hook_step_copies); and the chunked loss alone with the head's weight gradient
+accumulated in place (one piece's logits and one gradient, levers.chunked_loss.chunked_head_bytes). Llama 1.2B
+(128k vocabulary), bf16, one GPU, 4 x 512 tokens. Criteria: GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""
