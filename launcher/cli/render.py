@@ -104,6 +104,9 @@ def rejected_reason(r: Rejected, plan: Plan) -> str:
     """Why an alternative was not chosen, in words, from its numbers."""
     t0 = plan.estimate.step_time_s
     speed = f"{r.step_time_s:.3g} s/step" + (f" ({r.step_time_s / t0 - 1:+.0%})" if t0 else "")
+    if r.why == "slower" and r.step_time_s < t0:  # a change of the training math that does not buy the margin
+        return (f"fits, {speed}, but changes the training math more for less than the {MATH_LEVER_MARGIN:.0%} "
+                "a change must buy")
     if r.why == "slower":
         return f"fits but slower: {speed}"
     if r.why == "device":

@@ -166,7 +166,8 @@ class Rejected:
     label: str
     """The strategy, as Strategy.label() writes it (no unit)."""
     why: Literal["device", "host_ram", "nvme", "slower"]
-    """device / host_ram / nvme: the resource it overruns; slower: it fits but steps slower than the plan."""
+    """device / host_ram / nvme: the resource it overruns; slower: it fits but ranks behind the plan (steps
+    slower, or changes the training math more for less than levers.MATH_LEVER_MARGIN faster)."""
     peak_bytes: int
     """Its predicted peak per rank, bytes."""
     step_time_s: float

@@ -117,3 +117,17 @@ def test_docs_state_the_margin():
     text = (REPO / "docs" / "levers.md").read_text()
     assert f"more than {MATH_LEVER_MARGIN * 100:g} % faster" in text and "MATH_LEVER_MARGIN" in text
     assert Path(EXAMPLE).exists()
+
+
+def test_a_fitting_alternative_faster_within_the_margin_is_worded_so(request_for):
+    import dataclasses
+
+    from launcher.cli.render import rejected_reason
+    from launcher.planner.plan import Rejected
+
+    plan = make_plan(_a100(request_for, 40))
+    t0 = plan.estimate.step_time_s
+    faster = Rejected(label="x", why="slower", peak_bytes=1, step_time_s=0.99 * t0)
+    assert rejected_reason(faster, plan).startswith("fits, ") and "5%" in rejected_reason(faster, plan)
+    slower = dataclasses.replace(faster, step_time_s=1.01 * t0)
+    assert rejected_reason(slower, plan).startswith("fits but slower")
