@@ -45,11 +45,12 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
 
 
 def math_departure(fields) -> int:
-    """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's tie-break
-    (launcher.planner.scoring.Searched.best): the sum of its levers' LeverSpec.departure, 0 for none. Each math lever
-    used adds 1, a low-memory optimizer its rank (8-bit moments 1, 4-bit 2, Adafactor 3). So among plans equally
-    fast, the job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit, either alone
-    before with pure bf16): a job that allows 4-bit gets it only where it is faster or alone fits."""
+    """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's ranking
+    (ranked_step_time) and tie-break (launcher.planner.scoring.Searched.best): the sum of its levers'
+    LeverSpec.departure, 0 for none. Each math lever used adds 1, a low-memory optimizer its rank (8-bit moments 1,
+    4-bit 2, Adafactor 3). Each unit must buy MATH_LEVER_MARGIN of step time, and among plans that rank alike the
+    job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit, either alone before with
+    pure bf16): a job that allows 4-bit gets it only where it is more than the margin faster or alone fits."""
     return sum(spec.departure(spec.of(fields)) for spec in _MATH)
 
 
