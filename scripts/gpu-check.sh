@@ -74,6 +74,12 @@ lever_job levers-pbf16-adamw8bit-fsdp fsdp gpt2-124m ", pure_bf16: true, low_mem
 lever_job levers-paged-adamw8bit-fsdp fsdp llama-1b \
   ", pure_bf16: true, optimizer_in_backward: true, low_memory_optimizer: paged_adamw8bit, activation_checkpointing: true" \
   ", allow_levers: [pure_bf16, adamw8bit], max_grad_norm: 0"
+# GPU_VALIDATION_7 (issue 37): torchtune's low-memory single-device stack on FSDP2, the step in backward beside
+# torchao's 8-bit AdamW under pure bf16 (compiled on CUDA, no clipping), and the chunked loss's in-place head gradient.
+lever_job compose-stack-fsdp fsdp llama-1b ", pure_bf16: true, activation_checkpointing: true, loss_chunks: 8, \
+optimizer_in_backward: true, activation_offload: true, low_memory_optimizer: adamw8bit" \
+  ", max_grad_norm: 0, allow_levers: [pure_bf16, adamw8bit]"
+lever_job chunked-inplace-fsdp fsdp llama-1b ", loss_chunks: 8, activation_checkpointing: true" ""
 # ZeRO-3 with the optimizer on the host (DeepSpeedCPUAdam: JIT-compiled on first use). With the allocator's snapshot:
 # its segments carry their stream, which measures the reduce_and_partition stream's pool (DEEPSPEED_COMMUNICATORS,
 # launcher/engines/deepspeed/memory.py, says why).

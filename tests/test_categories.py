@@ -9,7 +9,7 @@ import pytest
 
 from launcher import categories, fallback
 from launcher.categories import CATEGORY_GROUPS, MEASURED, PREDICTED, grown_category, measured_bytes, predicted_bytes
-from launcher.records.shared import report
+from launcher.records import report
 from tests.conftest import REPO
 
 

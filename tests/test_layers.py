@@ -20,7 +20,7 @@ FORBIDDEN = {
                    "launcher.units",
                    "launcher.plan_words",
                    "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.ops", "launcher.rundir",
-                   "launcher.redact", "launcher.records.shared", "launcher.inputs",
+                   "launcher.redact", "launcher.records", "launcher.inputs",
                    "launcher.categories", "launcher.ranklog", "launcher.procs")},
     # The planner returns numbers (its Problem, NoFit, Rejected); plan_words and cli/render word them.
     "launcher.planner": ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session",

@@ -467,7 +467,7 @@ def every_cell() -> list[Cell]:
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
             *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION,
             *PURE_BF16_LOW_BIT_VALIDATION, *DS_PURE_BF16_LOW_BIT_VALIDATION, *ZERO2_FLUSH_DEV,
-            *ZERO2_FLUSH_VALIDATION]
+            *ZERO2_FLUSH_VALIDATION, *COMPOSE_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -482,7 +482,7 @@ def sides_of_all() -> dict[str, str]:
     (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
     LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2), "ds-pbf16-lowbit-validation"
     (the same on DeepSpeed ZeRO-1/2), "zero2-flush-dev" or "zero2-flush-validation" (ZeRO-2 with a bucket smaller
-    than the model)."""
+    than the model), "compose-validation" (the levers combined, the in-place chunked loss)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -509,7 +509,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "pbf16-lowbit-validation" for c in PURE_BF16_LOW_BIT_VALIDATION},
             **{c.name: "ds-pbf16-lowbit-validation" for c in DS_PURE_BF16_LOW_BIT_VALIDATION},
             **{c.name: "zero2-flush-dev" for c in ZERO2_FLUSH_DEV},
-            **{c.name: "zero2-flush-validation" for c in ZERO2_FLUSH_VALIDATION}}
+            **{c.name: "zero2-flush-validation" for c in ZERO2_FLUSH_VALIDATION},
+            **{c.name: "compose-validation" for c in COMPOSE_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:
@@ -698,4 +699,24 @@ ZERO2_FLUSH_VALIDATION: tuple[Cell, ...] = (
     _c("z2", "gpt2-124m", "causal_lm", "fp32", False, 1, 64, budget="4GB"),
 )
 """ZeRO-2 with a reduce bucket smaller than the model, validation split (out of sample for that change, run
+once)."""
+
+COMPOSE_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-29 08:20 UTC) before any of it ran (issue 37 §3, §7): the optimizer step in
+    # backward beside torchao's 8-/4-bit AdamW, with and without pure bf16 (each parameter's own low-bit AdamW in its
+    # gradient hook; on CPU ranks the eager step's fp32 copies in the root's and the blocks' hooks), and the chunked
+    # loss with the head's weight gradient accumulated in place (one piece's logits and one gradient). FSDP2 only
+    # (DeepSpeed's engine owns the step). Shapes no cell used: the 9M GPT-2 (tied head, 16k vocabulary) in bf16 with
+    # checkpointing, every lever of torchtune's low-memory recipe (activation offload moves nothing on CPU ranks);
+    # the 6-block Llama in bf16 with 4-bit AdamW; the 4-block Llama in fp32 with 8-bit AdamW (no pure bf16: the
+    # 6-copy step); the 9M GPT-2 in fp32 with chunked loss alone at 464 tokens.
+    _c("fsdp", "gpt2m", "causal_lm", "bf16", True, 2, 240, loss_chunks=8, activation_offload=True,
+       optimizer_in_backward=True, low_memory_optimizer="adamw8bit", pure_bf16=True),
+    _c("fsdp", "llama6", "causal_lm", "bf16", False, 1, 320, optimizer_in_backward=True,
+       low_memory_optimizer="adamw4bit", pure_bf16=True),
+    _c("fsdp", "llama", "causal_lm", "fp32", False, 2, 224, optimizer_in_backward=True,
+       low_memory_optimizer="adamw8bit"),
+    _c("fsdp", "gpt2m", "causal_lm", "fp32", False, 1, 464, loss_chunks=8),
+)
+"""The levers combined and the in-place chunked loss, validation split (out of sample for both changes, run
 once)."""

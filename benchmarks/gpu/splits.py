@@ -56,6 +56,14 @@ large states in CUDA managed memory, paged in for each tensor's step and evicted
 (launcher.worker.engines.optimizers._evict), which the plan counts as host bytes and one tensor's working set
 (terms.page_state). Criteria: GPU_VALIDATION_3's; the outside-allocator one is where resident pages would show."""
 
+GPU_VALIDATION_7 = ("compose-stack-fsdp", "chunked-inplace-fsdp")
+"""gpu-check run names, committed on 2026-11-29 (issue 37) before they ran anywhere: torchtune's low-memory
+single-device stack on FSDP2 (pure bf16, full checkpointing, chunked loss, the optimizer step in backward with one
+torchao AdamW8bit per parameter, compiled on CUDA, activation offload), whose CUDA hooks the plan counts with no
+working copies (engines.fsdp.memory.hook_step_copies); and the chunked loss alone with the head's weight gradient
+accumulated in place (one piece's logits and one gradient, levers.chunked_loss.chunked_head_bytes). Llama 1.2B
+(128k vocabulary), bf16, one GPU, 4 x 512 tokens. Criteria: GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

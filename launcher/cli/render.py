@@ -9,6 +9,7 @@ from launcher.levers import LEVERS, REFINEMENTS
 from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
+from launcher.planner.levers import MATH_LEVER_MARGIN
 from launcher.planner.plan import LeverDecision, Plan, Rejected
 from launcher.units import format_bytes
 
@@ -103,6 +104,9 @@ def rejected_reason(r: Rejected, plan: Plan) -> str:
     """Why an alternative was not chosen, in words, from its numbers."""
     t0 = plan.estimate.step_time_s
     speed = f"{r.step_time_s:.3g} s/step" + (f" ({r.step_time_s / t0 - 1:+.0%})" if t0 else "")
+    if r.why == "slower" and r.step_time_s < t0:  # a change of the training math that does not buy the margin
+        return (f"fits, {speed}, but changes the training math more for less than the {MATH_LEVER_MARGIN:.0%} "
+                "a change must buy")
     if r.why == "slower":
         return f"fits but slower: {speed}"
     if r.why == "device":
@@ -205,6 +209,9 @@ def error_lines(e: LauncherError) -> list[str]:
 WHY_WORDS = {
     "needed_to_fit": "used: without it the plan does not fit",
     "faster": "used: it fits without it, but steps slower",
+    "faster_than_without": (f"used: plans without it fit, but this one is faster by more than the "
+                            f"{MATH_LEVER_MARGIN:.0%} each change of the training math must buy (or they change it "
+                            "more)"),
     "lower_peak": "used: as fast without it, with a higher peak",
     "pinned": "as pinned by the job",
     "fits_without": "not used: the plan fits without it",

@@ -16,24 +16,20 @@ def chunked_head_bytes(c, head_per_token: float, tokens: int, chunks: int) -> fl
     """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss), from
     the activation constants ``c`` (launcher.planner.terms.ActivationConstants).
 
-    Non-reentrant checkpoint keeps each piece's inputs (views of the hidden states, in the non-logit part) and
-    rebuilds one piece's logits in backward, so of the vocabulary-sized tensors (L per token: fp32 log-softmax
-    output, its gradient, the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The pieces'
-    weight gradients all flow into the head weight's one AccumulateGrad node, whose input buffer sums them
-    while the blocks' activations are still saved: a piece's log-softmax backward runs beside that buffer
-    (G = V·h·w, from the second piece on), its matmul backward beside the buffer and its own weight gradient
-    (2G) with only the logits' gradient (L/3) left. The first sum is out of place (3G): the weight gradient of
-    F.linear arrives as the transpose of the matmul's result, a view, which the engine's input buffer never
-    adds into in place; the sum is a fresh tensor, and later pieces add into it in place. Unchunked the weight
-    gradient appears after the logits are freed, so it is not at this peak. Linear in the constants
-    (launcher.calibrate scales them)."""
+    The head's autograd function keeps the hidden states (views of them per piece, in the non-logit part) and
+    rebuilds one piece's logits at a time in backward, so of the vocabulary-sized tensors (L per token: fp32
+    logits, their softmax and the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The head's weight
+    gradient is one buffer (G = V·h·w): the first piece makes it once its fp32 logits are freed, beside its
+    working-dtype logits' gradient (L/3), and every later piece adds into it in place (addmm_), so from the second
+    piece on one piece's tensors meet it (piece + G), as in fused linear cross-entropy (Liger's, torchtune's chunked
+    loss). Linear in the constants (launcher.calibrate scales them)."""
     logits = min(c.head_logit_bytes_per_token, head_per_token)
     rest = tokens * (head_per_token - logits)
     piece = tokens * logits / chunks
-    if chunks == 1:
-        return rest + piece
     g = c.head_weight_grad_bytes
-    return rest + max(piece + g, piece / 3 + 2 * g, 3 * g)
+    if chunks == 1:
+        return rest + max(piece, piece / 3 + g)
+    return rest + piece + g
 
 
 def recompute_flops_per_token(m) -> float:

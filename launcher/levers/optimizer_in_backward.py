@@ -19,6 +19,13 @@ loaded host, so an upper end. It is what makes the lever lose a tie: it is chose
 does not, or lets a faster layout fit, never for nothing (it drops global-norm clipping)."""
 
 
+IN_BACKWARD_REFUSED = frozenset({"adafactor"})
+"""Low-memory optimizers not stepped in backward. The sharded Adafactor's step all-reduces each matrix's column
+statistics and norms over the shard group (launcher.worker.engines.optimizers.ShardedAdafactor): a collective per
+parameter from inside FSDP2's reduce hooks, which the rank side does not run. torchao's 8-/4-bit AdamW step each
+shard alone (launcher.worker.engines.fsdp.FsdpEngine.setup_optimizer_in_backward)."""
+
+
 def in_backward_possible(req, grad_accum_steps: int) -> bool:
     """The optimizer step in backward needs no accumulation (each parameter steps as its gradient is made, as in
     torchtune's optimizer_in_bwd) and no fp16 loss scaling (the scaler must see every gradient before any step)."""
@@ -52,10 +59,9 @@ class OptimizerInBackward(LeverSpec):
         return bool(pin) and not in_backward_possible(req, shape.grad_accum_steps)
 
     def excludes(self, setting, pure_bf16_optimizers: frozenset[str]) -> bool:
-        """Not with a low-memory optimizer: not modelled together (its step copies would sit in backward); but with
-        bitsandbytes' paged AdamW8bit, whose fused device step holds no copies (torchtune's single-device recipe)."""
-        opt = low_memory_optimizer.SPEC.of(setting)
-        return self.on(setting) and opt != low_memory_optimizer.SPEC.off and opt != low_memory_optimizer.PAGED
+        """Not with Adafactor (IN_BACKWARD_REFUSED): the 8-/4-bit AdamW (bitsandbytes' paged one too) step each
+        parameter in its hook, with pure bf16 too, as torchtune's low-memory recipe runs them."""
+        return self.on(setting) and low_memory_optimizer.SPEC.of(setting) in IN_BACKWARD_REFUSED
 
     def math_note(self, req) -> str:
         """Clipping is off: the one thing the lever changes in the math (its deltas are in the lever lines)."""
@@ -70,11 +76,19 @@ class OptimizerInBackward(LeverSpec):
         return "opt-in-bwd" if value else ""
 
     def pin_problems(self, job) -> list:
-        """Not under fp16, whose loss scaling checks every gradient before any step."""
-        if self.of(job.strategy) and job.train.precision == "fp16":
+        """Not under fp16, whose loss scaling checks every gradient before any step; not with a pinned Adafactor."""
+        if not self.of(job.strategy):
+            return []
+        if job.train.precision == "fp16":
             return [Problem(f"strategy.{self.field}", "true steps each parameter in backward, but fp16 needs loss "
                             "scaling, which checks every gradient for overflow before any step; use train.precision: "
                             f"bf16 or fp32, or leave strategy.{self.field} out", reads=("train.precision",))]
+        opt = low_memory_optimizer.SPEC.of(job.strategy)
+        if opt in IN_BACKWARD_REFUSED:
+            return [Problem(f"strategy.{self.field}", f"true steps each parameter in backward, but {opt}'s sharded "
+                            "step all-reduces row and column statistics, which the rank side does not run inside "
+                            f"backward; pin low_memory_optimizer: adamw8bit or adamw4bit, or leave strategy."
+                            f"{self.field} out", reads=("strategy.low_memory_optimizer",))]
         return []
 
 

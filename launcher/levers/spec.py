@@ -127,8 +127,8 @@ class LeverSpec:
         return word is None or word in req.allow_levers
 
     def departure(self, value: object) -> int:
-        """How far ``value`` departs from the job's training math, for the planner's tie-break between equally fast
-        plans (launcher.planner.levers.math_departure): 0 for an exact lever or off, else 1."""
+        """How far ``value`` departs from the job's training math (launcher.planner.levers.math_departure): each
+        unit must buy MATH_LEVER_MARGIN of step time, and breaks ties; 0 for an exact lever or off, else 1."""
         return 0 if self.exact or value == self.off else 1
 
     def math_note(self, req) -> str:

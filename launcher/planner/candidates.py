@@ -76,7 +76,7 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
             f"only the levers it implements ({per_engine('levers')}), pure bf16 pairs only with the low-memory "
             f"optimizers its engine steps bf16 weights with ({per_engine('pure_bf16_optimizers')}) and the optimizer step in "
-            "backward needs grad_accum_steps 1, no fp16 and no low-memory optimizer; unpin one of them"
+            "backward needs grad_accum_steps 1, no fp16 and no Adafactor; unpin one of them"
         )
     return out
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.engines import engine_spec
+from launcher.errors import ConfigError
 from launcher.levers import DECIDED, EXACT, LEVER_FIELDS, LeverSpec, Shape
 from launcher.levers.pure_bf16 import unpaired
 from launcher.planner.levers import reachable
 from launcher.planner.plan import LeverDecision, Strategy, Why
 from launcher.planner.request import PlanRequest
-from launcher.planner.scoring import Scored, score
+from launcher.planner.scoring import Scored, score, search
 
 
 def shape_of(s: Strategy) -> Shape:
@@ -32,6 +33,16 @@ def _not_at_this_shape(lever: LeverSpec, req: PlanRequest, s: Strategy, tried: f
     if lever.field not in tried:
         return "script_lacks"
     return "engine_lacks" if lever.field not in engine_spec(s.engine).levers else "plan_lacks"
+
+
+def _fits_without(req: PlanRequest, lever: LeverSpec) -> bool:
+    """Whether any plan of the job fits without math lever ``lever``: the search again with the train.allow_levers
+    words that permit it taken away (issue 37 §6: needed_to_fit means no plan without it fits)."""
+    rest = tuple(word for word in req.allow_levers if word not in lever.permits)
+    try:
+        return search(dataclasses.replace(req, allow_levers=rest)).best is not None
+    except ConfigError:  # the job's pins admit no strategy without it
+        return False
 
 
 def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
@@ -68,9 +79,13 @@ def decide(req: PlanRequest, best: Scored) -> list[LeverDecision]:
             out.append(LeverDecision(lever=name, exact=exact, used=False, why="not_paired", other_value=other))
             continue
         alt = score(req, switched)
-        if used:
-            why: Why = ("needed_to_fit" if alt.problem is not None
-                        else "faster" if alt.estimate.step_time_s > best.estimate.step_time_s else "lower_peak")
+        if used and alt.problem is not None and not exact and _fits_without(req, lever):
+            # This plan needs it, but another plan without it fits: it is used for its speed (by more than
+            # levers.MATH_LEVER_MARGIN per unit of departure, or the search would have chosen that plan), not to fit.
+            why: Why = "faster_than_without"
+        elif used:
+            why = ("needed_to_fit" if alt.problem is not None
+                   else "faster" if alt.estimate.step_time_s > best.estimate.step_time_s else "lower_peak")
         elif best.problem is None:
             # Switching it on would fit too (the fastest plan did not need it), or it would not (selective
             # checkpointing keeps more than full checkpointing).

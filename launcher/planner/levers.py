@@ -45,15 +45,29 @@ def allowed(req: PlanRequest, field_name: str, value: object) -> bool:
 
 
 def math_departure(fields) -> int:
-    """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's tie-break
-    (launcher.planner.scoring.Searched.best): the sum of its levers' LeverSpec.departure, 0 for none. Each math lever
-    used adds 1, a low-memory optimizer its rank (8-bit moments 1, 4-bit 2, Adafactor 3). So among plans equally
-    fast, the job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit, either alone
-    before with pure bf16): a job that allows 4-bit gets it only where it is faster or alone fits."""
+    """How far a Strategy (or LeverSetting) departs from the job's training math, for the planner's ranking
+    (ranked_step_time) and tie-break (launcher.planner.scoring.Searched.best): the sum of its levers'
+    LeverSpec.departure, 0 for none. Each math lever used adds 1, a low-memory optimizer its rank (8-bit moments 1,
+    4-bit 2, Adafactor 3). Each unit must buy MATH_LEVER_MARGIN of step time, and among plans that rank alike the
+    job's own math wins, then the fewest and mildest departures (8-bit AdamW before 4-bit, either alone before with
+    pure bf16): a job that allows 4-bit gets it only where it is more than the margin faster or alone fits."""
     return sum(spec.departure(spec.of(fields)) for spec in _MATH)
 
 
 _MATH = tuple(spec for spec in LEVERS.values() if not spec.exact)
+
+MATH_LEVER_MARGIN = 0.05
+"""How much faster a plan must be to depart further from the job's training math where both fit: more than 5 % of
+step time per unit of math_departure (issue 37 §6; docs/levers.md). So a math lever wins over every plan with the
+job's own math only by being more than 5 % faster, 4-bit AdamW over 8-bit likewise, and two levers over one: a
+change of the math buys memory or speed, and a gain within the step-time model's own error buys nothing."""
+
+
+def ranked_step_time(step_time_s: float, fields) -> float:
+    """The step time the planner ranks a plan by (launcher.planner.scoring.Searched.best): its own over
+    (1 - MATH_LEVER_MARGIN) to the power of its math_departure, so its own for the job's math. Never below the
+    plan's own time: the search's stop on step-time bounds stays sound."""
+    return step_time_s / (1 - MATH_LEVER_MARGIN) ** math_departure(fields)
 
 
 def reachable(req: PlanRequest, supported: frozenset[str]) -> frozenset[str]:
@@ -121,4 +135,5 @@ def _axis(req: PlanRequest, spec: LeverSpec, shape: Shape, supported: frozenset[
     return [v for v in values if spec.permitted(req, v)]
 
 
-__all__ = ["LeverSetting", "allowed", "math_departure", "options", "reachable"]
+__all__ = ["MATH_LEVER_MARGIN", "LeverSetting", "allowed", "math_departure", "options", "ranked_step_time",
+           "reachable"]

@@ -166,7 +166,8 @@ class Rejected:
     label: str
     """The strategy, as Strategy.label() writes it (no unit)."""
     why: Literal["device", "host_ram", "nvme", "slower"]
-    """device / host_ram / nvme: the resource it overruns; slower: it fits but steps slower than the plan."""
+    """device / host_ram / nvme: the resource it overruns; slower: it fits but ranks behind the plan (steps
+    slower, or changes the training math more for less than levers.MATH_LEVER_MARGIN faster)."""
     peak_bytes: int
     """Its predicted peak per rank, bytes."""
     step_time_s: float
@@ -188,9 +189,12 @@ class Rejected:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-Why = Literal["needed_to_fit", "faster", "lower_peak", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
+Why = Literal["needed_to_fit", "faster", "faster_than_without", "lower_peak", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
               "not_allowed", "engine_lacks", "not_paired", "not_applicable", "plan_lacks", "script_lacks"]
-"""Used: needed_to_fit (without it the plan is over a limit), faster (it fits without, but steps slower) or
+"""Used: needed_to_fit (no plan without it fits: for a math lever the search without it finds none, for an exact
+one this plan without it is over a limit), faster (it fits without, but steps slower), faster_than_without (a math
+lever this plan needs, where other plans fit without it but rank behind it: slower by more than
+levers.MATH_LEVER_MARGIN per unit of math departure, or departing further) or
 lower_peak (it fits without and steps as fast, with a higher peak).
 Not used: fits_without (the plan fits, and would with it too: the deltas say what it would cost or save),
 would_not_fit (switched on, the plan would go over: selective checkpointing keeps more than full), would_fit /

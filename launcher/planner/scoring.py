@@ -11,7 +11,7 @@ from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
 from launcher.planner.cost import step_time_terms
-from launcher.planner.levers import math_departure
+from launcher.planner.levers import math_departure, ranked_step_time
 from launcher.planner.memory import (
     ActivationConstants,
     MemoryEstimate,
@@ -138,9 +138,10 @@ class Searched:
 
     @property
     def best(self) -> Scored | None:
-        """The fastest fitting candidate; on a tie the one with the job's own math (a lever that changes the math
-        wins only by being faster), then the fewest and mildest math levers (levers.math_departure), then the
-        smaller peak, then the earlier candidate."""
+        """The fastest fitting candidate, a plan that departs further from the job's math only where it is more
+        than levers.MATH_LEVER_MARGIN faster per unit of departure (levers.ranked_step_time); on a tie the job's
+        own math, then the fewest and mildest math levers (levers.math_departure), then the smaller peak, then the
+        earlier candidate."""
         fits = [c for c in self.scored if c.problem is None]
         return min(fits, key=_rank) if fits else None
 
@@ -188,7 +189,9 @@ Alternatives = Callable[[Scored, list[Scored]], list]
 
 
 def _rank(c: Scored) -> tuple[float, int, int]:
-    return c.estimate.step_time_s, math_departure(c.strategy), c.estimate.peak_bytes
+    # A math lever's plan ranks by its time over (1 - MATH_LEVER_MARGIN) ** departure (levers.ranked_step_time): at
+    # least its own time, so a candidate whose bound passes the best's ranked time cannot rank before it.
+    return ranked_step_time(c.estimate.step_time_s, c.strategy), math_departure(c.strategy), c.estimate.peak_bytes
 
 
 def _blocking(done: dict[int, Scored], best: tuple, bound: float,

@@ -453,7 +453,8 @@ class States:
     model_states: float = 0.0
     """Params, a full step's gradients and optimizer state all at once: what DeepSpeed's estimators count."""
     dequant_transient: float = 0.0
-    """Bytes of the one frozen weight dequantized at a time in forward and backward (QLoRA's NF4 base): it meets the
+    """Bytes of one transient of the blocks' backward: the one frozen weight dequantized at a time (QLoRA's NF4
+    base), or on CPU ranks the step in backward's working copies of one block tensor (FSDP2's hooks). It meets the
     saved activations in the blocks' backward, after the loss's temporaries are freed, so the backward moment
     counts the larger of the two."""
     init_extra: float = 0.0

@@ -10,6 +10,7 @@ from benchmarks.accuracy.cells import (
     BWDEND_DEV,
     BWDEND_VALIDATION,
     BWDEND_VALIDATION_2,
+    COMPOSE_VALIDATION,
     CURRENT_VALIDATION,
     DS_PURE_BF16_DEV,
     DS_PURE_BF16_LOW_BIT_VALIDATION,
@@ -357,7 +358,8 @@ def test_the_zero3_bf16_adapter_validation_is_new():
 
 
 def test_the_pure_bf16_low_bit_validation_is_new():
-    earlier = [c for c in every_cell() if c not in PURE_BF16_LOW_BIT_VALIDATION]
+    later = (*PURE_BF16_LOW_BIT_VALIDATION, *COMPOSE_VALIDATION)  # the step in backward pairs them since issue 37
+    earlier = [c for c in every_cell() if c not in later]
     shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
     assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in PURE_BF16_LOW_BIT_VALIDATION}
     levers = [dict(c.levers) for c in PURE_BF16_LOW_BIT_VALIDATION]
@@ -418,3 +420,19 @@ def test_restored_compare_lists_the_rows_that_moved_only():
     assert table.startswith("1 of 2 stored rows moved (planner memory.py `a` -> `b`)")
     assert "| accuracy | x | 100.00 | 90.00 | -10.0% | 101.00 | +1.0% | backward |" in table
     assert "| y |" not in table and "| new |" not in table
+
+
+def test_the_compose_validation_is_new():
+    """Issue 37: the step in backward with a low-bit AdamW (with and without pure bf16) and the in-place chunked
+    loss, on FSDP2, on shapes no cell used; committed before it ran."""
+    earlier = [c for c in every_cell() if c not in COMPOSE_VALIDATION]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in COMPOSE_VALIDATION}
+    levers = [dict(c.levers) for c in COMPOSE_VALIDATION]
+    assert not any(lv.get("optimizer_in_backward") and lv.get("low_memory_optimizer", "none") != "none"
+                   for lv in map(lambda c: dict(c.levers), earlier))
+    combined = [lv for lv in levers if lv.get("optimizer_in_backward")]
+    assert {lv["low_memory_optimizer"] for lv in combined} == {"adamw8bit", "adamw4bit"}
+    assert {bool(lv.get("pure_bf16")) for lv in combined} == {True, False}
+    assert {c.sharding for c in COMPOSE_VALIDATION} == {"fsdp"} and any(lv.get("loss_chunks") for lv in levers)
+    assert {sides_of_all()[c.name] for c in COMPOSE_VALIDATION} == {"compose-validation"}

@@ -94,6 +94,8 @@ def test_a_plan_json_without_lever_fields_reads_back_with_them_off(request_for):
     ({}, {"allow_levers": ["qlora", "qlora"]}, "names a lever twice"),
     ({}, {"allow_levers": ["fp8"]}, "allow_levers"),
     ({"optimizer_in_backward": True}, {"precision": "fp16"}, "fp16 needs loss scaling"),
+    ({"optimizer_in_backward": True, "low_memory_optimizer": "adafactor"}, {"allow_levers": ["adafactor"]},
+     "adafactor's sharded step all-reduces"),
     ({"checkpoint_policy": "ops", "activation_checkpointing": False}, {}, "strategy.activation_checkpointing is false"),
     ({"checkpoint_policy": "ops", "activation_offload": True}, {}, "activation offload's hooks never see"),
     ({"checkpoint_policy": "selective"}, {}, "checkpoint_policy"),

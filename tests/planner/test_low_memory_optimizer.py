@@ -198,13 +198,23 @@ def test_the_accelerate_export_tells_the_script_which_optimizer_the_plan_assumes
     assert not any("optimizer" in n for n in plain_notes)
 
 
-def test_never_combined_with_the_step_in_backward_or_pure_bf16(request_for):
+def test_low_bit_adamw_steps_in_backward_adafactor_does_not_and_pure_bf16_only_where_paired(request_for):
+    """Issue 37 §3: 8-/4-bit AdamW with the step in backward (torchtune's low-memory recipe); Adafactor's sharded step
+    all-reduces, so not in backward's hooks; pure bf16 only beside the optimizers the engine pairs with it."""
     from launcher.planner.levers import options
 
-    allow = ("adamw8bit", "pure_bf16")
-    for o in options(request_for(allow_levers=allow), frozenset({"low_memory_optimizer", "optimizer_in_backward",
-                                                                  "pure_bf16"}), 1):
-        assert o.low_memory_optimizer == "none" or not (o.optimizer_in_backward or o.pure_bf16)
+    allow = ("adamw8bit", "adamw4bit", "adafactor", "pure_bf16")
+    levers = frozenset({"low_memory_optimizer", "optimizer_in_backward", "pure_bf16"})
+    unpaired = {(o.low_memory_optimizer, o.optimizer_in_backward, o.pure_bf16)
+                for o in options(request_for(allow_levers=allow), levers, 1)}
+    assert ("adamw8bit", True, False) in unpaired and ("adamw4bit", True, False) in unpaired
+    assert ("adafactor", True, False) not in unpaired and ("adafactor", False, False) in unpaired
+    assert not any(opt != "none" and bf16 for opt, _, bf16 in unpaired)  # the engine pairs none here
+    paired = {(o.low_memory_optimizer, o.optimizer_in_backward, o.pure_bf16)
+              for o in options(request_for(allow_levers=allow), levers, 1, pure_bf16_optimizers=frozenset(
+                  {"adamw8bit", "adamw4bit"}))}
+    assert {("adamw8bit", True, True), ("adamw4bit", True, True)} <= paired
+    assert not any(opt == "adafactor" and (in_bwd or bf16) for opt, in_bwd, bf16 in paired)
 
 
 def test_among_equally_fast_plans_the_mildest_math_lever_wins(request_for):
@@ -232,3 +242,27 @@ def test_among_equally_fast_plans_the_mildest_math_lever_wins(request_for):
 
     assert planned_under((peak["none"] + peak["adamw8bit"]) / 2) == "adamw8bit"  # 4-bit's smaller peak loses
     assert planned_under((peak["adamw8bit"] + peak["adamw4bit"]) / 2) == "adamw4bit"
+
+
+def test_the_step_in_backward_with_a_low_bit_adamw_holds_its_eager_copies_in_the_hooks_on_cpu_ranks_only():
+    """CPU ranks step torchao's AdamW8bit eagerly (LOW_BIT_STEP_COPIES fp32 copies of the tensor): in the root's
+    hook beside its reduce buffers, and a block tensor's in the blocks' backward. On CUDA the compiled step holds
+    none (terms.optimizer_step_temp_bytes), so the combination costs what the step in backward alone does."""
+    import dataclasses
+
+    from launcher.engines.fsdp.memory import fsdp_states
+    from launcher.planner.terms import LOW_BIT_STEP_COPIES
+    from tests.planner.test_backward_end import FSDP, gpt2_stats, inputs
+
+    m = dataclasses.replace(gpt2_stats(), grad_layout=[[128 * 512, 0], [4096 * 128, -1]])
+    in_bwd = dataclasses.replace(FSDP, optimizer_in_backward=True)
+    low_bit = dataclasses.replace(in_bwd, low_memory_optimizer="adamw8bit")
+    cpu, cuda = inputs(m), inputs(m, hardware="a100-80gb")
+    plain, with_low_bit = fsdp_states(cpu, in_bwd), fsdp_states(cpu, low_bit)
+    copies = LOW_BIT_STEP_COPIES * 4 * 4096 * 128 / 2  # of the root's vocabulary table's shard
+    # The root's hook: the copies beside its reduce input and output, the larger of it and the plain reduce.
+    assert with_low_bit.backward_end_extra > plain.backward_end_extra and with_low_bit.backward_end_extra > copies
+    assert with_low_bit.dequant_transient == LOW_BIT_STEP_COPIES * 4 * 128 * 512 / 2  # the largest block tensor
+    assert (with_low_bit.step_extra, plain.dequant_transient) == (0, 0)  # no step-time gradient, nothing else
+    on_cuda = fsdp_states(cuda, low_bit)
+    assert (on_cuda.backward_end_extra, on_cuda.dequant_transient) == (fsdp_states(cuda, in_bwd).backward_end_extra, 0)

@@ -13,7 +13,7 @@ from launcher.planner import advice, scoring
 from launcher.planner.build import build_plan, top_rejected
 from launcher.planner.candidates import pinned
 from launcher.planner.hardware import PROFILES
-from launcher.planner.levers import math_departure
+from launcher.planner.levers import math_departure, ranked_step_time
 from launcher.planner.memo import TracedMemo
 from launcher.planner.plan import Strategy
 from launcher.planner.search import candidates, evaluate, make_plan, search
@@ -80,7 +80,8 @@ def exhaustive_search(req, alternatives=None):
 def exhaustive_plan(req):
     scored = evaluate(req, memo=False)
     fits = sorted((c for c in scored if c.problem is None),
-                  key=lambda c: (c.estimate.step_time_s, math_departure(c.strategy), c.estimate.peak_bytes))
+                  key=lambda c: (ranked_step_time(c.estimate.step_time_s, c.strategy), math_departure(c.strategy),
+                                 c.estimate.peak_bytes))
     if not fits:
         return None
     return build_plan(req, fits[0], scored, pinned(req.pins), status="fits", total=len(scored))

@@ -267,7 +267,8 @@ def test_pure_bf16_low_bit_adamw_rounds_stochastically_over_quantized_moments(na
                         pure_bf16=True)
 
 
-@pytest.mark.parametrize(("in_backward", "low_memory"), [(False, "none"), (True, "none"), (False, "adamw8bit")])
+@pytest.mark.parametrize(("in_backward", "low_memory"), [(False, "none"), (True, "none"), (False, "adamw8bit"),
+                                                       (True, "adamw8bit")])
 def test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly(in_backward, low_memory, tmp_path,
                                                                        single_rank, examples_data):
     # FSDP2's bf16 DTensor shards step through the stochastically rounding AdamW (one per parameter with the step

@@ -7,18 +7,23 @@ across groups.
 
 from __future__ import annotations
 
-from launcher.levers import OPTIMIZER_IN_BACKWARD, PURE_BF16, QLORA
+import math
+
+from launcher.levers import LOW_MEMORY_OPTIMIZER, OPTIMIZER_IN_BACKWARD, PURE_BF16, QLORA
 from launcher.model.qlora import NF4_TABLE, block_nf4, dequant_transient_bytes, nf4_bytes
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import (
     BYTES,
+    LOW_BIT_STATE,
+    LOW_BIT_STEP_COPIES,
+    SR_STEP_COPIES,
     MemoryInputs,
     States,
     kept_param_bytes,
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
     page_state,
-    stochastic_rounds,
+    rounds_stochastically,
     tied_embedding_grad_bytes,
 )
 
@@ -82,6 +87,15 @@ def trainable_split(m) -> tuple[float, float]:
     """The root's and one block's trainable elements (LoRA's spread over the model in proportion to its size)."""
     root = m.non_block_params * m.trainable_params / m.num_params
     return root, (m.block_params * m.trainable_params / m.num_params if m.num_blocks else 0.0)
+
+
+def hook_step_copies(inp: MemoryInputs, s: Strategy) -> bool:
+    """Whether the step in backward holds working copies inside backward's hooks: on CPU ranks, where torchao's
+    single_param_adam runs eagerly (launcher.worker.engines.optimizers._eager) for a low-bit AdamW or pure bf16's
+    stochastically rounded step. On CUDA torchao compiles that step into fused kernels, which hold none
+    (terms.optimizer_step_temp_bytes), so the combination adds nothing there."""
+    stepped = rounds_stochastically(inp, s) or LOW_MEMORY_OPTIMIZER.of(s) in LOW_BIT_STATE
+    return OPTIMIZER_IN_BACKWARD.on(s) and inp.hardware.device_is_host and stepped
 
 
 def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
@@ -152,12 +166,20 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
     # they were stepped and freed unit by unit, and the root's own step in its hook comes after its copy-in, the
     # larger instant (its buffers then: the fp32 reduce input and output, 4 + 4/n, under w + 4).
     waiting_grads = 0.0 if OPTIMIZER_IN_BACKWARD.on(s) else pb * (m.trainable_params - root_trainable) / n
-    if OPTIMIZER_IN_BACKWARD.on(s) and stochastic_rounds(inp, s) and inp.hardware.device_is_host:
-        # Pure bf16's eager stochastically rounded step holds SR_STEP_COPIES fp32 copies of the tensor it steps:
-        # in the root's hook they meet its reduce input and output (the largest tensor, the vocabulary table, is
-        # the root's; on CUDA the compiled step holds none).
+    if hook_step_copies(inp, s):
+        # The eager step's fp32 copies of the tensor it steps (terms.optimizer_step_temp_bytes): in the root's hook
+        # they meet its reduce input and output (the largest tensor, the vocabulary table, is the root's).
         in_hook = (pb + pb / n) * unit + optimizer_step_temp_bytes(inp, s, n, on_host=True)
         reduce_temp = max(reduce_temp, in_hook)
+        # A block's hook steps its tensors while the blocks before it keep their saved activations, after the
+        # head's temporaries are gone: a transient of the blocks' backward, of the largest trainable block tensor
+        # (ModelStats.grad_layout; without it no larger than a block, nor than the trainable parameters).
+        in_blocks = [numel for numel, block in m.grad_layout if block >= 0]
+        block_tensor = max(in_blocks) if in_blocks else min(m.largest_layer_params, m.block_params,
+                                                              max(1, m.trainable_params))
+        copies = SR_STEP_COPIES if rounds_stochastically(inp, s) else LOW_BIT_STEP_COPIES
+        block_step = copies * 4 * math.ceil(block_tensor / n)
+        st.dequant_transient = max(st.dequant_transient, block_step)
     st.backward_end_extra = w * m.non_block_params + waiting_grads + reduce_temp - st.grads
     # The instant before that reduce: the input embedding's backward, the last op of autograd's pass. Every block is
     # reduced, and the last one's reduce-scatter input (reduce_dtype, pb bytes) is still held: post_backward appends

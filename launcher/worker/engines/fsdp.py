@@ -29,6 +29,7 @@ from launcher.config.job import TrainConfig
 from launcher.engines.fsdp.layout import FsdpSharding
 from launcher.errors import ConfigError
 from launcher.levers.checkpoint_every import checkpointed
+from launcher.levers.optimizer_in_backward import IN_BACKWARD_REFUSED
 from launcher.model.introspect import find_blocks
 from launcher.planner.plan import Plan
 from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
@@ -300,10 +301,15 @@ class FsdpEngine:
         torchtune's optimizer_in_bwd and torch's "fusing the optimizer step into the backward pass" recipe. Under
         FSDP2 the hook fires on the sharded parameter once its reduce-scattered gradient is assigned
         (foreach_reduce calls ``_post_accumulate_grad_hooks`` itself), so the step runs on this rank's shard and
-        the gradient is dropped before the next unit's backward. Each optimizer is the job's, built by
-        build_optimizer, and each schedule the same warm-up: the per-parameter math is the one-optimizer math,
-        less the global-norm clip, which needs every gradient before any step.
+        the gradient is dropped before the next unit's backward. Each optimizer is the plan's, built by
+        build_optimizer (the job's, or the plan's 8-/4-bit AdamW, stochastically rounded under pure bf16, as
+        torchtune's low-memory recipe pairs them), and each schedule the same warm-up: the per-parameter math is
+        the one-optimizer math, less the global-norm clip, which needs every gradient before any step.
         """
+        if self.low_memory_optimizer in IN_BACKWARD_REFUSED:
+            raise ConfigError(f"strategy.optimizer_in_backward: {self.low_memory_optimizer} is not stepped in "
+                              "backward (its sharded step all-reduces); re-plan, or pin low_memory_optimizer: "
+                              "adamw8bit or adamw4bit")
         if self.max_grad_norm > 0 and dist.get_rank() == 0:
             print(f"[rank 0] train.max_grad_norm {self.max_grad_norm:g} is not applied: the optimizer steps in "
                   "backward (strategy.optimizer_in_backward), one parameter at a time, so no global norm exists "
@@ -311,7 +317,7 @@ class FsdpEngine:
         self.max_grad_norm = 0.0
         by_param = {}
         for i, p in enumerate(params):
-            opt = build_optimizer(train, [p], pure_bf16=self.pure_bf16, salt=i)
+            opt = build_optimizer(train, [p], self.low_memory_optimizer, pure_bf16=self.pure_bf16, salt=i)
             by_param[p] = opt
             self.optimizers.append(opt)
             self.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train.warmup_steps)))
