@@ -131,10 +131,11 @@ def llama32_3b():
 
 
 def test_one_24gb_card_keeps_the_state_in_host_memory_where_the_device_cannot_hold_it():
-    # A 3B full fine-tune on one 24 GB card: Adam's state (26 GB) fits nowhere on it, torchao's 8-bit state (6.5 GB)
-    # not beside the bf16 weights and activations; the plan keeps the 8-bit state on the host and steps it on the
-    # GPU, faster than DeepSpeed's CPU Adam.
-    plan = make_plan(_request(llama32_3b()))
+    # A 3B full fine-tune on one 24 GB card at a 20 GB budget: Adam's state (26 GB) fits nowhere on it, torchao's 8-
+    # or 4-bit state (6.5 / 3.3 GB) not beside the bf16 weights and activations even with the step in backward (at
+    # 24 GB the 4-bit state does, issue 37 §3); the plan keeps the 8-bit state on the host and steps it on the GPU,
+    # faster than DeepSpeed's CPU Adam.
+    plan = make_plan(_request(llama32_3b(), budget_bytes=20 * GB))
     s = plan.strategy
     assert (s.low_memory_optimizer, s.pure_bf16) == ("paged_adamw8bit", True), plan.strategy.label
     assert plan.estimate.breakdown["optimizer"] < 2e6  # the norms' state; 6.5 GB of pages on the host
@@ -143,7 +144,7 @@ def test_one_24gb_card_keeps_the_state_in_host_memory_where_the_device_cannot_ho
     note = next(n for n in plan.math_notes if n.startswith("pure bf16"))
     assert "paged_adamw8bit" in note and "to nearest" in note and "stochastic" not in note
     # Without the permission it steps the job's AdamW on the host, slower.
-    held = make_plan(_request(llama32_3b(), allow_levers=()))
+    held = make_plan(_request(llama32_3b(), budget_bytes=20 * GB, allow_levers=()))
     assert held.strategy.low_memory_optimizer == "none" and held.estimate.step_time_s > plan.estimate.step_time_s
 
 
