@@ -18,6 +18,7 @@ from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
+from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.duration import TotalTime
 from launcher.planner.plan import Plan
 from launcher.procs import ProcessRef
@@ -67,7 +68,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
         PLAN_ENV: str(run.path / "plan.json"),
         # The ranks refuse a plan.json other than the one written for this attempt (launcher.rankenv).
         PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
-        "HF_HUB_OFFLINE": "1",
+        **OFFLINE_ENV,
         "TOKENIZERS_PARALLELISM": "false",
     }
     for var, name in engine_spec(plan.strategy.engine).config_env:
