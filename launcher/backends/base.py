@@ -7,29 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.rundir import RunDir
-
-
-@dataclass(kw_only=True, slots=True)
-class RankFailure:
-    """One rank that exited non-zero: which, with what code, on which host."""
-
-    rank: int
-    exitcode: int
-    """Process exit code; launcher.errors.EXIT_OOM (75) means the rank ran out of memory."""
-    host: str = "?"
-
-
-@dataclass(kw_only=True, slots=True)
-class Outcome:
-    """How the ranks ended, before the memory verdict."""
-
-    ok: bool
-    failures: list[RankFailure] = field(default_factory=list)
-    interrupted: bool = False
-    message: str = ""
-    pending: bool = False
-    """The ranks were handed to a scheduler and are not followed (Slurm without --wait, or a follower stopped
-    by Ctrl-C): no verdict yet, the job writes its own report."""
+from launcher.runreport import RunOutcome
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,7 +31,7 @@ class LaunchSpec:
 
 
 class Backend(abc.ABC):
-    """One way to start the ranks. The session calls run() the same way for every backend and judges the Outcome."""
+    """One way to start the ranks. The session calls run() the same way for every backend and judges the RunOutcome."""
 
     name: str
     on_start: Callable[[str], None] | None = None
@@ -61,7 +39,7 @@ class Backend(abc.ABC):
     prints and starts its live view there."""
 
     @abc.abstractmethod
-    def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         """Start the ranks and block until they end (or, for a scheduler, until the job is submitted and, when
         followed, ended)."""
 

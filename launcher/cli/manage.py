@@ -30,9 +30,11 @@ from launcher.backends.slurm_state import (
     submitit_results,
 )
 from launcher.errors import ConfigError
-from launcher.live import json_rows, last_line, rank_rows
+from launcher.live import last_line, rank_rows
+from launcher.planner.plan import Plan, read_plan
 from launcher.rundir import RunDir
 from launcher.runreport import read_report
+from launcher.steprow import StepRow, read_rows
 from launcher.units import format_bytes, format_duration
 
 CANCEL_WAIT_S = 60.0
@@ -79,16 +81,15 @@ def job_status(run_dir: Path, rec: SlurmRecord, rows: list[dict]) -> dict:
     job_id = rec.first_job_id
     tasks = rec.nodes
     results = submitit_results(Path(rec.submitit_folder), job_id, tasks)
-    plan_path = run_dir / "plan.json"
-    world = json.loads(plan_path.read_text())["world_size"] if plan_path.is_file() else tasks * rec.gpus_per_node
-    state_path = run_dir / "state.json"
+    plan = stored_plan(run_dir)
+    world = plan.world_size if plan else tasks * rec.gpus_per_node
     return {
         "run_dir": str(run_dir), "kind": rec.kind, "job_id": job_id, "state": current_state(rows, job_id),
         "requeued": restarts(rows, job_id),
         "allocations": allocation_rows(rows, job_id), "steps": step_rows(rows, job_id),
         "tasks": [{"task": t, "node": node_of(run_dir, t), "result": r} for t, r in enumerate(results)],
         "ranks": rank_rows(run_dir, world), "requeues": read_requeues(run_dir),
-        "run_state": json.loads(state_path.read_text()) if state_path.is_file() else {},
+        "run_state": RunDir(run_dir).state(),
     }
 
 
@@ -173,18 +174,19 @@ def is_local(run_dir: Path) -> bool:
     return True
 
 
-def _read(path: Path) -> dict:
+def stored_plan(run_dir: Path) -> Plan | None:
+    """The run dir's plan.json as a Plan; None when it is missing or cannot be read (status still says the rest)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+        return read_plan(run_dir)
+    except (OSError, ValueError, ConfigError):
+        return None
 
 
 def world_of(run_dir: Path) -> int:
     """A run's rank count: plan.json's world_size, else the rank logs present."""
-    plan = _read(run_dir / "plan.json")
-    if plan.get("world_size"):
-        return int(plan["world_size"])
+    plan = stored_plan(run_dir)
+    if plan is not None:
+        return plan.world_size
     return len(list((run_dir / "logs").glob("rank-*.log")))
 
 
@@ -193,10 +195,10 @@ def progress(run_dir: Path) -> dict:
     highest peak any rank measured so far (its step lines, then its final file) against the plan's budget, and
     the ETA at the mean step time so far."""
     world = world_of(run_dir)
-    plan = _read(run_dir / "plan.json")
-    steps = [last_line(run_dir / "steps" / f"rank-{r}.jsonl") or {} for r in range(world)]
+    plan = stored_plan(run_dir)
+    steps = [last_line(run_dir / "steps" / f"rank-{r}.jsonl") or StepRow() for r in range(world)]
     finals = [f for r, f in RunDir(run_dir).rank_reports().items() if r < world]
-    done = [s["step"] if isinstance(s.get("step"), int) else 0 for s in steps]  # a rank not started yet: 0
+    done = [s.step for s in steps]  # a rank not started yet: 0
     total = next((f.total_steps for f in finals if f.total_steps), None)
     if total is None:
         import yaml
@@ -205,29 +207,29 @@ def progress(run_dir: Path) -> dict:
             total = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("train", {}).get("max_steps")
         except (OSError, yaml.YAMLError, AttributeError):
             total = None
-    peaks = [s.get("mem_peak_bytes") or 0 for s in steps] + [f.measured_peak_bytes for f in finals]
+    peaks = [s.mem_peak_bytes or 0 for s in steps] + [f.measured_peak_bytes for f in finals]
     out = {"step": min(done) if done else 0, "total_steps": total,
-           "loss": steps[0].get("loss") if steps else None, "peak_bytes": max(peaks, default=0) or None,
-           "budget_bytes": plan.get("budget_bytes"), "eta_s": None}
+           "loss": steps[0].loss if steps else None, "peak_bytes": max(peaks, default=0) or None,
+           "budget_bytes": plan.budget_bytes if plan else None, "eta_s": None}
     first = _first_line(run_dir / "steps" / "rank-0.jsonl")
-    last = steps[0] if steps else {}
-    if total and first and last.get("step", 0) > first.get("step", 0) and "time" in last and "time" in first:
-        per_step = (last["time"] - first["time"]) / (last["step"] - first["step"])
+    last = steps[0] if steps else StepRow()
+    if total and first and last.step > first.step and last.time is not None and first.time is not None:
+        per_step = (last.time - first.time) / (last.step - first.step)
         out["eta_s"] = max(0, total - out["step"]) * per_step
     return out
 
 
-def _first_line(path: Path) -> dict | None:
+def _first_line(path: Path) -> StepRow | None:
     """The first step line of the latest attempt in ``path`` (attempts are stamped on each line)."""
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    rows = json_rows(lines)
+    rows = read_rows(lines)
     if not rows:
         return None
-    attempt = rows[-1].get("attempt", 0)
-    return next(r for r in rows if r.get("attempt", 0) == attempt)
+    attempt = rows[-1].attempt or 0
+    return next(r for r in rows if (r.attempt or 0) == attempt)
 
 
 def local_status(run_dir: Path) -> dict:
@@ -313,8 +315,8 @@ def log_files(run_dir: Path, rec: SlurmRecord, rank: int | None) -> list[tuple[s
     if rec.kind == "array":
         names = [v.run_dir for v in rec.variants]
         raise ConfigError(f"RUN_DIR: {str(run_dir)!r} is an array; give one variant's run dir: {', '.join(names)}")
-    plan = json.loads((run_dir / "plan.json").read_text()) if (run_dir / "plan.json").is_file() else {}
-    world = int(plan.get("world_size") or rec.nodes * rec.gpus_per_node)
+    plan = stored_plan(run_dir)
+    world = plan.world_size if plan else rec.nodes * rec.gpus_per_node
     if rank is not None and not 0 <= rank < world:
         raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
     ranks = [rank] if rank is not None else list(range(world))

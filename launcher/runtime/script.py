@@ -27,25 +27,15 @@ import runpy
 import sys
 from pathlib import Path
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from launcher.errors import EXIT_INTERRUPTED
 from launcher.rankenv import EXIT_OOM
 from launcher.runtime import probe as probe_mod
-from launcher.runtime.probe import error_tail, memory_probe
+from launcher.runtime.probe import error_tail, is_oom, memory_probe
 
 SCRIPT_PHASE = "script"
 """The one phase a foreign script's peak is reported under."""
-
-
-def _is_oom(exc: BaseException | None) -> bool:
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 class ScriptSteps:
@@ -91,7 +81,7 @@ class ScriptSteps:
         self.trainer, self.counted_by = True, "trainer_global_step"
         self.probe.restart_step_clock()
         if probe_mod.OUTER is self.probe and self.probe.run_dir is not None and max_steps > 0:
-            self.probe.record(total_steps=int(max_steps))
+            self.probe.note(total_steps=int(max_steps))
             self.probe.write(status="running")
 
     def trainer_step(self, step: int, tokens_seen: int) -> None:
@@ -167,9 +157,9 @@ def run_script(script: str, args: list[str]) -> int:
             error = f"the script exited with {e.code!r}"
     except BaseException as e:  # noqa: BLE001 - every failure must leave a rank report behind
         error = error_tail(e)
-        if _is_oom(e):
+        if is_oom(e):
             status, code = "oom", EXIT_OOM
-            probe.record(oom=probe.oom_details())
+            probe.note(oom=probe.oom_details())
         elif isinstance(e, KeyboardInterrupt):
             code = EXIT_INTERRUPTED
         print(f"[rank {probe.rank}] {status}: {error}", file=sys.stderr, flush=True)
@@ -184,7 +174,7 @@ def run_script(script: str, args: list[str]) -> int:
     probe_mod.OUTER = None
     own = probe.run_dir / "ranks" / f"rank-{probe.rank}.json" if probe.run_dir else None
     if own is not None and not (took_over and own.is_file()):
-        probe.record(script=os.path.abspath(script), steps_counted_by=steps.counted_by,
+        probe.note(script=os.path.abspath(script), steps_counted_by=steps.counted_by,
                      **({"script_overrides": list(seam.overrides)} if seam is not None and seam.overrides else {}))
         probe.write(status=status, error=error)
     if probe.step_log is not None:

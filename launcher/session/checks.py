@@ -13,7 +13,7 @@ from launcher.datasummary import DataSummary
 from launcher.errors import ConfigError
 from launcher.fsutil import not_a_file
 from launcher.planner.plan import Plan
-from launcher.rundir import contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
+from launcher.rundir import RunDir, contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
 from launcher.session.endpoint import check_rendezvous
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes
@@ -169,12 +169,7 @@ def _listing(path: Path) -> list[str]:
 
 
 def _state_of(path: Path) -> str | None:
-    import json
-
-    try:
-        return str(json.loads((path / "state.json").read_text()).get("state") or "") or None
-    except (OSError, ValueError, AttributeError):
-        return None
+    return RunDir(path).run_state().state or None
 
 
 def check_script(script: str | None) -> None:

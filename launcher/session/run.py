@@ -1,7 +1,7 @@
 """A run from start to verdict: plan, check, write the run dir, start the ranks through a backend, report.
 
 The CLI builds the Job and the RunOptions and calls run_job; every backend (launcher.backends.base.Backend) is
-driven the same way: run(run_dir, spec) -> Outcome, then finish() turns the rank files into the verdict.
+driven the same way: run(run_dir, spec) -> RunOutcome, then finish() turns the rank files into the verdict.
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from launcher.backends.base import Backend, Outcome
+from launcher.backends.base import Backend
 from launcher.config.job import Job
 from launcher.datasummary import DataSummary
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
 from launcher.fsutil import private_dir
 from launcher.planner.plan import Plan
 from launcher.rundir import RunDir
+from launcher.runreport import RunOutcome
 from launcher.session.checks import check_data, check_launch, check_runnable, cluster_hints, lora_base_warning
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions
@@ -106,7 +107,7 @@ def make_backend(job: Job, plan: Plan, opts: RunOptions, data: DataSummary | Non
     return LocalBackend()
 
 
-def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, Outcome]:
+def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, RunOutcome]:
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 
