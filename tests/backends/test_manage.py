@@ -10,6 +10,7 @@ from launcher.backends import slurm_state
 from launcher.backends.slurm_state import SlurmRecord, SweepRow, read_slurm_json
 from launcher.cli import manage
 from launcher.cli.main import main
+from tests.slurm_fixtures import plan_text
 
 SACCT = """JobID|JobName|State|ExitCode|Elapsed|NodeList|Start|End
 77|t|REQUEUED|0:0|00:00:49|node[1-2]|x|y
@@ -24,7 +25,7 @@ def run_dir(tmp_path):
     d = tmp_path / "run"
     for sub in ("ranks", "steps", "logs", "rdzv/77-1"):
         (d / sub).mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps({"world_size": 2}))
+    (d / "plan.json").write_text(plan_text(nodes=2, gpus_per_node=1))
     (d / "slurm.json").write_text(json.dumps(SlurmRecord(
         kind="job", job_id="77", job_ids=["77"], submitit_folder=str(d / "submitit"), submitted_at=0.0, nodes=2,
         gpus_per_node=1, timeout_min=60, signal_delay_s=90, max_requeues=3).to_json()))
@@ -90,7 +91,7 @@ def local_run(tmp_path):
     d = tmp_path / "local"
     for sub in ("ranks", "steps", "logs"):
         (d / sub).mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps({"world_size": 2, "budget_bytes": 10**9}))
+    (d / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=2, budget_bytes=10**9))
     (d / "state.json").write_text(json.dumps({"state": "running", "pid": 4242}))
     (d / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 6}))
     (d / "steps" / "rank-0.jsonl").write_text(step(1, 10.0, loss=7.0) + step(2, 12.0) + step(3, 14.0, loss=6.25))

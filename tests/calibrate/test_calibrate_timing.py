@@ -1,7 +1,6 @@
 """`launch calibrate --from` fits the engines' per-step seconds, and the planner's cost model then uses them."""
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
@@ -12,18 +11,9 @@ from launcher.cli.main import main
 from launcher.config.jobfile import job_from_data
 from launcher.machine import hardware_profile
 from launcher.plan_inputs import plan_job
-from launcher.planner.plan import Plan
+from tests.slurm_fixtures import build_plan
 
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
-
-
-@functools.cache
-def engine_plan(engine: str) -> Plan:
-    """A tiny GPT-2's plan on the CPU profile, on ``engine``."""
-    return plan_job(job_from_data({
-        "name": "t", "model": {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 4},
-        "task": "causal_lm", "data": {"path": DATA}, "train": {"global_batch_size": 4, "max_steps": 1},
-        "strategy": {"engine": engine}, "cluster": {"hardware": "cpu"}, "gpus": 2, "budget": "4GB"}, "."))
 
 
 def fake_run(root: Path, name: str, engine: str, modeled: dict, step_s: list[float]) -> Path:
@@ -31,7 +21,7 @@ def fake_run(root: Path, name: str, engine: str, modeled: dict, step_s: list[flo
     stamps."""
     d = root / name
     (d / "steps").mkdir(parents=True)
-    plan = engine_plan(engine)
+    plan = build_plan(engine=engine)
     plan = dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, step_time_terms=modeled))
     (d / "plan.json").write_text(json.dumps(plan.to_json()))
     t, lines = 1000.0, []
