@@ -5,9 +5,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from launcher.rundir import RunDir
 from launcher.runreport import RunOutcome
+
+if TYPE_CHECKING:
+    from launcher.config.job import Job
+    from launcher.emit.slurm_alloc import SlurmResources
+    from launcher.planner.plan import Plan
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +43,14 @@ class Backend(abc.ABC):
     on_start: Callable[[str], None] | None = None
     """Called once the ranks are on their way, with the scheduler's job id ('' when they run here); the session
     prints and starts its live view there."""
+
+    @classmethod
+    def create(cls, job: Job, plan: Plan, *, follow: bool, report: Callable | None,
+               resources: SlurmResources | None) -> Backend:
+        """The backend for one run of ``plan``, its own settings checked before a run dir exists (ConfigError).
+        ``follow``: a queued job is waited for (--wait); ``report``: the session's finish, for a job that writes
+        its own verdict; ``resources``: a queued job's allocation (launcher.backends.BackendSpec.queued)."""
+        return cls()
 
     @abc.abstractmethod
     def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:

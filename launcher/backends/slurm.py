@@ -88,6 +88,13 @@ class SlurmBackend(Backend):
         self.resources = resources or slurm_resources(job, plan)
         """The allocation the job asks for (the session's, from what it found on disk: launcher.session.prepare)."""
 
+    @classmethod
+    def create(cls, job: Job, plan: Plan, *, follow: bool, report: Report | None,
+               resources: SlurmResources | None) -> SlurmBackend:
+        """The Slurm backend for ``plan``, every slurm: problem refused now (ConfigError), before a run dir exists."""
+        executor_parameters(job, plan, resources=resources)
+        return cls(job, plan, follow=follow, report=report, resources=resources)
+
     def time_limit_min(self) -> int | None:
         """The job's --time, minutes (the allocation derived at submit time)."""
         return self.resources.time_min

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from launcher.backends import backend_spec
 from launcher.cli.common import add_job_args, dir_path, job_from_args
 from launcher.cli.plan_sweep import plan_sweep
 from launcher.cli.render import no_fit_reasons, no_fit_suggestions, render_plan, render_slurm_resources
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_job(job, force=args.force, script=bool(args.script))
         data, data_note = plan_data(job, script=bool(args.script))
         total = total_time_of(job, plan, data)
-        slurm = slurm_allocation(job, plan, total) if job.launcher == "slurm" or args.sbatch else None
+        slurm = slurm_allocation(job, plan, total) if backend_spec(job.launcher).queued or args.sbatch else None
         script = None
         if args.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
             from launcher.emit.sbatch import sbatch_text
