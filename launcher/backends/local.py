@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.backends.base import Backend, LaunchSpec
+from launcher.environ import patched_environ
 from launcher.fsutil import atomic_write
 from launcher.ops import ensure_built
 from launcher.procs import ProcessRef
@@ -374,25 +375,18 @@ class LocalBackend(Backend):
     def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         """The ranks inherit this process's environment plus spec.env, which is taken back afterwards: the
         next attempt of a fallback ladder, or whatever runs in this process next, starts from a clean one."""
-        # torchrun also exports its signal list; the next attempt must not inherit ours.
-        saved = {k: os.environ.get(k) for k in [*spec.env, "TORCHELASTIC_SIGNALS_TO_HANDLE", AGENT_PID_ENV]}
-        os.environ.update(spec.env)
-        os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks' parent: torchrun's agent runs in this process
-        try:
+        # The ranks' parent is this process (torchrun's agent runs here); torchrun also exports its signal list, which
+        # the next attempt must not inherit.
+        env = {**spec.env, AGENT_PID_ENV: str(os.getpid())}
+        with patched_environ(env, also=["TORCHELASTIC_SIGNALS_TO_HANDLE"]):
             try:  # DeepSpeed's ops this plan loads, built once before any rank starts (with a line saying so)
                 unbuilt = ensure_built(run.path / "plan.json")
             except KeyboardInterrupt:
                 return RunOutcome(ok=False, interrupted=True, message="interrupted while building DeepSpeed's ops; "
-                               "no rank started")
+                                  "no rank started")
             if unbuilt:
                 return RunOutcome(ok=False, message=unbuilt)
             return self._run(run, spec)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def _run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -44,9 +44,29 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-OUTER: MemoryProbe | None = None
+_OUTER: MemoryProbe | None = None
 """The probe launch --script runs a foreign script in (launcher.runtime.script); a probe the script starts
-itself takes over from it (the script knows its phases and steps)."""
+itself takes over from it (the script knows its phases and steps). Written only by hold_outer, release_outer and
+a probe's start()."""
+
+
+def hold_outer(probe: MemoryProbe) -> None:
+    """A --script run measures in ``probe`` from now on, until a probe the script starts itself takes over."""
+    global _OUTER
+    _OUTER = probe
+
+
+def outer_probe() -> MemoryProbe | None:
+    """The probe a --script run measures in now (the runner's, or the script's own that took over); None outside."""
+    return _OUTER
+
+
+def release_outer(probe: MemoryProbe) -> bool:
+    """The --script run is over: no outer probe from now on; True when a probe the script started took over from
+    ``probe``."""
+    global _OUTER
+    took_over, _OUTER = _OUTER is not probe, None
+    return took_over
 
 SNAPSHOT_MAX_ENTRIES = 200_000
 """Allocation events kept by --memory-snapshot (PyTorch's memory_viz reads them)."""
@@ -121,10 +141,10 @@ class MemoryProbe:
     def start(self) -> None:
         """Start measuring: take over from an outer probe, sample the CUDA context, apply the --enforce cap and the
         snapshot recording on CUDA, and enter the category tracker where it is on."""
-        global OUTER
-        if OUTER is not None and OUTER is not self:
-            OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
-            OUTER = self
+        global _OUTER
+        if _OUTER is not None and _OUTER is not self:
+            _OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
+            _OUTER = self
         if self.is_cuda:
             self.sample_outside_allocator()
         if self.is_cuda and self.enforce_bytes:
