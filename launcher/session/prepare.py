@@ -20,7 +20,7 @@ from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
 from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.duration import TotalTime
-from launcher.planner.plan import Plan
+from launcher.planner.plan import Plan, read_plan
 from launcher.procs import ProcessRef
 from launcher.rankenv import (
     ENFORCE_ENV,
@@ -47,8 +47,8 @@ def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
     if not opts.run_dir or not recorded.is_file():
         return job, plan
     try:
-        old = Plan.from_json(json.loads(recorded.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        old = read_plan(recorded.parent)
+    except (OSError, ValueError):  # a newer launcher's plan.json (ConfigError) is refused, as before
         return job, plan
     if old.strategy == plan.strategy:
         return job, plan
