@@ -9,6 +9,7 @@ step and one every LOSSLESS_EVERY_S). --quiet turns both off.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from launcher.records.rankreport import RankReport
+from launcher.records.steprow import StepRow, read_rows
 from launcher.units import format_bytes, format_duration
 
 CARRIED = ("loss", "tokens_per_s")
@@ -25,18 +27,7 @@ LOSSLESS_EVERY_S = 10.0
 prints its first step, its last, and a step at most this often, seconds, so a pipe still shows progress."""
 
 
-def json_rows(lines: list) -> list[dict]:
-    """The step lines that parse, in order: a line being written right now (or cut by a read window) is skipped."""
-    rows = []
-    for ln in lines:
-        try:
-            rows.append(json.loads(ln))
-        except ValueError:
-            continue
-    return rows
-
-
-def last_line(path: Path) -> dict | None:
+def last_line(path: Path) -> StepRow | None:
     """The last complete step line, with loss and tokens/s carried from the latest log step before it."""
     try:
         with path.open("rb") as f:
@@ -46,14 +37,14 @@ def last_line(path: Path) -> dict | None:
             lines = [ln for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return None
-    rows = json_rows(lines)
+    rows = read_rows(lines)
     if not rows:
         return None
-    last = dict(rows[-1])
+    last = dataclasses.replace(rows[-1], extra=dict(rows[-1].extra))
     for key in CARRIED:
-        seen = [r[key] for r in rows if key in r]
-        if key not in last and seen:
-            last[key] = seen[-1]
+        seen = [getattr(r, key) for r in rows if getattr(r, key) is not None]
+        if getattr(last, key) is None and seen:
+            setattr(last, key, seen[-1])
     return last
 
 
@@ -72,7 +63,7 @@ def rank_rows(run_dir: Path, world_size: int) -> list[dict]:
                 state = RankReport.from_json({"rank": r, **json.loads(final.read_text())}).status
             except (ValueError, TypeError):
                 pass
-        rows.append({"rank": r, "state": state, **(step or {})})
+        rows.append({"rank": r, "state": state, **(step.to_json() if step else {})})
     return rows
 
 
@@ -147,7 +138,7 @@ class StepLines:
         self._loss_seen = False  # a line with a loss was seen: only those print from then on
         self._printed_at: float | None = None  # the time of the last line printed without a loss
 
-    def new_rows(self) -> list[dict]:
+    def new_rows(self) -> list[StepRow]:
         """Rank 0's step lines written since the last call (whole lines only)."""
         path = self.run_dir / "steps" / "rank-0.jsonl"
         try:
@@ -161,13 +152,7 @@ class StepLines:
             return []
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self._offset += len(complete)
-        rows = []
-        for ln in complete.splitlines():
-            try:
-                rows.append(json.loads(ln))
-            except ValueError:
-                continue
-        return [r for r in rows if isinstance(r.get("step"), int) and r.get("time", self.since) >= self.since]
+        return [r for r in read_rows(complete.splitlines()) if r.step and (r.time or self.since) >= self.since]
 
     def total(self) -> int | None:
         """The run's total_steps: the count rank 0 recorded (a train.epochs job's once it knew its data, a --script
@@ -181,20 +166,19 @@ class StepLines:
 
     def peak_bytes(self) -> int | None:
         """The highest peak memory any rank's latest step line reports, bytes; None before any."""
-        peaks = [r["mem_peak_bytes"] for r in (last_line(self.run_dir / "steps" / f"rank-{k}.jsonl")
-                                               for k in range(self.world_size)) if r and "mem_peak_bytes" in r]
+        peaks = [r.mem_peak_bytes for r in (last_line(self.run_dir / "steps" / f"rank-{k}.jsonl")
+                                            for k in range(self.world_size)) if r and r.mem_peak_bytes is not None]
         return max(peaks) if peaks else None
 
-    def format(self, row: dict, total: int | None, peak: int | None) -> str:
+    def format(self, row: StepRow, total: int | None, peak: int | None) -> str:
         """One plain line for a step row: step/total, loss, lr, tokens/s, peak against the budget, and the ETA."""
-        step = row["step"]
-        parts = [f"step {step}/{total or '?'}"]
-        if "loss" in row:
-            parts.append(f"loss {row['loss']:.4f}")
-        if isinstance(row.get("lr"), (int, float)):
-            parts.append(f"lr {row['lr']:.3g}")
-        if "tokens_per_s" in row:
-            parts.append(f"tok/s {row['tokens_per_s']:.0f}")
+        parts = [f"step {row.step}/{total or '?'}"]
+        if row.loss is not None:
+            parts.append(f"loss {row.loss:.4f}")
+        if isinstance(row.lr, (int, float)):
+            parts.append(f"lr {row.lr:.3g}")
+        if row.tokens_per_s is not None:
+            parts.append(f"tok/s {row.tokens_per_s:.0f}")
         if peak is not None:
             budget = (f" of {format_bytes(self.budget_bytes)} budget ({peak / self.budget_bytes:.0%})"
                       if self.budget_bytes else "")
@@ -203,13 +187,13 @@ class StepLines:
         parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA ?")
         return "  ".join(parts)
 
-    def eta_s(self, row: dict, total: int | None) -> float | None:
+    def eta_s(self, row: StepRow, total: int | None) -> float | None:
         """Steps left x the mean step time since the first step this view saw (the first step's own time holds
         the warm-up, so it is the fallback only)."""
         if not total:
             return None
-        step, t = row["step"], row.get("time")
-        per_step = row.get("step_time_s")
+        step, t = row.step, row.time
+        per_step = row.step_time_s
         if self._first is not None and t is not None and step > self._first[0]:
             per_step = (t - self._first[1]) / (step - self._first[0])
         return None if per_step is None else max(0, total - step) * per_step
@@ -222,24 +206,24 @@ class StepLines:
             return 0
         total, peak, printed = self.total(), self.peak_bytes(), 0
         for row in rows:
-            if self._first is None and row.get("time") is not None:
-                self._first = (row["step"], row["time"])
-            self._loss_seen = self._loss_seen or "loss" in row
-            if row["step"] <= self._last_step or not ("loss" in row or self._lossless_due(row, total)):
+            if self._first is None and row.time is not None:
+                self._first = (row.step, row.time)
+            self._loss_seen = self._loss_seen or row.log_step
+            if row.step <= self._last_step or not (row.log_step or self._lossless_due(row, total)):
                 continue
-            self._last_step = row["step"]
+            self._last_step = row.step
             print(f"[{time.strftime('%H:%M:%S')}] {self.format(row, total, peak)}", flush=True)
             printed += 1
         return printed
 
 
-    def _lossless_due(self, row: dict, total: int | None) -> bool:
+    def _lossless_due(self, row: StepRow, total: int | None) -> bool:
         """A line without a loss prints only in a run that has none: its first, its last, then every
         LOSSLESS_EVERY_S by the lines' own times."""
         if self._loss_seen:
             return False
-        t = row.get("time", 0.0)
-        if self._printed_at is None or row["step"] == total or t - self._printed_at >= LOSSLESS_EVERY_S:
+        t = row.time or 0.0
+        if self._printed_at is None or row.step == total or t - self._printed_at >= LOSSLESS_EVERY_S:
             self._printed_at = t
             return True
         return False

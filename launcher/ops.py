@@ -126,11 +126,11 @@ def ensure_built(plan_json: Path) -> str | None:
     process started, deepspeed not imported), else why the run cannot start, in words."""
     import subprocess
 
-    from launcher.planner.plan import Plan
+    from launcher.planner.plan import read_plan
 
     try:
-        todo = missing(plan_ops(Plan.from_json(json.loads(plan_json.read_text()))))
-    except (OSError, ValueError, KeyError, TypeError):
+        todo = missing(plan_ops(read_plan(plan_json.parent)))
+    except (OSError, ValueError):
         return None  # no readable plan here: the ranks' own check of plan.json names the problem
     if not todo:
         return None

@@ -53,7 +53,7 @@ from launcher.fsutil import (
     write_reserved,
 )
 from launcher.records.rankreport import RankReport
-from launcher.records.runstate import LIVE_STATES, RESERVE_BYTES, RunState
+from launcher.records.runstate import LIVE_STATES, RESERVE_BYTES, RunState, RunStateName
 from launcher.redact import redact, redact_data, redact_file, redact_file_in_place, secret_values
 
 __all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.records.runstate), re-exported for its readers
@@ -429,7 +429,7 @@ class RunDir:
         """A JSON file of the run dir, parsed."""
         return json.loads((self.path / name).read_text())
 
-    def set_state(self, state: str, **fields) -> RunState:
+    def set_state(self, state: RunStateName, **fields) -> RunState:
         """Update state.json (launcher.records.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
         kept as extra) and write it, secret values redacted, with room kept so a full disk cannot keep the next
         state out (launcher.fsutil.write_reserved). Returns the state written."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
 import pytest
 
@@ -47,3 +49,8 @@ def make_plan():
 @pytest.fixture
 def make_job():
     return build_job
+
+
+def plan_text(*, nodes: int = 1, gpus_per_node: int = 2, **fields) -> str:
+    """plan.json's text for build_plan(nodes, gpus_per_node), ``fields`` (world_size, budget_bytes) put in place."""
+    return json.dumps(dataclasses.replace(build_plan(nodes=nodes, gpus_per_node=gpus_per_node), **fields).to_json())

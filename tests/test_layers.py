@@ -173,7 +173,11 @@ def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
     name (`{"deepspeed": a, "fsdp": b}[x]`) outside ENGINE_HOMES, as path:line."""
     from launcher.engines import ENGINES
 
-    names = set(ENGINES)
+    return name_comparisons(root, set(ENGINES), ENGINE_HOMES, dict_keys=True)
+
+
+def name_comparisons(root: Path, names: set[str], homes: tuple[str, ...], *, dict_keys: bool) -> list[str]:
+    """Comparisons with one of ``names`` (and, with ``dict_keys``, dicts keyed by one) outside ``homes``."""
 
     def named(node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
@@ -182,10 +186,47 @@ def engine_name_comparisons(root: Path = PACKAGE) -> list[str]:
             return any(named(e) for e in node.elts)
         return False
 
-    return [f"{rel}:{node.lineno}" for rel, node in nodes_outside(root, ENGINE_HOMES)
+    return [f"{rel}:{node.lineno}" for rel, node in nodes_outside(root, homes)
             if ((isinstance(node, ast.Compare) and any(named(n) for n in (node.left, *node.comparators)))
                 or (isinstance(node, ast.MatchValue) and named(node.value))  # case "deepspeed":
-                or (isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys)))]
+                or (dict_keys and isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys)))]
+
+
+# Where a backend's name may be compared: its own modules; the session asks launcher.backends' capabilities (issue
+# 38 §2). Dict keys are not checked: "slurm" is also the job's slurm: section.
+BACKEND_HOMES = ("launcher/backends/",)
+
+
+def backend_name_comparisons(root: Path = PACKAGE) -> list[str]:
+    """Every `job.launcher == "slurm"`, `x != "local"`, `x in ("slurm", ...)` or `case "local":` outside BACKEND_HOMES."""
+    from launcher.backends import BACKENDS
+
+    return name_comparisons(root, set(BACKENDS), BACKEND_HOMES, dict_keys=False)
+
+
+def test_backend_names_are_compared_only_inside_the_backends():
+    """The session and the CLI ask a backend's capabilities (launcher.backends.BackendSpec), never its name."""
+    assert backend_name_comparisons() == []
+
+
+@pytest.mark.parametrize("line", ['x = job.launcher == "slurm"', 'y = "local" != job.launcher',
+                                  'z = job.launcher in ("slurm",)', 'match job.launcher:\n    case "local":\n        pass'])
+def test_a_backend_name_comparison_is_caught(tmp_path, line):
+    assert caught_where_added(tmp_path, "session/checks.py", line, backend_name_comparisons)
+
+
+def caught_where_added(tmp_path: Path, where: str, line: str, finder) -> bool:
+    """``line`` appended to a copy of the package's ``where``: whether ``finder(root)`` names a line it added."""
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / where
+    first = len(target.read_text().splitlines()) + 3
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    prefix = f"launcher/{where}:"
+    hits = {int(f.rsplit(":", 1)[1]) for f in finder(root) if f.startswith(prefix)}
+    return bool(hits & set(range(first, len(target.read_text().splitlines()) + 1)))
 
 
 def nodes_outside(root: Path, homes: tuple[str, ...]):
@@ -205,15 +246,7 @@ def test_engine_names_are_compared_only_inside_the_engines():
                                   'z = s.engine in ("deepspeed",)', 'w = {"fsdp": 1, "deepspeed": 2}[s.engine]',
                                   'match s.engine:\n    case "fsdp":\n        pass'])
 def test_an_engine_name_comparison_is_caught(tmp_path, line):
-    import shutil
-
-    root = tmp_path / "launcher"
-    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
-    target = root / "session" / "prepare.py"
-    first = len(target.read_text().splitlines()) + 3
-    target.write_text(target.read_text() + "\n\n" + line + "\n")
-    hits = {int(f.rsplit(":", 1)[1]) for f in engine_name_comparisons(root) if f.startswith("launcher/session/prepare.py:")}
-    assert hits & set(range(first, len(target.read_text().splitlines()) + 1))
+    assert caught_where_added(tmp_path, "session/prepare.py", line, engine_name_comparisons)
 
 
 def engine_module_imports(root: Path = PACKAGE) -> list[str]:

@@ -205,3 +205,17 @@ def test_a_path_the_run_reads_is_never_rewritten(tmp_path, monkeypatch):
     written = yaml.safe_load((run.path / "job.yaml").read_text())
     assert written == {"data": {"path": str(data)}, "slurm": {"setup": ["export KEY=[redacted]"]}}
     run.unlock()
+
+
+def test_a_stored_plan_is_read_through_its_type_and_a_partial_one_is_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from launcher.planner.plan import read_plan
+
+    (tmp_path / "plan.json").write_text(json.dumps({"world_size": 2}))
+    with pytest.raises(ValueError, match="no plan this launcher wrote"):
+        read_plan(tmp_path)
+    with pytest.raises(OSError):
+        read_plan(tmp_path / "missing")

@@ -5,31 +5,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 
-
-@dataclass(kw_only=True, slots=True)
-class RankFailure:
-    """One rank that exited non-zero: which, with what code, on which host."""
-
-    rank: int
-    exitcode: int
-    """Process exit code; launcher.errors.EXIT_OOM (75) means the rank ran out of memory."""
-    host: str = "?"
-
-
-@dataclass(kw_only=True, slots=True)
-class Outcome:
-    """How the ranks ended, before the memory verdict."""
-
-    ok: bool
-    failures: list[RankFailure] = field(default_factory=list)
-    interrupted: bool = False
-    message: str = ""
-    pending: bool = False
-    """The ranks were handed to a scheduler and are not followed (Slurm without --wait, or a follower stopped
-    by Ctrl-C): no verdict yet, the job writes its own report."""
+if TYPE_CHECKING:
+    from launcher.config.job import Job
+    from launcher.emit.slurm_alloc import SlurmResources
+    from launcher.planner.plan import Plan
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,15 +37,23 @@ class LaunchSpec:
 
 
 class Backend(abc.ABC):
-    """One way to start the ranks. The session calls run() the same way for every backend and judges the Outcome."""
+    """One way to start the ranks. The session calls run() the same way for every backend and judges the RunOutcome."""
 
     name: str
     on_start: Callable[[str], None] | None = None
     """Called once the ranks are on their way, with the scheduler's job id ('' when they run here); the session
     prints and starts its live view there."""
 
+    @classmethod
+    def create(cls, job: Job, plan: Plan, *, follow: bool, report: Callable | None,
+               resources: SlurmResources | None) -> Backend:
+        """The backend for one run of ``plan``, its own settings checked before a run dir exists (ConfigError).
+        ``follow``: a queued job is waited for (--wait); ``report``: the session's finish, for a job that writes
+        its own verdict; ``resources``: a queued job's allocation (launcher.backends.BackendSpec.queued)."""
+        return cls()
+
     @abc.abstractmethod
-    def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         """Start the ranks and block until they end (or, for a scheduler, until the job is submitted and, when
         followed, ended)."""
 

@@ -12,12 +12,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from launcher.backends.base import Backend, LaunchSpec, Outcome, RankFailure
+from launcher.backends.base import Backend, LaunchSpec
+from launcher.environ import patched_environ
 from launcher.fsutil import atomic_write
 from launcher.ops import ensure_built
 from launcher.procs import ProcessRef
 from launcher.rankenv import AGENT_PID_ENV, RDZV_ID_ENV
 from launcher.ranklog import wait_settled
+from launcher.records.runreport import RankFailure, RunOutcome
 from launcher.rundir import RunDir
 
 RANK_MODULE = "launcher.rank_entry"
@@ -370,30 +372,23 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         """The ranks inherit this process's environment plus spec.env, which is taken back afterwards: the
         next attempt of a fallback ladder, or whatever runs in this process next, starts from a clean one."""
-        # torchrun also exports its signal list; the next attempt must not inherit ours.
-        saved = {k: os.environ.get(k) for k in [*spec.env, "TORCHELASTIC_SIGNALS_TO_HANDLE", AGENT_PID_ENV]}
-        os.environ.update(spec.env)
-        os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks' parent: torchrun's agent runs in this process
-        try:
+        # The ranks' parent is this process (torchrun's agent runs here); torchrun also exports its signal list, which
+        # the next attempt must not inherit.
+        env = {**spec.env, AGENT_PID_ENV: str(os.getpid())}
+        with patched_environ(env, also=["TORCHELASTIC_SIGNALS_TO_HANDLE"]):
             try:  # DeepSpeed's ops this plan loads, built once before any rank starts (with a line saying so)
                 unbuilt = ensure_built(run.path / "plan.json")
             except KeyboardInterrupt:
-                return Outcome(ok=False, interrupted=True, message="interrupted while building DeepSpeed's ops; "
-                               "no rank started")
+                return RunOutcome(ok=False, interrupted=True, message="interrupted while building DeepSpeed's ops; "
+                                  "no rank started")
             if unbuilt:
-                return Outcome(ok=False, message=unbuilt)
+                return RunOutcome(ok=False, message=unbuilt)
             return self._run(run, spec)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
-    def _run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def _run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args
@@ -422,17 +417,17 @@ class LocalBackend(Backend):
         except ChildFailedError as e:
             if watchdog is not None and watchdog.triggered.is_set():
                 watchdog.done.wait(DUMP_WAIT_S + 10)
-                return Outcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
+                return RunOutcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
             failures = [RankFailure(rank=rank, exitcode=f.exitcode, host=os.uname().nodename)
                         for rank, f in e.failures.items()]
-            return Outcome(ok=False, failures=failures)
+            return RunOutcome(ok=False, failures=failures)
         except SignalException as e:
             if watchdog is not None and watchdog.triggered.is_set():
                 watchdog.done.wait(DUMP_WAIT_S + 10)
-                return Outcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
+                return RunOutcome(ok=False, message=watchdog.fired or "hang: the watchdog stopped the ranks")
             how = "" if interrupt is None or interrupt.requested is None else \
                 f" (no checkpoint within {spec.checkpoint_on_interrupt_s:g} s, or asked again)"
-            return Outcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}{how}")
+            return RunOutcome(ok=False, interrupted=True, message=f"interrupted by {e.sigval.name}{how}")
         finally:
             if recorder is not None:
                 recorder.stop()
@@ -445,9 +440,9 @@ class LocalBackend(Backend):
         if interrupt is not None and interrupt.requested is not None \
                 and "checkpointed" in run.rank_statuses(world_size).values():
             tag = run.latest_checkpoint
-            return Outcome(ok=True, interrupted=True,
+            return RunOutcome(ok=True, interrupted=True,
                            message=f"interrupted by {interrupt.requested.name}; the ranks saved checkpoint {tag}")
-        return Outcome(ok=True)
+        return RunOutcome(ok=True)
 
 
 def _cuda_visible() -> bool:

@@ -15,16 +15,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.backends.base import Backend, LaunchSpec, Outcome
+from launcher.backends.base import Backend, LaunchSpec
 from launcher.backends.slurm_state import SLURM_JSON, SlurmRecord, is_active, submitit_results
 from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
 from launcher.emit.slurm_params import SlurmResources, executor_parameters, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 
-Report = Callable[[RunDir, Plan, Outcome], int]
+Report = Callable[[RunDir, Plan, RunOutcome], int]
 """report.json, memory.png and the exit code from a run dir, its plan and how the ranks ended."""
 POLL_S = 1.0
 SACCT_REFRESH_S = 2.0
@@ -76,7 +77,7 @@ def slurm_record(job: Job, plan: Plan, *, kind: str, folder: Path, job_ids: list
 
 class SlurmBackend(Backend):
     """Backend.run for Slurm: submit one job; with ``follow`` (--wait) block until it ends, else return at once
-    with a pending Outcome. ``report`` runs on node 0 when the ranks end (the session's finish), so a job that
+    with a pending RunOutcome. ``report`` runs on node 0 when the ranks end (the session's finish), so a job that
     nobody follows still writes report.json and its verdict."""
 
     name = "slurm"
@@ -86,6 +87,13 @@ class SlurmBackend(Backend):
         self.job, self.plan, self.follow, self.report = job, plan, follow, report
         self.resources = resources or slurm_resources(job, plan)
         """The allocation the job asks for (the session's, from what it found on disk: launcher.session.prepare)."""
+
+    @classmethod
+    def create(cls, job: Job, plan: Plan, *, follow: bool, report: Report | None,
+               resources: SlurmResources | None) -> SlurmBackend:
+        """The Slurm backend for ``plan``, every slurm: problem refused now (ConfigError), before a run dir exists."""
+        executor_parameters(job, plan, resources=resources)
+        return cls(job, plan, follow=follow, report=report, resources=resources)
 
     def time_limit_min(self) -> int | None:
         """The job's --time, minutes (the allocation derived at submit time)."""
@@ -101,16 +109,16 @@ class SlurmBackend(Backend):
         run.set_state("submitted", slurm_job_id=sjob.job_id)
         return sjob
 
-    def run(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def run(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         """Submit the job; with follow, wait for it to end and return its outcome, else return at once (pending)."""
         sjob = self.submit(run, task_for(run, self.job, self.plan, spec, self.report, resources=self.resources))
         self.started(sjob.job_id)
         if not self.follow:
-            return Outcome(ok=True, pending=True, message=f"submitted slurm job {sjob.job_id}")
+            return RunOutcome(ok=True, pending=True, message=f"submitted slurm job {sjob.job_id}")
         try:
             wait_jobs([sjob], print_state)
         except KeyboardInterrupt:
-            return Outcome(ok=False, pending=True, interrupted=True,
+            return RunOutcome(ok=False, pending=True, interrupted=True,
                            message=f"stopped following; slurm job {sjob.job_id} keeps running "
                                    f"(launch cancel {run.path} stops it)")
         run.redact_submitit_logs()  # the job has ended: nothing writes them now, submitit's last lines included
@@ -148,7 +156,7 @@ def wait_jobs(jobs: list, on_state=None, *, timeout_s: float | None = None) -> N
         time.sleep(POLL_S)
 
 
-def job_outcome(sjob) -> Outcome:
+def job_outcome(sjob) -> RunOutcome:
     """The nodes' results when every task wrote one; otherwise what Slurm and submitit say happened."""
     from submitit.core.utils import pickle_load
 
@@ -162,10 +170,10 @@ def job_outcome(sjob) -> Outcome:
     if errors:
         trace = str(pickle_load(task_paths(sjob, errors[0]).result_pickle)[1]).strip().splitlines()
         last = trace[-1] if trace else "no traceback"
-        return Outcome(ok=False, message=f"slurm job {sjob.job_id} task {errors[0]} failed: {last} "
+        return RunOutcome(ok=False, message=f"slurm job {sjob.job_id} task {errors[0]} failed: {last} "
                                          f"(traceback: {task_paths(sjob, errors[0]).stderr})")
     interrupted = state.startswith(("CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL"))
-    return Outcome(ok=False, interrupted=interrupted,
+    return RunOutcome(ok=False, interrupted=interrupted,
                    message=f"slurm job {sjob.job_id} ended {state or 'in an unknown state'} without a result "
                            f"(submitit log: {task_paths(sjob, 0).stderr})")
 

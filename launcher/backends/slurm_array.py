@@ -18,7 +18,7 @@ from launcher.backends.slurm_task import SlurmTask
 from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.inputs.variants import Variant
 from launcher.records.runreport import read_report
-from launcher.rundir import slug
+from launcher.rundir import RunDir, slug
 from launcher.units import format_bytes
 
 SEVERITY = (EXIT_TRAINING_FAILED, EXIT_INTERRUPTED, EXIT_OVER_BUDGET, EXIT_BAD_INPUT)
@@ -51,14 +51,12 @@ def variant_dir(root: Path, v: Variant) -> Path:
 def variant_row(run_dir: Path) -> dict:
     """variant, plan, measured peak, verdict and final loss, from a variant's run dir files."""
     row = {"measured_peak_bytes": None, "final_loss": None, "verdict": "-"}
-    state = {}
-    if (run_dir / "state.json").is_file():
-        state = json.loads((run_dir / "state.json").read_text())
+    state = RunDir(run_dir).run_state().state
     rep = read_report(run_dir)
     if rep is not None and rep.ranks:
         row["measured_peak_bytes"] = max(r.measured_peak_bytes for r in rep.ranks)
         row["final_loss"] = next((r.final_loss for r in rep.ranks if r.rank == 0), None)
-    row["verdict"] = {"completed": "ok", "over_budget": "OVER budget"}.get(state.get("state"), state.get("state", "-"))
+    row["verdict"] = {"completed": "ok", "over_budget": "OVER budget"}.get(state, state or "-")
     return row
 
 

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from launcher.backends.base import LaunchSpec, Outcome, RankFailure
+from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
+from launcher.errors import ConfigError
 from launcher.fsutil import open_private
-from launcher.planner.plan import Plan
+from launcher.planner.plan import Plan, read_plan
 from launcher.rankenv import ATTEMPT_ENV, CONTROL_FILE, RDZV_ID_ENV
+from launcher.records.runreport import RankFailure, RunOutcome
 from launcher.rundir import FINAL_STATUSES, RunDir
 
 REQUEUE_MARGIN_S = 3.0
@@ -55,7 +57,7 @@ class SlurmTask:
     max_requeues: int = 3
     requeues: int = 0
     """Requeues so far; carried in the pickle submitit writes at each requeue."""
-    report: Callable[[RunDir, Plan, Outcome], int] | None = None
+    report: Callable[[RunDir, Plan, RunOutcome], int] | None = None
     """Node 0's verdict when the ranks end (the session's finish, pickled by reference); None: no report."""
     # This attempt's state, shared by __call__ and the checkpoint hook: submitit's signal handler calls
     # checkpoint() on the very object whose __call__ it interrupted (JobEnvironment._delayed.function). Not init
@@ -122,9 +124,9 @@ class SlurmTask:
         """The plan in the run dir against this task and against what Slurm allocated (``environ``)."""
         problems = []
         try:
-            plan = json.loads((run.path / "plan.json").read_text())
-            shape = {k: int(plan[k]) for k in ("nodes", "gpus_per_node", "world_size")}
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            plan = read_plan(run.path)
+            shape = {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "world_size": plan.world_size}
+        except (OSError, ValueError, ConfigError) as e:
             problems.append(f"plan.json in {run.path} cannot be read ({e}); the run dir was changed after "
                             "submission: resubmit with launch --slurm --overwrite")
             shape = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "world_size": self.world_size}
@@ -134,7 +136,7 @@ class SlurmTask:
                             "submission: resubmit with launch --slurm --overwrite")
         return problems + check_shape(environ, **shape)
 
-    def _run_agent(self, run: RunDir, spec: LaunchSpec) -> Outcome:
+    def _run_agent(self, run: RunDir, spec: LaunchSpec) -> RunOutcome:
         from submitit.core.utils import UncompletedJobError
 
         from launcher.backends.local import LocalBackend
@@ -144,32 +146,32 @@ class SlurmTask:
         except UncompletedJobError:
             # submitit's handler raises this when checkpoint() returned None: not requeued.
             if self.decision == "completed":
-                return Outcome(ok=True)
+                return RunOutcome(ok=True)
             if self.decision == "limit":
-                return Outcome(ok=False, interrupted=True, message=(
+                return RunOutcome(ok=False, interrupted=True, message=(
                     f"stopped at the time limit or by preemption after {self.requeues} requeue(s) "
                     f"(slurm.max_requeues={self.max_requeues}); resume with launch --slurm --resume "
                     f"--run-dir {run.path}"))
             raise
 
-    def _interpreted(self, run: RunDir, outcome: Outcome) -> Outcome:
+    def _interpreted(self, run: RunDir, outcome: RunOutcome) -> RunOutcome:
         """Ranks that saved and stopped on request, with no requeue coming, leave a resumable run."""
         if not outcome.ok or outcome.interrupted:
             return outcome
         statuses = run.rank_statuses(self.world_size)
         if "checkpointed" in statuses.values():
-            return Outcome(ok=False, interrupted=True, message=(
+            return RunOutcome(ok=False, interrupted=True, message=(
                 "the ranks saved a checkpoint and stopped on request; resume with launch --slurm --resume "
                 f"--run-dir {run.path}"))
         return outcome
 
-    def _report(self, run: RunDir, outcome: Outcome) -> int | None:
+    def _report(self, run: RunDir, outcome: RunOutcome) -> int | None:
         """report.json, memory.png and the verdict, written by the job itself so a job needs no follower."""
         if self.report is None:
             return None
         # After a failure the missing files are never coming: report at once.
         run.wait_for_rank_files(self.world_size, REPORT_WAIT_S if outcome.ok else 5.0)
-        plan = Plan.from_json(json.loads((run.path / "plan.json").read_text()))
+        plan = read_plan(run.path)
         return self.report(run, plan, outcome)
 
     # -- submitit's checkpoint hook (USR2, node 0's main process) ------------------------------------------
@@ -318,9 +320,9 @@ def record_requeue(run: RunDir, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def outcome_from_results(results: list[dict]) -> Outcome:
-    """One Outcome from every node's result dict (node 0 first)."""
+def outcome_from_results(results: list[dict]) -> RunOutcome:
+    """One RunOutcome from every node's result dict (node 0 first)."""
     failures = [RankFailure(**f) for r in results for f in r.get("failures", [])]
     messages = [r["message"] for r in results if r.get("message")]
-    return Outcome(ok=all(r.get("ok") for r in results), failures=failures,
+    return RunOutcome(ok=all(r.get("ok") for r in results), failures=failures,
                    interrupted=any(r.get("interrupted") for r in results), message="; ".join(dict.fromkeys(messages)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from launcher.calibrate.fit import Sample, coefficients
@@ -13,7 +12,7 @@ from launcher.config.job import Job
 from launcher.config.load import from_dict, load_yaml
 from launcher.errors import ConfigError
 from launcher.planner.memory import ActivationConstants
-from launcher.planner.plan import Plan
+from launcher.planner.plan import read_plan
 from launcher.records.rankreport import RankReport
 from launcher.records.runreport import read_report
 from launcher.rundir import RunDir
@@ -94,7 +93,7 @@ def samples_from_run(run_dir: Path) -> list[Sample]:
     missing = [n for n in ("job.yaml", "plan.json") if not (run_dir / n).is_file()]
     if missing:
         raise ConfigError(f"{run_dir}: no {' or '.join(missing)}; give run dirs that `launch` wrote")
-    plan = Plan.from_json(json.loads((run_dir / "plan.json").read_text()))
+    plan = read_plan(run_dir)
     job = run_job(run_dir)
     job.cluster.hardware = plan.hardware
     stats = model_stats(job)

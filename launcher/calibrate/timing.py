@@ -3,7 +3,6 @@ other terms (launcher.planner.cost), the median over runs, per hardware profile 
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -11,6 +10,8 @@ from pathlib import Path
 
 from launcher.engines import NAMES
 from launcher.planner.hardware import OVERHEAD_SUFFIX
+from launcher.planner.plan import PLAN_JSON, read_plan
+from launcher.records.steprow import read_rows
 
 FIELD = {name: name + OVERHEAD_SUFFIX for name in NAMES}
 """The calibration file key each engine's overhead is written to (HardwareProfile.with_overrides reads it into
@@ -42,24 +43,22 @@ def measured_step_s(run_dir: Path) -> float | None:
     path = run_dir / "steps" / "rank-0.jsonl"
     if not path.is_file():
         return None
-    stamps = [json.loads(line)["time"] for line in path.read_text().splitlines() if line.strip()]
+    stamps = [r.time for r in read_rows(path.read_text().splitlines()) if r.time is not None]
     intervals = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     return statistics.median(intervals) if len(intervals) >= MIN_INTERVALS else None
 
 
 def step_sample(run_dir: Path) -> StepSample | None:
     """A run dir's StepSample; None when it has too few steps, no plan.json, an unknown engine or no step-time terms."""
-    plan_file = run_dir / "plan.json"
     measured = measured_step_s(run_dir)
-    if measured is None or not plan_file.is_file():
+    if measured is None or not (run_dir / PLAN_JSON).is_file():
         return None
-    plan = json.loads(plan_file.read_text())
-    terms = plan.get("step_time_terms") or {}
-    if plan.get("engine") not in FIELD or not terms:
+    plan = read_plan(run_dir)
+    terms, engine = plan.estimate.step_time_terms, plan.strategy.engine
+    if engine not in FIELD or not terms:
         return None
     modeled = sum(v for k, v in terms.items() if k != "engine")
-    return StepSample(run=str(run_dir), profile=str(plan.get("hardware", "cpu")), engine=plan["engine"],
-                      measured_s=measured, modeled_s=modeled)
+    return StepSample(run=str(run_dir), profile=plan.hardware, engine=engine, measured_s=measured, modeled_s=modeled)
 
 
 def fit_overheads(run_dirs: list[Path]) -> dict[str, dict[str, tuple[float, list[StepSample]]]]:

@@ -9,13 +9,12 @@ and the verdict's exit code, which the script exits with, so Slurm's job state s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from launcher.backends.base import Outcome
-from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from launcher.planner.plan import Plan
+from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError
+from launcher.planner.plan import read_plan
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 from launcher.session.finish import finish
 
@@ -32,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     run = RunDir(a.run_dir.resolve())
     try:
-        plan = Plan.from_json(json.loads((run.path / "plan.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        plan = read_plan(run.path)
+    except (OSError, ValueError, ConfigError) as e:
         print(f"launch: {run.path / 'plan.json'} cannot be read ({e}); no verdict", file=sys.stderr)
         return EXIT_BAD_INPUT
     code = a.srun_exit_code
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     message = "" if code == 0 and not checkpointed else (
         "the ranks checkpointed and the job is out of requeues (slurm.max_requeues)" if checkpointed
         else f"srun ended with exit code {code}")
-    return finish(run, plan, Outcome(ok=code == 0, interrupted=interrupted, message=message))
+    return finish(run, plan, RunOutcome(ok=code == 0, interrupted=interrupted, message=message))
 
 
 if __name__ == "__main__":

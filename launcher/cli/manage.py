@@ -1,41 +1,31 @@
-"""`launch status | logs | cancel RUN_DIR`: look after a run from its run dir alone.
-
-status and logs serve both a local run (torchrun on this machine: state.json, the rank files and logs) and a
-job submitted with --slurm (slurm.json, sacct, submitit); cancel is Slurm's (a local run stops with Ctrl-C or
-kill -INT on the pid status prints).
+"""`launch status | logs | cancel RUN_DIR`: look after a run from its run dir alone. What each says is decided by
+launcher.session.status; this module parses the flags and renders (text, or --json) and follows a log.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.backends.slurm_state import (
-    SLURM_JSON,
-    SlurmRecord,
-    allocation_rows,
-    current_state,
-    is_active,
-    read_requeues,
-    read_slurm_json,
-    restarts,
-    sacct_rows,
-    step_rows,
-    submitit_logs,
-    submitit_results,
+from launcher.backends.slurm_state import SlurmRecord, current_state, is_active, read_slurm_json, sacct_rows
+from launcher.rundir import MARKER
+from launcher.session.status import (
+    CANCEL_WAIT_S,
+    LocalStatus,
+    Progress,
+    cancel_run,
+    collect_status,
+    is_local,
+    local_active,
+    local_log_files,
+    local_status,
+    log_files,
 )
-from launcher.errors import ConfigError
-from launcher.live import json_rows, last_line, rank_rows
-from launcher.records.runreport import read_report
-from launcher.rundir import MARKER, RunDir, is_marked
 from launcher.units import format_bytes, format_duration
-
-CANCEL_WAIT_S = 60.0
 
 STATUS_EPILOG = """examples:
   launch status runs/tiny-20250101-120000   state, step/total, last loss, peak memory so far vs the budget
@@ -74,44 +64,6 @@ def add_parser(sub) -> None:
 
 
 # -- status ---------------------------------------------------------------------------------------------------
-def job_status(run_dir: Path, rec: SlurmRecord, rows: list[dict]) -> dict:
-    """One job (kind job or array-task): sacct records, submitit's per-task results, ranks, requeues."""
-    job_id = rec.first_job_id
-    tasks = rec.nodes
-    results = submitit_results(Path(rec.submitit_folder), job_id, tasks)
-    plan_path = run_dir / "plan.json"
-    world = json.loads(plan_path.read_text())["world_size"] if plan_path.is_file() else tasks * rec.gpus_per_node
-    state_path = run_dir / "state.json"
-    return {
-        "run_dir": str(run_dir), "kind": rec.kind, "job_id": job_id, "state": current_state(rows, job_id),
-        "requeued": restarts(rows, job_id),
-        "allocations": allocation_rows(rows, job_id), "steps": step_rows(rows, job_id),
-        "tasks": [{"task": t, "node": node_of(run_dir, t), "result": r} for t, r in enumerate(results)],
-        "ranks": rank_rows(run_dir, world), "requeues": read_requeues(run_dir),
-        "run_state": json.loads(state_path.read_text()) if state_path.is_file() else {},
-    }
-
-
-def node_of(run_dir: Path, task: int) -> str | None:
-    """The node name that ran Slurm task ``task``, from its latest rendezvous view; None without one."""
-    views = sorted((run_dir / "rdzv").glob(f"*/node-{task}.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(views[-1].read_text()).get("node_name") if views else None
-
-
-def collect_status(run_dir: Path) -> dict:
-    """A Slurm run's status from slurm.json and sacct: the job (or each array variant) with its state."""
-    rec = read_slurm_json(run_dir)
-    if rec.kind != "array":
-        return job_status(run_dir, rec, sacct_rows(rec.job_ids))
-    rows = sacct_rows([rec.job_id])
-    from launcher.backends.slurm_array import variant_row
-
-    variants = []
-    for v in rec.variants:
-        variants.append({**dataclasses.asdict(v), "state": current_state(rows, v.job_id), **variant_row(Path(v.run_dir))})
-    return {"run_dir": str(run_dir), "kind": "array", "job_id": rec.job_id, "variants": variants,
-            "unplanned": [dataclasses.asdict(u) for u in rec.unplanned],
-            "state": "RUNNING" if any(is_active(v["state"]) for v in variants) else "DONE"}
 
 
 def render_status(st: dict) -> str:
@@ -132,7 +84,7 @@ def render_status(st: dict) -> str:
         message = st["run_state"].get("message")
         lines.append(f"run state: {run_state}" + (f": {message}" if message else ""))
     if st.get("progress"):
-        lines.append(render_progress(st["progress"]))
+        lines.append(render_progress(st["progress"]))  # a Progress (collect_status)
     lines.append(f"  {'record':<14} {'state':<16} {'exit':<6} {'elapsed':<10} nodes")
     for r in st["allocations"] + st["steps"]:
         lines.append(f"  {r.get('JobID', ''):<14} {r.get('State', ''):<16} {r.get('ExitCode', ''):<6} "
@@ -152,152 +104,50 @@ def render_status(st: dict) -> str:
 def status(args: argparse.Namespace) -> int:
     """`launch status`: a local or Slurm run's state as text or JSON; the exit code."""
     if is_local(args.run_dir):
-        st = local_status(args.run_dir)
-        print(json.dumps(st, indent=2, default=str) if args.json else render_local_status(st))
+        local = local_status(args.run_dir)
+        print(json.dumps(local.to_json(), indent=2, default=str) if args.json else render_local_status(local))
         return 0
     st = collect_status(args.run_dir)
-    if st["kind"] != "array":
-        st["progress"] = progress(args.run_dir)
-    print(json.dumps(st, indent=2, default=str) if args.json else render_status(st))
+    print(json.dumps(st, indent=2, default=jsonable) if args.json else render_status(st))
     return 0
 
 
-# -- local runs -----------------------------------------------------------------------------------------------
-def is_local(run_dir: Path) -> bool:
-    """A run dir without slurm.json: a local run (or a `plan --out` set); refused when it is no run dir at all."""
-    if (run_dir / SLURM_JSON).is_file():
-        return False
-    if not any((run_dir / name).is_file() for name in ("state.json", "plan.json")):
-        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} holds no state.json, plan.json or {SLURM_JSON}; give the run "
-                          "dir launch printed (\"run dir ...\")")
-    return True
+def jsonable(value: object) -> object:
+    """A value json cannot write as it is: a typed one (Progress) as its to_json, any other as text."""
+    return value.to_json() if hasattr(value, "to_json") else str(value)
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def world_of(run_dir: Path) -> int:
-    """A run's rank count: plan.json's world_size, else the rank logs present."""
-    plan = _read(run_dir / "plan.json")
-    if plan.get("world_size"):
-        return int(plan["world_size"])
-    return len(list((run_dir / "logs").glob("rank-*.log")))
-
-
-def progress(run_dir: Path) -> dict:
-    """Where the run is: the slowest rank's step of the total, rank 0's latest loss (the mean over ranks), the
-    highest peak any rank measured so far (its step lines, then its final file) against the plan's budget, and
-    the ETA at the mean step time so far."""
-    world = world_of(run_dir)
-    plan = _read(run_dir / "plan.json")
-    steps = [last_line(run_dir / "steps" / f"rank-{r}.jsonl") or {} for r in range(world)]
-    finals = [f for r, f in RunDir(run_dir).rank_reports().items() if r < world]
-    done = [s["step"] if isinstance(s.get("step"), int) else 0 for s in steps]  # a rank not started yet: 0
-    total = next((f.total_steps for f in finals if f.total_steps), None)
-    if total is None:
-        import yaml
-
-        try:
-            total = (yaml.safe_load((run_dir / "job.yaml").read_text()) or {}).get("train", {}).get("max_steps")
-        except (OSError, yaml.YAMLError, AttributeError):
-            total = None
-    peaks = [s.get("mem_peak_bytes") or 0 for s in steps] + [f.measured_peak_bytes for f in finals]
-    out = {"step": min(done) if done else 0, "total_steps": total,
-           "loss": steps[0].get("loss") if steps else None, "peak_bytes": max(peaks, default=0) or None,
-           "budget_bytes": plan.get("budget_bytes"), "eta_s": None}
-    first = _first_line(run_dir / "steps" / "rank-0.jsonl")
-    last = steps[0] if steps else {}
-    if total and first and last.get("step", 0) > first.get("step", 0) and "time" in last and "time" in first:
-        per_step = (last["time"] - first["time"]) / (last["step"] - first["step"])
-        out["eta_s"] = max(0, total - out["step"]) * per_step
-    return out
-
-
-def _first_line(path: Path) -> dict | None:
-    """The first step line of the latest attempt in ``path`` (attempts are stamped on each line)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    rows = json_rows(lines)
-    if not rows:
-        return None
-    attempt = rows[-1].get("attempt", 0)
-    return next(r for r in rows if r.get("attempt", 0) == attempt)
-
-
-def local_status(run_dir: Path) -> dict:
-    """A local run's status: state ("killed" when the launch that owned it is gone without a verdict), progress,
-    ranks, verdict."""
-    from launcher.records.runstate import KILLED, LIVE_STATES
-
-    st = RunDir(run_dir).run_state()
-    run_state = st.state or "planned (launch plan --out: not run)"
-    message, ranks = st.message, rank_rows(run_dir, world_of(run_dir))
-    if st.abandoned():
-        run_state, message = KILLED, killed_message(RunDir(run_dir.resolve()), st)
-        for row in ranks:  # a rank's own word ("running") was cut short with its launch
-            if row["state"] in ("starting", "training", "running"):
-                row["state"] = KILLED
-    report = read_report(run_dir)  # None until the run has ended
-    verdicts = {r.rank: r for r in report.ranks} if report else {}
-    for row in ranks:  # each rank's verdict as report.json gives it (ok only for a rank that ran every step)
-        if row["rank"] in verdicts:
-            row["verdict"], row["ended"] = verdicts[row["rank"]].verdict, verdicts[row["rank"]].ended
-    return {"run_dir": str(run_dir), "kind": "local", "state": run_state, "message": message,
-            "pid": st.pid if run_state in LIVE_STATES else None, "attempt": st.attempt,
-            "progress": progress(run_dir), "ranks": ranks,
-            "verdict": report and report.verdict, "eval_loss": report and report.eval_loss,
-            "eval_accuracy": report and report.eval_accuracy}
-
-
-def killed_message(run: RunDir, st) -> str:
-    """Why a run still marked running has no verdict: its launch was killed; whether ranks outlived it, and what
-    to do next."""
-    from launcher.session.finish import next_step_after_interrupt
-
-    left = [r.pid for r in st.live_ranks()]
-    ranks = (f"rank process(es) {left} still run: stop them (kill {' '.join(map(str, left))})" if left
-             else "its ranks are gone too")
-    return (f"launch process {st.pid} is gone and never wrote how the run ended: it was killed (SIGKILL, the OOM "
-            f"killer, a reboot); {ranks}; {next_step_after_interrupt(run)}")
-
-
-def render_progress(p: dict) -> str:
+def render_progress(p: Progress) -> str:
     """The "progress:" line: step of total, last loss, peak memory so far against the budget, ETA."""
-    total = p.get("total_steps")
-    parts = [f"step {p['step']}/{total or '?'}" + (f" ({p['step'] / total:.0%})" if total else "")]
-    if isinstance(p.get("loss"), (int, float)):
-        parts.append(f"last loss {p['loss']:.4f}")
-    if p.get("peak_bytes"):
-        budget = p.get("budget_bytes")
-        parts.append(f"peak memory so far {format_bytes(p['peak_bytes'])}"
-                     + (f" of {format_bytes(budget)} budget ({p['peak_bytes'] / budget:.0%})" if budget else ""))
-    if p.get("eta_s") is not None and total and p["step"] < total:
-        parts.append(f"ETA {format_duration(p['eta_s'])}")
+    total = p.total_steps
+    parts = [f"step {p.step}/{total or '?'}" + (f" ({p.step / total:.0%})" if total else "")]
+    if isinstance(p.loss, (int, float)):
+        parts.append(f"last loss {p.loss:.4f}")
+    if p.peak_bytes:
+        budget = p.budget_bytes
+        parts.append(f"peak memory so far {format_bytes(p.peak_bytes)}"
+                     + (f" of {format_bytes(budget)} budget ({p.peak_bytes / budget:.0%})" if budget else ""))
+    if p.eta_s is not None and total and p.step < total:
+        parts.append(f"ETA {format_duration(p.eta_s)}")
     return "progress: " + ", ".join(parts)
 
 
-def render_local_status(st: dict) -> str:
-    """A local run's status (local_status) as text."""
-    pid = f" (launch pid {st['pid']})" if st.get("pid") else ""
-    attempt = f", attempt {st['attempt']}" if st.get("attempt") else ""
-    lines = [f"local run {st['run_dir']}: {st['state']}{pid}{attempt}"]
-    if st.get("message"):
-        lines.append(f"  {st['message']}")
-    lines.append(render_progress(st["progress"]))
-    if st.get("verdict"):
+def render_local_status(st: LocalStatus) -> str:
+    """A local run's status (launcher.session.status.local_status) as text."""
+    pid = f" (launch pid {st.pid})" if st.pid else ""
+    attempt = f", attempt {st.attempt}" if st.attempt else ""
+    lines = [f"local run {st.run_dir}: {st.state}{pid}{attempt}"]
+    if st.message:
+        lines.append(f"  {st.message}")
+    lines.append(render_progress(st.progress))
+    if st.verdict:
         ev = ""
-        if isinstance(st.get("eval_loss"), (int, float)):
-            ev = f"; eval loss {st['eval_loss']:.4f}"
-        if isinstance(st.get("eval_accuracy"), (int, float)):
-            ev += f", eval accuracy {st['eval_accuracy']:.1%}"
-        lines.append(f"verdict: {st['verdict']}{ev} (report.json)")
-    for r in st["ranks"]:
+        if isinstance(st.eval_loss, (int, float)):
+            ev = f"; eval loss {st.eval_loss:.4f}"
+        if isinstance(st.eval_accuracy, (int, float)):
+            ev += f", eval accuracy {st.eval_accuracy:.1%}"
+        lines.append(f"verdict: {st.verdict}{ev} (report.json)")
+    for r in st.ranks:
         step = f", step {r['step']}" if r.get("step") else ""
         peak = f", peak {format_bytes(r['mem_peak_bytes'])}" if r.get("mem_peak_bytes") else ""
         verdict = f"; verdict {r['verdict']}" + (f" ({r['ended']})" if r.get("ended") else "") if r.get("verdict") \
@@ -307,22 +157,6 @@ def render_local_status(st: dict) -> str:
 
 
 # -- logs -----------------------------------------------------------------------------------------------------
-def log_files(run_dir: Path, rec: SlurmRecord, rank: int | None) -> list[tuple[str, Path]]:
-    """(label, path) of a Slurm run's rank logs (one rank or all) and each task's submitit stdout and stderr;
-    ConfigError for an array root or a rank out of range."""
-    if rec.kind == "array":
-        names = [v.run_dir for v in rec.variants]
-        raise ConfigError(f"RUN_DIR: {str(run_dir)!r} is an array; give one variant's run dir: {', '.join(names)}")
-    plan = json.loads((run_dir / "plan.json").read_text()) if (run_dir / "plan.json").is_file() else {}
-    world = int(plan.get("world_size") or rec.nodes * rec.gpus_per_node)
-    if rank is not None and not 0 <= rank < world:
-        raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
-    ranks = [rank] if rank is not None else list(range(world))
-    files = [(f"rank {r}", run_dir / "logs" / f"rank-{r}.log") for r in ranks]
-    for t in range(rec.nodes):
-        out, err = submitit_logs(Path(rec.submitit_folder), rec.first_job_id, t)
-        files += [(f"submitit task {t} stdout", out), (f"submitit task {t} stderr", err)]
-    return files
 
 
 def tail(path: Path, lines: int) -> str:
@@ -334,22 +168,6 @@ def tail(path: Path, lines: int) -> str:
         f.seek(max(0, f.tell() - 200 * lines))
         text = f.read().decode(errors="replace")
     return "\n".join(text.splitlines()[-lines:])
-
-
-def local_log_files(run_dir: Path, rank: int | None) -> list[tuple[str, Path]]:
-    """(label, path) of a local run's rank logs, one rank or all; ConfigError for a rank out of range."""
-    world = world_of(run_dir)
-    if rank is not None and not 0 <= rank < world:
-        raise ConfigError(f"--rank: {rank} is not a rank of this run (0..{world - 1}); pick one of those")
-    return [(f"rank {r}", run_dir / "logs" / f"rank-{r}.log") for r in ([rank] if rank is not None else range(world))]
-
-
-def local_active(run_dir: Path) -> bool:
-    """The local launch that owns the run dir still runs (state.json running, its pid and start time alive)."""
-    from launcher.records.runstate import LIVE_STATES
-
-    st = RunDir(run_dir).run_state()
-    return st.state in LIVE_STATES and st.live_launch() is not None
 
 
 def logs(args: argparse.Namespace) -> int:
@@ -411,41 +229,19 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord | None, poll_s: float
 # -- cancel ---------------------------------------------------------------------------------------------------
 def cancel(args: argparse.Namespace) -> int:
     """`launch cancel`: scancel a run's Slurm job, wait for it to end (unless --no-wait) and mark the run dirs
-    cancelled; a local run is refused with how to stop it."""
-    from submitit.slurm.slurm import SlurmJob
-
-    if is_local(args.run_dir):
-        pid = RunDir(args.run_dir).run_state().pid
-        how = f"stop it with kill -INT {pid} (or Ctrl-C where it runs)" if local_active(args.run_dir) else \
-            "it is not running"
-        raise ConfigError(f"RUN_DIR: {str(args.run_dir)!r} is a local run, not a Slurm job; {how}")
-    rec = read_slurm_json(args.run_dir)
-    job_id = rec.job_id if rec.kind == "array" else rec.first_job_id
-    state = current_state(sacct_rows([job_id]), job_id)
-    if state and not is_active(state):
-        print(f"slurm job {job_id} already ended: {state}; nothing to cancel")
+    cancelled (launcher.session.status.cancel_run); a local run is refused with how to stop it."""
+    done = cancel_run(args.run_dir, wait=not args.no_wait, on_sent=lambda job_id: print(f"scancel {job_id}: sent",
+                                                                                           flush=True))
+    if not done.sent:
+        print(f"slurm job {done.job_id} already ended: {done.state}; nothing to cancel")
         return 0
-    SlurmJob(folder=rec.submitit_folder, job_id=job_id).cancel(check=True)
-    print(f"scancel {job_id}: sent")
     if args.no_wait:
         return 0
-    deadline = time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < deadline:
-        state = current_state(sacct_rows([job_id]), job_id)
-        if state and not is_active(state):
-            break
-        time.sleep(0.5)
-    else:
-        print(f"launch: warning: slurm job {job_id} still {state or 'unknown'} after {CANCEL_WAIT_S:.0f} s; "
+    if not done.ended:
+        print(f"launch: warning: slurm job {done.job_id} still {done.state or 'unknown'} after {CANCEL_WAIT_S:.0f} s; "
               f"check with launch status {args.run_dir}", file=sys.stderr)
         return 1
-    print(f"slurm job {job_id}: {state}")
-    dirs = [args.run_dir] + ([Path(v.run_dir) for v in rec.variants] if rec.kind == "array" else [])
-    for d in dirs:
-        path = Path(d).resolve()
-        if not is_marked(path):  # slurm.json names it, but only a dir launch made and marked gets a state.json
-            print(f"launch: warning: {str(path)!r} was not made by launch (no {MARKER}); left untouched",
-                  file=sys.stderr)
-            continue
-        RunDir(path).set_state("cancelled", message=f"slurm job {job_id}: {state}")
+    print(f"slurm job {done.job_id}: {done.state}")
+    for path in done.foreign:
+        print(f"launch: warning: {path!r} was not made by launch (no {MARKER}); left untouched", file=sys.stderr)
     return 0

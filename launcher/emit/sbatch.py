@@ -35,11 +35,14 @@ from launcher.config.job import Job
 from launcher.config.slurm_rules import check_shell_path
 from launcher.emit.slurm_alloc import SlurmResources, allocation_lines, slurm_resources
 from launcher.errors import ConfigError
+from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.plan import Plan
 from launcher.rankenv import EXTENSIONS_ENV, PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, extensions_dir, plan_digest
 from launcher.rundir import MARKER
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
+OFFLINE_EXPORTS = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
+"""The ranks' Hugging Face offline switches (launcher.model.offline.OFFLINE_ENV) as the script exports them."""
 
 HEADER = """#!/bin/bash
 # {name}: {label} on {nodes} node(s) x {gpus} {ranks}; predicted peak {peak:.3f} GB of {budget:.3f} GB per rank.
@@ -89,7 +92,7 @@ port=$((20000 + SLURM_JOB_ID % 20000))
 # srun of Slurm 22.05 to 23.02 does not pass the job's --cpus-per-task on to its step: say it again.
 SRUN_CPUS=${{SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK}}
 
-export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export {run_dir_env}="$RUN_DIR" {plan_env}="$RUN_DIR/plan.json" {offline} TOKENIZERS_PARALLELISM=false
 export {digest_env}={digest}  # the ranks refuse a plan.json other than the one this script writes
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shared by the node's ranks
 {ds_export}{build_ops}
@@ -188,7 +191,8 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run
     ops = plan_ops(plan)
     out.append(BODY.format(run_dir_q=run_dir_q, max_requeues=job.slurm.max_requeues, files=files, setup=setup,
                            nodes=plan.nodes, gpus=plan.gpus_per_node, ds_export=ds_export, threads=res.threads_per_rank,
-                           run_dir_env=RUN_DIR_ENV, marker=MARKER, plan_env=PLAN_ENV, digest_env=PLAN_DIGEST_ENV,
+                           run_dir_env=RUN_DIR_ENV, marker=MARKER, plan_env=PLAN_ENV, offline=OFFLINE_EXPORTS,
+                           digest_env=PLAN_DIGEST_ENV,
                            digest=plan_digest(files_by_name["plan.json"].rstrip() + "\n"),
                            python_q=shlex.quote(python), ext_env=EXTENSIONS_ENV,
                            ext_dir_q=shlex.quote(ops_dir),

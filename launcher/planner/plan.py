@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from launcher.config.job import Precision
@@ -397,3 +399,17 @@ class Plan:
             levers=[LeverDecision.from_json(x) for x in d.get("levers", [])], math_notes=d.get("math_notes", []),
             script=bool(d.get("script", False)),
         )
+
+
+PLAN_JSON = "plan.json"
+"""The plan's file in a run dir (or a `launch plan --out` set)."""
+
+
+def read_plan(run_dir: Path) -> Plan:
+    """RUN_DIR/plan.json as a Plan, the one way a stored plan is read: OSError when it cannot be read, ValueError
+    when it is no plan (bad JSON, a field missing or of the wrong type), ConfigError when a newer launcher wrote it."""
+    data = json.loads((Path(run_dir) / PLAN_JSON).read_text())
+    try:
+        return Plan.from_json(data)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{PLAN_JSON} is no plan this launcher wrote ({type(e).__name__}: {e})") from e

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.records.shared import known_and_extra, set_fields
 
 RANK_REPORT_SCHEMA = 1
 """Version of rank-K.json's layout; from_json refuses a newer one rather than misread it."""
+RankStatus = Literal["unknown", "running", "completed", "checkpointed", "interrupted", "failed", "oom"]
+"""How a rank's file says it stands: running until it ends, then how it ended (launcher.worker.main)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,7 +94,7 @@ class RankReport:
     """Device type the rank ran on: cpu or cuda."""
     world_size: int = 1
     """Ranks in all."""
-    status: str = "unknown"
+    status: RankStatus = "unknown"
     """running, completed, checkpointed, interrupted, failed or oom (launcher.worker.main)."""
     basis: str = "cpu_tensor_bytes"
     """What the peaks count: cpu_tensor_bytes, cuda_reserved_plus_context (cuda_allocated in older files)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import typing
 from pathlib import Path
 
 from launcher.categories import CATEGORY_GROUPS, grown_category
@@ -15,7 +16,8 @@ from launcher.planner.plan import Plan
 from launcher.procs import exit_words, stopped_by_request
 from launcher.records.datasummary import read_data_summary
 from launcher.records.rankreport import RankReport, ScriptOverride
-from launcher.records.runreport import RankRow, RunReport
+from launcher.records.runreport import RankRow, RunReport, RunVerdict
+from launcher.records.steprow import StepRow
 from launcher.rundir import FINAL_STATUSES, RunDir
 from launcher.units import decimal_unit, format_bytes
 
@@ -43,7 +45,7 @@ def rank_verdict(status: str, measured_bytes: int, budget_bytes: int, *, interru
     return "ok" if measured_bytes <= budget_bytes else "OVER"
 
 
-RUN_VERDICTS = ("within_budget", "over_budget", "oom", "failed", "interrupted", "incomplete")
+RUN_VERDICTS = typing.get_args(RunVerdict)
 """report.json's "verdict": what the run showed, in the order the exit code is decided (launcher.session.finish):
 interrupted (130: a signal to the launcher or to a rank), oom or failed (1), a rank stopped on request (130),
 over_budget (3), incomplete (1: a rank wrote no memory file), within_budget (0: every rank completed every step,
@@ -86,12 +88,10 @@ def last_seen(run: RunDir, r: RankReport) -> RankReport:
     row shows what it measured, not a stale early figure."""
     if r.status in FINAL_STATUSES:
         return r
-    line = last_line(run.steps / f"rank-{r.rank}.jsonl") or {}
-    peak, step = line.get("mem_peak_bytes"), line.get("step")
-    if isinstance(peak, int) and peak > r.measured_peak_bytes:
-        r.measured_peak_bytes = peak
-    if isinstance(step, int) and step > r.steps_done:
-        r.steps_done = step
+    line = last_line(run.steps / f"rank-{r.rank}.jsonl") or StepRow()
+    if isinstance(line.mem_peak_bytes, int) and line.mem_peak_bytes > r.measured_peak_bytes:
+        r.measured_peak_bytes = line.mem_peak_bytes
+    r.steps_done = max(r.steps_done, line.step)
     return r
 
 
@@ -125,7 +125,7 @@ def rank_row(r: RankReport, plan: Plan, *, interrupted: bool, exitcode: int | No
 def build_report(run: RunDir, plan: Plan, *, expected_ranks: int, interrupted: bool = False,
                  failed: bool = False, exitcodes: dict[int, int] | None = None) -> RunReport:
     """report.json from the rank files; ``interrupted`` and ``failed`` say how the run ended (the backend's
-    Outcome), ``exitcodes`` how the ranks that did not exit 0 ended, so the table, report.json and the exit code
+    RunOutcome), ``exitcodes`` how the ranks that did not exit 0 ended, so the table, report.json and the exit code
     give one verdict. Ranks killed by a stop signal (SIGTERM, SIGINT, SIGHUP: a preemption) interrupt the run as
     a signal to the launcher does, when nothing else ended any rank: after a rank fails, torchrun stops the others
     with SIGTERM itself."""

@@ -10,13 +10,18 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from launcher.planner.plan import Strategy
 from launcher.records.datasummary import DataSummary
-from launcher.records.rankreport import ScriptOverride
+from launcher.records.rankreport import RankStatus, ScriptOverride
 
 REPORT_SCHEMA = 1
 """Version of report.json's layout; from_json refuses a newer one rather than misread it."""
+RunVerdict = Literal["within_budget", "over_budget", "oom", "failed", "interrupted", "incomplete"]
+"""The run's one verdict (launcher.records.report.run_verdict), which decides state.json and the exit code."""
+RankVerdict = Literal["ok", "OVER", "oom", "failed", "interrupted"]
+"""One rank's verdict (launcher.records.report.rank_verdict): ok only for a rank that ran every step within budget."""
 
 
 def _known(cls, d: dict) -> dict:
@@ -34,9 +39,9 @@ class RankRow:
     """Host name of the node."""
     device: str = "cpu"
     """Device type: cpu or cuda."""
-    status: str = "unknown"
+    status: RankStatus = "unknown"
     """The status its rank file records (launcher.records.rankreport.RankReport.status)."""
-    verdict: str = "failed"
+    verdict: RankVerdict = "failed"
     """ok, OVER, oom, failed or interrupted (launcher.records.report.rank_verdict)."""
     measured: bool = False
     """Whether the rank measured a peak (above 0 bytes)."""
@@ -105,32 +110,38 @@ class RankRow:
 
 @dataclass(kw_only=True, slots=True)
 class RankFailure:
-    """A rank process that exited non-zero (launcher.backends.base.Outcome.failures)."""
+    """A rank process that exited non-zero: which, with what code, on which host."""
 
     rank: int
     """Global rank."""
     exitcode: int
-    """Its exit code."""
-    host: str
+    """Its exit code; launcher.errors.EXIT_OOM (75) means the rank ran out of memory."""
+    host: str = "?"
     """Its node."""
 
 
 @dataclass(kw_only=True, slots=True)
 class RunOutcome:
-    """How the backend saw the ranks end (launcher.backends.base.Outcome)."""
+    """How the ranks ended before the memory verdict, as the backend saw them (launcher.backends.base.Backend.run
+    returns it; report.json keeps it)."""
 
     ok: bool
     """Every rank process exited 0."""
     interrupted: bool = False
     """A signal or a cancel stopped the run."""
-    message: str | None = None
+    message: str = ""
     """The backend's words for how it ended."""
     failures: list[RankFailure] = field(default_factory=list)
     """The ranks that exited non-zero."""
+    pending: bool = False
+    """The ranks were handed to a scheduler and are not followed (Slurm without --wait, or a follower stopped by
+    Ctrl-C): no verdict yet, the job writes its own report. Not kept in report.json (a report has a verdict)."""
 
     def to_json(self) -> dict:
         """The outcome as report.json's dict."""
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["pending"]
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> RunOutcome:
@@ -241,7 +252,7 @@ _WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_over
 class RunReport:
     """report.json: one verdict for the run (launcher.records.report.RUN_VERDICTS) and a row per rank that wrote a file."""
 
-    verdict: str = "incomplete"
+    verdict: RunVerdict = "incomplete"
     """within_budget, over_budget, oom, failed, interrupted or incomplete."""
     eval_loss: float | None = None
     """The run's last eval loss, from the lowest rank."""

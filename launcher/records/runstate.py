@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.procs import ProcessRef
 from launcher.records.shared import known_and_extra, set_fields
 
 RUN_STATE_SCHEMA = 1
 """Version of state.json's layout; from_json refuses a newer one rather than misread it."""
-LIVE_STATES = ("submitted", "running")
+RunStateName = Literal["", "submitted", "running", "completed", "interrupted", "failed", "over_budget", "cancelled"]
+"""Where a run stands; "" before any run (a `launch plan --out` set)."""
+LIVE_STATES: tuple[RunStateName, ...] = ("submitted", "running")
 """States in which a job or a launch may still be writing the run dir."""
 KILLED = "killed"
 """What `launch status` shows for a run still marked running whose launch is gone: it was killed (SIGKILL, the
@@ -31,7 +35,7 @@ place, in blocks the file already holds (launcher.fsutil.write_reserved)."""
 class RunState:
     """state.json: the run's state, why, and the processes (launch, ranks) that own the dir while it runs."""
 
-    state: str = ""
+    state: RunStateName = ""
     """submitted, running, completed, interrupted, failed, over_budget or cancelled; "" before any run."""
     updated: float = 0.0
     """When it was last written, seconds since the epoch."""
@@ -61,9 +65,11 @@ class RunState:
         """The owning launch process, as recorded; None without one."""
         return ProcessRef(pid=self.pid, start_ticks=self.pid_start_ticks) if self.pid else None
 
-    def update(self, state: str, *, launch: ProcessRef | None = None, **fields) -> RunState:
+    def update(self, state: RunStateName, *, launch: ProcessRef | None = None, **fields) -> RunState:
         """This state moved on to ``state`` now: ``launch`` records the owning process, listed fields take their
-        values and any other goes to ``extra``; returns self."""
+        values and any other goes to ``extra``; returns self. ValueError for a state RunStateName does not list."""
+        if state not in typing.get_args(RunStateName):
+            raise ValueError(f"state.json: {state!r} is not a run state ({', '.join(typing.get_args(RunStateName))})")
         self.state, self.updated = state, time.time()
         if launch is not None:
             self.pid, self.pid_start_ticks = launch.pid, launch.start_ticks

@@ -18,18 +18,22 @@ import resource
 import socket
 import time
 import traceback
+import typing
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from launcher import rankenv
-from launcher.records.rankreport import OomDetails, RankReport
+from launcher.records.rankreport import OomDetails, RankReport, RankStatus
+from launcher.records.steprow import StepRow
 from launcher.runtime.files import JsonlLog, atomic_write_json
 from launcher.runtime.heap import heap_in_use_bytes
 from launcher.runtime.tracker import PhaseMemTracker, by_category, fsdp_tracker, raw_breakdown
 from launcher.units import format_bytes
 
+REPORT_FIELDS = frozenset(f.name for f in dataclasses.fields(RankReport)) - {"extra", "schema"}
+"""The rank report's fields by name: what MemoryProbe.note accepts."""
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
 """The phases whose peak the planner predicts; init, eval and checkpoint are reported beside them."""
 
@@ -40,9 +44,29 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-OUTER: MemoryProbe | None = None
+_OUTER: MemoryProbe | None = None
 """The probe launch --script runs a foreign script in (launcher.runtime.script); a probe the script starts
-itself takes over from it (the script knows its phases and steps)."""
+itself takes over from it (the script knows its phases and steps). Written only by hold_outer, release_outer and
+a probe's start()."""
+
+
+def hold_outer(probe: MemoryProbe) -> None:
+    """A --script run measures in ``probe`` from now on, until a probe the script starts itself takes over."""
+    global _OUTER
+    _OUTER = probe
+
+
+def outer_probe() -> MemoryProbe | None:
+    """The probe a --script run measures in now (the runner's, or the script's own that took over); None outside."""
+    return _OUTER
+
+
+def release_outer(probe: MemoryProbe) -> bool:
+    """The --script run is over: no outer probe from now on; True when a probe the script started took over from
+    ``probe``."""
+    global _OUTER
+    took_over, _OUTER = _OUTER is not probe, None
+    return took_over
 
 SNAPSHOT_MAX_ENTRIES = 200_000
 """Allocation events kept by --memory-snapshot (PyTorch's memory_viz reads them)."""
@@ -117,10 +141,10 @@ class MemoryProbe:
     def start(self) -> None:
         """Start measuring: take over from an outer probe, sample the CUDA context, apply the --enforce cap and the
         snapshot recording on CUDA, and enter the category tracker where it is on."""
-        global OUTER
-        if OUTER is not None and OUTER is not self:
-            OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
-            OUTER = self
+        global _OUTER
+        if _OUTER is not None and _OUTER is not self:
+            _OUTER.stop()  # one MemTracker at a time: the script's own probe measures from here
+            _OUTER = self
         if self.is_cuda:
             self.sample_outside_allocator()
         if self.is_cuda and self.enforce_bytes:
@@ -265,11 +289,13 @@ class MemoryProbe:
         peaks = self.phase_peaks()
         return max(peaks.values(), default=0)
 
-    def step_done(self, step: int, loss: float | None, tokens: int | None, **extra) -> dict:
-        """Log one optimizer step (one JSON line under RUN_DIR/steps/) and start the next iteration.
+    def step_done(self, step: int, loss: float | None, tokens: int | None, **extra) -> StepRow:
+        """Log one optimizer step (one JSON line under RUN_DIR/steps/, a launcher.records.steprow.StepRow) and start the
+        next iteration; returns the row.
 
         ``loss`` and ``tokens`` (summed over ranks) are None on a step that is not a log step (the worker reads
-        them only every train.log_every_steps): the line then has no loss and no tokens_per_s.
+        them only every train.log_every_steps): the line then has no loss and no tokens_per_s. ``extra``: the
+        row's other fields (lr, grad_norm, attempt, ...); a name StepRow does not list is kept in its ``extra``.
         """
         now = time.perf_counter()
         dt = max(now - self._t_step, 1e-9)
@@ -277,18 +303,14 @@ class MemoryProbe:
         self.step = step
         if loss is not None:
             self.losses.append(float(loss))
-        row = {
-            "step": step,
-            **({} if loss is None else {"loss": float(loss)}),
-            **({} if tokens is None else {"tokens_per_s": tokens / dt}),
-            "step_time_s": dt,
-            "mem_current_bytes": self.current_bytes(),
-            "mem_peak_bytes": self.peak_bytes(),
-            "time": time.time(),
+        row = StepRow.from_json({
+            "step": step, "loss": None if loss is None else float(loss),
+            "tokens_per_s": None if tokens is None else tokens / dt, "step_time_s": dt,
+            "mem_current_bytes": self.current_bytes(), "mem_peak_bytes": self.peak_bytes(), "time": time.time(),
             **extra,
-        }
+        })
         if self.step_log is not None:
-            self.step_log.append(row)
+            self.step_log.append(row.to_json())
         if self.tracker is not None:
             self.after_step_snap = self.tracker.current_snap()
             self.tracker.reset_mod_stats()
@@ -303,7 +325,7 @@ class MemoryProbe:
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
         self.snapshot = False
-        self.record(memory_snapshot=str(path))
+        self.note(memory_snapshot=str(path))
         return path
 
     def restart_step_clock(self) -> None:
@@ -312,12 +334,23 @@ class MemoryProbe:
         self._t_step = time.perf_counter()
 
     def record(self, **fields) -> None:
-        """Extra fields for the rank report (loss, trainable params, ...)."""
+        """Fields for the rank report from a user's script: a RankReport field takes its value, any other name is
+        kept in the report's ``extra``. The launcher's own code uses note()."""
         self.fields.update(fields)
 
-    def report(self, *, status: str, error: str | None = None) -> RankReport:
+    def note(self, **fields) -> None:
+        """The launcher's own fields for the rank report: each names a RankReport field (TypeError otherwise), so a
+        misspelled one fails where it is written rather than landing in ``extra``."""
+        unknown = sorted(set(fields) - REPORT_FIELDS)
+        if unknown:
+            raise TypeError(f"MemoryProbe.note: {', '.join(unknown)} not a field of launcher.records.rankreport.RankReport")
+        self.fields.update(fields)
+
+    def report(self, *, status: RankStatus, error: str | None = None) -> RankReport:
         """The rank's memory report (ranks/rank-K.json): phase peaks, peak by category, CUDA figures, the recorded
-        fields, status and error."""
+        fields, status and error; ValueError for a status RankStatus does not list."""
+        if status not in typing.get_args(RankStatus):
+            raise ValueError(f"rank report: {status!r} is not a rank status ({', '.join(typing.get_args(RankStatus))})")
         peaks = self.phase_peaks()
         t = self.tracker
         out = RankReport(
@@ -368,7 +401,7 @@ class MemoryProbe:
             d.memory_summary = torch.cuda.memory_summary(self.device)
         return d
 
-    def write(self, path: str | os.PathLike | None = None, *, status: str = "completed",
+    def write(self, path: str | os.PathLike | None = None, *, status: RankStatus = "completed",
               error: str | None = None) -> RankReport:
         """Write the rank report (atomically) to ``path`` or RUN_DIR/ranks/rank-K.json."""
         if path is None:
@@ -384,6 +417,17 @@ def error_tail(exc: BaseException, max_chars: int = 4000) -> str:
     """The end of an exception's formatted traceback, at most ``max_chars``: for a rank report's error field."""
     text = "".join(traceback.format_exception(exc))
     return text[-max_chars:]
+
+
+def is_oom(exc: BaseException | None) -> bool:
+    """OutOfMemoryError anywhere in the exception's chain (autograd, DeepSpeed and a script's own handlers may wrap
+    it): the one rule by which a rank, the worker's or a --script's, ends as oom."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def memory_probe(

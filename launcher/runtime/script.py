@@ -27,25 +27,14 @@ import runpy
 import sys
 from pathlib import Path
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from launcher.errors import EXIT_INTERRUPTED
 from launcher.rankenv import EXIT_OOM
-from launcher.runtime import probe as probe_mod
-from launcher.runtime.probe import error_tail, memory_probe
+from launcher.runtime.probe import error_tail, hold_outer, is_oom, memory_probe, outer_probe, release_outer
 
 SCRIPT_PHASE = "script"
 """The one phase a foreign script's peak is reported under."""
-
-
-def _is_oom(exc: BaseException | None) -> bool:
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 class ScriptSteps:
@@ -64,7 +53,7 @@ class ScriptSteps:
 
     def optimizer_step(self, *_args, **_kwargs) -> None:
         """torch's global optimizer-step hook: the world check at the first, then a line unless a Trainer counts."""
-        if probe_mod.OUTER is not self.probe:
+        if outer_probe() is not self.probe:
             return
         if not self.checked:
             self.checked = True
@@ -78,7 +67,7 @@ class ScriptSteps:
     def write(self, step: int, loss: float | None, tokens: int | None, **extra) -> None:
         """One step line (MemoryProbe.step_done), the CUDA peaks noted first; none once the script's own probe
         took over (it writes its own lines)."""
-        if probe_mod.OUTER is not self.probe:
+        if outer_probe() is not self.probe:
             return
         if self.probe.is_cuda:
             self.probe._note_cuda(SCRIPT_PHASE)
@@ -90,8 +79,8 @@ class ScriptSteps:
         status's: the script's count, not the job's train.max_steps)."""
         self.trainer, self.counted_by = True, "trainer_global_step"
         self.probe.restart_step_clock()
-        if probe_mod.OUTER is self.probe and self.probe.run_dir is not None and max_steps > 0:
-            self.probe.record(total_steps=int(max_steps))
+        if outer_probe() is self.probe and self.probe.run_dir is not None and max_steps > 0:
+            self.probe.note(total_steps=int(max_steps))
             self.probe.write(status="running")
 
     def trainer_step(self, step: int, tokens_seen: int) -> None:
@@ -152,7 +141,7 @@ def run_script(script: str, args: list[str]) -> int:
     sys.path.insert(0, str(Path(script).resolve().parent))
     status, code, error, seam = "failed", 1, None, None
     hook = register_optimizer_step_post_hook(steps.optimizer_step)
-    probe_mod.OUTER = probe
+    hold_outer(probe)
     try:
         plan = script_plan()
         seam = Seam(plan=plan, steps=steps).install() if plan is not None else None
@@ -167,9 +156,9 @@ def run_script(script: str, args: list[str]) -> int:
             error = f"the script exited with {e.code!r}"
     except BaseException as e:  # noqa: BLE001 - every failure must leave a rank report behind
         error = error_tail(e)
-        if _is_oom(e):
+        if is_oom(e):
             status, code = "oom", EXIT_OOM
-            probe.record(oom=probe.oom_details())
+            probe.note(oom=probe.oom_details())
         elif isinstance(e, KeyboardInterrupt):
             code = EXIT_INTERRUPTED
         print(f"[rank {probe.rank}] {status}: {error}", file=sys.stderr, flush=True)
@@ -180,11 +169,10 @@ def run_script(script: str, args: list[str]) -> int:
         if seam is not None:
             seam.remove()
         probe.stop()
-    took_over = probe_mod.OUTER is not probe
-    probe_mod.OUTER = None
+    took_over = release_outer(probe)
     own = probe.run_dir / "ranks" / f"rank-{probe.rank}.json" if probe.run_dir else None
     if own is not None and not (took_over and own.is_file()):
-        probe.record(script=os.path.abspath(script), steps_counted_by=steps.counted_by,
+        probe.note(script=os.path.abspath(script), steps_counted_by=steps.counted_by,
                      **({"script_overrides": list(seam.overrides)} if seam is not None and seam.overrides else {}))
         probe.write(status=status, error=error)
     if probe.step_log is not None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import rankenv
+from launcher.environ import restore_environ
 from launcher.records.rankreport import ScriptOverride
 
 
@@ -137,10 +138,8 @@ class Seam:
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
         for owner, name, old in reversed(self._undo):
-            if owner is os.environ and old is None:
-                os.environ.pop(name, None)
-            elif owner is os.environ:
-                os.environ[name] = old
+            if owner is os.environ:
+                restore_environ({name: old})
             elif old is None and isinstance(owner, type):
                 delattr(owner, name)
             else:

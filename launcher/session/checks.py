@@ -7,13 +7,14 @@ import shutil
 import sys
 from pathlib import Path
 
+from launcher.backends import backend_spec
 from launcher.config.job import Job
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
 from launcher.fsutil import not_a_file
 from launcher.planner.plan import Plan
 from launcher.records.datasummary import DataSummary
-from launcher.rundir import contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
+from launcher.rundir import RunDir, contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
 from launcher.session.endpoint import check_rendezvous
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes
@@ -31,8 +32,8 @@ def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None
     --enforce on a forced over-budget plan, and for a local run missing NVMe space or flash-attn."""
     if plan.precision == "fp16" and plan.hardware == "cpu":
         raise ConfigError("train.precision: 'fp16' is refused on CPU ranks (no fp16 kernels); use bf16 or fp32")
-    if opts is not None and opts.memory_snapshot and job.launcher == "local" \
-            and not cuda_available():
+    here = not backend_spec(job.launcher).queued  # the ranks run on this machine
+    if opts is not None and opts.memory_snapshot and here and not cuda_available():
         raise ConfigError("--memory-snapshot: records the CUDA allocator's history, and this machine has no CUDA "
                           "GPU; drop the flag (CPU ranks already write their breakdown to ranks/rank-K.json)")
     if opts is not None and opts.enforce and plan.status == "forced" and not job.auto_fallback:
@@ -41,7 +42,7 @@ def check_runnable(job: Job, plan: Plan, opts: RunOptions | None = None) -> None
             f"budget of {format_bytes(plan.budget_bytes)} that --enforce caps each rank at, so it would stop out of "
             "memory; drop --enforce to measure how far over it goes, or add --auto-fallback N to let the ladder "
             "find a strategy that fits")
-    if job.launcher == "local":  # a Slurm job's NVMe is on the compute nodes, not here
+    if here:  # a queued job's NVMe is on the compute nodes, not here
         problems = check_nvme(job, plan) + check_flash_attn(job, plan)
         if problems:
             raise ConfigError(problems)
@@ -122,7 +123,7 @@ def check_fallback(job: Job, opts: RunOptions) -> None:
     """Refuse --auto-fallback where the ladder cannot work: on Slurm, several nodes, or with --resume."""
     if not job.auto_fallback:
         return
-    if job.launcher == "slurm" or job.nodes > 1 or opts.node_rank > 0:
+    if backend_spec(job.launcher).queued or job.nodes > 1 or opts.node_rank > 0:
         raise ConfigError(f"auto_fallback: {job.auto_fallback} relaunches the ranks of this node only, so it works "
                           "with the local launcher on one node; set auto_fallback: 0 (or --auto-fallback 0) for "
                           "--slurm and --nodes > 1")
@@ -169,12 +170,7 @@ def _listing(path: Path) -> list[str]:
 
 
 def _state_of(path: Path) -> str | None:
-    import json
-
-    try:
-        return str(json.loads((path / "state.json").read_text()).get("state") or "") or None
-    except (OSError, ValueError, AttributeError):
-        return None
+    return RunDir(path).run_state().state or None
 
 
 def check_script(script: str | None) -> None:
@@ -190,7 +186,7 @@ def check_launch(job: Job, opts: RunOptions) -> None:
     """The flags against the job, before planning (the data is checked once the plan knows the model:
     check_data)."""
     check_script(opts.script)
-    if job.launcher == "local" and job.nodes > 1 and not opts.rdzv_endpoint:
+    if not backend_spec(job.launcher).queued and job.nodes > 1 and not opts.rdzv_endpoint:
         raise ConfigError("--nodes: a multi-node run needs --rdzv-endpoint host:port (the first node's address)")
     check_rendezvous(job, opts)
     check_resume(opts)

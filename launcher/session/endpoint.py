@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 
+from launcher.backends import backend_spec
 from launcher.config.job import Job
 from launcher.errors import ConfigError
 from launcher.session.options import RunOptions
@@ -79,7 +80,7 @@ def resolves(host: str, port: int | None, timeout_s: float = RESOLVE_TIMEOUT_S) 
 def check_rendezvous(job: Job, opts: RunOptions) -> None:
     """--node-rank within 0..nodes-1 and --rdzv-endpoint a host:port that resolves, before anything is written (a
     Slurm job finds its head node itself: launcher.session.run.make_backend refuses both flags there)."""
-    if job.launcher == "slurm":
+    if backend_spec(job.launcher).queued:
         return
     if opts.node_rank < 0 or opts.node_rank >= max(job.nodes, 1):
         raise ConfigError(f"--node-rank {opts.node_rank}: node ranks run from 0 to --nodes - 1 "

@@ -8,14 +8,13 @@ import sys
 
 import yaml
 
-from launcher.backends.base import Outcome
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.planner.plan import Plan
 from launcher.procs import exit_words
 from launcher.rankenv import plan_digest
 from launcher.ranklog import wait_settled
 from launcher.records.report import build_report, over_budget_message, plot_memory, render_report, unmeasured
-from launcher.records.runreport import RankFailure, RunOutcome, RunReport
+from launcher.records.runreport import RunOutcome, RunReport
 from launcher.redact import redact
 from launcher.rundir import RunDir
 from launcher.session.prepare import plan_text
@@ -26,7 +25,7 @@ ENDINGS = {"interrupted": ("interrupted", EXIT_INTERRUPTED), "oom": ("failed", E
 """report.json's verdict -> (state.json's state, the exit code): one table, so they cannot disagree."""
 
 
-def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
+def finish(run: RunDir, plan: Plan, outcome: RunOutcome) -> int:
     """Merge the rank files, write report.json and memory.png, print the table, and return the exit code.
 
     One verdict (launcher.records.report.run_verdict) decides the table's last line, report.json's "verdict" and
@@ -43,9 +42,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome) -> int:
     report = build_report(run, plan, expected_ranks=plan.world_size, interrupted=outcome.interrupted,
                           failed=not outcome.ok, exitcodes={f.rank: f.exitcode for f in outcome.failures})
     report.plan_sha256 = plan_digest(plan_text(plan))
-    report.outcome = RunOutcome(ok=outcome.ok, interrupted=outcome.interrupted, message=outcome.message,
-                                failures=[RankFailure(rank=f.rank, exitcode=f.exitcode, host=f.host)
-                                          for f in outcome.failures])
+    report.outcome = outcome
     unsaved = unwritten("report.json", lambda: run.write_json("report.json", report.to_json()))
     if unsaved:  # the verdict is not kept: a run whose report is lost did not deliver it
         report.verdict, report.within_budget = "failed", False
@@ -124,7 +121,7 @@ KILL_HINT = " (the OOM killer, a kill -9, or torchrun after its grace; its peak 
 rank could not write its last word; its last step line is the latest figure, launcher.records.report.last_seen)."""
 
 
-def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = None) -> None:
+def describe_failure(run: RunDir, outcome: RunOutcome, report: RunReport | None = None) -> None:
     """Print why the run failed to stderr: the backend's message, ranks whose file records a failure, and each failed
     rank's exit (OOM or code) with the last 15 lines of its log."""
     if outcome.message:
@@ -150,7 +147,7 @@ def describe_failure(run: RunDir, outcome: Outcome, report: RunReport | None = N
             print("\n".join(f"  | {ln}" for ln in tail), file=sys.stderr)
 
 
-def other_plan(run: RunDir, plan: Plan, outcome: Outcome) -> Outcome:
+def other_plan(run: RunDir, plan: Plan, outcome: RunOutcome) -> RunOutcome:
     """A failure when a rank records having trained another plan.json than the one planned here (ranks started
     without the launcher's digest to check, e.g. by hand): the report's prediction would not describe them."""
     want = plan_digest(plan_text(plan))

@@ -7,18 +7,25 @@ import sys
 import time
 from collections.abc import Callable
 
-from launcher.backends.base import Outcome
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
 from launcher.errors import EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
 from launcher.fallback import Measurement, next_strategy, pins_for
 from launcher.planner.plan import Plan
-from launcher.records.runreport import Attempt, AttemptOom, FallbackSummary, NextRung, RunReport, read_report
+from launcher.records.runreport import (
+    Attempt,
+    AttemptOom,
+    FallbackSummary,
+    NextRung,
+    RunOutcome,
+    RunReport,
+    read_report,
+)
 from launcher.rundir import RunDir
 from launcher.session.prepare import announce, mark_running, write_plan_outputs
 
 
-def measure_attempt(run: RunDir, code: int, outcome: Outcome) -> Measurement | None:
+def measure_attempt(run: RunDir, code: int, outcome: RunOutcome) -> Measurement | None:
     """What the attempt measured when it ended for lack of memory (OOM or over budget); None for any other end."""
     rows = list(run.rank_reports().values())
     ooms = [r for r in rows if r.status == "oom"]
@@ -38,7 +45,7 @@ def measure_attempt(run: RunDir, code: int, outcome: Outcome) -> Measurement | N
     return None
 
 
-def _outcome_name(code: int, outcome: Outcome, m: Measurement | None) -> str:
+def _outcome_name(code: int, outcome: RunOutcome, m: Measurement | None) -> str:
     if m is not None:
         return m.kind
     if outcome.interrupted:
@@ -46,7 +53,7 @@ def _outcome_name(code: int, outcome: Outcome, m: Measurement | None) -> str:
     return {EXIT_OK: "ok", EXIT_OVER_BUDGET: "over_budget"}.get(code, "failed")
 
 
-def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job, Plan], tuple[int, Outcome]]) -> int:
+def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job, Plan], tuple[int, RunOutcome]]) -> int:
     """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
     until an attempt ends within budget, a non-memory failure or interrupt ends it (its own exit code), or the
     tries run out or no rung is predicted to fit (exit 3). A rung predicted over the budget is never launched."""
@@ -115,7 +122,7 @@ def finish_ladder(run_dir: RunDir, records: list[Attempt], tries: int, code: int
                                            ended_within_budget=code == EXIT_OK)
     report.attempts = records
     run_dir.write_json("report.json", report.to_json())
-    state = "over_budget" if code == EXIT_OVER_BUDGET else run_dir.state().get("state", "failed")
+    state = "over_budget" if code == EXIT_OVER_BUDGET else run_dir.run_state().state or "failed"
     run_dir.set_state(state, attempts=len(records))
     if len(records) > 1:
         last = records[-1]

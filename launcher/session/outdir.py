@@ -46,7 +46,7 @@ def check_out_dir(out: Path) -> None:
     run.refuse_if_live(overwrite=False, job_state=live_state, flag=FLAG, what=LIVE)
     held = run_entries(out)
     if held:
-        state = run.state().get("state") if "state.json" in held else None
+        state = run.run_state().state if "state.json" in held else None
         raise ConfigError(
             f"{FLAG}: {str(out)!r} holds a run{f' (state.json: {state})' if state else ''}: {few(held)}; "
             f"plan --out replaces only the set an earlier plan --out wrote, never a run's job.yaml and plan.json; "

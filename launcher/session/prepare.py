@@ -17,8 +17,9 @@ from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.fallback import pins_for
 from launcher.fsutil import atomic_write
+from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.duration import TotalTime
-from launcher.planner.plan import Plan
+from launcher.planner.plan import Plan, read_plan
 from launcher.procs import ProcessRef
 from launcher.rankenv import (
     ENFORCE_ENV,
@@ -46,8 +47,8 @@ def resume_plan(opts: RunOptions, job: Job, plan: Plan) -> tuple[Job, Plan]:
     if not opts.run_dir or not recorded.is_file():
         return job, plan
     try:
-        old = Plan.from_json(json.loads(recorded.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        old = read_plan(recorded.parent)
+    except (OSError, ValueError):  # a newer launcher's plan.json (ConfigError) is refused, as before
         return job, plan
     if old.strategy == plan.strategy:
         return job, plan
@@ -67,7 +68,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
         PLAN_ENV: str(run.path / "plan.json"),
         # The ranks refuse a plan.json other than the one written for this attempt (launcher.rankenv).
         PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
-        "HF_HUB_OFFLINE": "1",
+        **OFFLINE_ENV,
         "TOKENIZERS_PARALLELISM": "false",
     }
     for var, name in engine_spec(plan.strategy.engine).config_env:

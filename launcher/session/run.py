@@ -1,7 +1,7 @@
 """A run from start to verdict: plan, check, write the run dir, start the ranks through a backend, report.
 
 The CLI builds the Job and the RunOptions and calls run_job; every backend (launcher.backends.base.Backend) is
-driven the same way: run(run_dir, spec) -> Outcome, then finish() turns the rank files into the verdict.
+driven the same way: run(run_dir, spec) -> RunOutcome, then finish() turns the rank files into the verdict.
 """
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from launcher.backends.base import Backend, Outcome
+from launcher.backends import backend_spec
+from launcher.backends.base import Backend
 from launcher.config.job import Job
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
 from launcher.fsutil import private_dir
 from launcher.planner.plan import Plan
 from launcher.records.datasummary import DataSummary
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 from launcher.session.checks import check_data, check_launch, check_runnable, cluster_hints, lora_base_warning
 from launcher.session.finish import finish
@@ -33,7 +35,8 @@ from launcher.session.prepare import (
 
 def run_job(job: Job, opts: RunOptions) -> int:
     """`launch run`: the exit code is the verdict (launcher.errors)."""
-    if job.launcher == "slurm" and opts.run_dir is not None:
+    queued = backend_spec(job.launcher).queued
+    if queued and opts.run_dir is not None:
         from launcher.config.slurm_rules import check_shell_path
 
         # submitit's script names the run dir in #SBATCH lines: one line of text, like every value there.
@@ -46,7 +49,7 @@ def run_job(job: Job, opts: RunOptions) -> int:
         return run_sweep(job, opts)
     job, plan, data = plan_run(job, opts)
     backend = make_backend(job, plan, opts, data)
-    if job.launcher == "slurm":
+    if queued:
         say_total_time(job, plan, data)
         return run_attempt(opts, job, plan, prepare_run_dir(opts, job, plan, data), backend)[0]
     if opts.node_rank > 0:
@@ -89,24 +92,20 @@ def plan_run(job: Job, opts: RunOptions) -> tuple[Job, Plan, DataSummary | None]
 
 
 def make_backend(job: Job, plan: Plan, opts: RunOptions, data: DataSummary | None = None) -> Backend:
-    """The backend the job names: SlurmBackend (its parameters checked now, before a run dir exists; its time from
-    the data's counted sequences for a train.epochs job) or LocalBackend."""
-    if job.launcher == "slurm":
-        from launcher.backends.slurm import SlurmBackend
-        from launcher.emit.slurm_params import executor_parameters
-
+    """The backend the job's ``launcher:`` names (launcher.backends.BACKENDS), its settings checked now, before a run
+    dir exists; a queued one gets its allocation (its time from the data's counted sequences for a train.epochs
+    job)."""
+    spec = backend_spec(job.launcher)
+    resources = None
+    if spec.queued:
         if opts.node_rank or opts.rdzv_endpoint:
-            raise ConfigError("--node-rank/--rdzv-endpoint: a Slurm job finds its head node itself; drop them "
-                              "with --slurm")
+            raise ConfigError(f"--node-rank/--rdzv-endpoint: a {spec.name} job finds its head node itself; drop them "
+                              f"with launcher: {spec.name}")
         resources = slurm_allocation(job, plan, total_time_of(job, plan, data))
-        executor_parameters(job, plan, resources=resources)  # every slurm: problem before a run dir exists
-        return SlurmBackend(job, plan, follow=opts.wait, report=finish, resources=resources)
-    from launcher.backends.local import LocalBackend
-
-    return LocalBackend()
+    return spec.load().create(job, plan, follow=opts.wait, report=finish, resources=resources)
 
 
-def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, Outcome]:
+def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, RunOutcome]:
     """Start the ranks through the backend with the live view on, and judge what they left."""
     from launcher.live import LiveView, view_mode
 

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from launcher.backends import backend_spec
 from launcher.backends.slurm import job_outcome, print_state, slurm_record, task_for, wait_jobs
 from launcher.backends.slurm_array import array_exit_code, submit_array, summary_table, variant_dir
 from launcher.backends.slurm_state import SLURM_JSON, SweepRow, UnplannedVariant, live_state
@@ -56,7 +57,7 @@ def plan_variants(job: Job, variants: list[Variant], *, force: bool = False,
 def run_sweep(job: Job, opts: RunOptions) -> int:
     """Plan every variant of the job's sweep and submit the plannable ones as one Slurm array under one root run dir;
     returns the exit code (with --wait, the variants' combined code)."""
-    if job.launcher != "slurm":
+    if not backend_spec(job.launcher).arrays:
         raise ConfigError("sweep: a sweep runs as a Slurm array; add --slurm (or launcher: slurm), or remove sweep: "
                           "to run one job")
     if opts.script or opts.node_rank or opts.rdzv_endpoint:

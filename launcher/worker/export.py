@@ -301,6 +301,6 @@ def export_at_end(trainer, out: Path | None = None) -> None:
             record = write_export(out, job=job, recipe=trainer.recipe, sd=sd, dtype=dtype,
                                   tokenizer=trainer.tokenizer, merge=merge, info=info)
             del sd
-            trainer.probe.record(export=str(out), export_format=record["format"])
+            trainer.probe.note(export=str(out), export_format=record["format"])
         dist.barrier()
 

@@ -18,6 +18,7 @@ from launcher.errors import ConfigError
 from launcher.fsutil import atomic_write, open_private
 from launcher.planner.plan import Plan
 from launcher.rankenv import ATTEMPT_ENV
+from launcher.records.steprow import StepRow, read_rows
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
 from launcher.units import format_bytes
@@ -93,15 +94,15 @@ def move_steps_after(path: Path, step: int, *, attempt: int, resumed_from: str |
     keep, dropped = [], []
     for line in path.read_text().splitlines():
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = StepRow.from_line(line)
+        except ValueError:
             if line.strip():
                 dropped.append({"unparsable_line": line})  # cut short by a kill: evidence all the same
             continue
-        if row.get("step", 0) <= step:
+        if row.step <= step:
             keep.append(line)
         else:
-            dropped.append(row)
+            dropped.append(row.to_json())
     if not dropped:
         return 0
     discarded = discarded_path(path)
@@ -120,25 +121,19 @@ def attempts_in(path: Path) -> list[int]:
     """The attempt stamps in a step log (lines from before attempts were stamped count as attempt 0)."""
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(int(json.loads(line).get("attempt", 0)))
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return out
+    return [int(row.attempt or 0) for row in read_rows(path.read_text().splitlines())]
 
 
-def step_log_line(row: dict, total_steps: int, budget_bytes: int) -> str:
+def step_log_line(row: StepRow, total_steps: int, budget_bytes: int) -> str:
     """One log step in the rank log: step/total, loss, lr, tokens/s (all ranks), this rank's peak against the
     budget, and the time left at this step's pace."""
-    left_s = row["step_time_s"] * max(total_steps - row["step"], 0)
-    parts = [f"step {row['step']}/{total_steps}", f"loss {row['loss']:.4f}"]
-    if row.get("lr") is not None:
-        parts.append(f"lr {row['lr']:.3g}")
-    if row.get("tokens_per_s") is not None:
-        parts.append(f"{row['tokens_per_s']:.0f} tok/s")
-    parts.append(f"peak {format_bytes(row['mem_peak_bytes'])} of {format_bytes(budget_bytes)}")
+    left_s = row.step_time_s * max(total_steps - row.step, 0)
+    parts = [f"step {row.step}/{total_steps}", f"loss {row.loss:.4f}"]
+    if row.lr is not None:
+        parts.append(f"lr {row.lr:.3g}")
+    if row.tokens_per_s is not None:
+        parts.append(f"{row.tokens_per_s:.0f} tok/s")
+    parts.append(f"peak {format_bytes(row.mem_peak_bytes)} of {format_bytes(budget_bytes)}")
     parts.append(f"eta {left_s:.0f} s")
     return "launcher: " + ", ".join(parts)
 
@@ -205,7 +200,7 @@ class Trainer:
                       on_meta=self.engine.rank0_load and not is_loader())
         total, trainable = count_params(model)
         self.engine.setup(model, job.train, self.probe)
-        self.probe.record(
+        self.probe.note(
             engine=self.engine.name,
             label=plan.strategy.label(),
             task=job.task,
@@ -281,7 +276,7 @@ class Trainer:
         if path is not None:
             move_steps_after(path, state.global_step, attempt=self.attempt, resumed_from=tag)
         self.probe.step = state.global_step
-        self.probe.record(resumed_from_step=state.global_step, resumed_from=tag)
+        self.probe.note(resumed_from_step=state.global_step, resumed_from=tag)
         return state.global_step
 
     def save(self, step: int) -> str:
@@ -298,7 +293,7 @@ class Trainer:
                 first_loss=self.first_loss,
             )
             tag = checkpoint.save(self.engine, self.ckpt_root, state)
-        self.probe.record(checkpoint=str(self.ckpt_root / tag))
+        self.probe.note(checkpoint=str(self.ckpt_root / tag))
         return tag
 
     def run(self) -> str:
@@ -315,7 +310,7 @@ class Trainer:
             start = self.resume()
         if start == 0 and self.eval_data:
             # A baseline for the final eval loss: did training help at all?
-            self.probe.record(eval_loss_initial=self.evaluate())
+            self.probe.note(eval_loss_initial=self.evaluate())
         self.probe.write(status="running")
         train_cfg = self.job.train
         accum = self.plan.strategy.grad_accum_steps
@@ -356,7 +351,7 @@ class Trainer:
                 extra = {} if norm is None else {"grad_norm": float(norm)}
                 row = self.probe.step_done(step, mean_loss, global_tokens, lr=self.engine.lr(), **extra,
                                            **self.step_stamp)
-                self.probe.record(first_loss=self.first_loss)
+                self.probe.note(first_loss=self.first_loss)
                 # The rank log (this process's stdout) gets the log step as a plain line too.
                 print(step_log_line(row, self.total_steps, self.plan.budget_bytes), flush=True)
             else:
@@ -375,7 +370,7 @@ class Trainer:
                     self.save(step)
                 if self.rank == 0:
                     self.requests.consume()
-                self.probe.record(stop_reason=reason)
+                self.probe.note(stop_reason=reason)
                 return "checkpointed"
         self.evaluate()
         if step > start or checkpoint.latest_tag(self.ckpt_root) is None:
@@ -425,5 +420,5 @@ class Trainer:
             mean_right, _ = self._global_mean(right, 0)
             self.eval_accuracy = mean_right * self.world_size / n
             fields["eval_accuracy"] = self.eval_accuracy
-        self.probe.record(**fields)
+        self.probe.note(**fields)
         return mean

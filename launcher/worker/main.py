@@ -15,11 +15,12 @@ from launcher import rankenv
 from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError
+from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.plan import Plan
 from launcher.rankenv import EXPANDABLE_SEGMENTS
-from launcher.runtime.probe import error_tail, memory_probe
+from launcher.runtime.probe import error_tail, is_oom, memory_probe
 
-RANK_PROCESS_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+RANK_PROCESS_ENV = {**OFFLINE_ENV, "TOKENIZERS_PARALLELISM": "false",
                     "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE_SEGMENTS}
 """Defaults a rank process runs with unless its environment says otherwise: hubs offline, tokenizers quiet, CUDA's
 caching allocator with expandable segments (before the first CUDA call reads it; CPU ranks ignore it)."""
@@ -72,17 +73,6 @@ def init_distributed(engine, device: torch.device) -> None:
     engine.init_process_group(backend)
 
 
-def is_oom(exc: BaseException | None) -> bool:
-    """OutOfMemoryError anywhere in the chain (autograd and DeepSpeed hooks may wrap it)."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
-
-
 def main(argv: list[str]) -> int:
     """A rank of the built-in worker on a run dir: load and check the plan, train, and always write the rank's
     memory report; the exit code (EXIT_OOM on out of memory)."""
@@ -99,7 +89,7 @@ def main(argv: list[str]) -> int:
     status, code, error = "failed", 1, None
     try:
         job, plan, digest = load_run_dir(run_dir)
-        probe.record(plan_sha256=digest)  # what this rank trains, for the report to compare with the launcher's
+        probe.note(plan_sha256=digest)  # what this rank trains, for the report to compare with the launcher's
         if plan.precision == "fp16" and device.type != "cuda":
             raise ConfigError(
                 "train.precision: 'fp16' needs CUDA (loss scaling and fp16 kernels); these ranks run on CPU; "
@@ -116,7 +106,7 @@ def main(argv: list[str]) -> int:
         error = error_tail(e)
         if is_oom(e):
             status, code = "oom", rankenv.EXIT_OOM
-            probe.record(oom=probe.oom_details())
+            probe.note(oom=probe.oom_details())
         elif isinstance(e, LauncherError):
             code, error = e.exit_code, str(e)
         elif isinstance(e, KeyboardInterrupt):

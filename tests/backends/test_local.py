@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from launcher.backends.base import LaunchSpec, Outcome
+from launcher.backends.base import LaunchSpec
 from launcher.backends.local import LocalBackend
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 
 
@@ -20,7 +21,7 @@ def test_a_ranks_environment_is_taken_back_after_the_run(tmp_path, monkeypatch):
     def fake_agent(self, run, spec):
         seen.update({k: os.environ.get(k) for k in spec.env})
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP"  # torchrun exports its list
-        return Outcome(ok=True)
+        return RunOutcome(ok=True)
 
     monkeypatch.setattr(LocalBackend, "_run", fake_agent)
     spec = LaunchSpec(gpus_per_node=2, nodes=1, env={"LAUNCHER_ENFORCE_BYTES": "999", "LAUNCHER_MEMORY_SNAPSHOT": "1"})

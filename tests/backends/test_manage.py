@@ -11,6 +11,7 @@ from launcher.backends.slurm_state import SlurmRecord, SweepRow, read_slurm_json
 from launcher.cli import manage
 from launcher.cli.main import main
 from launcher.rundir import MARKER
+from tests.slurm_fixtures import plan_text
 
 SACCT = """JobID|JobName|State|ExitCode|Elapsed|NodeList|Start|End
 77|t|REQUEUED|0:0|00:00:49|node[1-2]|x|y
@@ -26,7 +27,7 @@ def run_dir(tmp_path):
     for sub in ("ranks", "steps", "logs", "rdzv/77-1"):
         (d / sub).mkdir(parents=True)
     (d / MARKER).write_text("")  # a run dir launch made
-    (d / "plan.json").write_text(json.dumps({"world_size": 2}))
+    (d / "plan.json").write_text(plan_text(nodes=2, gpus_per_node=1))
     (d / "slurm.json").write_text(json.dumps(SlurmRecord(
         kind="job", job_id="77", job_ids=["77"], submitit_folder=str(d / "submitit"), submitted_at=0.0, nodes=2,
         gpus_per_node=1, timeout_min=60, signal_delay_s=90, max_requeues=3).to_json()))
@@ -92,7 +93,7 @@ def local_run(tmp_path):
     d = tmp_path / "local"
     for sub in ("ranks", "steps", "logs"):
         (d / sub).mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps({"world_size": 2, "budget_bytes": 10**9}))
+    (d / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=2, budget_bytes=10**9))
     (d / "state.json").write_text(json.dumps({"state": "running", "pid": 4242}))
     (d / "ranks" / "rank-0.json").write_text(json.dumps({"status": "running", "total_steps": 6}))
     (d / "steps" / "rank-0.jsonl").write_text(step(1, 10.0, loss=7.0) + step(2, 12.0) + step(3, 14.0, loss=6.25))

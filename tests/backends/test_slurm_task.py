@@ -16,6 +16,7 @@ from launcher.backends.slurm_task import (
     wait_for_ranks,
 )
 from launcher.rundir import RunDir
+from tests.slurm_fixtures import plan_text
 
 
 def make_run(tmp_path) -> RunDir:
@@ -196,7 +197,7 @@ def test_a_job_of_the_wrong_shape_fails_at_once(tmp_path, monkeypatch):
     for k, v in {"SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "5",
                  "SLURM_JOB_NODELIST": "node1"}.items():
         monkeypatch.setenv(k, v)
-    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 2, "gpus_per_node": 1, "world_size": 2}))
+    (tmp_path / "plan.json").write_text(plan_text(nodes=2, gpus_per_node=1))
     task = SlurmTask(run_dir=str(tmp_path), nodes=2, gpus_per_node=1)
     t0 = time.monotonic()
     with pytest.raises(RendezvousError, match="SLURM_JOB_NUM_NODES: Slurm allocated 1 node.s. but the plan is for 2"):
@@ -210,15 +211,15 @@ def test_the_plan_in_the_run_dir_is_what_slurm_must_match(tmp_path):
     slurm_env = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1",
                  "SLURM_GPUS_ON_NODE": "2", "SLURMD_NODENAME": "node1"}
     task = SlurmTask(run_dir=str(tmp_path), nodes=1, gpus_per_node=2)
-    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": 2, "world_size": 2}))
+    (tmp_path / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=2))
     assert task.shape_problems(run, slurm_env) == []
     # Re-planned after submission for 4 ranks; the job Slurm runs still has 2 GPUs.
-    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": 4, "world_size": 4}))
+    (tmp_path / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=4))
     text = "\n".join(task.shape_problems(run, slurm_env))
     assert "plan.json: 1 node(s) x 4 GPU(s) but this job was submitted for 1 x 2" in text
     assert "world size: Slurm gave 1 node(s) x 2 GPU(s) = 2 rank(s), but the plan needs 1 x 4 = 4" in text
     # A plan.json whose world size is not its own nodes x GPUs.
-    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 1, "gpus_per_node": 2, "world_size": 3}))
+    (tmp_path / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=2, world_size=3))
     assert "plan.json: world_size 3 but nodes x gpus_per_node = 1 x 2 = 2" in "\n".join(task.shape_problems(run, slurm_env))
 
 

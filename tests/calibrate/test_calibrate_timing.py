@@ -1,5 +1,6 @@
 """`launch calibrate --from` fits the engines' per-step seconds, and the planner's cost model then uses them."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,15 +11,19 @@ from launcher.cli.main import main
 from launcher.config.jobfile import job_from_data
 from launcher.inputs.machine import hardware_profile
 from launcher.inputs.plan_inputs import plan_job
+from tests.slurm_fixtures import build_plan
 
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "causal.jsonl")
 
 
 def fake_run(root: Path, name: str, engine: str, modeled: dict, step_s: list[float]) -> Path:
-    """A run dir as a finished run leaves it: plan.json's step-time terms and rank 0's step stamps."""
+    """A run dir as a finished run leaves it: plan.json (a real plan, its step-time terms these) and rank 0's step
+    stamps."""
     d = root / name
     (d / "steps").mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps({"engine": engine, "hardware": "cpu", "step_time_terms": modeled}))
+    plan = build_plan(engine=engine)
+    plan = dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, step_time_terms=modeled))
+    (d / "plan.json").write_text(json.dumps(plan.to_json()))
     t, lines = 1000.0, []
     for i, dt in enumerate([5.0, *step_s]):  # the first step carries start-up costs and is left out
         t += dt

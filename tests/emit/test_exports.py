@@ -116,7 +116,7 @@ def test_accelerate_launch_takes_the_deepspeed_export(tmp_path, monkeypatch, pre
     plan's precision, stage, micro-batch and accumulation, not accelerate's defaults (no mixed precision, 1)."""
     from accelerate.utils import DeepSpeedPlugin
 
-    from launcher.cli.plan import write_exports
+    from launcher.session.planning import write_exports
 
     plan, job = make_plan(zero_stage=3, world_size=8, precision=precision), make_job()
     write_exports(tmp_path, plan, job)
@@ -139,7 +139,7 @@ def test_multinode_deepspeed_export_needs_the_node_flags(tmp_path, monkeypatch):
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    from launcher.cli.plan import write_exports
+    from launcher.session.planning import write_exports
 
     plan = make_plan(zero_stage=2, world_size=16, nodes=2)
     write_exports(tmp_path, plan, make_job())

@@ -152,8 +152,8 @@ def test_nvme_is_not_a_rung_for_device_memory(tmp_path):
 
 def _fake_attempts(run, results):
     """A launch that writes what ranks would, per attempt: 'oom', 'over' or 'ok'; (attempt function, strategies)."""
-    from launcher.backends.base import Outcome, RankFailure
     from launcher.errors import EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
+    from launcher.records.runreport import RankFailure, RunOutcome
 
     seen = []
 
@@ -171,8 +171,8 @@ def _fake_attempts(run, results):
         # A report.json as an older launcher wrote it (no verdict, a short row): it still reads back.
         run_dir.write_json("report.json", {"within_budget": kind == "ok", "ranks": [{"rank": 0, "measured_peak_bytes": peak}]})
         if kind == "oom":
-            return EXIT_TRAINING_FAILED, Outcome(ok=False, failures=[RankFailure(rank=0, exitcode=75)])
-        return (EXIT_OK if kind == "ok" else EXIT_OVER_BUDGET), Outcome(ok=True)
+            return EXIT_TRAINING_FAILED, RunOutcome(ok=False, failures=[RankFailure(rank=0, exitcode=75)])
+        return (EXIT_OK if kind == "ok" else EXIT_OVER_BUDGET), RunOutcome(ok=True)
 
     return fake, seen
 

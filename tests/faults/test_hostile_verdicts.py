@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from launcher.backends.base import RankFailure
 from launcher.cli.main import main
+from launcher.records.runreport import RankFailure
 from launcher.rundir import MARKER
 from tests.faults.harness import Case, Sandbox, check_refused, entries, one_error_block
 
@@ -133,10 +133,10 @@ def interrupted_run(tmp_path, *, checkpoint: bool, auto_fallback: int = 0):
 
 
 def finish_interrupted(run, plan, capsys) -> tuple[int, str, str]:
-    from launcher.backends.base import Outcome
+    from launcher.records.runreport import RunOutcome
     from launcher.session.finish import finish
 
-    code = finish(run, plan, Outcome(ok=False, interrupted=True, message="interrupted by SIGINT"))
+    code = finish(run, plan, RunOutcome(ok=False, interrupted=True, message="interrupted by SIGINT"))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -205,11 +205,11 @@ def ended_run(tmp_path, statuses: dict[int, dict], *, steps: int = 0, checkpoint
 
 
 def finish_with(run, plan, capsys, **outcome) -> tuple[int, dict, dict, str, str]:
-    """finish() on an Outcome(**outcome): (exit code, report.json, state.json, stdout, stderr)."""
-    from launcher.backends.base import Outcome
+    """finish() on an RunOutcome(**outcome): (exit code, report.json, state.json, stdout, stderr)."""
+    from launcher.records.runreport import RunOutcome
     from launcher.session.finish import finish
 
-    code = finish(run, plan, Outcome(**outcome))
+    code = finish(run, plan, RunOutcome(**outcome))
     out, err = capsys.readouterr()
     report = json.loads((run.path / "report.json").read_text()) if (run.path / "report.json").exists() else {}
     return code, report, json.loads((run.path / "state.json").read_text()), out, err

@@ -17,7 +17,7 @@ def test_unset_means_offline_for_this_process_and_its_children(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # as if the hub was imported before: read once
     hub_offline()
-    assert [os.environ[v] for v in OFFLINE_VARS] == ["1", "1"]
+    assert [os.environ[v] for v in OFFLINE_VARS] == ["1", "1", "1"]
     assert constants.HF_HUB_OFFLINE is True
 
 

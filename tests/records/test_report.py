@@ -177,8 +177,8 @@ def test_a_torn_rank_file_counts_as_missing_rather_than_ending_the_report(tmp_pa
 def test_a_rank_that_completed_without_measuring_is_said_so_not_failed(tmp_path, capsys):
     """A --script that exits 0 at once: its ranks complete and measure nothing. The verdict stays not-within-budget
     (0 bytes is no evidence of fitting), but the words said "rank(s) [0, 1] failed" and "recorded a failure"."""
-    from launcher.backends.base import Outcome
     from launcher.records.report import build_report, render_report
+    from launcher.records.runreport import RunOutcome
     from launcher.rundir import RunDir
     from launcher.session.finish import describe_failure
 
@@ -191,7 +191,7 @@ def test_a_rank_that_completed_without_measuring_is_said_so_not_failed(tmp_path,
     assert rep.verdict == "failed" and not rep.within_budget
     last = render_report(rep).splitlines()[-1]
     assert "rank(s) [0, 1] completed without measuring any memory" in last and "failed" not in last.split(":", 2)[1]
-    describe_failure(run, Outcome(ok=True), rep)
+    describe_failure(run, RunOutcome(ok=True), rep)
     err = capsys.readouterr().err
     assert "rank(s) [0, 1] completed without measuring any memory (peak 0 B)" in err
     assert "recorded a failure" not in err

@@ -108,3 +108,13 @@ def test_report_json_carries_the_data_summary_and_reads_older_reports_without_it
     back = RunReport.from_json(json.loads(json.dumps(rep.to_json())))
     assert back.data == s
     assert "data" not in RunReport().to_json() and RunReport.from_json({"verdict": "failed"}).data is None
+
+
+def test_the_backends_outcome_is_the_one_report_json_keeps():
+    import launcher.backends.base as base
+    import launcher.backends.local as local
+
+    assert not hasattr(base, "Outcome") and local.RankFailure is RankFailure  # one type, not a copy per layer
+    pending = RunOutcome(ok=True, pending=True)
+    assert "pending" not in pending.to_json()  # a report has a verdict: never a pending outcome
+    assert RunOutcome.from_json(pending.to_json()) == RunOutcome(ok=True)

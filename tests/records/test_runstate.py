@@ -67,3 +67,10 @@ def test_state_json_is_rewritten_in_its_own_room_when_no_file_can_be_made(tmp_pa
     assert path.read_text() == verdict
     with pytest.raises(OSError):  # no file to rewrite
         write_reserved(tmp_path / "other.json", "{}", RESERVE_BYTES)
+
+
+def test_a_state_the_type_does_not_list_is_refused_before_it_is_written(tmp_path):
+    run = RunDir.create(tmp_path / "run")
+    with pytest.raises(ValueError, match="not a run state"):
+        run.set_state("complted")
+    assert not (run.path / "state.json").exists()

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.base import Outcome
 from launcher.cli.main import main
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
 from launcher.rankenv import PLAN_DIGEST_ENV
+from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 from launcher.runtime import load_plan
 
@@ -122,9 +122,9 @@ def test_a_report_of_ranks_that_trained_another_plan_is_a_failure(planned, tmp_p
     plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
     run = RunDir.create(tmp_path / "fresh")
     (run.ranks / "rank-0.json").write_text(json.dumps({"rank": 0, "plan_sha256": "f" * 64}))
-    out = other_plan(run, plan, Outcome(ok=True))
+    out = other_plan(run, plan, RunOutcome(ok=True))
     assert not out.ok and "rank(s) [0] trained a plan.json other than the one the launcher planned" in out.message
     (run.ranks / "rank-0.json").write_text(json.dumps({"rank": 0, "plan_sha256": hashlib.sha256(
         (planned / "plan.json").read_bytes()).hexdigest()}))
-    assert other_plan(run, plan, Outcome(ok=True)).ok
+    assert other_plan(run, plan, RunOutcome(ok=True)).ok
     run.unlock()

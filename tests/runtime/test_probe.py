@@ -202,3 +202,16 @@ def test_the_enforce_cap_follows_the_bytes_outside_the_allocator(monkeypatch):
     ledger["used_outside"] = 1 * gib  # what is outside never shrinks the cap's reckoning back (the largest seen)
     probe.sample_outside_allocator()
     assert ledger["fractions"] == [9 / 80, 8 / 80]
+
+
+def test_an_oom_wrapped_by_a_hook_or_a_scripts_handler_is_still_an_oom():
+    from launcher.runtime.probe import is_oom
+
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError("in a backward hook") from e
+    except RuntimeError as wrapped:
+        assert is_oom(wrapped)
+    assert not is_oom(RuntimeError("other")) and not is_oom(None)
