@@ -264,7 +264,7 @@ def test_deepspeed_clips_to_the_jobs_max_grad_norm(ds_clip, job_clip, ok):
 def test_fsdp_clip_uses_the_global_norm_of_dtensor_shards(single_rank):
     from torch.distributed.fsdp import fully_shard
 
-    from launcher.worker.engines.fsdp import clip_grad_norm
+    from launcher.worker.engines.base import clip_grad_norm
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
