@@ -22,6 +22,7 @@ from benchmarks.gpu.splits import (
     GPU_VALIDATION_3,
     GPU_VALIDATION_4,
     GPU_VALIDATION_5,
+    GPU_VALIDATION_6,
     MOMENT_TOLERANCE,
     OUTSIDE_TOLERANCE,
     PEAK_TOLERANCE,
@@ -174,7 +175,8 @@ def judge_split(rows: list[dict]) -> list[str]:
                                           ("GPU_VALIDATION_2", GPU_VALIDATION_2, True, False),
                                           ("GPU_VALIDATION_3", GPU_VALIDATION_3, False, True),
                                           ("GPU_VALIDATION_4", GPU_VALIDATION_4, False, True),
-                                          ("GPU_VALIDATION_5", GPU_VALIDATION_5, False, True)):
+                                          ("GPU_VALIDATION_5", GPU_VALIDATION_5, False, True),
+                                          ("GPU_VALIDATION_6", GPU_VALIDATION_6, False, True)):
         named = [r for r in rows if r["run"] in runs and "moments" in r]
         if named:
             out += _judge(name, named, reserve, by_phase)

@@ -49,6 +49,13 @@ GPU_VALIDATION_5 = ("levers-pbf16-adamw8bit-fsdp",)
 appearance, launcher.worker.engines.optimizers._fp32_appearance), whose CUDA step the plan counts with no working
 copies (terms.optimizer_step_temp_bytes). GPT-2 124M, bf16, one GPU. Criteria: GPU_VALIDATION_3's."""
 
+GPU_VALIDATION_6 = ("plain-lora-llama-1b", "plain-qlora-llama-1b", "plain-full-gpt2")
+"""gpu-check run names, committed on 2026-11-29 (issue 37 §5) before the plain engine ran on any GPU: one GPU with
+no sharding wrapper (launcher.engines.plain: the model in bf16 with fp32 masters of the trainable parameters, nothing
+gathered, no side stream). LoRA and QLoRA on the 1.2B Llama (the single-GPU plans the engine was added for: no FSDP2
+root or block), and a full fine-tune of GPT-2 124M (masters, AdamW's states and the step's fp32 gradients whole).
+Criteria: GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""
