@@ -17,7 +17,7 @@ their backward to the step.
 from __future__ import annotations
 
 from launcher.levers import OPTIMIZER_IN_BACKWARD, PURE_BF16, QLORA
-from launcher.model.qlora import block_nf4, nf4_bytes
+from launcher.model.qlora import block_nf4, nf4_bytes, quantize_transient_bytes
 from launcher.planner.plan import Strategy
 from launcher.planner.terms import (
     BYTES,
@@ -93,11 +93,15 @@ def plain_states(inp: MemoryInputs, s: Strategy) -> States:
 def init_bytes(inp: MemoryInputs, s: Strategy) -> float:
     """Rank 0 while the weights load: CPU ranks build the fp32 model on the host (the device there), copy the
     trainable fp32 masters and cast the parameters one at a time; a GPU receives the masters, then the cast model,
-    then DDP's buckets."""
+    then DDP's buckets. QLoRA first quantizes each block linear on the device, one at a time (launcher.worker.qlora
+    .quantize: the weight in the working dtype and to_nf4's temporaries beside the NF4 weights made before it)."""
     m = inp.model
     masters = MASTER_BYTES * m.trainable_params if has_masters(inp, s) else 0.0
     buckets = working_bytes(inp, s) * m.trainable_params if s.layout.ddp else 0.0
     on_device = param_bytes(inp, s) + masters + buckets
+    nf4 = qlora_blocks(inp, s)
+    quantizing = quantize_transient_bytes(max(nf4), BYTES[inp.precision]) if nf4 else 0.0
     if inp.hardware.device_is_host:
-        return max(4.0 * m.num_params + masters, on_device)
-    return on_device
+        return max(4.0 * m.num_params + max(masters, quantizing), on_device)
+    nf4_made = m.num_blocks * sum(nf4_bytes(e, BYTES[inp.precision]) for e in nf4)
+    return max(nf4_made + quantizing, on_device)
