@@ -1,7 +1,6 @@
-"""The plain engine's rank side on one gloo rank: the step contract, fp32 masters under mixed precision, the step in
-backward, and resume through the worker's entry point matching a straight run."""
+"""The plain engine's rank side on one gloo rank: fp32 masters under mixed precision, the step in backward, pure bf16,
+and its checkpoint round trip (resume through the worker's entry point: tests/worker/test_checkpoint.py)."""
 
-import json
 
 import pytest
 import torch
@@ -9,13 +8,12 @@ import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.config.load import from_dict
-from launcher.runtime import memory_probe, read_jsonl
+from launcher.runtime import memory_probe
 from launcher.worker import checkpoint
 from launcher.worker.engines.plain import PlainEngine
-from launcher.worker.main import main
 from launcher.worker.model import build
 from launcher.worker.recipes import make_recipe
-from tests.worker.run_dirs import plan_dict, tiny_gpt2_job
+from tests.worker.run_dirs import tiny_gpt2_job
 
 
 def plain_engine(job: Job, **kw) -> PlainEngine:
@@ -78,27 +76,3 @@ def test_a_damaged_checkpoint_is_named(tmp_path):
     assert PlainEngine.checkpoint_problem(tmp_path / "step-1", None, 1) == "plain.pt is missing"
     (tmp_path / "step-1" / "plain.pt").write_bytes(b"PK\x03\x04 cut short")
     assert "plain.pt is damaged" in PlainEngine.checkpoint_problem(tmp_path / "step-1", None, 1)
-
-
-def test_plain_resume_repeats_no_step_and_matches_a_straight_run(make_run_dir, single_rank, examples_data):
-    plan = plan_dict(engine="plain", micro_batch_size=2, grad_accum_steps=2, world_size=1, seq_len=32,
-                     precision="fp32", activation_checkpointing=True)
-    job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=4)
-    job["data"]["max_seq_len"] = 32
-    job["data"]["eval_fraction"] = 0.02
-    job["train"]["global_batch_size"] = 4
-    straight = make_run_dir(job, plan, name="straight")
-    assert main([str(straight)]) == 0
-
-    run = make_run_dir(job, plan, name="resumed")
-    (run / "control").mkdir()
-    (run / "control" / "checkpoint").touch()  # a checkpoint at the first step boundary
-    assert main([str(run)]) == 0
-    assert json.loads((run / "ranks" / "rank-0.json").read_text())["steps_done"] == 1
-    assert main([str(run)]) == 0
-    report = json.loads((run / "ranks" / "rank-0.json").read_text())
-    assert report["status"] == "completed" and report["resumed_from_step"] == 1 and report["steps_done"] == 4
-    assert report["engine"] == "plain"
-    steps = read_jsonl(run / "steps" / "rank-0.jsonl")
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    assert [r["loss"] for r in steps] == [r["loss"] for r in read_jsonl(straight / "steps" / "rank-0.jsonl")]

@@ -122,10 +122,15 @@ def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
 def test_fsdp2_refuses_the_step_in_backward_where_it_cannot_step_each_gradient(precision, accum, message):
     from launcher.worker.engines.fsdp import FsdpEngine
 
+    from launcher.worker.engines.plain import PlainEngine
+
     with pytest.raises(ConfigError, match=message):
         FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
                    activation_checkpointing=False, precision=precision, grad_accum_steps=accum,
                    device=torch.device("cpu"), optimizer_in_backward=True)
+    with pytest.raises(ConfigError, match=message):  # the same refusal, one engine that steps its own optimizer more
+        PlainEngine(precision=precision, grad_accum_steps=accum, device=torch.device("cpu"),
+                    optimizer_in_backward=True)
 
 
 def test_the_worker_optimizer_is_the_one_the_ds_config_names():

@@ -155,6 +155,28 @@ def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) ->
     return norm
 
 
+def step_lever_problem(*, precision: str, grad_accum_steps: int, optimizer_in_backward: bool,
+                       pure_bf16: bool) -> None:
+    """Raise ConfigError where the plan's step levers cannot run as planned: the step in backward with accumulation
+    or fp16, pure bf16 without bf16 (the engines that step their own optimizer check this in their __init__)."""
+    from launcher.errors import ConfigError
+
+    if optimizer_in_backward and grad_accum_steps != 1:
+        raise ConfigError(
+            f"strategy.optimizer_in_backward: the step in backward needs grad_accum_steps 1 (it steps as each "
+            f"gradient is made), but this plan accumulates {grad_accum_steps}; re-plan, or leave "
+            "optimizer_in_backward out"
+        )
+    if optimizer_in_backward and precision == "fp16":
+        raise ConfigError(
+            "strategy.optimizer_in_backward: fp16 needs loss scaling, which checks every gradient for overflow "
+            "before any step; use precision bf16 or fp32, or leave optimizer_in_backward out"
+        )
+    if pure_bf16 and precision != "bf16":
+        raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
+                          "train.precision: bf16 or pure_bf16: false")
+
+
 def clip_setting(max_grad_norm: float | None) -> float:
     """The job's ``train.max_grad_norm`` as one number: 0.0 means clipping is off."""
     return float(max_grad_norm or 0.0)

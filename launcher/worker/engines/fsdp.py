@@ -36,6 +36,7 @@ from launcher.worker.engines.base import (
     build_optimizer,
     clip_setting,
     lr_lambda,
+    step_lever_problem,
 )
 
 
@@ -114,17 +115,8 @@ class FsdpEngine(OwnOptimizer):
         qlora: bool = False,
         optimizer_in_backward: bool = False,
     ):
-        if optimizer_in_backward and grad_accum_steps != 1:
-            raise ConfigError(
-                f"strategy.optimizer_in_backward: the step in backward needs grad_accum_steps 1 (it steps as each "
-                f"gradient is made), but this plan accumulates {grad_accum_steps}; re-plan, or leave "
-                "optimizer_in_backward out"
-            )
-        if optimizer_in_backward and precision == "fp16":
-            raise ConfigError(
-                "strategy.optimizer_in_backward: fp16 needs loss scaling, which checks every gradient for overflow "
-                "before any step; use precision bf16 or fp32, or leave optimizer_in_backward out"
-            )
+        step_lever_problem(precision=precision, grad_accum_steps=grad_accum_steps,
+                           optimizer_in_backward=optimizer_in_backward, pure_bf16=pure_bf16)
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
         if offload_optimizer != offload_params:
@@ -133,9 +125,6 @@ class FsdpEngine(OwnOptimizer):
                 f"(offload_params={offload_params!r}, offload_optimizer={offload_optimizer!r}); set both to "
                 "'cpu' or both to 'none', or use engine: deepspeed to offload the optimizer alone"
             )
-        if pure_bf16 and precision != "bf16":
-            raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
-                              "train.precision: bf16 or pure_bf16: false")
         self.pure_bf16 = pure_bf16
         self.qlora = qlora
         self.reshard_after_forward = reshard_after_forward

@@ -36,6 +36,7 @@ from launcher.worker.engines.base import (
     build_optimizer,
     clip_setting,
     lr_lambda,
+    step_lever_problem,
 )
 
 CKPT_FILE = "plain.pt"
@@ -74,14 +75,8 @@ class PlainEngine(OwnOptimizer):
                  activation_checkpointing: bool = False, checkpoint_every: int = 1, checkpoint_policy: str = "full",
                  pure_bf16: bool = False, qlora: bool = False, optimizer_in_backward: bool = False,
                  low_memory_optimizer: str = "none"):
-        if optimizer_in_backward and (grad_accum_steps != 1 or precision == "fp16"):
-            raise ConfigError(
-                "strategy.optimizer_in_backward: the step in backward needs grad_accum_steps 1 and no fp16 (loss "
-                f"scaling checks every gradient first), but this plan has {grad_accum_steps} and {precision}; "
-                "re-plan, or leave optimizer_in_backward out")
-        if pure_bf16 and precision != "bf16":
-            raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
-                              "train.precision: bf16 or pure_bf16: false")
+        step_lever_problem(precision=precision, grad_accum_steps=grad_accum_steps,
+                           optimizer_in_backward=optimizer_in_backward, pure_bf16=pure_bf16)
         self.precision = precision
         self.grad_accum_steps = grad_accum_steps
         self.device = device
