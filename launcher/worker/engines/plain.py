@@ -217,8 +217,10 @@ class PlainEngine(OwnOptimizer):
 
     def load(self, root: Path, tag: str) -> None:
         """Load what save wrote under root/tag onto this rank's device."""
-        # Our own run dir's file (torchao's optimizer states are tensor subclasses weights_only refuses).
-        state = torch.load(root / tag / CKPT_FILE, map_location=self.device, weights_only=False)
+        # Our own run dir's file (torchao's optimizer states are tensor subclasses weights_only refuses). Mapped on
+        # the host and copied into the rank's own tensors one at a time (the optimizers move their state to their
+        # parameters' device): never a second copy of the model on the device, which the plan does not count.
+        state = torch.load(root / tag / CKPT_FILE, map_location="cpu", weights_only=False, mmap=True)
         trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
         own, params = self.module.state_dict(), dict(self.module.named_parameters())
         with torch.no_grad():
