@@ -53,7 +53,13 @@ JOB
   .venv/bin/launch --gpus 1 --budget "$budget" "$runs/$1.yaml" --run-dir "$runs/$1" --enforce --quiet ${7:+"$7"}
   runs_args+=(--run "$runs/$1" "$?")
 }
-# First GPU_VALIDATION_3 and _4 (benchmarks/gpu/splits.py, named before they ran: the init moment, ZeRO-3 and QLoRA
+# First GPU_VALIDATION_8 (benchmarks/gpu/splits.py, named before it ran): the plain engine on one GPU, LoRA and
+# QLoRA on the 1.2B Llama and a full fine-tune of GPT-2.
+lora_llama=", lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"
+lever_job plain-lora-llama-1b plain llama-1b "" "$lora_llama"
+lever_job plain-qlora-llama-1b plain llama-1b ", qlora: true" ", allow_levers: [qlora]$lora_llama"
+lever_job plain-full-gpt2 plain gpt2-124m "" ""
+# Then GPU_VALIDATION_3 and _4 (benchmarks/gpu/splits.py, named before they ran: the init moment, ZeRO-3 and QLoRA
 # on one rank), then the runs of GPU_VALIDATION_1 and _2, so a short lease still judges them; then the exact levers, 8-bit
 # AdamW and op-level SAC.
 lever_job z3-1-gpt2 deepspeed gpt2-124m ", zero_stage: 3" ""

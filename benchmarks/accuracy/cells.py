@@ -45,9 +45,11 @@ SHARDINGS: dict[str, dict] = {
                        "offload_params": "none"},
     "fsdpoff": {"engine": "fsdp", "fsdp_reshard_after_forward": True, "offload_optimizer": "cpu",
                 "offload_params": "cpu"},
+    # One rank: no wrapper; more: DDP replicas (the layout follows the ranks).
+    "plain": {"engine": "plain", "offload_optimizer": "none", "offload_params": "none"},
 }
 SHARDING_LABEL = {"z0": "ZeRO-0", "z1": "ZeRO-1", "z2": "ZeRO-2", "z3": "ZeRO-3", "z3off": "ZeRO-3 +opt->cpu",
-                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard", "fsdpoff": "FSDP2 +offload"}
+                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard", "fsdpoff": "FSDP2 +offload", "plain": "plain (1 rank) / DDP"}
 MODELS: dict[str, dict | str] = {
     "gpt2s": {"family": "gpt2", "hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 4096,
               "max_position_embeddings": 1024},
@@ -453,6 +455,24 @@ SAC_Z3LORA_VALIDATION: tuple[Cell, ...] = (
 """Op-level selective checkpointing at ZeRO-3 under LoRA, validation split (out of sample, run once)."""
 
 
+PLAIN_VALIDATION: tuple[Cell, ...] = (
+    # Decided and committed (2026-11-29 08:40 UTC) before any of them ran: the plain engine (issue 37 §5) had run
+    # only the tiny GPT-2 of tests/cli/test_plain_cli.py (fp32, one rank and two) and the step contract's job. One
+    # cell per path of its memory terms, on models, lengths and micro-batches those did not use: one rank with no
+    # wrapper at fp32 (the optimizer over the parameters), bf16 LoRA with checkpointing (fp32 masters of the
+    # adapters), QLoRA's NF4 base, the step in backward with masters; DDP's persistent buckets at fp32 on MiniLM's
+    # classifier, with bf16 masters and accumulation (no_sync), and under pure bf16.
+    _c("plain", "llama6", "causal_lm", "fp32", False, 2, 200, ranks=1),
+    _c("plain", "gpt2m", "causal_lm", "bf16", True, 1, 264, ranks=1, lora=True),
+    _c("plain", "llama", "causal_lm", "bf16", False, 1, 328, ranks=1, lora=True, qlora=True),
+    _c("plain", "llama6", "causal_lm", "bf16", False, 1, 192, ranks=1, optimizer_in_backward=True),
+    _c("plain", "minilm", "seq_cls", "fp32", False, 4, 104),
+    _c("plain", "gpt2s", "causal_lm", "bf16", False, 2, 136, accum=2),
+    _c("plain", "gpt2m", "causal_lm", "bf16", False, 2, 104, pure_bf16=True),
+)
+"""The plain engine's validation split (out of sample, run once)."""
+
+
 def full_matrix() -> list[Cell]:
     """The fit / held-out matrix (the split is computed over these only)."""
     return list(MATRIX)
@@ -467,7 +487,7 @@ def every_cell() -> list[Cell]:
             *Z3_RELEASE_VALIDATION, *SAC_Z3LORA_VALIDATION, *Z3_RELEASE_VALIDATION_2, *SAC_DS_VALIDATION_2,
             *ONE_RANK_VALIDATION, *LORA_DTYPE_VALIDATION, *Z3_BF16_ADAPTER_VALIDATION,
             *PURE_BF16_LOW_BIT_VALIDATION, *DS_PURE_BF16_LOW_BIT_VALIDATION, *ZERO2_FLUSH_DEV,
-            *ZERO2_FLUSH_VALIDATION, *COMPOSE_VALIDATION]
+            *ZERO2_FLUSH_VALIDATION, *COMPOSE_VALIDATION, *PLAIN_VALIDATION]
 
 
 def sides_of_all() -> dict[str, str]:
@@ -482,7 +502,7 @@ def sides_of_all() -> dict[str, str]:
     (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
     LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2), "ds-pbf16-lowbit-validation"
     (the same on DeepSpeed ZeRO-1/2), "zero2-flush-dev" or "zero2-flush-validation" (ZeRO-2 with a bucket smaller
-    than the model), "compose-validation" (the levers combined, the in-place chunked loss)."""
+    than the model), "compose-validation" (the levers combined, the in-place chunked loss), "plain-validation" (the plain engine: one rank, or DDP)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -510,7 +530,8 @@ def sides_of_all() -> dict[str, str]:
             **{c.name: "ds-pbf16-lowbit-validation" for c in DS_PURE_BF16_LOW_BIT_VALIDATION},
             **{c.name: "zero2-flush-dev" for c in ZERO2_FLUSH_DEV},
             **{c.name: "zero2-flush-validation" for c in ZERO2_FLUSH_VALIDATION},
-            **{c.name: "compose-validation" for c in COMPOSE_VALIDATION}}
+            **{c.name: "compose-validation" for c in COMPOSE_VALIDATION},
+            **{c.name: "plain-validation" for c in PLAIN_VALIDATION}}
 
 
 def _side(name: str, salt: int) -> str:

@@ -24,6 +24,7 @@ from benchmarks.gpu.splits import (
     GPU_VALIDATION_5,
     GPU_VALIDATION_6,
     GPU_VALIDATION_7,
+    GPU_VALIDATION_8,
     MOMENT_TOLERANCE,
     OUTSIDE_TOLERANCE,
     PEAK_TOLERANCE,
@@ -178,7 +179,8 @@ def judge_split(rows: list[dict]) -> list[str]:
                                           ("GPU_VALIDATION_4", GPU_VALIDATION_4, False, True),
                                           ("GPU_VALIDATION_5", GPU_VALIDATION_5, False, True),
                                           ("GPU_VALIDATION_6", GPU_VALIDATION_6, False, True),
-                                          ("GPU_VALIDATION_7", GPU_VALIDATION_7, False, True)):
+                                          ("GPU_VALIDATION_7", GPU_VALIDATION_7, False, True),
+                                          ("GPU_VALIDATION_8", GPU_VALIDATION_8, False, True)):
         named = [r for r in rows if r["run"] in runs and "moments" in r]
         if named:
             out += _judge(name, named, reserve, by_phase)

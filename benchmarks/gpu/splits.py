@@ -64,6 +64,13 @@ working copies (engines.fsdp.memory.hook_step_copies); and the chunked loss alon
 accumulated in place (one piece's logits and one gradient, levers.chunked_loss.chunked_head_bytes). Llama 1.2B
 (128k vocabulary), bf16, one GPU, 4 x 512 tokens. Criteria: GPU_VALIDATION_3's."""
 
+GPU_VALIDATION_8 = ("plain-lora-llama-1b", "plain-qlora-llama-1b", "plain-full-gpt2")
+"""gpu-check run names, committed on 2026-11-29 (issue 37 §5) before the plain engine ran on any GPU: one GPU with
+no sharding wrapper (launcher.engines.plain: the model in bf16 with fp32 masters of the trainable parameters, nothing
+gathered, no side stream). LoRA and QLoRA on the 1.2B Llama (the single-GPU plans the engine was added for: no FSDP2
+root or block), and a full fine-tune of GPT-2 124M (masters, AdamW's states and the step's fp32 gradients whole).
+Criteria: GPU_VALIDATION_3's."""
+
 RESERVE_TOLERANCE = 0.25
 """Reserved minus allocated at the peak: the 8 % fragmentation share is an assumption (no GPU measured it with
 expandable segments), the pool is from the source; relative."""

@@ -62,12 +62,29 @@ def child(argv: list[str]) -> None:
     main()
 
 
-def every_lever() -> None:
+def every_lever() -> dict:
+    """Every engine spec offers every lever; returns what they offered, for ``restore``."""
     from launcher.engines import ENGINES
     from launcher.levers import LEVER_FIELDS
 
+    before = {type(spec): spec.levers for spec in ENGINES.values()}
     for spec in ENGINES.values():
         type(spec).levers = frozenset(LEVER_FIELDS)
+    return before
+
+
+def restore(before: dict) -> None:
+    """Put the specs' own levers back (every_lever's answer)."""
+    for cls, levers in before.items():
+        cls.levers = levers
+
+
+def many_rows(tmp: Path, rows: int = 80_000) -> Path:
+    """A generated jsonl with enough rows for the 1024-GPU case's global batch of 65,536 (the planner checks that
+    the data holds one optimizer step after its eval share; the examples' file has 400 rows)."""
+    path = tmp / "rows.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {i} " * 8}) + "\n" for i in range(rows)))
+    return path
 
 
 def process(argv: list[str], env: dict) -> tuple[float, dict]:
@@ -84,8 +101,7 @@ def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[
     from launcher.inputs.plan_inputs import plan_request
     from launcher.planner.search import make_plan, search
 
-    if levers:
-        every_lever()
+    before = every_lever() if levers else {}
     req = plan_request(load_job(REPO / path, sets=parse_overrides(sets), for_run=False))
     times = []
     for _ in range(repeats):
@@ -93,11 +109,7 @@ def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[
         make_plan(req)
         times.append(time.perf_counter() - t)
     found = search(req)
-    if levers:  # put the specs back for the next case
-        from launcher.engines import ENGINES
-
-        for spec in ENGINES.values():
-            type(spec).levers = frozenset()
+    restore(before)  # the specs' own levers for the next case
     return statistics.median(times), found.total, len(found.scored)
 
 
@@ -116,10 +128,13 @@ def load() -> str:
 
 def main(repeats: int = 3) -> None:
     warm_rows, cold_rows = [], []
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "LAUNCHER_CACHE": cache, "HF_HUB_OFFLINE": "1"}
         os.environ["LAUNCHER_CACHE"] = cache
+        rows = many_rows(Path(tmp))
         for label, path, sets, levers in WARM:
+            if "train.global_batch_size=65536" in sets:
+                sets = [*sets, f"data.path={rows}"]
             argv = (["--every-lever"] if levers else []) + ["plan", "--json", str(REPO / path), *sets]
             process(argv, env)  # fills the cache
             walls = [process(argv, env)[0] for _ in range(repeats)]

@@ -19,8 +19,9 @@ import typing
 from launcher.engines.deepspeed.layout import ZeroLayout
 from launcher.engines.fsdp.layout import FsdpLayout
 from launcher.engines.layout import Layout
+from launcher.engines.plain.layout import PlainLayout
 
-LAYOUTS: dict[str, type[Layout]] = {layout.engine: layout for layout in (ZeroLayout, FsdpLayout)}
+LAYOUTS: dict[str, type[Layout]] = {layout.engine: layout for layout in (ZeroLayout, FsdpLayout, PlainLayout)}
 """Engine name -> its layout type, in search order (the order ties are broken in)."""
 NAMES = tuple(LAYOUTS)
 """The registered engines' names, in search order: a job's strategy.engine and plan.json's engine say one."""

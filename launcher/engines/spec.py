@@ -51,8 +51,9 @@ class EngineSpec:
         offers, why it offers no other), for levers an engine implements on some of its layouts only."""
         return {}
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[Layout]:
-        """Every layout this engine offers on ``nodes`` machines, with NVMe offload when ``nvme``; in search order."""
+    def candidates(self, *, nodes: int, nvme: bool, world_size: int) -> list[Layout]:
+        """Every layout this engine offers on ``nodes`` machines and ``world_size`` ranks, with NVMe offload when
+        ``nvme``; in search order."""
         raise NotImplementedError
 
     # -- memory --------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from launcher.planner.request import PlanRequest, batch_problem, context_problem
 def layouts(req: PlanRequest) -> list[Layout]:
     """Each registered engine's layouts the job's pins admit, in registry order."""
     nvme = req.nvme_free_bytes is not None
-    return [c for spec in ENGINES.values() for c in spec.candidates(nodes=req.nodes, nvme=nvme)
+    return [c for spec in ENGINES.values() for c in spec.candidates(nodes=req.nodes, nvme=nvme, world_size=req.world_size)
             if admitted(c, req.pins)]
 
 

@@ -189,7 +189,9 @@ PROFILES: dict[str, HardwareProfile] = {
         mfu=1.0, intra_node_bw=1.0 * GB, inter_node_bw=1.0 * GB, host_link_bw=5.0 * GB,
         cpu_adam_params_per_s=2.0e8, nvme_bw=1.0 * GB, block_overhead_s=2e-3, collective_latency_s=5e-4,
         # Measured minus predicted seconds per step of the confirmed runs in benchmarks/results/plan_quality.md
-        # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s.
+        # (2 CPU ranks, 1.35M-parameter GPT-2): DeepSpeed 0.90-1.01 s, FSDP2 0.00-0.17 s. The plain engine's DDP
+        # has none fitted: on the same job (bf16, micro-batch 2) it stepped in 0.67 s, FSDP2 in 1.25 s (medians
+        # of 8 intervals each, one after the other on a shared machine, 2026-11-29), so no fixed cost shows.
         step_overhead_s=(("deepspeed", 1.0), ("fsdp", 0.09)),
         comm_overlap=0.0, device_is_host=True, host_cpus_per_device=1, source="measured by `launch calibrate`",
     ),

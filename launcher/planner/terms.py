@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.levers import LOW_MEMORY_OPTIMIZER, OPTIMIZER_IN_BACKWARD, PURE_BF16
+from launcher.levers import CHECKPOINT_EVERY, LOW_MEMORY_OPTIMIZER, OPTIMIZER_IN_BACKWARD, PURE_BF16
+from launcher.levers.checkpoint_every import checkpoint_count
 from launcher.levers.low_memory_optimizer import PAGED
 from launcher.model.introspect import ModelStats
+from launcher.model.qlora import dequant_transient_bytes
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.plan import Strategy
 
@@ -565,3 +567,19 @@ def untied_head_bytes(m: ModelStats) -> float:
     GPT-2)."""
     return 4 * m.vocab_size * m.hidden_size if (
         m.task == "causal_lm" and m.tied_embeddings and not m.checkpoint_bytes) else 0.0
+
+
+def nf4_dequant_s(inp: MemoryInputs, s: Strategy, nf4: list[int]) -> float:
+    """Seconds per step LinearNF4 spends dequantizing QLoRA's NF4 weights (``nf4``: one block's, elements) in
+    forward, again in backward and in the recompute of checkpointed blocks: each of get_original_weight's
+    temporaries written once and read once, over the device's memory bandwidth. 0 where the profile has no
+    bandwidth (CPU)."""
+    hw = inp.hardware
+    if not nf4 or not hw.memory_bw:
+        return 0.0
+    # The recompute dequantizes again only in the checkpointed blocks (every checkpoint_every-th).
+    n = inp.model.num_blocks
+    recomputed = checkpoint_count(n, CHECKPOINT_EVERY.of(s)) if s.activation_checkpointing else 0
+    passes = 2 + recomputed / max(n, 1)
+    touched = 2 * sum(dequant_transient_bytes(e, BYTES[inp.precision]) for e in nf4) * n
+    return s.grad_accum_steps * passes * touched / hw.memory_bw

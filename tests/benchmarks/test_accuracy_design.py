@@ -19,6 +19,7 @@ from benchmarks.accuracy.cells import (
     MATRIX,
     MODELS,
     ONE_RANK_VALIDATION,
+    PLAIN_VALIDATION,
     PURE_BF16_LOW_BIT_VALIDATION,
     QUICK,
     SAC_DS_DEV,
@@ -53,9 +54,9 @@ from launcher.planner.buckets import MIN_BUCKET
 def test_matrix_covers_every_axis_value():
     cells = full_matrix()
     assert len(cells) >= 30 and len({c.name for c in cells}) == len(cells)
-    # ZeRO-0 entered with DeepSpeed's low-memory optimizers (LEVER_DEV cells only): the fit / held-out matrix
-    # predates it and stays as it was split.
-    assert {c.sharding for c in cells} == set(SHARDINGS) - {"z0"}
+    # ZeRO-0 entered with DeepSpeed's low-memory optimizers (LEVER_DEV cells only), the plain engine with its own
+    # validation split: the fit / held-out matrix predates both and stays as it was split.
+    assert {c.sharding for c in cells} == set(SHARDINGS) - {"z0", "plain"}
     assert {c.sharding for c in every_cell()} == set(SHARDINGS)
     assert {c.model for c in every_cell()} == set(MODELS)
     assert {c.model for c in cells} == set(MODELS) - {"gpt2m", "llama6", "gpt2xs"}  # validation-only models
@@ -253,7 +254,7 @@ def test_the_current_planners_validation_split_is_new_and_spans_the_space():
                if c not in CURRENT_VALIDATION}
     assert not earlier & {(c.sharding, c.model, c.task, c.seq_len, c.micro_batch) for c in CURRENT_VALIDATION}
     assert {sides_of_all()[c.name] for c in CURRENT_VALIDATION} == {"validation-3"}
-    assert {c.sharding for c in CURRENT_VALIDATION} == set(SHARDINGS)
+    assert {c.sharding for c in CURRENT_VALIDATION} == set(SHARDINGS) - {"plain"}  # the plain engine came later
     assert {c.task for c in CURRENT_VALIDATION} == {"causal_lm", "seq_cls", "sentence_embedding"}
     assert {c.precision for c in CURRENT_VALIDATION} == {"fp32", "bf16"}
     levers = {k for c in CURRENT_VALIDATION for k, _ in c.levers}
@@ -325,7 +326,7 @@ def test_the_second_deepspeed_op_policy_validation_is_new():
 
 def test_the_one_rank_validation_is_new():
     """No earlier cell ran on a single rank; each shape is new, ZeRO-3 and QLoRA each with and without offload."""
-    earlier = [c for c in every_cell() if c not in ONE_RANK_VALIDATION]
+    earlier = [c for c in every_cell() if c not in ONE_RANK_VALIDATION and c not in PLAIN_VALIDATION]
     assert all(c.ranks > 1 for c in earlier)
     assert {c.ranks for c in ONE_RANK_VALIDATION} == {1}
     shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
@@ -436,3 +437,13 @@ def test_the_compose_validation_is_new():
     assert {bool(lv.get("pure_bf16")) for lv in combined} == {True, False}
     assert {c.sharding for c in COMPOSE_VALIDATION} == {"fsdp"} and any(lv.get("loss_chunks") for lv in levers)
     assert {sides_of_all()[c.name] for c in COMPOSE_VALIDATION} == {"compose-validation"}
+
+
+def test_the_plain_validation_is_new():
+    """No earlier cell ran the plain engine, and none used one of its shapes; it spans one rank and DDP."""
+    earlier = [c for c in every_cell() if c not in PLAIN_VALIDATION]
+    assert all(c.sharding != "plain" for c in earlier)
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in PLAIN_VALIDATION}
+    assert {c.sharding for c in PLAIN_VALIDATION} == {"plain"} and {c.ranks for c in PLAIN_VALIDATION} == {1, 2}
+    assert {sides_of_all()[c.name] for c in PLAIN_VALIDATION} == {"plain-validation"}

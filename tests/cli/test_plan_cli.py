@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli.main import main
+from launcher.engines import NAMES
 from tests.conftest import REPO
 
 
@@ -51,7 +52,7 @@ def test_plan_json_has_the_contract_keys(capsys, write_job):
                 "micro_batch_size", "grad_accum_steps", "activation_checkpointing", "num_params", "budget_bytes",
                 "predicted_peak_bytes", "breakdown", "host_bytes_per_node"):
         assert key in plan
-    assert plan["engine"] in ("deepspeed", "fsdp")
+    assert plan["engine"] in NAMES
     assert plan["budget_bytes"] == 10**9
     assert plan["micro_batch_size"] * plan["grad_accum_steps"] * 2 == 8
     assert sum(plan["breakdown"].values()) == plan["predicted_peak_bytes"]
@@ -197,13 +198,13 @@ def test_plan_help_lists_every_hardware_profile(capsys):
 
 
 def test_plan_prints_the_predicted_total_time_and_warns_past_the_threshold(capsys, write_job):
-    job = write_job(**{"train.max_steps": 100_000, "train.warn_total_time_h": 1})
+    job = write_job(**{"train.max_steps": 100_000, "train.warn_total_time_h": 0.01})
     code, out, err = run_cli(capsys, "plan", job)
     assert code == 0, err
     line = next(ln for ln in out.splitlines() if ln.startswith("  total time"))
     step_s = float(line.split("(")[1].split(" s/step")[0])
     assert "x 100000 steps, train.max_steps" in line
-    assert "WARNING: the predicted training time" in out and "train.warn_total_time_h (1 h)" in out
+    assert "WARNING: the predicted training time" in out and "train.warn_total_time_h (0.01 h)" in out
     code, out, err = run_cli(capsys, "plan", "--json", job)
     total = json.loads(out)["total_time"]
     assert total["too_long"] and total["predicted_total_s"] == pytest.approx(step_s * 100_000, rel=1e-2)

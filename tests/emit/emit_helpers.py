@@ -44,6 +44,9 @@ def make_plan(*, world_size: int = 8, nodes: int = 1, precision: str = "bf16", b
         s["zero_stage"] = strategy.get("zero_stage")
         s["fsdp_reshard_after_forward"] = strategy.get("fsdp_reshard_after_forward", True)
         s["fsdp_sharding"] = strategy.get("fsdp_sharding", "full")
+    if s["engine"] == "plain":  # no stage; one rank has no wrapper, more are DDP replicas
+        s["zero_stage"] = None
+        s["ddp"] = world_size > 1
     gbs = global_batch_size if global_batch_size is not None else s["micro_batch_size"] * s["grad_accum_steps"] * world_size
     return Plan(
         strategy=Strategy.from_json(s),

@@ -178,6 +178,24 @@ def test_accelerate_launch_takes_the_fsdp_export(tmp_path, monkeypatch, pins):
         (plan.strategy.layout.offload_params == "cpu")
 
 
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_accelerate_launch_takes_the_plain_export(tmp_path, monkeypatch, world_size):
+    # The plain engine: accelerate's DDP (MULTI_GPU) on several processes, no distribution (NO) on one; no file of
+    # its own, and the header tells a script what accelerate's autocast does not hold.
+    plan, job = make_plan(engine="plain", world_size=world_size), make_job()
+    spec = engine_spec("plain")
+    assert spec.config_files(plan, job) == {} and spec.export_files(plan, job) == {}
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(spec.accelerate_yaml(plan, job, config_dir=tmp_path))
+    loaded, args = _accelerate_launch_env(path, monkeypatch)
+    assert loaded.distributed_type.value == ("MULTI_GPU" if world_size > 1 else "NO")
+    assert args.num_processes == world_size and not args.use_fsdp and not args.use_deepspeed
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    text = path.read_text()
+    assert ("# DDP," if world_size > 1 else "# one process (no wrapper),") in text
+    assert "fp32 masters" in text
+
+
 def test_deepspeed_parser_is_given_the_world_size():
     from launcher.engines.deepspeed.check import DeepSpeedRefused, check_ds_config
     from launcher.engines.deepspeed.emit import ds_config

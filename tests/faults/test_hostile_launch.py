@@ -105,7 +105,7 @@ def test_plan_of_a_sweep_plans_every_variant_not_the_base_job(sandbox):
         if not extra:
             text = out.getvalue()
             assert text.startswith("sweep: 3 variant(s) of t, each planned for itself (2 planned, 1 not)")
-            assert "micro_batch_size=1: FSDP2" in text and "mb=1x4" in text and "mb=2x2" in text
+            assert "micro_batch_size=1: DDP" in text and "mb=1x4" in text and "mb=2x2" in text
             assert "micro_batch_size=3: not planned: strategy.micro_batch_size: 3 does not divide" in text
         else:
             rows = json.loads(out.getvalue())["variants"]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-from launcher.worker.engines.fsdp import clip_grad_norm
+from launcher.worker.engines.base import clip_grad_norm
 
 MAX_NORM = 0.5
 

@@ -44,8 +44,11 @@ def plan_dict(
     if engine == "fsdp":
         zero_stage = None
         fsdp_reshard_after_forward = True if fsdp_reshard_after_forward is None else fsdp_reshard_after_forward
+    if engine == "plain":
+        zero_stage = None
     strategy = Strategy.from_json(dict(
         engine=engine,
+        ddp=world_size > 1,
         zero_stage=zero_stage,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward,
         offload_optimizer=offload_optimizer,

@@ -88,8 +88,9 @@ def test_incomplete_tag_is_ignored(tmp_path):
     assert checkpoint.latest_tag(tmp_path) == "step-00000003"
 
 
-def test_worker_resume_repeats_no_step_and_matches_a_straight_run(make_run_dir, single_rank, examples_data):
-    plan = plan_dict(engine="fsdp", micro_batch_size=2, grad_accum_steps=2, world_size=1, seq_len=32,
+@pytest.mark.parametrize("engine", ["fsdp", "plain"])
+def test_worker_resume_repeats_no_step_and_matches_a_straight_run(make_run_dir, single_rank, examples_data, engine):
+    plan = plan_dict(engine=engine, micro_batch_size=2, grad_accum_steps=2, world_size=1, seq_len=32,
                      precision="fp32", activation_checkpointing=True)
     job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=4)
     job["data"]["max_seq_len"] = 32
@@ -108,6 +109,7 @@ def test_worker_resume_repeats_no_step_and_matches_a_straight_run(make_run_dir, 
     assert main([str(run)]) == 0
     report = json.loads((run / "ranks" / "rank-0.json").read_text())
     assert report["status"] == "completed" and report["resumed_from_step"] == 1 and report["steps_done"] == 4
+    assert report["engine"] == engine
     steps = read_jsonl(run / "steps" / "rank-0.jsonl")
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert [r["loss"] for r in steps] == [r["loss"] for r in read_jsonl(straight / "steps" / "rank-0.jsonl")]

@@ -83,3 +83,29 @@ def launch_export(run_dir, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run([str(REPO / ".venv" / "bin" / "launch"), "export", str(run_dir), *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_plain_ddp_two_ranks_checkpoint_and_resume_match_a_straight_run(make_run_dir, examples_data):
+    # DDP replicas with accumulation (no_sync on the first micro-batch): stopped at step 1 by the control file,
+    # resumed from rank 0's plain.pt on both ranks, the losses those of an uninterrupted run.
+    plan = plan_dict(engine="plain", micro_batch_size=2, grad_accum_steps=2, world_size=2, seq_len=32)
+    job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=3)
+    job["data"]["max_seq_len"] = 32
+    job["data"]["eval_fraction"] = 0.02
+    straight = make_run_dir(job, plan, name="straight")
+    assert torchrun(straight).returncode == 0
+    run = make_run_dir(job, plan)
+    (run / "control").mkdir()
+    (run / "control" / "checkpoint").touch()
+    first = torchrun(run)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (run / "checkpoint" / "latest").read_text().strip() == "step-00000001"
+    assert [p.name for p in (run / "checkpoint" / "step-00000001").glob("*.pt")] == ["plain.pt"]  # rank 0's
+    second = torchrun(run)
+    assert second.returncode == 0, second.stderr[-3000:]
+    for k in (0, 1):
+        r = json.loads((run / "ranks" / f"rank-{k}.json").read_text())
+        assert r["status"] == "completed" and r["resumed_from_step"] == 1 and r["engine"] == "plain"
+        assert [s["loss"] for s in read_jsonl(run / "steps" / f"rank-{k}.jsonl")] == \
+            [s["loss"] for s in read_jsonl(straight / "steps" / f"rank-{k}.jsonl")]
+    check_export(run)

@@ -1,5 +1,5 @@
-"""One step contract for every engine: the same seeded fp32 job trains the same math on ZeRO-2 and on FSDP2
-(there with chunked cross-entropy, which is exact).
+"""One step contract for every engine: the same seeded fp32 job trains the same math on ZeRO-2, on FSDP2 (there
+with chunked cross-entropy, which is exact) and on the plain engine's DDP replicas.
 
 The two engines share the data order, rank 0's init, torch's AdamW (same betas, eps, weight decay), the warm-up
 schedule, the mean over micro-batches and ranks, and clipping to train.max_grad_norm (set low here so that every
@@ -48,7 +48,8 @@ def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
     # FSDP2 computes its loss in 3 chunks (launcher.model.chunked_loss, exact: the same curve as ZeRO-2's whole
     # logits), through its unsharded root unit.
     for name, strategy in (("zero2", {"engine": "deepspeed", "zero_stage": 2, "loss_chunks": 0}),
-                           ("fsdp2", {"engine": "fsdp", "fsdp_reshard_after_forward": True, "loss_chunks": 3})):
+                           ("fsdp2", {"engine": "fsdp", "fsdp_reshard_after_forward": True, "loss_chunks": 3}),
+                           ("ddp", {"engine": "plain", "loss_chunks": 0})):
         job = job_file(tmp_path, name, strategy={**strategy, **pins}, train=train)
         res = launch(job, "--run-dir", tmp_path / name, "--quiet")
         assert res.returncode == 0, res.stdout + res.stderr
@@ -56,13 +57,13 @@ def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
         assert (plan["engine"], plan["micro_batch_size"], plan["grad_accum_steps"], plan["loss_chunks"]) == (
             strategy["engine"], 2, 2, strategy["loss_chunks"])
         curves[name] = step_rows(tmp_path / name)
-    z, f = curves["zero2"], curves["fsdp2"]
-    assert [r["step"] for r in z] == [r["step"] for r in f] == [1, 2, 3, 4, 5, 6]
+    z, f, d = curves["zero2"], curves["fsdp2"], curves["ddp"]
+    assert [r["step"] for r in z] == [r["step"] for r in f] == [r["step"] for r in d] == [1, 2, 3, 4, 5, 6]
     # Both curves, absolutely (torchtune's recipe tests pin theirs): the engines agreeing is not enough, a change
     # to the data order, the init, the schedule or the loss shared by both would move both together.
     for name, curve in curves.items():
         assert [r["loss"] for r in curve] == pytest.approx(LOSS_CURVE, rel=PINNED), (name, [r["loss"] for r in curve])
-    for a, b in zip(z, f, strict=True):
+    for a, b in [*zip(z, f, strict=True), *zip(z, d, strict=True)]:
         # Clipping was active: the norm each engine measured before clipping is over the limit.
         assert a["grad_norm"] > 10 * MAX_GRAD_NORM and b["grad_norm"] > 10 * MAX_GRAD_NORM
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=AGREE), (a, b)
@@ -120,11 +121,15 @@ def test_fsdp2_optimizer_in_backward_trains_the_normal_step_curve(tmp_path):
                                                        ("fp16", 1, "fp16 needs loss scaling")])
 def test_fsdp2_refuses_the_step_in_backward_where_it_cannot_step_each_gradient(precision, accum, message):
     from launcher.worker.engines.fsdp import FsdpEngine
+    from launcher.worker.engines.plain import PlainEngine
 
     with pytest.raises(ConfigError, match=message):
         FsdpEngine(reshard_after_forward=True, offload_params="none", offload_optimizer="none",
                    activation_checkpointing=False, precision=precision, grad_accum_steps=accum,
                    device=torch.device("cpu"), optimizer_in_backward=True)
+    with pytest.raises(ConfigError, match=message):  # the same refusal, one engine that steps its own optimizer more
+        PlainEngine(precision=precision, grad_accum_steps=accum, device=torch.device("cpu"),
+                    optimizer_in_backward=True)
 
 
 def test_the_worker_optimizer_is_the_one_the_ds_config_names():
@@ -263,7 +268,7 @@ def test_deepspeed_clips_to_the_jobs_max_grad_norm(ds_clip, job_clip, ok):
 def test_fsdp_clip_uses_the_global_norm_of_dtensor_shards(single_rank):
     from torch.distributed.fsdp import fully_shard
 
-    from launcher.worker.engines.fsdp import clip_grad_norm
+    from launcher.worker.engines.base import clip_grad_norm
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

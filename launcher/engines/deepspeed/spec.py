@@ -162,7 +162,7 @@ class DeepSpeedSpec(EngineSpec):
             ops.append("deepspeed_shm_comm")
         return tuple(ops)
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[ZeroLayout]:
+    def candidates(self, *, nodes: int, nvme: bool, world_size: int) -> list[ZeroLayout]:
         """Each ZeRO stage with the offloads it supports: optimizer offload from stage 2, parameters and NVMe at 3."""
         out = []
         for zero in STAGES:

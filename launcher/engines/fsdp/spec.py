@@ -32,15 +32,15 @@ from launcher.levers import (
     QLORA,
     fields,
 )
-from launcher.levers.checkpoint_every import checkpointed
 from launcher.levers.low_memory_optimizer import PAGED, LowMemoryOptimizer
-from launcher.model.qlora import NF4_TABLE, dequant_transient_bytes, nf4_bytes, quantize_transient_bytes
+from launcher.model.qlora import NF4_TABLE, nf4_bytes, quantize_transient_bytes
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import (
     BYTES,
     MemoryInputs,
     States,
     Traffic,
+    nf4_dequant_s,
     optimizer_offload_s,
     over_links,
     ring,
@@ -91,7 +91,7 @@ class FsdpSpec(EngineSpec):
             return {}
         return {LOW_MEMORY_OPTIMIZER.field: (tuple(v for v in LOW_MEMORY_VALUES if v != PAGED), PAGED_REFUSED)}
 
-    def candidates(self, *, nodes: int, nvme: bool) -> list[FsdpLayout]:
+    def candidates(self, *, nodes: int, nvme: bool, world_size: int) -> list[FsdpLayout]:
         """Reshard after forward or not x CPU offload or none, with full sharding and on several nodes hybrid too."""
         # Hybrid sharding differs from full sharding only across nodes: on one node the two are the same plan.
         groups = ("full", "hybrid") if nodes > 1 else ("full",)
@@ -164,19 +164,8 @@ class FsdpSpec(EngineSpec):
         return over_links(inp, volume, calls)
 
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:
-        """LinearNF4 dequantizes each NF4 weight in forward and again in backward (and in the recompute with
-        checkpointing): each of get_original_weight's temporaries written once and read once, over the device's
-        memory bandwidth. 0 where the profile has no bandwidth (CPU)."""
-        nf4, hw = qlora_blocks(inp, s), inp.hardware
-        if not nf4 or not hw.memory_bw:
-            return 0.0
-        # The recompute dequantizes again only in the checkpointed blocks (every checkpoint_every-th).
-        n = inp.model.num_blocks
-        every = CHECKPOINT_EVERY.of(s)
-        recomputed = sum(checkpointed(i, every) for i in range(n)) if s.activation_checkpointing else 0
-        passes = 2 + recomputed / max(n, 1)
-        touched = 2 * sum(dequant_transient_bytes(e, BYTES[inp.precision]) for e in nf4) * inp.model.num_blocks
-        return s.grad_accum_steps * passes * touched / hw.memory_bw
+        """QLoRA's NF4 weights dequantized in forward, backward and the recompute (terms.nf4_dequant_s)."""
+        return nf4_dequant_s(inp, s, qlora_blocks(inp, s))
 
     def optimizer_on_host(self, s: Strategy) -> bool:
         """True with CPU offload (CPUOffloadPolicy): then the optimizer steps on the host."""

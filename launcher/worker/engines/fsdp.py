@@ -18,7 +18,6 @@ consumed and dropped before the next unit's backward. There is no step-time grad
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -29,40 +28,19 @@ from launcher.config.job import TrainConfig
 from launcher.engines.fsdp.layout import FsdpSharding
 from launcher.errors import ConfigError
 from launcher.levers.checkpoint_every import checkpointed
-from launcher.levers.optimizer_in_backward import IN_BACKWARD_REFUSED
 from launcher.model.introspect import find_blocks
 from launcher.planner.plan import Plan
-from launcher.worker.engines.base import CLIP_EPS, WORK_DTYPES, build_optimizer, clip_setting, lr_lambda
+from launcher.worker.engines.base import (
+    WORK_DTYPES,
+    OwnOptimizer,
+    build_optimizer,
+    clip_setting,
+    lr_lambda,
+    step_lever_problem,
+)
 
 
-def clip_grad_norm(params, max_norm: float, group, comm_device: torch.device) -> torch.Tensor:
-    """Clip the gradients of FSDP2's DTensor ``params`` to a global L2 norm of ``max_norm``; returns the norm before.
-
-    Each rank holds a shard of every gradient (on the host under CPU offload): the squared norms of the local
-    shards are summed over ``group``, the ranks one shard each of the whole (under HSDP the shard group: the
-    replicas hold the same reduced gradients). The coefficient is torch's and DeepSpeed's:
-    min(1, max_norm / (norm + 1e-6)). The all-reduce runs on ``comm_device`` (the device under NCCL, the host under
-    gloo), so host-resident shards work with either backend.
-    """
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-    sq = torch.zeros((), dtype=torch.float32, device=comm_device)
-    for g in grads:
-        sq += torch.linalg.vector_norm(g, dtype=torch.float32).square().to(comm_device)
-    if group is not None and dist.get_world_size(group) > 1:
-        dist.all_reduce(sq, group=group)
-    norm = sq.sqrt()
-    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
-    on = {}  # one copy of the coefficient per device: host shards under offload must not copy it once per tensor
-    for g in grads:
-        if g.device not in on:
-            on[g.device] = coef.to(g.device)
-        g.mul_(on[g.device])
-    return norm
-
-
-class FsdpEngine:
+class FsdpEngine(OwnOptimizer):
     """The rank side of FSDP2: fully_shard per block (and the root) with the plan's sharding, offload, precision and
     levers, the optimizer over the shards, behind the step contract."""
 
@@ -120,12 +98,6 @@ class FsdpEngine:
         dcp.load(state, storage_reader=reader, no_dist=True)
         return state["model"]
 
-    @staticmethod
-    def init_process_group(backend: str) -> None:
-        """Form the default process group with ``backend`` unless one exists."""
-        if not dist.is_initialized():
-            dist.init_process_group(backend=backend)
-
     def __init__(
         self,
         *,
@@ -143,17 +115,8 @@ class FsdpEngine:
         qlora: bool = False,
         optimizer_in_backward: bool = False,
     ):
-        if optimizer_in_backward and grad_accum_steps != 1:
-            raise ConfigError(
-                f"strategy.optimizer_in_backward: the step in backward needs grad_accum_steps 1 (it steps as each "
-                f"gradient is made), but this plan accumulates {grad_accum_steps}; re-plan, or leave "
-                "optimizer_in_backward out"
-            )
-        if optimizer_in_backward and precision == "fp16":
-            raise ConfigError(
-                "strategy.optimizer_in_backward: fp16 needs loss scaling, which checks every gradient for overflow "
-                "before any step; use precision bf16 or fp32, or leave optimizer_in_backward out"
-            )
+        step_lever_problem(precision=precision, grad_accum_steps=grad_accum_steps,
+                           optimizer_in_backward=optimizer_in_backward, pure_bf16=pure_bf16)
         if offload_params == "nvme" or offload_optimizer == "nvme":
             raise ConfigError("strategy: FSDP2 cannot offload to NVMe; use engine: deepspeed with ZeRO-3 for nvme")
         if offload_optimizer != offload_params:
@@ -162,9 +125,6 @@ class FsdpEngine:
                 f"(offload_params={offload_params!r}, offload_optimizer={offload_optimizer!r}); set both to "
                 "'cpu' or both to 'none', or use engine: deepspeed to offload the optimizer alone"
             )
-        if pure_bf16 and precision != "bf16":
-            raise ConfigError(f"strategy.pure_bf16: needs train.precision 'bf16', not {precision!r}; set "
-                              "train.precision: bf16 or pure_bf16: false")
         self.pure_bf16 = pure_bf16
         self.qlora = qlora
         self.reshard_after_forward = reshard_after_forward
@@ -296,39 +256,14 @@ class FsdpEngine:
         probe.use_fsdp_tracker(model, self.optimizer)
 
     def setup_optimizer_in_backward(self, params: list[nn.Parameter], train: TrainConfig) -> None:
-        """One optimizer (and lr schedule) per parameter, stepped and zeroed in the parameter's gradient hook.
+        """One optimizer per parameter, stepped in its gradient hook (OwnOptimizer.optimizers_in_backward).
 
-        torchtune's optimizer_in_bwd and torch's "fusing the optimizer step into the backward pass" recipe. Under
-        FSDP2 the hook fires on the sharded parameter once its reduce-scattered gradient is assigned
+        Under FSDP2 the hook fires on the sharded parameter once its reduce-scattered gradient is assigned
         (foreach_reduce calls ``_post_accumulate_grad_hooks`` itself), so the step runs on this rank's shard and
-        the gradient is dropped before the next unit's backward. Each optimizer is the plan's, built by
-        build_optimizer (the job's, or the plan's 8-/4-bit AdamW, stochastically rounded under pure bf16, as
-        torchtune's low-memory recipe pairs them), and each schedule the same warm-up: the per-parameter math is
-        the one-optimizer math, less the global-norm clip, which needs every gradient before any step.
+        the gradient is dropped before the next unit's backward. Each optimizer is the plan's (the job's, or its
+        8-/4-bit AdamW, stochastically rounded under pure bf16, as torchtune's low-memory recipe pairs them).
         """
-        if self.low_memory_optimizer in IN_BACKWARD_REFUSED:
-            raise ConfigError(f"strategy.optimizer_in_backward: {self.low_memory_optimizer} is not stepped in "
-                              "backward (its sharded step all-reduces); re-plan, or pin low_memory_optimizer: "
-                              "adamw8bit or adamw4bit")
-        if self.max_grad_norm > 0 and dist.get_rank() == 0:
-            print(f"[rank 0] train.max_grad_norm {self.max_grad_norm:g} is not applied: the optimizer steps in "
-                  "backward (strategy.optimizer_in_backward), one parameter at a time, so no global norm exists "
-                  "to clip to", file=sys.stderr, flush=True)
-        self.max_grad_norm = 0.0
-        by_param = {}
-        for i, p in enumerate(params):
-            opt = build_optimizer(train, [p], self.low_memory_optimizer, pure_bf16=self.pure_bf16, salt=i)
-            by_param[p] = opt
-            self.optimizers.append(opt)
-            self.schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train.warmup_steps)))
-
-        def step_in_backward(param: torch.Tensor) -> None:
-            opt = by_param[param]
-            opt.step()
-            opt.zero_grad(set_to_none=True)  # the shard's gradient goes as soon as it has been used
-
-        for p in params:
-            p.register_post_accumulate_grad_hook(step_in_backward)
+        self.optimizers_in_backward(params, params, train, pure_bf16=self.pure_bf16)
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(shape, dimension names) of the device mesh: (world,) or, hybrid, (nodes, ranks per node)."""
@@ -346,57 +281,18 @@ class FsdpEngine:
             )
         return (world // per_node, per_node), MESH_DIM_NAMES_HYBRID
 
-    def forward(self, **inputs):
-        """The sharded model's forward on one micro-batch."""
-        return self.model(**inputs)
-
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of loss / grad_accum_steps, loss-scaled under fp16."""
-        loss = loss / self.grad_accum_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
+        self.scaled(loss).backward()
 
-    def step(self) -> bool:
-        """Count the micro-batch; at the accumulation boundary unscale, clip, step, schedule and zero-grad (with the
-        step in backward only the schedules advance); True there."""
-        self.micro += 1
-        if self.micro % self.grad_accum_steps:
-            return False
-        if self.optimizer_in_backward:
-            # The parameters stepped in backward; the schedules advance here, once per step, as below.
-            for sched in self.schedulers:
-                sched.step()
-            return True
-        if self.max_grad_norm > 0:
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-            self._grad_norm = clip_grad_norm(self.optimizer_params(), self.max_grad_norm, self.shard_group, comm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return True
+    def optimizer_step(self) -> None:
+        """Unscale, clip over the shard group (every rank's shards), step and zero-grad."""
+        comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.clip_and_step(self.optimizer_params(), self.shard_group, comm)
 
     def optimizer_params(self) -> list[torch.Tensor]:
         """Every parameter the optimizer(s) step, in their order."""
         return [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
-
-    def grad_norm(self) -> torch.Tensor | None:
-        """The pre-clip global norm of the last step; None while clipping is off."""
-        return self._grad_norm if self.max_grad_norm > 0 else None
-
-    def train(self, mode: bool = True) -> None:
-        """Switch the model to training (True) or evaluation (False) mode."""
-        self.model.train(mode)
-
-    def lr(self) -> float:
-        """The current learning rate."""
-        return float(self.schedulers[0].get_last_lr()[0])
 
     def gather_weights(self, dtype: torch.dtype, adapter_only: bool) -> dict[str, torch.Tensor] | None:
         """The trained weights in ``dtype`` on rank 0's host, gathered from the shards (None elsewhere; every rank
