@@ -144,7 +144,7 @@ TAKES_SECONDS: dict[str, str | tuple[str, ...]] = {
                                         "test_worker_resume_repeats_no_step_and_matches_a_straight_run",
                                         "test_resume_moves_steps_past_the_checkpoint_aside_and_stamps_the_attempt"),
     "tests/worker/test_loop.py": ("test_loss_is_read_on_log_steps_only",),
-    "tests/worker/test_plain_engine.py": ALL,
+    "tests/worker/test_plain_rank.py": ALL,
     "tests/worker/test_low_memory_optimizers.py": ("test_fsdp_checkpoint_round_trip_keeps_the_low_memory_state",
                                                    "test_fsdp_pure_bf16_rounds_its_dtensor_shards_and_resumes_exactly",
                                                    "test_pure_bf16_low_bit_adamw_rounds_stochastically_over_quantized_moments"),
