@@ -162,7 +162,7 @@ def test_offered_on_one_rank_only_and_refused_pinned_on_more():
     pinned = _request(m, gpus_per_node=2, global_batch_size=2, pins=StrategyConfig(low_memory_optimizer="paged_adamw8bit"))
     with pytest.raises(ConfigError, match="paged_adamw8bit .* one rank only, but the job has 2"):
         candidates(pinned)
-    # Never with FSDP2's CPU offload (the step is on the host there) nor on DeepSpeed.
+    # Never with FSDP2's CPU offload (the step is on the host there) nor on DeepSpeed; on the plain engine's one rank.
     found = {(c.engine, c.layout.offload_params) for c in candidates(_request(m))
              if c.low_memory_optimizer == "paged_adamw8bit"}
-    assert found == {("fsdp", "none")}
+    assert found == {("fsdp", "none"), ("plain", "none")}

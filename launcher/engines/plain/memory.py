@@ -26,6 +26,7 @@ from launcher.planner.terms import (
     States,
     optimizer_state_bytes,
     optimizer_step_temp_bytes,
+    page_state,
     tied_embedding_grad_bytes,
 )
 
@@ -65,7 +66,9 @@ def plain_states(inp: MemoryInputs, s: Strategy) -> States:
     ddp = s.layout.ddp
     masters = MASTER_BYTES * m.trainable_params if has_masters(inp, s) else 0.0
     grads_all = w * m.trainable_params
-    st = States(params=param_bytes(inp, s), optimizer=masters + optimizer_state_bytes(inp, s, 1))
+    st = States(params=param_bytes(inp, s), optimizer=optimizer_state_bytes(inp, s, 1))
+    page_state(inp, s, st)  # paged_adamw8bit: its large states in host memory, paged in at the step
+    st.optimizer += masters
     # DDP's buckets are the gradients from construction on; one rank keeps them between micro-steps only.
     st.grads = grads_all if ddp or s.grad_accum_steps > 1 else 0.0
     temps = optimizer_step_temp_bytes(inp, s, 1, on_host=inp.hardware.device_is_host)

@@ -23,6 +23,7 @@ from launcher.levers import (
     QLORA,
     fields,
 )
+from launcher.levers.low_memory_optimizer import PAGED
 from launcher.planner.plan import Buckets, Plan, Strategy
 from launcher.planner.terms import MemoryInputs, States, Traffic, nf4_dequant_s, over_links
 
@@ -48,7 +49,7 @@ class PlainSpec(EngineSpec):
     levers = fields(CHUNKED_LOSS, PURE_BF16, QLORA, OPTIMIZER_IN_BACKWARD, LOW_MEMORY_OPTIMIZER, CHECKPOINT_EVERY,
                     CHECKPOINT_POLICY, ACTIVATION_OFFLOAD)
     # torchao's low-bit AdamW steps bf16 parameters with bf16_stochastic_round (optimizers.low_memory_optimizer).
-    pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit"})
+    pure_bf16_optimizers = frozenset({"adamw8bit", "adamw4bit", PAGED})
 
     def lever_values(self, layout: PlainLayout) -> dict[str, tuple[tuple[object, ...], str]]:
         """Under DDP neither the step in backward nor QLoRA (DDP_REFUSED); one device offers every lever."""
