@@ -52,7 +52,7 @@ if [ ! -f "$stamp" ] && ! { [ -z "$extras" ] && [ -f ".venv/.launcher-setup-test
   # One resolver pass for torch and the rest. pip compiles the bytecode (~45 s of CPU): left to the first import,
   # it is never written where PYTHONDONTWRITEBYTECODE is set, and every process then pays ~11 s more to import
   # torch and transformers (benchmarks/results/newcomer.md).
-  # uv installs the same pins several times faster than pip (docs/testing.md "Set-up time"); it goes into
+  # uv installs the same pins in about half pip's wall time (benchmarks/results/newcomer.md); it goes into
   # .cache/uv-tool, never into .venv, and where it cannot be had (offline, no wheel for this machine) pip does it all.
   if ! { uv=$(uv_tool) && uv_pip_config && "$uv" pip install -q --python .venv/bin/python --compile-bytecode \
            --index-strategy unsafe-best-match "${uv_args[@]}" "torch==${TORCH_VERSION}" -e ".${extras}"; }; then
