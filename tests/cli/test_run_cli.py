@@ -524,34 +524,6 @@ def test_checkpoint_on_interrupt_comes_from_the_flag_or_the_job(tmp_path):
     assert bad.returncode == 2 and "checkpoint_on_interrupt" in bad.stderr and "'later'" in bad.stderr
 
 
-def test_run_verb_writes_the_default_run_dir(tmp_path):
-    import re
-
-    res = launch("run", near_budget(job_file(tmp_path, "named")), "--quiet", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    dirs = list((tmp_path / "runs").iterdir())
-    assert len(dirs) == 1 and re.fullmatch(r"named-\d{8}-\d{6}", dirs[0].name), dirs
-    assert f"run dir: {dirs[0]}" in res.stdout
-    check_report(dirs[0], 2)
-    for name in ("job.yaml", "plan.json", "state.json", "report.json", "memory.png"):
-        assert (dirs[0] / name).is_file(), name
-
-
-def test_a_relative_model_dir_runs_from_another_directory(tmp_path):
-    """Relative model and data paths start at the job file's directory in run too (the ranks read the run dir's
-    job.yaml with the run dir as their base, so it must carry them absolute)."""
-    from tests.conftest import relative_project
-
-    job = relative_project(tmp_path / "proj")
-    (tmp_path / "elsewhere").mkdir()
-    res = launch("../proj/job.yaml", "--run-dir", "run", "--quiet", "train.max_steps=2", cwd=tmp_path / "elsewhere")
-    assert res.returncode == 0, res.stdout + res.stderr
-    written = yaml.safe_load((tmp_path / "elsewhere" / "run" / "job.yaml").read_text())
-    assert written["model"] == str(job.parent / "models" / "tiny")
-    assert written["data"]["path"] == str(job.parent / "data" / "d.jsonl")
-    assert written["train"]["max_steps"] == 2
-
-
 def test_fsdp_qlora_on_one_rank_keeps_the_nf4_base_outside_fsdp(tmp_path):
     """QLoRA's usual case, one GPU: FSDP2's one-rank shortcut copies a parameter's first all-gather input alone, and
     NF4Tensor has three (the first GPU check's crash, "expected 3, got 1"; torch 2.11 and 2.13 alike). The worker
