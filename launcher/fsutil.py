@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 FILE_MODE = 0o600
 """Every file the launcher and its ranks write in a run dir (mkstemp's mode, which atomic_write inherits)."""
@@ -123,15 +124,15 @@ def open_private(path: str | os.PathLike, mode: str = "a"):
     return open(path, mode, opener=lambda p, flags: os.open(p, flags, FILE_MODE))  # noqa: SIM115 - the caller closes it
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = True) -> Path:
-    """Write to a temp file in the same directory, then rename into place: readers see the old file or the new
-    one, never half of one. ``durable`` fsyncs first, so a crash cannot leave an empty file either (files
-    rewritten every step skip it: the next write replaces them anyway)."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True) -> Iterator[IO]:
+    """A file to write ``path``'s new content into: a temporary beside it (``.NAME.XXXXXXXX.launcher-tmp``, 0600),
+    renamed into place when the block ends, removed if it raises. ``durable`` fsyncs before the rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
+        with os.fdopen(fd, mode) as f:
+            yield f
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
@@ -139,7 +140,15 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = True) -> Path:
+    """Write to a temp file in the same directory, then rename into place: readers see the old file or the new
+    one, never half of one. ``durable`` fsyncs first, so a crash cannot leave an empty file either (files
+    rewritten every step skip it: the next write replaces them anyway)."""
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w", durable=durable) as f:
+        f.write(data)
+    return Path(path)
 
 
 def write_reserved(path: str | os.PathLike, text: str, reserve_bytes: int) -> Path:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.rankenv import extensions_dir
+from launcher.rankenv import extensions_dir, safe_python
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +116,8 @@ def build(names: Iterable[str], say: Callable[[str], None] = print) -> list[str]
 
 
 def command(names: Iterable[str]) -> list[str]:
-    """The argv that builds ``names`` in a process of its own, with this interpreter."""
-    return [sys.executable, "-m", "launcher.ops", *names]
+    """The argv that builds ``names`` in a process of its own, with this interpreter (the working dir off sys.path)."""
+    return [*safe_python(), "-m", "launcher.ops", *names]
 
 
 def ensure_built(plan_json: Path) -> str | None:

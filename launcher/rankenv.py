@@ -165,3 +165,19 @@ def set_extensions_dir() -> str:
     os.environ[EXTENSIONS_ENV] = chosen = extensions_dir()
     use_local_tools()
     return chosen
+
+
+RANK_MODULE = "launcher.rank_entry"
+"""What every rank runs: ``python -u -m launcher.rank_entry RUN_DIR``, the interpreter as safe_python gives it."""
+SAFE_PATH_BOOTSTRAP = ("import runpy, sys; del sys.path[0]; i = sys.argv.index('-m'); m = sys.argv[i + 1]; "
+                       "del sys.argv[1:i + 2]; runpy.run_module(m, run_name='__main__', alter_sys=True)")
+"""Python 3.10's stand-in for -P: ``python -u -c BOOTSTRAP -u -m MODULE ARGS`` drops the working dir from sys.path,
+then runs MODULE with ARGS as ``python -m`` would."""
+
+
+def safe_python(python: str | None = None) -> list[str]:
+    """The interpreter (default: this one) and the flags to which ``-u -m MODULE ARGS`` is appended, keeping the
+    working dir off sys.path: ``-m`` puts it first, so a ``launcher/`` dir where a rank or a Slurm task starts
+    would shadow the installed launcher. ``-P`` on Python 3.11+, SAFE_PATH_BOOTSTRAP on 3.10."""
+    python = python or sys.executable
+    return [python, "-P"] if sys.version_info >= (3, 11) else [python, "-u", "-c", SAFE_PATH_BOOTSTRAP]

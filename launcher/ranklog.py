@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from launcher.fsutil import FILE_MODE, private_dir
+from launcher.rankenv import safe_python
 from launcher.redact import REDACTED, secret_values
 
 _redactors: list[subprocess.Popen] = []
@@ -44,7 +45,7 @@ def log_fd(log: Path) -> int:
     read_end, write_end = os.pipe()
     try:
         _redactors.append(subprocess.Popen(
-            [sys.executable, "-m", "launcher.ranklog", str(log)], stdin=read_end, start_new_session=True,
+            [*safe_python(), "-m", "launcher.ranklog", str(log)], stdin=read_end, start_new_session=True,
             stdout=subprocess.DEVNULL, close_fds=True))
     finally:
         os.close(read_end)

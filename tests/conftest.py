@@ -16,6 +16,8 @@ TINY_GPT2 = {"family": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 
 # Every test process shares one DeepSpeed op cache and reads no model hub.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# ... and one matplotlib font list (a fresh config dir costs a font scan and `fc-list`, per process that plots).
+os.environ.setdefault("MPLCONFIGDIR", str(REPO / ".cache" / "matplotlib"))
 # ... built with the ninja beside this interpreter, as set-up built it (launcher.rankenv.use_local_tools says why),
 # by every subprocess a test starts (accelerate launch, a script, a DeepSpeed check), not only the launcher's ranks.
 use_local_tools()
@@ -96,10 +98,14 @@ GUARD.install()
 
 def pytest_sessionstart(session):
     """Where sbatch is installed, the emitter checks Slurm options against `sbatch --help` once per process (cached):
-    read it here, before any test, so that which test pays for that process does not depend on the order."""
+    read it here, before any test, so that which test pays for that process does not depend on the order. The
+    same for matplotlib's font list."""
     from launcher.emit.slurm_params import sbatch_long_options
 
     sbatch_long_options()
+    # matplotlib scans the fonts (with `fc-list`) where its config dir has no font list yet: once, here.
+    if not list(Path(os.environ["MPLCONFIGDIR"]).glob("fontlist-*.json")):
+        import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.hookimpl(wrapper=True)

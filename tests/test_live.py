@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 
 from launcher.live import LiveView, StepLines, rank_rows, view_mode
+from launcher.rankenv import HEAP_ENV
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
@@ -127,8 +128,8 @@ def job(tmp_path):
     p.write_text(yaml.safe_dump({
         "name": "live", "model": dict(TINY_GPT2), "task": "causal_lm",
         "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 32},
-        "train": {"global_batch_size": 4, "max_steps": 6, "precision": "fp32"}, "gpus": 2, "budget": "1GB",
-        "strategy": {"engine": "fsdp"}}))
+        "train": {"global_batch_size": 4, "max_steps": 6, "precision": "fp32", "lr": 3e-3}, "gpus": 2,
+        "budget": "1GB", "strategy": {"engine": "fsdp"}}))
     return p
 
 
@@ -185,15 +186,27 @@ def accuracy_of_export(run) -> tuple[float, int]:
 
 
 def test_a_terminal_gets_the_live_table_and_a_pipe_gets_step_lines(tmp_path):
+    import re
+
+    from tests.cli.test_run_cli import check_report, near_budget
+
     primary, secondary = os.openpty()
-    env = {**os.environ, "COLUMNS": "140", "TERM": "xterm"}
-    proc = subprocess.Popen([LAUNCH, str(job(tmp_path)), "--run-dir", str(tmp_path / "tty")], stdin=secondary,
+    env = {**os.environ, "COLUMNS": "140", "TERM": "xterm", HEAP_ENV: "1"}
+    # The `run` verb without --run-dir, under a budget near its prediction: this run is also the one that checks
+    # the default run dir (runs/NAME-STAMP under the working dir) and the report (check_report).
+    proc = subprocess.Popen([LAUNCH, "run", str(near_budget(job(tmp_path)))], cwd=tmp_path, stdin=secondary,
                             stdout=secondary, stderr=secondary, env=env, close_fds=True)
     os.close(secondary)
     out = read_all(primary, proc, 300)
     assert proc.wait(timeout=60) == 0, out[-3000:]
     os.close(primary)
     assert "tok/s" in out and "peak" in out and "6/6" in out, out[-3000:]
+    dirs = list((tmp_path / "runs").iterdir())
+    assert len(dirs) == 1 and re.fullmatch(r"live-\d{8}-\d{6}", dirs[0].name), dirs
+    assert "run dir: " in out and str(dirs[0]) in out, out[-3000:]
+    check_report(dirs[0], 2)
+    for name in ("job.yaml", "plan.json", "state.json", "report.json", "memory.png"):
+        assert (dirs[0] / name).is_file(), name
 
     # A pipe (CI, nohup): no table, one plain line per log step (every 2nd, the first and the last).
     run = tmp_path / "pipe"

@@ -42,7 +42,6 @@ def test_every_file_the_launcher_writes_is_private_from_creation(tmp_path, monke
     from launcher.records.runreport import RankRow, RunReport
     from launcher.runtime.files import JsonlLog
 
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     os.umask(0o022)  # the usual umask: a file made with the default mode would be 0644
     run = RunDir.create(tmp_path / "run")
     run.write_json("report.json", {"ranks": []})

@@ -17,12 +17,11 @@ from launcher.environ import patched_environ
 from launcher.fsutil import atomic_write
 from launcher.ops import ensure_built
 from launcher.procs import ProcessRef
-from launcher.rankenv import AGENT_PID_ENV, RDZV_ID_ENV
+from launcher.rankenv import AGENT_PID_ENV, RANK_MODULE, RDZV_ID_ENV, safe_python
 from launcher.ranklog import wait_settled
 from launcher.records.runreport import RankFailure, RunOutcome
 from launcher.rundir import RunDir
 
-RANK_MODULE = "launcher.rank_entry"
 CPU_PROGRESS_S = 0.1
 """CPU seconds a rank must burn between two watchdog polls to count as busy (gloo waits burn ~0)."""
 MONITOR_INTERVAL_S = 0.05
@@ -46,7 +45,8 @@ def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | Non
             raise ValueError("a multi-node run needs rdzv_endpoint")
         argv += ["--nnodes", str(spec.nodes), "--node-rank", str(spec.node_rank), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", _run_id(run)]
-    argv += ["-m", RANK_MODULE, str(run.path)]
+    # --no-python: torchrun's own `python -u -m` would put the rank's working dir first on sys.path.
+    argv += ["--no-python", *safe_python(), "-u", "-m", RANK_MODULE, str(run.path)]
     if spec.script:
         argv += ["--script", spec.script, "--", *spec.script_args]
     return argv

@@ -10,6 +10,7 @@ What runs on the nodes is launcher.backends.slurm_task.SlurmTask; sweeps go thro
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from launcher.config.job import Job
 from launcher.emit.slurm_params import SlurmResources, executor_parameters, slurm_resources
 from launcher.errors import ConfigError
 from launcher.planner.plan import Plan
+from launcher.rankenv import safe_python
 from launcher.records.runreport import RunOutcome
 from launcher.rundir import RunDir
 
@@ -40,7 +42,8 @@ def make_executor(folder: Path, params: dict, *, max_requeues: int):
     try:
         # submitit's timeout requeue budget (max_num_timeout) is set to ours, so both count the same way;
         # submitit never limits preemption requeues, SlurmTask.checkpoint does.
-        ex = SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+        # submitit's `python -u -m submitit.core._submit` would import the launcher from the task's working dir.
+        ex = SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=shlex.join(safe_python()))
     except RuntimeError as e:
         raise ConfigError(f"launcher: 'slurm' needs Slurm's srun on PATH here ({e}); submit from a login node, "
                           "or use launcher: local") from None

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from launcher.fsutil import atomic_file
 from launcher.inputs.cache import cache_dir, private_dirs
 from launcher.worker.data import SPLIT_SEED
 from launcher.worker.examples import CHUNK_ROWS
@@ -93,17 +92,13 @@ def tokenized(recipe, tok, rows: list[dict], train_rows: list[dict], eval_rows: 
 
 
 def _save(path: Path, data: dict) -> None:
-    """Save the tensors 0600 in directories made 0700, as every cache file (launcher.inputs.cache.private_dirs)."""
+    """Save the tensors 0600 in directories made 0700, as every cache file (launcher.inputs.cache.private_dirs), through
+    the launcher's temporary (launcher.fsutil.atomic_file): readers never see half a file, and a crash leaves a
+    ``.launcher-tmp`` that the cleanup rules know."""
     try:
         private_dirs(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(data, f)
-            os.replace(tmp, path)  # readers never see a half-written file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as f:
+            torch.save(data, f)
     except OSError as e:  # a read-only cache costs a re-tokenization next time, never the run
         print(f"launcher: tokenized data not cached ({e}); set LAUNCHER_CACHE to a writable directory",
               file=sys.stderr)

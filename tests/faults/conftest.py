@@ -32,7 +32,6 @@ def sandbox(tmp_path, monkeypatch, planner_cache) -> Sandbox:
     monkeypatch.setenv("LAUNCHER_CACHE", str(planner_cache))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     data = root / "data.jsonl"
     data.write_text("".join(f'{{"text": "sentence number {i} about memory"}}\n' for i in range(64)))
     return Sandbox(root=root, data=data)

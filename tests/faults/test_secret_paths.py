@@ -8,32 +8,36 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import yaml
 
-from tests.conftest import REPO
-from tests.faults.test_fault_runs import LAUNCH, job_file
+from tests.conftest import relative_project
+from tests.faults.test_fault_runs import LAUNCH
 
 TOKEN = "hf_FAKE_SECRET_987654"
 TMP_SUFFIX = ".launcher-tmp"
 
 
 def test_a_secret_named_path_is_read_and_only_secrets_are_redacted(tmp_path):
-    data_dir = tmp_path / "datasets"
-    data_dir.mkdir()
-    shutil.copy(REPO / "examples" / "data" / "causal.jsonl", data_dir / "data.jsonl")
+    # The job file's own paths are relative (a model dir and the data beside it) and launch starts in another dir:
+    # relative paths start at the job file's directory in run too (the ranks read the run dir's job.yaml with the
+    # run dir as their base, so it must carry them absolute). One run for both (it was two: test_run_cli's
+    # test_a_relative_model_dir_runs_from_another_directory).
+    job = relative_project(tmp_path / "proj")
+    data_dir = job.parent / "data"
     (tmp_path / "key.json").write_text("{}")
     env = {**os.environ, "MY_API_KEY": str(data_dir), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json"),
            "HF_TOKEN": TOKEN}
-    job = job_file(tmp_path, "paths", data={"path": str(data_dir / "data.jsonl"), "max_seq_len": 64},
-                   train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 2})
-    run = tmp_path / "run"
-    res = subprocess.run([LAUNCH, str(job), "--run-dir", str(run), "--quiet"], capture_output=True, text=True,
-                         timeout=420, env=env)
+    (tmp_path / "elsewhere").mkdir()
+    run = tmp_path / "elsewhere" / "run"
+    res = subprocess.run([LAUNCH, "../proj/job.yaml", "--run-dir", "run", "--quiet", "train.max_steps=2"],
+                         capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path / "elsewhere")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert yaml.safe_load((run / "job.yaml").read_text())["data"]["path"] == str(data_dir / "data.jsonl")
+    written = yaml.safe_load((run / "job.yaml").read_text())
+    assert written["model"] == str(job.parent / "models" / "tiny")
+    assert written["data"]["path"] == str(data_dir / "d.jsonl")
+    assert written["train"]["max_steps"] == 2
     assert json.loads((run / "report.json").read_text())["within_budget"] is True
     for p in run.rglob("*"):  # the real secret is still nowhere
         assert not p.is_file() or TOKEN.encode() not in p.read_bytes(), p
@@ -44,6 +48,6 @@ def test_a_secret_named_path_is_read_and_only_secrets_are_redacted(tmp_path):
     # The finished run's files are what export and --resume read: `plan --out` into it is refused, untouched.
     before = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}
     again = subprocess.run([LAUNCH, "plan", str(job), "--out", str(run)], capture_output=True, text=True,
-                           timeout=300, env=env)
+                           timeout=300, env=env, cwd=tmp_path)
     assert again.returncode == 2 and f"--out: {str(run)!r} holds a run (state.json: completed)" in again.stderr
     assert {p: p.read_bytes() for p in run.iterdir() if p.is_file()} == before

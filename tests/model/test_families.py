@@ -97,8 +97,16 @@ def test_the_no_fit_lora_suggestion_names_this_familys_modules(tmp_path, family)
     assert stats.lora_params == adapters
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    """One model dir, data and launcher cache for both engines' runs: the Mixtral's probes (introspection and
+    activations, keyed by the model's path and config: seconds of CPU in the launch process) are the same for
+    both, so the second run reads the first's."""
+    return tmp_path_factory.mktemp("moe")
+
+
 @pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
-def test_a_mixture_of_experts_runs_on_two_ranks_through_the_launcher(tmp_path, engine, monkeypatch):
+def test_a_mixture_of_experts_runs_on_two_ranks_through_the_launcher(tmp_path, engine, monkeypatch, moe_dir):
     """Mixtral's fused 3-D expert weights through the real launcher: planned, loaded on rank 0 and sent to rank 1,
     trained, every rank within its budget."""
     import os
@@ -108,14 +116,14 @@ def test_a_mixture_of_experts_runs_on_two_ranks_through_the_launcher(tmp_path, e
 
     from tests.conftest import REPO
 
-    job = make_job(tmp_path, "mixtral", "causal_lm")
+    job = make_job(moe_dir, "mixtral", "causal_lm")
     doc = {"name": "moe", "model": job.model, "task": "causal_lm",
            "data": {"path": job.data.path, "max_seq_len": 16, "eval_fraction": 0.0},
            "train": {"global_batch_size": 4, "max_steps": 2, "precision": "fp32", "lr": 1e-3},
            "strategy": {"engine": engine}, "cluster": {"hardware": "cpu"}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "LAUNCHER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "LAUNCHER_CACHE": str(moe_dir / "cache"), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([str(REPO / ".venv" / "bin" / "launch"), str(path), "--gpus", "2", "--budget", "2GB",
                           "--run-dir", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=400,
                          env=env)

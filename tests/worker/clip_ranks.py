@@ -1,7 +1,8 @@
 """Run by torchrun from test_step_contract.py: FSDP2's clip on two ranks, each with its own data, against the
 same clip on one unsharded model given the gradient the ranks average.
 
-argv: OUT_DIR OFFLOAD (none | cpu: parameters and gradients on the host, CPUOffloadPolicy)
+argv: OUT_DIR OFFLOAD... (none | cpu: parameters and gradients on the host, CPUOffloadPolicy), each in turn in the
+same ranks (one torchrun for all: its start-up is most of the cost); rank R writes OUT_DIR/rank-R-OFFLOAD.json.
 """
 
 import json
@@ -22,9 +23,8 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3))
 
 
-def main() -> None:
-    out, offload = Path(sys.argv[1]), sys.argv[2]
-    dist.init_process_group("gloo")
+def clip_once(out: Path, offload: str) -> None:
+    """One sharded clip against the unsharded one, written to OUT_DIR/rank-R-OFFLOAD.json."""
     rank, world = dist.get_rank(), dist.get_world_size()
     data = torch.randn(world, 4, 6, generator=torch.Generator().manual_seed(1))
     sharded = model()
@@ -40,9 +40,16 @@ def main() -> None:
     grads_match = all(torch.allclose(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7)
                       for p, q in zip(sharded.parameters(), plain.parameters(), strict=True))
     local = sum(p.grad.to_local().numel() for p in sharded.parameters())
-    (out / f"rank-{rank}.json").write_text(json.dumps(
+    (out / f"rank-{rank}-{offload}.json").write_text(json.dumps(
         {"norm": float(norm), "want": float(want), "grads_match": grads_match, "local_elems": local,
          "total_elems": sum(q.numel() for q in plain.parameters())}))
+
+
+def main() -> None:
+    out, offloads = Path(sys.argv[1]), sys.argv[2:]
+    dist.init_process_group("gloo")
+    for offload in offloads:
+        clip_once(out, offload)
     dist.destroy_process_group()
 
 

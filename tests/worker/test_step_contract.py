@@ -289,15 +289,25 @@ def test_fsdp_clip_uses_the_global_norm_of_dtensor_shards(single_rank):
         torch.testing.assert_close(p.grad.full_tensor(), q.grad)
 
 
-@pytest.mark.parametrize("offload", ["none", "cpu"])
-def test_fsdp_clip_norm_is_global_across_ranks(tmp_path, offload):
-    """Each rank holds half of every gradient: the norm must be the whole gradient's, on the host shards too."""
+OFFLOADS = ("none", "cpu")
+
+
+@pytest.fixture(scope="module")
+def clipped(tmp_path_factory):
+    """Both offload cases, clipped in one torchrun of 2 ranks (clip_ranks.py): its start-up is most of the cost."""
+    out = tmp_path_factory.mktemp("clip")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(REPO / "tests" / "worker" / "clip_ranks.py"), str(tmp_path), offload],
+                          str(REPO / "tests" / "worker" / "clip_ranks.py"), str(out), *OFFLOADS],
                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    return out
+
+
+@pytest.mark.parametrize("offload", OFFLOADS)
+def test_fsdp_clip_norm_is_global_across_ranks(clipped, offload):
+    """Each rank holds half of every gradient: the norm must be the whole gradient's, on the host shards too."""
+    ranks = [json.loads((clipped / f"rank-{r}-{offload}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert r["want"] > 0.5  # the averaged gradient is over the limit: clipping acts
         assert r["norm"] == pytest.approx(r["want"], rel=1e-6) and r["grads_match"], r

@@ -40,3 +40,24 @@ def test_any_change_that_alters_the_tensors_misses_the_cache(tmp_path, monkeypat
     tokenized(recipe(packing=change == "packing"), ByteTokenizer(400 if change == "tokenizer" else 300), rows,
               rows[:30], rows[30:], 64 if change == "seq_len" else 32)
     assert len(list((tmp_path / "tokenized").glob("*.pt"))) == 2
+
+
+def test_a_save_cut_short_leaves_only_a_temporary_the_cleanup_rules_know(tmp_path, monkeypatch):
+    # A crash mid-save (a SIGKILL: nothing unlinks) leaves whatever the save was writing into: it must be named as
+    # every launcher temporary is (launcher.fsutil.is_temporary), never a bare `.tmp`.
+    import launcher.worker.tokcache as tokcache
+    from launcher.fsutil import is_temporary
+
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path))
+    seen: list[list[str]] = []
+
+    def save_cut_short(data, f):
+        seen.append([p.name for p in (tmp_path / "tokenized").iterdir()])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tokcache.torch, "save", save_cut_short)
+    train, _ = tokenized(recipe(), ByteTokenizer(300), ROWS, ROWS[:30], ROWS[30:], 32)
+    assert len(train["input_ids"]) == 30  # the run goes on without its cache
+    (names,) = seen
+    assert len(names) == 1 and is_temporary(names[0]), names
+    assert not list((tmp_path / "tokenized").iterdir())  # and a failure the save sees removes it
