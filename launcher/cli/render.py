@@ -61,7 +61,8 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
         f"  strategy    {engine}, activation checkpointing "
         + ("on" + "".join(spec.checkpointing_words(spec.of(s))[1] for spec in REFINEMENTS)
            if s.activation_checkpointing else "off"),
-        f"  offload     optimizer: {s.layout.offload_optimizer}, params: {s.layout.offload_params}",
+        f"  offload     optimizer: {s.layout.offload_optimizer}, params: {s.layout.offload_params}"
+        + "".join(f"; {w}" for spec in LEVERS.values() if (w := spec.offload_words(spec.of(s)))),
     ]
     if s.lever_words():
         lines.append(f"  levers      {', '.join(s.lever_words())} (why: below)")

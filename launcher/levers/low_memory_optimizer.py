@@ -59,6 +59,10 @@ class LowMemoryOptimizerSpec(LeverSpec):
             return 0
         return self.permits.index(self.permit_word(value)) + 1
 
+    def offload_words(self, value: object) -> str:
+        """The paged optimizer's state: in host memory, stepped on the device."""
+        return f"{PAGED}'s state in host memory, stepped on the device" if value == PAGED else ""
+
     def word(self, value: object) -> str:
         """The optimizer's name."""
         return "" if value == self.off else str(value)

@@ -141,6 +141,10 @@ class LeverSpec:
         return self.math_note(req)
 
     # -- words -----------------------------------------------------------------------------------------------------
+    def offload_words(self, value: object) -> str:
+        """What the lever at ``value`` keeps off the device, for `launch plan`'s offload line ("" for nothing)."""
+        return ""
+
     def word(self, value: object) -> str:
         """The lever in use, a short word for Strategy.label and `launch plan`'s lever line ("" when off)."""
         return ""

@@ -166,3 +166,19 @@ def test_offered_on_one_rank_only_and_refused_pinned_on_more():
     found = {(c.engine, c.layout.offload_params) for c in candidates(_request(m))
              if c.low_memory_optimizer == "paged_adamw8bit"}
     assert found == {("fsdp", "none"), ("plain", "none")}
+
+
+def test_the_8b_example_plans_the_paged_state_on_the_plain_engine_within_twice_published(capsys):
+    # Issue 37's done-when, unpinned: examples/llama-8b-24gb.yaml (every lossy lever allowed) on one 24 GB 4090 takes
+    # the plain engine (no FSDP2 root or block beside 16 GB of bf16 weights) with the state in host memory, and the
+    # plan says where the state is.
+    from pathlib import Path
+
+    from launcher.cli.main import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-24gb.yaml"
+    assert main(["plan", str(example)]) == 0
+    out = capsys.readouterr().out
+    assert "plain single device" in out and "paged_adamw8bit's state in host memory, stepped on the device" in out
+    step = float(out.split("step time   ")[1].split(" s predicted")[0])
+    assert TORCHTUNE_8B_4090_S / 2 <= step <= 2 * TORCHTUNE_8B_4090_S
