@@ -210,7 +210,8 @@ def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: 
     head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
     sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
     if RELEASE_FROZEN_WEIGHTS.on(s):
-        block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters else 0.0)
+        block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters
+                                                   else 0.0)
         if not CHUNKED_LOSS.on(s):
             head += c.frozen_head_input_bytes_per_token + (
                 c.fp32_adapter_frozen_head_input_bytes_per_token if fp32_adapters else 0.0)
@@ -449,8 +450,9 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
     return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
-__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
-           "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
+__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate",
+           "MemoryInputs", "States", "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations",
+           "checkpointed",
            "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
            "offloaded_activation_bytes", "rank_activations", "strategy_activations",
            "nvme_param_buffer_elems"]

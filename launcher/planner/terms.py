@@ -114,7 +114,8 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
     """Optimizer state bytes of one rank that steps 1/shard_ranks of the trainable parameters (fp32 masters apart).
 
     The one function every engine counts optimizer state with. The job's optimizer: OPTIMIZER_STATE_BYTES per
-    parameter (half under pure bf16, whose states take the parameters' bf16). Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers"):
+    parameter (half under pure bf16, whose states take the parameters' bf16). Strategy.low_memory_optimizer
+    (docs/memory-model.md "Low-memory optimizers"):
       adamw8bit/4bit  2 moments x (code bytes + 4 / block) per quantized element (LOW_BIT_STATE); the vocabulary
                       tables are checked against torchao's rule on the rank whose shard is worse (FSDP2 splits
                       rows, torch.chunk); the other matrices have widths that are multiples of 64 and quantize;
@@ -213,12 +214,12 @@ def paged_state_s(inp: MemoryInputs, s: Strategy) -> float:
 def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:
     """Bytes the optimizer step holds beyond its state, for one tensor at a time: the largest local tensor's.
 
-    Low-bit AdamW stepping on the host (CPU ranks, or state offloaded: ``on_host``) runs eagerly: LOW_BIT_STEP_COPIES fp32 copies (on CUDA torchao compiles the
-    step into fused kernels, which hold none; not measured here). Adafactor: its variance estimate, the size of
-    the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's Adam/AdamW
-    (torch's single-tensor step, foreach=False): two, the square root and the quotient of its denominator
-    (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
-    2.0 on FSDP2's fp32 cells); SGD none. Pure bf16's Adam/AdamW rounds stochastically through torchao's step:
+    Low-bit AdamW stepping on the host (CPU ranks, or state offloaded: ``on_host``) runs eagerly: LOW_BIT_STEP_COPIES
+    fp32 copies (on CUDA torchao compiles the step into fused kernels, which hold none; not measured here). Adafactor:
+    its variance estimate, the size of the tensor, which becomes the update in place (_single_tensor_adafactor; measured
+    1.0). The job's Adam/AdamW (torch's single-tensor step, foreach=False): two, the square root and the quotient of its
+    denominator (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+    measured 2.0 on FSDP2's fp32 cells); SGD none. Pure bf16's Adam/AdamW rounds stochastically through torchao's step:
     SR_STEP_COPIES on the host, none on CUDA (compiled). Engines that step their own flat partitions (DeepSpeed)
     count their step apart. A user's script (``inp.script``) steps its own Adam/AdamW, over every tensor at once
     (SCRIPT_STEP_COPIES).

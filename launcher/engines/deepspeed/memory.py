@@ -178,8 +178,8 @@ def pure_bf16_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition, grads: fl
                tensor it steps, the flat partition (flat_partition_elems); none on CUDA (compiled), none for SGD.
       ZeRO-3   one sub-group at a time: its flat bf16 gradient, beside the persistent 16-bit gradient partition,
                and the rounding copies of the sub-group (step_elems).
-    A low-bit AdamW over the bf16 master (ZeRO-1/2, rounds_stochastically) steps the same flat partition through the same
-    stochastically rounding single_param_adam: the same copies (measured 10.25 for 8- and 4-bit moments), its
+    A low-bit AdamW over the bf16 master (ZeRO-1/2, rounds_stochastically) steps the same flat partition through the
+    same stochastically rounding single_param_adam: the same copies (measured 10.25 for 8- and 4-bit moments), its
     quantized moments in low_memory_state_bytes.
     """
     copies = SR_STEP_COPIES * 4 if rounds_stochastically(inp, s) and inp.hardware.device_is_host else 0.0
