@@ -288,11 +288,8 @@ def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
 
 def refetched_params(m: ModelStats) -> int:
     """Parameters that ZeRO-3's backward gathers again under LoRA: all but the input tables the frozen embedding
-    modules read. Their outputs need no gradient, so no pre-backward hook fires for them (parameter_offload.py
-    PreBackwardFunctionForModule runs only in autograd's backward), and the coordinator's trace holds no later use of
-    their parameters. A causal LM's tied token table is used again, by the head. The block-0 projections that read
-    the block's input before any adapter also have no backward use; they are left in (a few per cent of a tiny
-    model, nothing on a real one)."""
+    modules read (no pre-backward hook fires for them), a causal LM's tied token table kept: the head reads it again
+    (docs/memory-model.md#what-stays-gathered-at-the-backward-start)."""
     table = m.vocab_size * m.hidden_size
     reused = table if m.is_causal and m.tied_embeddings else 0
     return max(0, m.num_params - input_embedding_params(m) + reused)
@@ -300,25 +297,8 @@ def refetched_params(m: ModelStats) -> int:
 
 def released_gathered_elems(m: ModelStats, buckets: Buckets) -> int:
     """Weight elements ZeRO-3 keeps gathered at the backward start when LoRA's frozen linears run DeepSpeed's
-    LinearFunctionForZeroStage3 (release_frozen_weights), which saves the Parameter, not a gathered copy.
-
-    After a module's forward, partitioned_param_coordinator.py release_sub_module frees only the parameters
-    ``__params_to_release(module, step_id)`` names: it keeps those the prefetcher has already queued for a later
-    step (``__most_recent_step_id_param_fetched_for``) or that the trace uses again within max_reuse_distance
-    elements. With a recorded trace (forward then backward) that is the tail of the forward whose backward use is
-    near: a causal LM's head always (its backward is the next use), then the modules before it, up to the live cap
-    (the emitter sets the reuse distance and max_live_parameters to it). Measured on 2 CPU ranks: the whole model
-    but its input tables when the cap holds it (the tiny Llama: 131,072 of 139,264 refetched elements), the head
-    alone when the cap is the head (a Llama's untied head is its largest layer, so the cap, on 7B and 70B too). So
-    w.min(cap, refetched_params).
-
-    The worker's evaluation before the first step (data.eval_fraction > 0, launcher/worker/loop.py) can keep less:
-    its forward-only pass is the first trace DeepSpeed completes, and ``__params_to_release`` is a
-    ``functools.lru_cache`` keyed by (module, step id) that _invalidate_trace never clears, so every later forward
-    release keeps the answer of the forward-only trace, in which no module is used again. A model within the first
-    prefetch then held nothing gathered at the backward start (the tiny Llama). Not counted: it rests on a cache
-    DeepSpeed never clears, and a resumed run skips that evaluation; the count stays an upper bound there.
-    """
+    LinearFunctionForZeroStage3 (release_frozen_weights): the forward's tail up to the live cap, an upper bound when an
+    evaluation runs first (docs/memory-model.md#what-stays-gathered-at-the-backward-start)."""
     return min(buckets.stage3_max_live_parameters, refetched_params(m))
 
 
