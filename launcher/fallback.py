@@ -18,8 +18,8 @@ the categories cannot explain scales the whole peak. Walking the rungs from the 
 change whose corrected prediction fits the usable budget is the next attempt. A rung none of whose options
 fits is taken at its most frugal and the walk goes on, so one relaunch can combine rungs instead of spending an
 attempt on a change already predicted to fail. When even the end of the walk is predicted over the budget there
-is no next attempt: a relaunch predicted over budget is never made. Options that host RAM or NVMe cannot hold are skipped (those
-checks keep the planner's own numbers: the measurement says nothing about host memory). The engine never
+is no next attempt: a relaunch predicted over budget is never made. Options that host RAM or NVMe cannot hold are
+skipped (those checks keep the planner's own numbers: the measurement says nothing about host memory). The engine never
 changes (DeepSpeed and FSDP2 checkpoints and configs differ); every other pinned field may.
 """
 

@@ -133,7 +133,8 @@ def enforce_bytes() -> int | None:
     try:
         n = int(float(raw))
     except ValueError:
-        raise ConfigError(f"{ENFORCE_ENV}={raw!r} is not a byte count; set it to an integer such as 16000000000") from None
+        raise ConfigError(f"{ENFORCE_ENV}={raw!r} is not a byte count; set it to an integer such as "
+                          "16000000000") from None
     if n <= 0:
         raise ConfigError(f"{ENFORCE_ENV}={raw!r} must be positive; unset it to run without a cap")
     return n

@@ -74,7 +74,8 @@ def fresh(seq_lens=SEQ_LENS, precisions=PRECISIONS, models=None) -> dict:
                 with _transformers_quiet():
                     c = probe_activations(j, seq_len=seq, precision=precision)
                 out["activations"][activation_key(j)] = dataclasses.asdict(c)
-                print(f"{model} seq {seq} {precision}: {c.block_bytes_per_token:.1f} + {c.block_bytes_per_token_per_seq}"
+                print(f"{model} seq {seq} {precision}: {c.block_bytes_per_token:.1f} + "
+                      f"{c.block_bytes_per_token_per_seq}"
                       f"·s, head {c.head_bytes_per_token:.1f}", file=sys.stderr)
     return out
 

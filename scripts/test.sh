@@ -14,7 +14,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 else
   echo "test.sh: not root or no apt-get: the Slurm tests will skip and say why"
 fi
-.venv/bin/ruff check launcher tests benchmarks
+.venv/bin/ruff check launcher tests benchmarks scripts
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -1,4 +1,5 @@
-"""Plans and jobs built directly (no planner run) for the Slurm unit tests (backends, emit); conftest imports the fixtures."""
+"""Plans and jobs built directly (no planner run) for the Slurm unit tests (backends, emit); conftest imports the
+fixtures."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def build_plan(*, nodes: int = 1, gpus_per_node: int = 2, engine: str = "fsdp") 
 
 def build_job(**dotted) -> Job:
     d = {"name": "unit", "model": copy.deepcopy(TINY), "task": "causal_lm", "data": {"path": "/data/causal.jsonl"},
-         "train": {"global_batch_size": 8, "max_steps": 4, "precision": "fp32"}, "gpus": 2, "budget": "1GB", "launcher": "slurm"}
+         "train": {"global_batch_size": 8, "max_steps": 4, "precision": "fp32"}, "gpus": 2, "budget": "1GB",
+         "launcher": "slurm"}
     for key, value in dotted.items():
         set_dotted(d, key, value)
     return from_dict(Job, d)

@@ -198,7 +198,8 @@ BACKEND_HOMES = ("launcher/backends/",)
 
 
 def backend_name_comparisons(root: Path = PACKAGE) -> list[str]:
-    """Every `job.launcher == "slurm"`, `x != "local"`, `x in ("slurm", ...)` or `case "local":` outside BACKEND_HOMES."""
+    """Every `job.launcher == "slurm"`, `x != "local"`, `x in ("slurm", ...)` or `case "local":` outside
+    BACKEND_HOMES."""
     from launcher.backends import BACKENDS
 
     return name_comparisons(root, set(BACKENDS), BACKEND_HOMES, dict_keys=False)
@@ -210,7 +211,8 @@ def test_backend_names_are_compared_only_inside_the_backends():
 
 
 @pytest.mark.parametrize("line", ['x = job.launcher == "slurm"', 'y = "local" != job.launcher',
-                                  'z = job.launcher in ("slurm",)', 'match job.launcher:\n    case "local":\n        pass'])
+                                  'z = job.launcher in ("slurm",)',
+                                  'match job.launcher:\n    case "local":\n        pass'])
 def test_a_backend_name_comparison_is_caught(tmp_path, line):
     assert caught_where_added(tmp_path, "session/checks.py", line, backend_name_comparisons)
 
@@ -275,7 +277,8 @@ def test_an_engine_module_import_is_caught(tmp_path):
     root = tmp_path / "launcher"
     shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
     target = root / "worker" / "export.py"
-    target.write_text(target.read_text() + "\n\ndef f(engine):\n    from launcher.worker.engines.fsdp import FsdpEngine\n"
+    target.write_text(target.read_text()
+                      + "\n\ndef f(engine):\n    from launcher.worker.engines.fsdp import FsdpEngine\n"
                       "    return isinstance(engine, FsdpEngine)\n")
     assert engine_module_imports(root) == ["launcher.worker.export imports launcher.worker.engines.fsdp"]
 

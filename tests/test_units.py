@@ -49,6 +49,7 @@ def test_two_sizes_that_would_read_the_same_give_their_bytes():
     from launcher.units import GiB, article, format_bytes_apart
 
     assert format_bytes_apart(80 * GB, 40 * GiB) == ("80.00 GB", "42.95 GB")
-    assert format_bytes_apart(42_950_000_000, 40 * GiB) == ("42.95 GB (42950000000 bytes)", "42.95 GB (42949672960 bytes)")
+    assert format_bytes_apart(42_950_000_000, 40 * GiB) == ("42.95 GB (42950000000 bytes)",
+                                                            "42.95 GB (42949672960 bytes)")
     assert [article(n) for n in ("a100-40gb", "h100-80gb", "l4", "mi300x", "rtx4090", "b200", "v100-16gb", "cpu")] == [
         "an", "an", "an", "an", "an", "a", "a", "a"]

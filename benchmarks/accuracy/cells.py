@@ -49,7 +49,8 @@ SHARDINGS: dict[str, dict] = {
     "plain": {"engine": "plain", "offload_optimizer": "none", "offload_params": "none"},
 }
 SHARDING_LABEL = {"z0": "ZeRO-0", "z1": "ZeRO-1", "z2": "ZeRO-2", "z3": "ZeRO-3", "z3off": "ZeRO-3 +opt->cpu",
-                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard", "fsdpoff": "FSDP2 +offload", "plain": "plain (1 rank) / DDP"}
+                  "fsdp": "FSDP2 reshard", "fsdp-noreshard": "FSDP2 no-reshard", "fsdpoff": "FSDP2 +offload",
+                  "plain": "plain (1 rank) / DDP"}
 MODELS: dict[str, dict | str] = {
     "gpt2s": {"family": "gpt2", "hidden_size": 128, "num_layers": 4, "num_heads": 4, "vocab_size": 4096,
               "max_position_embeddings": 1024},
@@ -495,14 +496,15 @@ def sides_of_all() -> dict[str, str]:
     "lever-dev", "lever-validation", "sr-validation" (pure bf16's stochastic rounding), "export-validation",
     "sac-validation" (op-level selective checkpointing), "sac-ds-dev" or "sac-ds-validation" (the same on
     DeepSpeed), "bwdend-dev", "bwdend-validation" or "bwdend-validation-2" (end of backward), "dsbf16-dev" or
-    "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split), "z3pin-validation" (ZeRO-3's pinned linears),
-    "z3release-validation" (ZeRO-3's released frozen weights), "sac-z3lora-validation" (op-level selective
-    checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the released weights' gathered count),
-    "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed layouts), "one-rank-validation"
-    (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's
-    LoRA adapters in bf16), "pbf16-lowbit-validation" (pure bf16 with a low-bit AdamW on FSDP2), "ds-pbf16-lowbit-validation"
-    (the same on DeepSpeed ZeRO-1/2), "zero2-flush-dev" or "zero2-flush-validation" (ZeRO-2 with a bucket smaller
-    than the model), "compose-validation" (the levers combined, the in-place chunked loss), "plain-validation" (the plain engine: one rank, or DDP)."""
+    "dsbf16-validation" (DeepSpeed's pure bf16), "validation-3" (the current planner's whole-space split),
+    "z3pin-validation" (ZeRO-3's pinned linears), "z3release-validation" (ZeRO-3's released frozen weights),
+    "sac-z3lora-validation" (op-level selective checkpointing at ZeRO-3 under LoRA), "z3release-validation-2" (the
+    released weights' gathered count), "sac-ds-validation-2" (op-level selective checkpointing on DeepSpeed in mixed
+    layouts), "one-rank-validation" (ZeRO-3 and QLoRA on a single rank), "lora-dtype-validation" (bf16 LoRA, adapters in
+    the working dtype), "z3-bf16-adapter-validation" (ZeRO-3's LoRA adapters in bf16), "pbf16-lowbit-validation" (pure
+    bf16 with a low-bit AdamW on FSDP2), "ds-pbf16-lowbit-validation" (the same on DeepSpeed ZeRO-1/2),
+    "zero2-flush-dev" or "zero2-flush-validation" (ZeRO-2 with a bucket smaller than the model), "compose-validation"
+    (the levers combined, the in-place chunked loss), "plain-validation" (the plain engine: one rank, or DDP)."""
     return {**split(list(MATRIX)), **{c.name: "validation-1" for c in SEEN_VALIDATION},
             **{c.name: "validation" for c in VALIDATION}, **{c.name: "lever-dev" for c in LEVER_DEV},
             **{c.name: "lever-validation" for c in LEVER_VALIDATION},
@@ -652,8 +654,8 @@ LORA_DTYPE_VALIDATION: tuple[Cell, ...] = (
 2026-11-26 23:08, probe version 9; benchmarks/results/accuracy-lora-dtype-validation.md)."""
 
 Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
-    # Decided and committed (2026-11-26 23:25 UTC, 8e8c2d6) before the launcher's ZeRO-3 ranks keep LoRA's adapters in the
-    # working dtype (apply_lora without peft's fp32 autocast, as ZeRO-0/1/2 and FSDP2 already compute them) and the
+    # Decided and committed (2026-11-26 23:25 UTC, 8e8c2d6) before the launcher's ZeRO-3 ranks keep LoRA's adapters in
+    # the working dtype (apply_lora without peft's fp32 autocast, as ZeRO-0/1/2 and FSDP2 already compute them) and the
     # plan stops adding the fp32-adapter terms there for the launcher's recipes (a user's script keeps peft's default
     # and its terms); run once after. bf16 ZeRO-3 LoRA on shapes no cell used: the 6-block Llama on torch's linear,
     # GPT-2's Conv1D blocks on DeepSpeed's memory_efficient_linear (the frozen inputs beside bf16 adapters), the
@@ -666,10 +668,10 @@ Z3_BF16_ADAPTER_VALIDATION: tuple[Cell, ...] = (
 
 
 PURE_BF16_LOW_BIT_VALIDATION: tuple[Cell, ...] = (
-    # Decided and committed (2026-11-27 02:11 UTC, 7140c3d) before pure bf16 and a low-bit AdamW ran together on any rank
-    # (FsdpSpec.pure_bf16_optimizers: torchao's AdamW8bit / 4bit with bf16_stochastic_round over FSDP2's bf16 shards,
-    # the quantized moments with an fp32 appearance; terms.low_bit_rounds), run once after. The terms it judges: the
-    # bf16 shards and gradients beside the quantized moments, the unquantized moments in bf16, and the eager step's
+    # Decided and committed (2026-11-27 02:11 UTC, 7140c3d) before pure bf16 and a low-bit AdamW ran together on any
+    # rank (FsdpSpec.pure_bf16_optimizers: torchao's AdamW8bit / 4bit with bf16_stochastic_round over FSDP2's bf16
+    # shards, the quantized moments with an fp32 appearance; terms.low_bit_rounds), run once after. The terms it judges:
+    # the bf16 shards and gradients beside the quantized moments, the unquantized moments in bf16, and the eager step's
     # SR_STEP_COPIES fp32 copies of the largest trainable shard (measured 10.25 on one 2^20 tensor, 8- and 4-bit).
     # Shapes no cell used: the 6-block Llama (untied head) with 8-bit, the 9M GPT-2 keeping its parameters after
     # forward with checkpointing and accumulation under 4-bit, the 4-block Llama with CPU offload under 8-bit.

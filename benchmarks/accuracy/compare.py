@@ -161,7 +161,8 @@ def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
         if not errs:
             continue
         absd = [abs(e) for e in errs]
-        out[est] = {"median_abs": statistics.median(absd), "max_abs": max(absd), "median_signed": statistics.median(errs),
+        out[est] = {"median_abs": statistics.median(absd), "max_abs": max(absd),
+                    "median_signed": statistics.median(errs),
                     "under": sum(e < 0 for e in errs), "within_goal": sum(a <= GOAL for a in absd), "cells": len(errs),
                     "within_5": sum(a <= 0.05 for a in absd), "worst_under": min(0.0, min(errs))}
     return out
@@ -193,7 +194,8 @@ def category_bias(rows: list[dict], moment: str | None = None) -> dict[str, dict
             # A ratio to a few stray bytes (a 8 kB buffer against a 19 MB bucket) says nothing: 1 % of the peak.
             ratios = [cats(r)[g]["predicted"] / cats(r)[g]["measured"] for r in rs
                       if cats(r)[g]["measured"] > 0.01 * r["measured_peak_bytes"]]
-            out[fam][g] = {"median_diff_bytes": statistics.median(diffs), "median_measured_bytes": statistics.median(meas),
+            out[fam][g] = {"median_diff_bytes": statistics.median(diffs),
+                           "median_measured_bytes": statistics.median(meas),
                            "median_ratio": statistics.median(ratios) if ratios else None}
     return out
 

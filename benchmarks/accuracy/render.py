@@ -71,7 +71,11 @@ MOMENT_TITLES = {"backward": "backward start vs max(forward, backward) phase",
                  "step": "optimizer step vs optimizer_step phase",
                  "init": "weights loading (rank 0) vs init phase",
                  "export": "end-of-run export (rank 0, CPU ranks) vs export phase"}
-SIDES = ("plain-validation", "compose-validation", "zero2-flush-validation", "ds-pbf16-lowbit-validation", "pbf16-lowbit-validation", "z3-bf16-adapter-validation", "lora-dtype-validation", "one-rank-validation", "sac-ds-validation-2", "z3release-validation-2", "sac-z3lora-validation", "z3release-validation", "z3pin-validation", "validation-3", "dsbf16-validation", "sac-ds-validation", "bwdend-validation-2", "bwdend-validation", "lever-validation",
+SIDES = ("plain-validation", "compose-validation", "zero2-flush-validation", "ds-pbf16-lowbit-validation",
+         "pbf16-lowbit-validation", "z3-bf16-adapter-validation", "lora-dtype-validation", "one-rank-validation",
+         "sac-ds-validation-2", "z3release-validation-2", "sac-z3lora-validation", "z3release-validation",
+         "z3pin-validation", "validation-3", "dsbf16-validation", "sac-ds-validation", "bwdend-validation-2",
+         "bwdend-validation", "lever-validation",
          "sr-validation", "sac-validation", "export-validation-2", "export-validation", "validation", "validation-1",
          "held-out", "fit", "lever-dev", "bwdend-dev", "dsbf16-dev", "sac-ds-dev", "zero2-flush-dev")
 """The splits, the out-of-sample one first (cells.sides_of_all)."""
@@ -261,7 +265,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
             "the planner moves to the host, which on CPU ranks stays in the rank's memory and is measured as "
             "optimizer and grads): median of predicted / measured (where the measured bytes are over 1 % of the "
             "peak) and median signed difference (predicted - measured), per engine and moment:", ""]
-    for moment, title in (("backward", "backward start"), ("optimizer_step", "optimizer step"), (None, "measured peak")):
+    for moment, title in (("backward", "backward start"), ("optimizer_step", "optimizer step"),
+                          (None, "measured peak")):
         bias = category_bias(rows, moment)
         if not bias:
             continue

@@ -82,7 +82,8 @@ def compare(before: dict, after: dict) -> str:
                      f"{b['predicted_bytes'] / 1e6:.2f} | {b['error']:+.1%} | {r['predicted_bytes'] / 1e6:.2f} | "
                      f"{r['error']:+.1%} | {', '.join(which)} |")
     head = (f"{moved} of {both} stored rows moved (planner memory.py `{before['planner_memory_sha']}` -> "
-            f"`{after['planner_memory_sha']}`); a row whose peak and moments are unchanged is left out, and so is a row "
+            f"`{after['planner_memory_sha']}`); a row whose peak and moments are unchanged is left out, and so is a "
+            "row "
             "the first file lacks.")
     return "\n".join([head, "", *lines]) + "\n"
 

@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         log(f"no cell matches {args.cells}; --list shows them")
         return 2
-    stem = args.stem or ("accuracy" if len(chosen) == len(cells) else "accuracy-quick" if args.quick else "accuracy-partial")
+    stem = args.stem or ("accuracy" if len(chosen) == len(cells) else "accuracy-quick" if args.quick
+                         else "accuracy-partial")
     sides = sides_of_all()
     budgets = sorted({c.budget for c in chosen})
-    meta = {**machine(), "steps": STEPS, "budget": budgets[0] if budgets == [BUDGET] else f"{', '.join(budgets)} per cell",
+    meta = {**machine(), "steps": STEPS, "budget": budgets[0] if budgets == [BUDGET]
+            else f"{', '.join(budgets)} per cell",
             "ranks": sorted({c.ranks for c in chosen}), "stem": stem,
             "replanned": args.replan, "cache": str(BENCH_CACHE), "split_salt": split_salt(full_matrix()),
             "safety_margin": 0.05}

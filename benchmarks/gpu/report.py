@@ -77,13 +77,14 @@ def run_row(run_dir: Path, returncode: int) -> dict:
     ov = plan.get("overhead") or {}
     # The measured maxima need not come from one moment: reserved peaks at the verdict's moment, allocated at the
     # largest tensor moment, which a side-stream pool may have made another (plan.json tensor_peak_bytes). So the
-    # allocated peak is predicted as launcher.records.report does for that basis, and reserved - allocated as the difference
-    # of the two peaks, not the allocator_reserve + stream_pools of the verdict's moment alone.
+    # allocated peak is predicted as launcher.records.report does for that basis, and reserved - allocated as the
+    # difference of the two peaks, not the allocator_reserve + stream_pools of the verdict's moment alone.
     planned = Plan.from_json(plan)
     allocated = predicted_on_basis(planned, "cuda_allocated")
     row.update(
         allocated_bytes=worst.max_memory_allocated_bytes, reserved_bytes=worst.max_memory_reserved_bytes,
-        outside_bytes=worst.outside_allocator_bytes, predicted_outside_bytes=sum(ov.get(k, 0) for k in OUTSIDE_ALLOCATOR),
+        outside_bytes=worst.outside_allocator_bytes, predicted_outside_bytes=sum(ov.get(k, 0)
+                                                                                 for k in OUTSIDE_ALLOCATOR),
         predicted_allocated_bytes=allocated,
         predicted_cache_bytes=predicted_on_basis(planned, "cuda_reserved") - allocated,
         allocated_moments=moment_totals(allocated_moments(plan), rank.phases_allocated or {} if rank else {}),
@@ -128,7 +129,8 @@ def render(rows: list[dict], *, tests_rc: int | None, machine: str) -> str:
             "Measured on the worst rank (max_memory_allocated, max_memory_reserved - allocated, device used - "
             "reserved at its largest) beside the plan's: the largest tensor moment with the cuBLAS workspace "
             "(`tensor_peak_bytes` where a side-stream pool made the peak another moment); the reserved peak less it "
-            "(allocator_reserve and stream_pools at the peak, less what the tensor peak exceeds the peak's tensors by); "
+            "(allocator_reserve and stream_pools at the peak, less what the tensor peak exceeds the peak's tensors "
+            "by); "
             "the terms outside the allocator: cuda_context, cuda_kernels, nccl_communicators, nccl_buffers.", "",
             "| run | allocated | predicted allocated | reserved - allocated | (share of allocated) | "
             "predicted reserved - allocated | outside allocator | predicted outside |",
@@ -196,7 +198,8 @@ def _judge(name: str, named: list[dict], reserve: bool, by_phase: bool = False) 
            f"|---|---|---|---|---|{'---|' if reserve else ''}---|"]
     for r in named:
         if r["returncode"] != 0:  # stopped before its end (a time box, an OOM): its peaks are not the run's
-            out.append(f"| {r['run']} | - | - | - | - | {'- | ' if reserve else ''}not judged: exit {r['returncode']} |")
+            out.append(f"| {r['run']} | - | - | - | - | {'- | ' if reserve else ''}not judged: exit {r['returncode']} "
+                       "|")
             continue
         outside = rel(r["predicted_outside_bytes"], r["outside_bytes"])
         peak = rel(r["predicted_peak_bytes"], r["measured_peak_bytes"])
@@ -216,7 +219,8 @@ def _judge(name: str, named: list[dict], reserve: bool, by_phase: bool = False) 
             ok = ok and err is not None and abs(err) <= RESERVE_TOLERANCE
             cells = f"{_bytes(r['predicted_cache_bytes'])} / {_bytes(cache)} ({_pct(err)}) | "
         out.append(f"| {r['run']} | {_bytes(r['predicted_outside_bytes'])} / {_bytes(r['outside_bytes'])} "
-                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {_pct(worst_phase)} | {cells}{'yes' if ok else 'NO'} |")
+                   f"({_pct(outside)}) | {_pct(peak)} | {_pct(worst)} | {_pct(worst_phase)} | "
+                   f"{cells}{'yes' if ok else 'NO'} |")
     return out
 
 

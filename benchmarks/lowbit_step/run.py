@@ -19,9 +19,9 @@ in the cache, are shown apart: AdamW runs ten times faster per element there, th
 allocates its temporaries) does not, so their ratio is far larger and prices nothing a model holds much of. The
 host is shared: the load average is recorded before and after every round.
 
-    nice -n 10 .venv/bin/python benchmarks/lowbit_step/run.py            # writes benchmarks/results/lowbit-step.{md,json}
-    nice -n 10 .venv/bin/python benchmarks/lowbit_step/run.py --quick    # 2 sizes, 1 round; prints, writes nothing
-    .venv/bin/python benchmarks/lowbit_step/run.py --refit               # fit and page again from the json kept
+    nice -n 10 .venv/bin/python benchmarks/lowbit_step/run.py          # writes benchmarks/results/lowbit-step.{md,json}
+    nice -n 10 .venv/bin/python benchmarks/lowbit_step/run.py --quick  # 2 sizes, 1 round; prints, writes nothing
+    .venv/bin/python benchmarks/lowbit_step/run.py --refit             # fit and page again from the json kept
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def render(cells: list[dict], loads: list[dict], ratio: dict[str, float], second
         "|---|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for c in sorted(cells, key=lambda c: (c["split"], c["threads"], c["numel"], c["optimizer"])):
-        lines.append(f"| {c['split']} | {c['threads']} | {c['numel']:,} | {c['optimizer']} | {c['adamw_s'] * 1e3:.2f} | "
+        lines.append(f"| {c['split']} | {c['threads']} | {c['numel']:,} | {c['optimizer']} | {c['adamw_s'] * 1e3:.2f} "
+                     "| "
                      f"{c['lowbit_s'] * 1e3:.1f} | {c['adamw_s'] / c['numel'] * 1e9:.1f} / "
                      f"{c['lowbit_s'] / c['numel'] * 1e9:.0f} | {c['ratio']:.1f} | "
                      f"{', '.join(f'{r:.1f}' for r in c['ratios'])} |")

@@ -144,11 +144,13 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
         scored = evaluate(req)
         plan = make_plan(req)
         out[name] = {
-            "budget_mb": mb, "budget_bytes": req.budget_bytes, "usable_bytes": req.usable_bytes, "pick": key(plan.strategy),
+            "budget_mb": mb, "budget_bytes": req.budget_bytes, "usable_bytes": req.usable_bytes,
+            "pick": key(plan.strategy),
             "candidates": {key(c.strategy): {"strategy": c.strategy, "label": c.strategy.label(),
                                              "predicted_peak_bytes": c.estimate.peak_bytes,
                                              "predicted_step_time_s": c.estimate.step_time_s,
-                                             "fits": c.problem is None, "problem": problem_words(c.problem) if c.problem else None} for c in scored},
+                                             "fits": c.problem is None, "problem": problem_words(c.problem) if c.problem
+                                             else None} for c in scored},
         }
     return out
 
@@ -390,7 +392,8 @@ def markdown(results, budgets, screen, confirm, profile, meta, stem) -> str:
               "chunked loss, optimizer step in backward), the fastest predicted candidate taking that value "
               "(`select`); the other fitting candidates differ from a screened one only in settings the model "
               "predicts slower. 'measured' in the table counts the screened ones that fit there.",
-              "", f"Step times: the machine is shared, and screening ({screened} runs) and confirmation may see different "
+              "", f"Step times: the machine is shared, and screening ({screened} runs) and confirmation may see "
+                  "different "
               f"load; pick / best compares confirmed figures only (the same interleaved rounds): the best is the "
               f"fastest confirmed candidate, and the picks and the {CONFIRM_TOP} fastest screened per budget are "
               "confirmed.",

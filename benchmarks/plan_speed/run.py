@@ -178,7 +178,8 @@ def main(repeats: int = 3) -> None:
         "(commits 80fe0df..9c10650), the two every-lever 70B cases took 1.06-1.09 s at a load of 0.5. Pure bf16",
         "paired with a low-bit AdamW on FSDP2 and ZeRO-1/2 (2026-11-27) added a third to their candidates (9,878 ->",
         "12,958) and to those scored; the CUDA overheads' constant terms, summed three times per estimate until then,",
-        "are now kept per request (memory._overhead_terms): 0.38-0.41 s before the pairing, 0.47-0.48 s after (load 0.8).",
+        "are now kept per request (memory._overhead_terms): 0.38-0.41 s before the pairing, 0.47-0.48 s after (load "
+        "0.8).",
         "",
         "## Cold cache (a fresh LAUNCHER_CACHE), process wall",
         "",

@@ -102,7 +102,8 @@ MISS_NOTES = {
         "row (13.50 GB). Not added to the prediction: the launcher does not run bitsandbytes 0.42"),
     "litgpt-mistral-7b-qlora": (
         "the same bitsandbytes 0.42 release as the Llama-2 row: its MatMul4Bit kept each 4-bit linear's input, "
-        "2·b·s·(3h + i) bytes per block, 1.74 GB here with Mistral's wider MLP, more than the gap; torchao's NF4 linear "
+        "2·b·s·(3h + i) bytes per block, 1.74 GB here with Mistral's wider MLP, more than the gap; torchao's NF4 "
+        "linear "
         "keeps none. It crossed 10 % when one-GPU QLoRA stopped counting a gathered NF4 block (FSDP2 does not gather "
         "on one rank: the worker leaves the NF4 weights outside it, docs/memory-model.md), and went further when the "
         "probe stopped counting fp32 copies for the adapters the launcher's FSDP2 ranks compute in bf16 (probe "
@@ -115,10 +116,12 @@ MISS_NOTES = {
 }
 """Why a prediction misses by more than 10 %, where it could be worked out (no numbers: they come from the run)."""
 QWEN_SMALL_MISS = (
-    "an under-prediction of the smallest model of the sweep, while its 7B and 14B rows are near or over (not analysed on "
+    "an under-prediction of the smallest model of the sweep, while its 7B and 14B rows are near or over (not analysed "
+    "on "
     "a GPU: none lent). The allocated per-token terms are the probe's own ops, the same on CUDA (transformers' "
     "ForCausalLMLoss upcast, nll_loss_backward and _log_softmax_backward_data allocating dense fp32 [tokens, V] "
-    "gradients; flash and sdpa kernels save the same output and logsumexp). What the CPU probe cannot see is the caching "
+    "gradients; flash and sdpa kernels save the same output and logsumexp). What the CPU probe cannot see is the "
+    "caching "
     "allocator: the loss's vocabulary-sized blocks come in two sizes, and at its backward the freed bf16 logits "
     "(Qwen's recipe: the logits and their shifted copy) stay cached in their own segments, too small for the fp32 "
     "gradients, which get new segments (CUDACachingAllocator.cpp malloc: best-fit get_free_block, then cudaMalloc "
@@ -209,7 +212,8 @@ def plan_entry(entry: dict, work: Path) -> dict:
     res = subprocess.run([str(LAUNCH), "plan", str(job), "--json", "--force"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=900)
     if res.returncode != 0:
-        raise RuntimeError(f"{entry['id']}: launch plan exited {res.returncode}: {res.stdout[-2000:]}{res.stderr[-2000:]}")
+        raise RuntimeError(f"{entry['id']}: launch plan exited {res.returncode}: "
+                           f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
     return json.loads(res.stdout)
 
 
@@ -251,7 +255,8 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
         "# Published GPU memory figures against `launch plan`",
         "",
         f"Rerun: `{RERUN}` ({seconds:.0f} s here with the fake-tensor probes already cached in "
-        "`.cache/bench-launcher`; a cold cache probes each model first, a few minutes on 2 shared cores). Entries: `benchmarks/published/entries/*.yaml`, one per measurement, each with its "
+        "`.cache/bench-launcher`; a cold cache probes each model first, a few minutes on 2 shared cores). Entries: "
+        "`benchmarks/published/entries/*.yaml`, one per measurement, each with its "
         "source, quoted figure, configuration, what it counts and what had to be assumed.",
         "",
         "Step times of the same runs and others, judged on a fit / validation split: "
@@ -273,7 +278,8 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
         "",
         f"**Exact configurations ({ex['n']}): median |error| {ex['median_abs']:.1%}, max {ex['max_abs']:.1%}, "
         f"worst under-prediction {ex['worst_under']:+.1%}, {ex['within_10pct']} of {ex['n']} within 10 %.** "
-        f"With the {al['n'] - ex['n']} near configurations (a different precision recipe, optimizer or 4-bit quantizer implementation, another "
+        f"With the {al['n'] - ex['n']} near configurations (a different precision recipe, optimizer or 4-bit quantizer "
+        "implementation, another "
         f"model code, or torch.compile, see "
         f"below): median {al['median_abs']:.1%}, max {al['max_abs']:.1%}.",
         "",
@@ -300,7 +306,8 @@ def render(rows: list[dict], summ: dict, seconds: float) -> str:
             f"{fmt_gb(o.get('cuda_context', 0))} | "
             f"{fmt_gb(o.get('nccl_buffers', 0))} | {r['activations_source']} |")
     lines += ["", "GB are 10^9 bytes. The terms a basis does not count are listed but left out of its prediction "
-              "(a reserved figure has no context, an allocated one no allocator reserve or stream pools: the blocks FSDP2's "
+              "(a reserved figure has no context, an allocated one no allocator reserve or stream pools: the blocks "
+              "FSDP2's "
               "reduce-scatter and all-gather streams keep cached, launcher/planner/cuda_overhead.py [POOL]).", "",
               "## Misses (more than 10 % off) and what they say", ""]
     for r in rows:
@@ -327,7 +334,8 @@ def main() -> int:
             row = compare(entry, plan_entry(entry, work))
             rows.append(row)
             print(f"{row['id']:<45} published {fmt_gb(row['published_bytes']):>7} GB  predicted "
-                  f"{fmt_gb(row['predicted_bytes']):>7} GB  {row['error']:+6.1%}  ({time.time() - t:.0f} s)", flush=True)
+                  f"{fmt_gb(row['predicted_bytes']):>7} GB  {row['error']:+6.1%}  ({time.time() - t:.0f} s)",
+                  flush=True)
     summ = summary(rows)
     text = render(rows, summ, time.time() - t0)
     if args.only:

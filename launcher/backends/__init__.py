@@ -1,7 +1,8 @@
 """The backends by name, each with what it can do: the session asks these flags, never a backend's name.
 
 A job's ``launcher:`` names one (launcher.config.job.Job.launcher's Literal lists the same names; tests/backends
-holds the two equal, test_registry.py). Importing this module imports no backend: ``BackendSpec.load`` does, when a run needs it.
+holds the two equal, test_registry.py). Importing this module imports no backend: ``BackendSpec.load`` does, when a run
+needs it.
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ def summary_table(root: Path) -> str:
         peak = format_bytes(r["measured_peak_bytes"]) if r["measured_peak_bytes"] is not None else "-"
         loss = f"{r['final_loss']:.4f}" if isinstance(r["final_loss"], (int, float)) else "-"
         name = f"{v['index']}-{v['name']}"
-        lines.append(f"{name[:28]:<28} {v['job_id']:>10}  {v['plan'][:34]:<34} {peak:>10}  {r['verdict']:<12} {loss:>10}")
+        lines.append(f"{name[:28]:<28} {v['job_id']:>10}  {v['plan'][:34]:<34} {peak:>10}  {r['verdict']:<12} "
+                     f"{loss:>10}")
     for v in sweep["unplanned"]:
         name = f"{v['index']}-{v['name']}"
         lines.append(f"{name[:28]:<28} {'-':>10}  {'-':<34} {'-':>10}  {'not planned':<12} {'-':>10}  {v['reason']}")

@@ -91,7 +91,8 @@ class SlurmTask:
         if node_rank == 0:
             # A request left from the run before a requeue would stop the resumed run at its first step.
             (run.control / CONTROL_FILE).unlink(missing_ok=True)
-            run.set_state("running", slurm_job_id=os.environ.get("SLURM_JOB_ID"), host=os.environ.get("SLURMD_NODENAME"),
+            run.set_state("running", slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+                          host=os.environ.get("SLURMD_NODENAME"),
                           attempt=int(os.environ.get("SLURM_RESTART_COUNT") or 0), requeues=self.requeues)
         spec = LaunchSpec(gpus_per_node=self.gpus_per_node, nodes=self.nodes, node_rank=node_rank,
                           rdzv_endpoint=endpoint, script=self.script, script_args=list(self.script_args), env=env,
@@ -262,8 +263,8 @@ def checkpoint_budget_s(signal_delay_s: int) -> float:
     """Seconds the ranks get to save: until REQUEUE_MARGIN_S before the job's end time.
 
     Slurm may send the signal up to a minute earlier than signal_delay_s (its timer runs every 30 s), so the
-    end time from scontrol is the honest bound; signal_delay_s less the margin where it cannot be read (preemption has no
-    end time close by: the grace time is unknown, so at most 5 minutes).
+    end time from scontrol is the honest bound; signal_delay_s less the margin where it cannot be read (preemption has
+    no end time close by: the grace time is unknown, so at most 5 minutes).
     """
     end = job_end_time()
     if end is None:

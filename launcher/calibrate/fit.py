@@ -124,8 +124,9 @@ def fit(samples: Sequence[Sample], terms: Sequence[str] | None = None, ridge: fl
         pb = s.peak_of(s.current) if s.peak_of and peak else None
         pa = s.peak_of(after) if s.peak_of and peak else None
         rows.append({
-            "name": s.name, "measured_bytes": s.measured_bytes, "predicted_before": before_b, "predicted_after": after_b,
-            "act_err_before": rel_error(before_b, s.measured_bytes), "act_err_after": rel_error(after_b, s.measured_bytes),
+            "name": s.name, "measured_bytes": s.measured_bytes, "predicted_before": before_b,
+            "predicted_after": after_b, "act_err_before": rel_error(before_b, s.measured_bytes),
+            "act_err_after": rel_error(after_b, s.measured_bytes),
             "measured_peak_bytes": peak, "peak_before": pb, "peak_after": pa,
             "peak_err_before": rel_error(pb, peak), "peak_err_after": rel_error(pa, peak),
         })

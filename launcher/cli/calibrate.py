@@ -156,9 +156,11 @@ def refit(args: argparse.Namespace) -> int:
         runs = {s.name.rsplit("/", 1)[0] for s in samples}
         print(f"\n{model_type} on {profile} ({', '.join(archs)}): {len(samples)} rank samples from {len(runs)} runs; "
               "activation bytes = activations + temp at the forward/backward peak")
-        print(f"{'run/rank':<36} {'measured':>11} {'before':>11} {'err':>7} {'after':>11} {'err':>7}  peak err before>after")
+        print(f"{'run/rank':<36} {'measured':>11} {'before':>11} {'err':>7} {'after':>11} {'err':>7}  peak err "
+              "before>after")
         for r in result.rows:
-            print(f"{r['name'][:36]:<36} {format_bytes(r['measured_bytes']):>11} {format_bytes(r['predicted_before']):>11} "
+            print(f"{r['name'][:36]:<36} {format_bytes(r['measured_bytes']):>11} "
+                  f"{format_bytes(r['predicted_before']):>11} "
                   f"{r['act_err_before']:>+7.1%} {format_bytes(r['predicted_after']):>11} {r['act_err_after']:>+7.1%}  "
                   f"{_pct(r['peak_err_before'])} > {_pct(r['peak_err_after'])}")
         s = result.summary()
@@ -168,7 +170,8 @@ def refit(args: argparse.Namespace) -> int:
         print(f"peak per rank |error|:    median {s['median_abs_peak_err_before']:.1%} -> "
               f"{s['median_abs_peak_err_after']:.1%}, max {s['max_abs_peak_err_before']:.1%} -> "
               f"{s['max_abs_peak_err_after']:.1%}")
-        print("constants: " + ", ".join(f"{k} {result.prior[k]:.4g} -> {result.constants[k]:.4g}" for k in result.fitted))
+        print("constants: " + ", ".join(f"{k} {result.prior[k]:.4g} -> {result.constants[k]:.4g}"
+                                        for k in result.fitted))
         print(f"note: the file applies to every {model_type} model planned for {profile}, whatever its shape")
         if args.dry_run:
             continue

@@ -83,7 +83,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="the job file (YAML); KEY=VALUE after it sets any job key, e.g. train.lr=1e-4 "
                                "strategy.zero_stage=3 (values read as YAML, checked as the file is)")
     p.add_argument("--gpus", type=_positive_int, action=RanksPerNode,
-                   help="GPUs (or CPU ranks) per node (torchrun's --nproc-per-node works too); overrides gpus: in the job")
+                   help="GPUs (or CPU ranks) per node (torchrun's --nproc-per-node works too); overrides gpus: in the "
+                        "job")
     # torchrun's name for it; a separate flag so an error names the one the user typed.
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="gpus", type=_positive_int, action=RanksPerNode,
                    help=argparse.SUPPRESS)

@@ -62,8 +62,9 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
 
 
 # Flags taking one number or size: "--budget -4GB" must reach the flag's own check, which names the rule.
-VALUE_FLAGS = ("--budget", "--gpus", "--nproc-per-node", "--nproc_per_node", "--nodes", "--nnodes", "--seq-len", "--global-batch", "--auto-fallback",
-               "--hang-timeout", "--checkpoint-timeout", "--node-rank", "--array-parallelism")
+VALUE_FLAGS = ("--budget", "--gpus", "--nproc-per-node", "--nproc_per_node", "--nodes", "--nnodes", "--seq-len",
+               "--global-batch", "--auto-fallback", "--hang-timeout", "--checkpoint-timeout", "--node-rank",
+               "--array-parallelism")
 
 
 def attach_negative_values(argv: list[str]) -> list[str]:
@@ -74,7 +75,8 @@ def attach_negative_values(argv: list[str]) -> list[str]:
     while i < len(argv):
         a = argv[i]
         nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if a in VALUE_FLAGS and nxt is not None and len(nxt) > 1 and nxt[0] == "-" and (nxt[1].isdigit() or nxt[1] == "."):
+        if (a in VALUE_FLAGS and nxt is not None and len(nxt) > 1 and nxt[0] == "-"
+                and (nxt[1].isdigit() or nxt[1] == ".")):
             out.append(f"{a}={nxt}")
             i += 2
             continue

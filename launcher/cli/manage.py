@@ -44,12 +44,14 @@ CANCEL_EPILOG = """examples:
 def add_parser(sub) -> None:
     """Register `launch status`, `launch logs` and `launch cancel` on the verbs' subparsers."""
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("status", help="state of a run (local or Slurm): step/total, loss, peak memory vs budget, per rank",
+    p = sub.add_parser("status",
+                       help="state of a run (local or Slurm): step/total, loss, peak memory vs budget, per rank",
                        epilog=STATUS_EPILOG, formatter_class=fmt)
     p.add_argument("run_dir", type=Path, help="the run dir printed at submission")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
     p.set_defaults(func=status)
-    p = sub.add_parser("logs", help="tails of the rank logs (and of submitit's stdout/stderr on Slurm)", epilog=LOGS_EPILOG,
+    p = sub.add_parser("logs", help="tails of the rank logs (and of submitit's stdout/stderr on Slurm)",
+                       epilog=LOGS_EPILOG,
                        formatter_class=fmt)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--rank", type=int, help="only this rank's log (submitit's logs still follow)")

@@ -75,7 +75,8 @@ def render_plan(plan: Plan, job_name: str, model_desc: str, total: TotalTime | N
     for cat, n in e.breakdown.items():
         lines.append(f"    {cat:<12} {format_bytes(n):>10}  {_bar(n, plan.budget_bytes)}")
         if cat == "reserve" and e.overhead:
-            lines.append("      = " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in e.overhead.items()))
+            lines.append("      = " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
+                                                for k, v in e.overhead.items()))
     verdict = "fits" if e.peak_bytes <= plan.usable_bytes else "OVER BUDGET"
     lines.append(f"    {'peak':<12} {format_bytes(e.peak_bytes):>10}  {_bar(e.peak_bytes, plan.budget_bytes)}  "
                  f"{verdict}: usable {format_bytes(plan.usable_bytes)} of budget {format_bytes(plan.budget_bytes)}")

@@ -31,7 +31,8 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
         if not isinstance(node.get(k), dict):
             node[k] = {} if node.get(k) is None else node[k]
             if not isinstance(node[k], dict):
-                raise ConfigError(f"{dotted}: {k!r} is not a mapping in the job, so {dotted} cannot be set; fix the key")
+                raise ConfigError(f"{dotted}: {k!r} is not a mapping in the job, so {dotted} cannot be set; fix the "
+                                  "key")
         node = node[k]
     node[keys[-1]] = value
 
@@ -79,8 +80,9 @@ def job_from_data(data: dict, base_dir: str | Path, overrides: dict[str, Any] | 
     are the flags (None: not given), applied after them. Type and key problems, the rules over values, and the
     caller's ``checks`` (the CLI passes launcher.inputs.plan_inputs.request_problems: budget against the card, batch
     against the ranks) are gathered together; a value refused by its type is not judged again. Without ``checks``
-    nothing runs beyond this module, so loading a job never probes the machine. ``for_run`` adds the rules only a run needs (train.max_steps or
-    epochs, a data file with records). Relative model, data and NVMe paths become absolute against ``base_dir``.
+    nothing runs beyond this module, so loading a job never probes the machine. ``for_run`` adds the rules only a run
+    needs (train.max_steps or epochs, a data file with records). Relative model, data and NVMe paths become absolute
+    against ``base_dir``.
     """
     data = copy.deepcopy(data)
     problems: list[str] = []
@@ -228,7 +230,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
               "use e.g. warn_total_time_h: 24, or null to never warn")
     _positive(p, "gpus", job.gpus, "use e.g. --gpus 4")
     _positive(p, "nodes", job.nodes, "use e.g. --nodes 1")
-    _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size, "use e.g. micro_batch_size: 4 or leave it out")
+    _positive(p, "strategy.micro_batch_size", job.strategy.micro_batch_size,
+              "use e.g. micro_batch_size: 4 or leave it out")
     _positive(p, "cluster.gpus_per_node", job.cluster.gpus_per_node, "use e.g. gpus_per_node: 8")
     _positive(p, "cluster.cpus_per_node", job.cluster.cpus_per_node, "use the CPUs `sinfo -o %c` lists, e.g. 64")
     per_node = job.cluster.gpus_per_node
@@ -258,7 +261,8 @@ def check_job(job: Job, *, for_run: bool = True) -> list[Problem]:
     if not 0.0 <= job.data.eval_fraction <= 0.5:
         p.append(Problem("data.eval_fraction", f"{job.data.eval_fraction!r} must be between 0 and 0.5; use e.g. 0.1"))
     if not 0.0 <= job.strategy.safety_margin < 0.5:
-        p.append(Problem("strategy.safety_margin", f"{job.strategy.safety_margin!r} must be in [0, 0.5); use e.g. 0.05"))
+        p.append(Problem("strategy.safety_margin",
+                         f"{job.strategy.safety_margin!r} must be in [0, 0.5); use e.g. 0.05"))
     if job.train.lora is not None:
         lo = job.train.lora
         _positive(p, "train.lora.r", lo.r, "use e.g. r: 8")

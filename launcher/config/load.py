@@ -261,7 +261,8 @@ def _build(cls: type[T], data: Any, where: str, problems: _Problems) -> T | None
     None only when a required field is refused or missing: then nothing of ``cls`` can be checked further.
     """
     if not isinstance(data, dict):
-        problems.add(where or "document", data, "must be a mapping of keys", f"write {where or 'the job'} as key: value lines")
+        problems.add(where or "document", data, "must be a mapping of keys",
+                     f"write {where or 'the job'} as key: value lines")
         return None
     hints = typing.get_type_hints(cls)
     fields = {yaml_key(f): f for f in public_fields(cls)}
@@ -400,9 +401,11 @@ def load_yaml(path: str | Path) -> Any:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: YAML syntax error at {at}: {problem}; fix the YAML there") from None
     except RecursionError:
-        raise ConfigError(f"{path}: the YAML nests too deeply to read; a job file is a few levels of key: value") from None
+        raise ConfigError(f"{path}: the YAML nests too deeply to read; a job file is a few levels of key: "
+                          "value") from None
     except ValueError as e:  # a constructor refused a value: an integer of 4300+ digits, a date like 2024-13-45
-        raise ConfigError(f"{path}: a value in the job file cannot be read ({value_error(e)}); fix that value") from None
+        raise ConfigError(f"{path}: a value in the job file cannot be read ({value_error(e)}); fix that "
+                          "value") from None
 
 
 def value_error(e: ValueError) -> str:

@@ -103,8 +103,10 @@ def accelerate_yaml_text(plan: Plan, *, title: str, config: dict, config_file: s
                    if name not in SCRIPT_LEVERS and getattr(s, name) != LEVERS_OFF[name]]
     if recipe_only:
         # A script launched with this file applies none of them, so the plan's memory would not hold for it.
-        lines += [f"The plan counts on levers the launcher's recipes apply and this file does not carry ({', '.join(recipe_only)}):",
-                  "  for your own script, plan with `launch plan JOB --script train.py --out DIR`, which leaves them off."]
+        lines += ["The plan counts on levers the launcher's recipes apply and this file does not carry "
+                  f"({', '.join(recipe_only)}):",
+                  "  for your own script, plan with `launch plan JOB --script train.py --out DIR`, which leaves them "
+                  "off."]
     header = "".join(f"# {line}\n" for line in lines)
     return header + yaml.safe_dump(config, sort_keys=False)
 

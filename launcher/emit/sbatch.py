@@ -118,7 +118,7 @@ fi
 # The verdict, as `launch` gives it: report.json, memory.png, state.json; the job exits with the verdict's code.
 "$PYTHON" -m launcher.cli.finish "$RUN_DIR" "$rc" && rc=0 || rc=$?
 exit "$rc"
-"""
+"""  # noqa: E501 - write_file's shell line: 119 columns as written, its braces escaped here
 
 
 def _flag(key: str, value: object) -> str:

@@ -2,7 +2,8 @@
 
 Pure apart from reading the tables of valid keys, which have one source of truth: submitit's own
 ``SlurmExecutor._valid_parameters()`` (read from the signature of ``_make_sbatch_string``), plus sbatch's long
-options as ``sbatch --help`` lists them where sbatch is installed. The sbatch emitter (launcher.emit.sbatch) renders the same directives from ``directives()``.
+options as ``sbatch --help`` lists them where sbatch is installed. The sbatch emitter (launcher.emit.sbatch) renders the
+same directives from ``directives()``.
 """
 
 from __future__ import annotations

@@ -169,5 +169,6 @@ class EngineSpec:
         if job.train.lora is None or plan.precision == "fp32" or not self.fp32_adapters(plan.strategy, script=True):
             return []
         return [f"LoRA: the plan counts the adapters in {plan.precision}, as the launcher's ranks make them:",
-                "  get_peft_model(model, config, autocast_adapter_dtype=False). peft's default fp32 adapters compute in",
+                "  get_peft_model(model, config, autocast_adapter_dtype=False). peft's default fp32 adapters compute "
+                "in",
                 "  fp32 here, an fp32 copy of each adapted linear's input saved (`launch plan --script` counts it)."]

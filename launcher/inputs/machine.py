@@ -1,4 +1,5 @@
-"""What this machine has: its GPU (nvidia-smi or rocm-smi), host RAM, free NVMe space, and the hardware profile to plan for."""
+"""What this machine has: its GPU (nvidia-smi or rocm-smi), host RAM, free NVMe space, and the hardware profile to plan
+for."""
 
 from __future__ import annotations
 

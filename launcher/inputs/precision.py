@@ -1,7 +1,7 @@
 """train.precision: auto: the rule that picks bf16 or fp32 from what the ranks' devices compute natively.
 
-Pure: launcher.inputs.machine detects the support (environment, /proc/cpuinfo, nvidia-smi); ``choose_precision`` turns it
-into a dtype and a reason, and both go to the planner as inputs, like the hardware profile.
+Pure: launcher.inputs.machine detects the support (environment, /proc/cpuinfo, nvidia-smi); ``choose_precision`` turns
+it into a dtype and a reason, and both go to the planner as inputs, like the hardware profile.
 
 Why it matters on CPU: without AMX or AVX512-BF16, oneDNN emulates bf16 matmuls and they run ~10x slower than
 fp32 (measured on the dev VM with ONEDNN_MAX_CPU_ISA=AVX2, benchmarks/results/newcomer.md); with them bf16 is

@@ -67,7 +67,8 @@ def expand(sweep: dict | None) -> list[Variant]:
         return []
     problems: list[str] = []
     if not isinstance(sweep, dict):
-        raise ConfigError(f"sweep: {sweep!r} must be a mapping with grid: and/or list:; see launcher/inputs/variants.py")
+        raise ConfigError(f"sweep: {sweep!r} must be a mapping with grid: and/or list:; see "
+                          "launcher/inputs/variants.py")
     unknown = sorted(set(sweep) - {"grid", "list"})
     for key in unknown:
         problems.append(f"sweep.{key}: unknown key; use grid: (dotted key to a list of values) or list: "
@@ -75,7 +76,8 @@ def expand(sweep: dict | None) -> list[Variant]:
     grid = sweep.get("grid") or {}
     entries = sweep.get("list") or []
     if not isinstance(grid, dict):
-        problems.append(f"sweep.grid: {grid!r} must be a mapping of dotted keys to lists; e.g. {{train.lr: [1e-4, 3e-4]}}")
+        problems.append(f"sweep.grid: {grid!r} must be a mapping of dotted keys to lists; e.g. {{train.lr: [1e-4, "
+                        f"3e-4]}}")
         grid = {}
     if not isinstance(entries, list):
         problems.append(f"sweep.list: {entries!r} must be a list of mappings; e.g. [{{train.lr: 1e-3}}]")
@@ -106,7 +108,8 @@ def expand(sweep: dict | None) -> list[Variant]:
     for i, ov in enumerate(overrides_list):
         key = repr(sorted(ov.items(), key=lambda kv: kv[0]))
         if key in seen:
-            problems.append(f"sweep: variant {i} ({variant_name(ov)}) repeats variant {seen[key]}; remove the duplicate")
+            problems.append(f"sweep: variant {i} ({variant_name(ov)}) repeats variant {seen[key]}; remove the "
+                            "duplicate")
         seen.setdefault(key, i)
     if not overrides_list and not problems:
         problems.append("sweep: no variants; give grid: {train.lr: [1e-4, 3e-4]} or list: [{train.lr: 1e-3}]")

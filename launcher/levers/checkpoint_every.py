@@ -1,7 +1,7 @@
 """Selective activation checkpointing: every k-th block checkpointed rather than all of them (exact).
 
 The rank side: launcher.worker.engines (transformers' every_n_layers for DeepSpeed, FSDP2's own wrappers) by the
-rule ``checkpointed`` states; docs/memory-model.md, "Selective checkpointing".
+rule ``checkpointed`` states; docs/memory-model.md#selective-activation-checkpointing-checkpoint_every.
 """
 
 from __future__ import annotations
@@ -13,15 +13,8 @@ TRIED = (1, 2, 4)
 
 
 def checkpointed(index: int, every: int) -> bool:
-    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is.
-
-    The first block of each group of ``every``: transformers' _set_gradient_checkpointing(every_n_layers) rule
-    (``layer_index % every_n_layers == 0``, modeling_utils.py), which launcher.worker.engines.fsdp copies for
-    the blocks it wraps itself. torchtitan's selective layer AC counts from 1 (``count % ac_freq == 0``) and so
-    always checkpoints the last block when k divides the depth; that block is the first to run backward, so its
-    recompute comes on top of every other block's saved tensors. Counting from 0 leaves it unchecked unless
-    (n - 1) % k == 0, and keeps ceil(n / k) checkpoints.
-    """
+    """Whether block ``index`` (0-based, in forward order) is checkpointed when every ``every``-th block is: the first
+    of each group, transformers' every_n_layers rule (docs/memory-model.md#which-blocks-are-checkpointed)."""
     return index % every == 0
 
 

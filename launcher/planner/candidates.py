@@ -19,7 +19,8 @@ from launcher.planner.request import PlanRequest, batch_problem, context_problem
 def layouts(req: PlanRequest) -> list[Layout]:
     """Each registered engine's layouts the job's pins admit, in registry order."""
     nvme = req.nvme_free_bytes is not None
-    return [c for spec in ENGINES.values() for c in spec.candidates(nodes=req.nodes, nvme=nvme, world_size=req.world_size)
+    return [c for spec in ENGINES.values()
+            for c in spec.candidates(nodes=req.nodes, nvme=nvme, world_size=req.world_size)
             if admitted(c, req.pins)]
 
 
@@ -64,7 +65,8 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         if key not in settings:
             settings[key] = [lv.fields() for lv in options(req, levers, accum, limits, spec.pure_bf16_optimizers)]
         refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {c.title(req.nodes)}"
-                    f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout" for name, (values, why) in limited.items()
+                    f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout"
+                    for name, (values, why) in limited.items()
                     if getattr(p, name) is not None and getattr(p, name) not in values]
         out += [Strategy(layout=c, micro_batch_size=mb, grad_accum_steps=accum, **lv) for lv in settings[key]]
     if not out and refused:
@@ -75,7 +77,8 @@ def candidates(req: PlanRequest) -> list[Strategy]:
             "together (offload_optimizer: cpu with offload_params: cpu), ZeRO-Offload needs zero_stage >= 2, "
             "param offload and NVMe need zero_stage 3 (NVMe also needs cluster.nvme_path), each engine offers "
             f"only the levers it implements ({per_engine('levers')}), pure bf16 pairs only with the low-memory "
-            f"optimizers its engine steps bf16 weights with ({per_engine('pure_bf16_optimizers')}) and the optimizer step in "
+            f"optimizers its engine steps bf16 weights with ({per_engine('pure_bf16_optimizers')}) and the optimizer "
+            "step in "
             "backward needs grad_accum_steps 1, no fp16 and no Adafactor; unpin one of them"
         )
     return out

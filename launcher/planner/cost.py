@@ -102,7 +102,8 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int) -> dict[s
     # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
     # paged_adamw8bit's state in and out over the host link, whatever the engine (terms.paged_state_s).
-    offload = 0.0 if hw.device_is_host else spec.offload_s(inp, s) + activation_offload_s(inp, s) + paged_state_s(inp, s)
+    offload = 0.0 if hw.device_is_host else (spec.offload_s(inp, s) + activation_offload_s(inp, s)
+                                             + paged_state_s(inp, s))
     # Prefetched gathers and bucketed reduces run beside compute: at most the compute's length hides.
     exposed_comm = max(comm * (1.0 - hw.comm_overlap), comm - (compute + overhead))
     terms = {"compute": compute + overhead + calls, "communication": exposed_comm, "offload": offload,
@@ -127,7 +128,8 @@ def attention_flops_per_token(inp: MemoryInputs, s: Strategy, checkpointed: int 
     arXiv:2204.02311 App. B: 6N + 12·L·H·Q·T; torchtitan's get_num_flop_per_token]. A recomputed block runs its
     forward again, except under the op policy with a fused kernel, whose output the policy saves
     (launcher.model.sac.save_ops). Fused kernels (sdpa, flash) skip the masked half of a causal sequence's tiles;
-    eager attention multiplies the whole s x s square. ``checkpointed``: checkpointed_blocks, where the caller has it."""
+    eager attention multiplies the whole s x s square. ``checkpointed``: checkpointed_blocks, where the caller has
+    it."""
     m = inp.model
     fused = inp.activations.attention != "eager"
     per_pass = 4.0 * inp.seq_len * m.num_heads * m.head_dim * (0.5 if fused and m.task == "causal_lm" else 1.0)

@@ -151,12 +151,15 @@ def _gpu(name, mem_gib, flops_bf16, flops_fp32, intra, inter, pcie, *, memory_bw
 # cards talk over PCIe (Gen4 x16: 32 GB/s a direction). inter_node_bw is one NIC per GPU: HDR 200 Gb/s on A100
 # systems, NDR 400 Gb/s on H100/H200/B200/MI300X systems, 100 Gb/s Ethernet shared by a PCIe box's cards.
 PROFILES: dict[str, HardwareProfile] = {
-    "a10g": _gpu("a10g", 24, 70e12, 31.2e12, 16 * GB, 3 * GB, 16 * GB, capability=8.6, memory_bw=600 * GB, context_mib=400,
+    "a10g": _gpu("a10g", 24, 70e12, 31.2e12, 16 * GB, 3 * GB, 16 * GB, capability=8.6, memory_bw=600 * GB,
+                 context_mib=400,
                  source="https://aws.amazon.com/ec2/instance-types/g5/ ; A10G vs A10 figures: "
                         "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
-    "l4": _gpu("l4", 24, 121e12, 30.3e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=300 * GB, context_mib=400,
+    "l4": _gpu("l4", 24, 121e12, 30.3e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=300 * GB,
+               context_mib=400,
                source="https://www.nvidia.com/en-us/data-center/l4/"),
-    "l40s": _gpu("l40s", 48, 362e12, 91.6e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=864 * GB, context_mib=400,
+    "l40s": _gpu("l40s", 48, 362e12, 91.6e12, 32 * GB, 12 * GB, 32 * GB, capability=8.9, memory_bw=864 * GB,
+                 context_mib=400,
                  source="https://www.nvidia.com/en-us/data-center/l40s/"),
     "a100-40gb": _gpu("a100-40gb", 40, 312e12, 19.5e12, 300 * GB, 25 * GB, 32 * GB, capability=8.0, memory_bw=1555 * GB,
                       source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
@@ -176,12 +179,14 @@ PROFILES: dict[str, HardwareProfile] = {
     "mi300x": _gpu("mi300x", 192, 1307e12, 163.4e12, 448 * GB, 50 * GB, 64 * GB, capability=None, memory_bw=5300 * GB,
                    source="https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html "
                           "(Infinity Fabric 896 GB/s aggregate, both ways)"),
-    "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, capability=8.9, memory_bw=1008 * GB, context_mib=400,
+    "rtx4090": _gpu("rtx4090", 24, 165e12, 82.6e12, 25 * GB, 3 * GB, 25 * GB, capability=8.9, memory_bw=1008 * GB,
+                    context_mib=400,
                     source="https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf "
                            "(Appendix A: bf16 tensor with fp32 accumulate; no NVLink, no P2P)"),
     "v100-16gb": _gpu("v100-16gb", 16, 125e12, 15.7e12, 150 * GB, 12 * GB, 16 * GB, capability=7.0, memory_bw=900 * GB,
                       context_mib=400, source="https://images.nvidia.com/content/technologies/volta/pdf/"
-                                              "volta-v100-datasheet-update-us-1165301-r5.pdf (no bf16: the fp16 figure)"),
+                                              "volta-v100-datasheet-update-us-1165301-r5.pdf (no bf16: the fp16 "
+                                              "figure)"),
     # CPU ranks (gloo): MemTracker counts tensor bytes only, so no context or allocator reserve.
     # Throughputs are placeholders that `launch calibrate` replaces with measured ones.
     "cpu": HardwareProfile(

@@ -111,19 +111,10 @@ def block_activations(c: ActivationConstants, num_blocks: int, micro_batch: int,
 def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
                      checkpointing: bool, checkpoint_every: int = 1, loss_chunks: int = 0,
                      policy: str = "full") -> tuple[int, int]:
-    """(blocks, head) activation bytes of one micro-batch at the backward peak.
-
-    Two moments compete. backward start: every block's saved tensors S and the loss's backward (H,
-    head_bytes_per_token: logits, their fp32 copy, log-softmax and its gradient). Recompute of checkpointed block
-    j (non-reentrant torch.utils.checkpoint replays it when backward first unpacks one of its tensors): the blocks
-    up to j saved, block j live again, and what outside the blocks is still held (H', head_ckpt_bytes_per_token).
-    The probe (launcher.model.activations) measures H' ≤ H ≤ (A + B·s) + H' (its full-recompute run holds the
-    head's moment too, and H' is at most the head), so which moment is the peak follows from the layout alone:
-    the last block's recompute when the last block is checkpointed (every block: full recompute, as before),
-    else the backward start, since a block that keeps everything then follows every checkpointed one; there the
-    checkpointed layers' kwargs are held too (ckpt_kwargs_bytes_per_token, once). Chosen
-    by the layout, not by max(), the bytes stay linear in the constants (launch calibrate fits them so). With
-    ``loss_chunks`` the head's term is the chunked loss's (chunked_head_bytes). ``policy``: block_activations.
+    """(blocks, head) activation bytes of one micro-batch at the backward peak: the backward start, or the last
+    block's recompute when it is checkpointed, chosen by the layout so the bytes stay linear in the constants
+    (docs/memory-model.md#selective-checkpointings-memory-and-time). With ``loss_chunks`` the head's term is the
+    chunked loss's (chunked_head_bytes). ``policy``: block_activations.
     """
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, policy)
@@ -169,17 +160,9 @@ def trl_head_bytes(m: ModelStats, precision: str, tokens: int, device_is_host: b
 def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int,
                                checkpointing: bool, checkpoint_every: int = 1,
                                loss_chunks: int = 0) -> tuple[int, int, int]:
-    """(blocks on the device, head on the device, host) activation bytes with activation offload on CUDA.
-
-    launcher.worker.offload packs every saved tensor but the parameters into pinned host memory as forward and
-    the loss save it, as torch.autograd.graph.save_on_cpu(pin_memory=True) does (``pack_to_cpu``:
-    torch.empty(pin_memory=True), copy_), and unpacks it to the device when backward uses it
-    (``unpack_from_cpu``: tensor.to(device)). With checkpointing only the block inputs are packed: non-reentrant
-    checkpoint saves them through the outer hooks, and what runs inside a block through its own, innermost ones.
-    The host holds all the blocks save, and the loss's saved tensors, counted as its whole head term H (an upper
-    bound: H holds its backward temporaries too). The device holds one block's backward: its tensors back, or its
-    input back and the block recomputed, beside what the head still holds then (H'); by the probe's
-    H ≤ (A + B·s) + H' that is at least the loss's backward at the start (H, its tensors back).
+    """(blocks on the device, head on the device, host) activation bytes with activation offload on CUDA: the device
+    holds one block's backward beside the head's H', the host every saved tensor and the loss's whole H
+    (docs/memory-model.md#activation-offload-activation_offload).
     """
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every)
@@ -190,27 +173,16 @@ def offloaded_activation_bytes(c: ActivationConstants, num_blocks: int, micro_ba
 
 
 def strategy_activations(c: ActivationConstants, s: Strategy, *, fp32_adapters: bool = False) -> ActivationConstants:
-    """The constants this strategy's forward saves by.
-
-    ``fp32_adapters`` (the engine's EngineSpec.fp32_adapters: a user's script at ZeRO-3): the ranks compute peft's
-    fp32 adapters as made, casting each adapted linear's input to fp32 and saving that copy (peft's
-    BaseTunerLayer._cast_input_dtype, from lora.Linear.forward), where the probe's base measured them in the
-    working dtype; its fp32_adapter_* terms add the difference to the blocks, to op-level checkpointing's kept
-    bytes and to the head.
-
-    With ``release_frozen_weights`` (ZeRO-3 under LoRA) every frozen linear saves its input (DeepSpeed's
-    LinearFunctionForZeroStage3.setup_context, zero/linear.py: ``ctx.save_for_backward(input, weight, bias)``),
-    which the probe measured beside torch's linear (launcher.model.activations: frozen_input_bytes_per_token per
-    block, frozen_head_input_bytes_per_token outside them), beside adapters in the working dtype, and beside fp32
-    ones with the fp32_adapter_frozen_* terms on top. A checkpointed block keeps its input alone either way and its
-    recompute is a whole block again, so only the blocks' and the head's terms grow; chunked cross-entropy runs the
-    head inside its own checkpoint (launcher.model.chunked_loss), whose inputs it keeps anyway, so the head's part
-    of the frozen inputs stays out there."""
+    """The constants this strategy's forward saves by: with ``fp32_adapters`` (EngineSpec.fp32_adapters) peft's fp32
+    copies of the adapted linears' inputs, with release_frozen_weights every frozen linear's input, the head's unless
+    the loss is chunked. See docs/memory-model.md#loras-adapters-the-dtype-they-compute-in-probe-versions-9-and-10
+    and docs/memory-model.md#zero-3s-released-frozen-weights-release_frozen_weights-a-lever."""
     block = c.fp32_adapter_bytes_per_token if fp32_adapters else 0.0
     head = c.fp32_adapter_head_bytes_per_token if fp32_adapters else 0.0
     sac = c.fp32_adapter_sac_bytes_per_token if fp32_adapters and c.sac_bytes_per_token else 0.0
     if RELEASE_FROZEN_WEIGHTS.on(s):
-        block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters else 0.0)
+        block += c.frozen_input_bytes_per_token + (c.fp32_adapter_frozen_input_bytes_per_token if fp32_adapters
+                                                   else 0.0)
         if not CHUNKED_LOSS.on(s):
             head += c.frozen_head_input_bytes_per_token + (
                 c.fp32_adapter_frozen_head_input_bytes_per_token if fp32_adapters else 0.0)
@@ -449,8 +421,9 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
     return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
-__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate", "MemoryInputs", "States",
-           "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations", "checkpointed",
+__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate",
+           "MemoryInputs", "States", "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations",
+           "checkpointed",
            "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
            "offloaded_activation_bytes", "rank_activations", "strategy_activations",
            "nvme_param_buffer_elems"]

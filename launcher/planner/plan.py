@@ -191,8 +191,9 @@ class Rejected:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-Why = Literal["needed_to_fit", "faster", "faster_than_without", "lower_peak", "pinned", "fits_without", "would_not_fit", "would_fit", "no_fit_either",
-              "not_allowed", "engine_lacks", "not_paired", "not_applicable", "plan_lacks", "script_lacks"]
+Why = Literal["needed_to_fit", "faster", "faster_than_without", "lower_peak", "pinned", "fits_without", "would_not_fit",
+              "would_fit", "no_fit_either", "not_allowed", "engine_lacks", "not_paired", "not_applicable", "plan_lacks",
+              "script_lacks"]
 """Used: needed_to_fit (no plan without it fits: for a math lever the search without it finds none, for an exact
 one this plan without it is over a limit), faster (it fits without, but steps slower), faster_than_without (a math
 lever this plan needs, where other plans fit without it but rank behind it: slower by more than
@@ -202,10 +203,10 @@ Not used: fits_without (the plan fits, and would with it too: the deltas say wha
 would_not_fit (switched on, the plan would go over: selective checkpointing keeps more than full), would_fit /
 no_fit_either (a forced plan over its budget), not_allowed (a math lever train.allow_levers does not list),
 engine_lacks (the chosen engine does not implement it), not_paired (pure bf16 and this low-memory optimizer
-together, which the engine does not step: EngineSpec.pure_bf16_optimizers), not_applicable (not for this job: task, precision, LoRA,
-optimizer), plan_lacks (not with the chosen plan's shape, which another plan of the job could have: the
-checkpointing refinements with checkpointing off, the optimizer step in backward under accumulation), script_lacks (a launch --script run: the user's script does not receive it,
-launcher.levers.SCRIPT_LEVERS). pinned: the job fixed it."""
+together, which the engine does not step: EngineSpec.pure_bf16_optimizers), not_applicable (not for this job: task,
+precision, LoRA, optimizer), plan_lacks (not with the chosen plan's shape, which another plan of the job could have: the
+checkpointing refinements with checkpointing off, the optimizer step in backward under accumulation), script_lacks (a
+launch --script run: the user's script does not receive it, launcher.levers.SCRIPT_LEVERS). pinned: the job fixed it."""
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LeverDecision:

@@ -38,5 +38,5 @@ def make_plan(req: PlanRequest) -> Plan:
     return build_plan(req, best, scored, pins, status="fits", total=found.total)
 
 
-__all__ = ["PlanRequest", "Scored", "Searched", "batch_problem", "candidates", "context_problem", "evaluate", "make_plan",
-           "micro_batches", "score", "search", "size_buckets"]
+__all__ = ["PlanRequest", "Scored", "Searched", "batch_problem", "candidates", "context_problem", "evaluate",
+           "make_plan", "micro_batches", "score", "search", "size_buckets"]

@@ -111,19 +111,9 @@ def _embedding_tables(m: ModelStats) -> int:
 
 
 def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> float:
-    """Optimizer state bytes of one rank that steps 1/shard_ranks of the trainable parameters (fp32 masters apart).
-
-    The one function every engine counts optimizer state with. The job's optimizer: OPTIMIZER_STATE_BYTES per
-    parameter (half under pure bf16, whose states take the parameters' bf16). Strategy.low_memory_optimizer (docs/memory-model.md "Low-memory optimizers"):
-      adamw8bit/4bit  2 moments x (code bytes + 4 / block) per quantized element (LOW_BIT_STATE); the vocabulary
-                      tables are checked against torchao's rule on the rank whose shard is worse (FSDP2 splits
-                      rows, torch.chunk); the other matrices have widths that are multiples of 64 and quantize;
-                      norm and bias vectors (well under 1 % of a block) are counted as quantized too.
-      adafactor       torch.optim.Adafactor keeps no first moment and a factored second one: a row vector (its
-                      rank's rows) and a column vector (replicated) per matrix, the full vector for 1-D tensors
-                      (_adafactor.py _init_group): 4(rows/n + cols) bytes per matrix. Tables exactly; a block's
-                      matrices have one side the hidden size h, so rows + cols <= 2 x params / h per block.
-    """
+    """Optimizer state bytes of one rank that steps 1/shard_ranks of the trainable parameters (fp32 masters apart),
+    for every engine: OPTIMIZER_STATE_BYTES per parameter for the job's optimizer (half under pure bf16), a low-memory
+    one's per its table row (docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     m, n, opt = inp.model, shard_ranks, LOW_MEMORY_OPTIMIZER.of(s)
     if opt == "none":
         # Pure bf16: the states take the parameters' dtype, half of fp32's.
@@ -157,18 +147,9 @@ def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTE
 
 def paged_state_bytes(inp: MemoryInputs, s: Strategy) -> tuple[float, float, float]:
     """paged_adamw8bit's state on its one rank, bytes: (on the device between steps, in host memory, the device
-    working set of one tensor's step).
-
-    bitsandbytes allocates a state of PAGED_MIN_NUMEL elements or more in CUDA managed memory (F.get_paged:
-    cudaMallocManaged) and prefetches it to the device before that tensor's step (Optimizer8bit.prefetch_state:
-    cudaMemPrefetchAsync); the driver evicts the pages back to the host when device allocations need the room, so
-    between steps they live in host memory, and at a step the device holds the one tensor's pages: the largest
-    tensor's state is the working set. Smaller tensors' states (norms, biases) are plain device tensors. Which
-    tensors page: the vocabulary tables and the blocks' linears (ModelStats.block_linear_shapes) of at least
-    PAGED_MIN_NUMEL elements; everything else in a block is counted at fp32 moments (8 bytes, the most a small
-    tensor's state takes). On CPU ranks bitsandbytes does not page (get_state_buffer: plain tensors): all of it is
-    device, which is host. The caching allocator never sees managed pages, so the working set is room the plan
-    keeps free, not memory a rank's tracker measures."""
+    working set of one tensor's step). States of PAGED_MIN_NUMEL elements or more page (CUDA managed memory), the
+    largest one's the working set; none on CPU ranks (docs/memory-model.md#low-memory-optimizers-low_memory_optimizer).
+    """
     m = inp.model
     total = optimizer_state_bytes(inp, s, 1)
     if inp.hardware.device_is_host:
@@ -211,18 +192,10 @@ def paged_state_s(inp: MemoryInputs, s: Strategy) -> float:
 
 
 def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, on_host: bool) -> float:
-    """Bytes the optimizer step holds beyond its state, for one tensor at a time: the largest local tensor's.
-
-    Low-bit AdamW stepping on the host (CPU ranks, or state offloaded: ``on_host``) runs eagerly: LOW_BIT_STEP_COPIES fp32 copies (on CUDA torchao compiles the
-    step into fused kernels, which hold none; not measured here). Adafactor: its variance estimate, the size of
-    the tensor, which becomes the update in place (_single_tensor_adafactor; measured 1.0). The job's Adam/AdamW
-    (torch's single-tensor step, foreach=False): two, the square root and the quotient of its denominator
-    (torch/optim/adamw.py _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); measured
-    2.0 on FSDP2's fp32 cells); SGD none. Pure bf16's Adam/AdamW rounds stochastically through torchao's step:
-    SR_STEP_COPIES on the host, none on CUDA (compiled). Engines that step their own flat partitions (DeepSpeed)
-    count their step apart. A user's script (``inp.script``) steps its own Adam/AdamW, over every tensor at once
-    (SCRIPT_STEP_COPIES).
-    """
+    """Bytes the optimizer step holds beyond its state, for one tensor at a time: the largest local tensor's times
+    the copies its step makes (LOW_BIT_STEP_COPIES and SR_STEP_COPIES eager on the host, none compiled on CUDA; a
+    script's step over its whole shard, SCRIPT_STEP_COPIES). DeepSpeed counts its flat partitions' step apart
+    (docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     opt = LOW_MEMORY_OPTIMIZER.of(s)
     largest = 4 * math.ceil(inp.model.largest_layer_params / shard_ranks)
     # A low-bit AdamW stepping bf16 weights runs the same single_param_adam with BF16_STOCHASTIC_ROUND: p.float()
@@ -250,17 +223,8 @@ def optimizer_step_temp_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int, 
 
 def optimizer_step_s(inp: MemoryInputs, s: Strategy, trainable_shard: float, on_host: bool) -> float:
     """Seconds a low-memory optimizer's step, or pure bf16's stochastically rounded one, adds over the job's AdamW
-    on the device, for this rank's shard.
-
-    On the host (CPU ranks, or state offloaded: ``on_host``) eager low-bit AdamW runs LOW_BIT_CPU_STEP_RATIO (per
-    optimizer) times torch's AdamW, whose rate is cpu_adam_params_per_s / TORCH_HOST_ADAM_RATIO shared by the node's
-    ranks. On CUDA the compiled step is bandwidth-bound like AdamW
-    (0 here; its first step compiles one kernel per shape). Adafactor measured no slower than AdamW: 0. Pure
-    bf16's eager stochastically rounded step: SR_CPU_STEP_RATIO times torch's AdamW on the host; on CUDA compiled
-    and fused like the low-bit step (single_param_adam, the random bits drawn in the kernel): 0. A low-bit AdamW
-    stepping pure bf16 weights is counted as the low-bit step: measured 1.06-1.22 times the same
-    optimizer over fp32 weights (2.4M elements, eager, 1 and 2 threads), well inside the low-bit ratio's spread.
-    """
+    on the device, for this rank's shard: on the host LOW_BIT_CPU_STEP_RATIO or SR_CPU_STEP_RATIO times torch's
+    AdamW; 0 on CUDA (compiled) and for Adafactor (docs/step-time.md#the-low-bit-adamw-step-on-the-host)."""
     hw = inp.hardware
     if not on_host:
         return 0.0
@@ -522,18 +486,9 @@ def kept_param_bytes(pure_bf16: bool) -> int:
 
 def tied_embedding_grad_bytes(m: ModelStats, w: float) -> float:
     """Bytes of the three vocabulary x hidden gradients alive at once when a causal LM's input embedding runs its
-    backward and its output head is tied to it (GPT-2), in the working dtype w; 0 when untied or frozen (LoRA).
-
-    The shared weight has one AccumulateGrad node fed by two uses, so autograd keeps the head's gradient, made at
-    the start of backward, in that node's InputBuffer until the embedding's arrives at the end. Then (1) the head's
-    gradient, (2) the embedding's dense gradient (aten embedding_dense_backward: a zeros(V, h) table, index-added)
-    and (3) their sum: torch/csrc/autograd/input_buffer.cpp accumulate() adds in place only when the buffered
-    gradient passes can_accumulate_inplace (the last reference to it and its storage), which the head's does not:
-    it runs aten.add.Tensor, a new V x h tensor (measured without any tracker: the tied model's backward peaks one
-    table above the untied one's, 3Vh against 2Vh of gradient tables). Measured on FSDP2 and ZeRO-2 ranks: exactly
-    three tables beside the other gradients (BWDEND_DEV, docs/memory-model.md "The peak is the largest of the
-    moments").
-    """
+    backward and its output head is tied to it (GPT-2), in the working dtype w; 0 when untied or frozen (LoRA): the
+    head's, the embedding's and their sum, which autograd cannot add in place
+    (docs/memory-model.md#the-peak-is-the-largest-of-the-moments)."""
     if m.task != "causal_lm" or not m.tied_embeddings or m.lora_params or not m.vocab_size:
         return 0.0
     return 3 * w * m.vocab_size * m.hidden_size

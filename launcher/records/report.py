@@ -188,7 +188,8 @@ def over_budget_message(report: RunReport) -> str | None:
 def render_report(report: RunReport) -> str:
     """The report as printed: one line per rank (predicted, measured, budget, headroom, verdict, largest category),
     then missing ranks, evaluation and the verdict."""
-    head = f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  {'verdict':<11} largest"
+    head = (f"{'rank':>4}  {'host':<12} {'predicted':>10} {'measured':>10} {'budget':>10} {'headroom':>10}  "
+            f"{'verdict':<11} largest")
     lines = [head]
     for r in report.ranks:
         lines.append(

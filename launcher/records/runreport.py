@@ -250,7 +250,8 @@ _WHEN_SET = ("plan_sha256", "outcome", "auto_fallback", "attempts", "script_over
 
 @dataclass(kw_only=True, slots=True)
 class RunReport:
-    """report.json: one verdict for the run (launcher.records.report.RUN_VERDICTS) and a row per rank that wrote a file."""
+    """report.json: one verdict for the run (launcher.records.report.RUN_VERDICTS) and a row per rank that wrote a
+    file."""
 
     verdict: RunVerdict = "incomplete"
     """within_budget, over_budget, oom, failed, interrupted or incomplete."""

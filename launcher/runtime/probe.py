@@ -343,7 +343,8 @@ class MemoryProbe:
         misspelled one fails where it is written rather than landing in ``extra``."""
         unknown = sorted(set(fields) - REPORT_FIELDS)
         if unknown:
-            raise TypeError(f"MemoryProbe.note: {', '.join(unknown)} not a field of launcher.records.rankreport.RankReport")
+            raise TypeError(f"MemoryProbe.note: {', '.join(unknown)} not a field of "
+                            "launcher.records.rankreport.RankReport")
         self.fields.update(fields)
 
     def report(self, *, status: RankStatus, error: str | None = None) -> RankReport:

@@ -10,9 +10,9 @@ peak_rss_bytes gives the process's high-water mark beside it. The whole script i
 foreign script marks no forward/backward/optimizer phases.
 
 The plan reaches the script where HF Trainer, TRL and accelerate build their arguments (launcher.runtime.script_args:
-each value it replaced is in the rank's log and report). Steps are counted by a global optimizer-step hook (torch.optim's
-register_optimizer_step_post_hook; a script with several optimizers counts each one's step) and written to
-steps/rank-K.jsonl without loss or tokens/s; while an HF Trainer trains, its own steps make the lines instead, with
+each value it replaced is in the rank's log and report). Steps are counted by a global optimizer-step hook
+(torch.optim's register_optimizer_step_post_hook; a script with several optimizers counts each one's step) and written
+to steps/rank-K.jsonl without loss or tokens/s; while an HF Trainer trains, its own steps make the lines instead, with
 the loss, learning rate and tokens/s it logs. The first optimizer step fails the rank when the script's process
 group does not span the plan's ranks (each rank would train alone).
 

@@ -78,7 +78,8 @@ def check_nvme(job: Job, plan: Plan) -> list[str]:
     if "nvme" not in (s.layout.offload_optimizer, s.layout.offload_params):
         return []
     if not job.cluster.nvme_path:
-        return ["cluster.nvme_path: missing, but the plan offloads to NVMe; set it to a directory on a local NVMe drive"]
+        return ["cluster.nvme_path: missing, but the plan offloads to NVMe; set it to a directory on a local NVMe "
+                "drive"]
     raw = job.cluster.nvme_path
     try:
         path = Path(raw).expanduser().absolute()

@@ -53,7 +53,8 @@ def _outcome_name(code: int, outcome: RunOutcome, m: Measurement | None) -> str:
     return {EXIT_OK: "ok", EXIT_OVER_BUDGET: "over_budget"}.get(code, "failed")
 
 
-def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job, Plan], tuple[int, RunOutcome]]) -> int:
+def run_ladder(job: Job, plan: Plan, run_dir: RunDir,
+               attempt_run: Callable[[Job, Plan], tuple[int, RunOutcome]]) -> int:
     """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
     until an attempt ends within budget, a non-memory failure or interrupt ends it (its own exit code), or the
     tries run out or no rung is predicted to fit (exit 3). A rung predicted over the budget is never launched."""
@@ -104,7 +105,8 @@ def run_ladder(job: Job, plan: Plan, run_dir: RunDir, attempt_run: Callable[[Job
         print(f"launch: auto-fallback {attempt}/{tries}: {fb.reason}; attempt {attempt} kept in "
               f"{run_dir.path / record.dir}", file=sys.stderr, flush=True)
         job = dataclasses.replace(job, strategy=pins_for(fb.strategy, job.strategy.safety_margin))
-        plan = plan_job(job, force=True, script=plan.script)  # every field pinned: the planner rebuilds buckets and configs for it
+        # every field pinned: the planner rebuilds buckets and configs for it
+        plan = plan_job(job, force=True, script=plan.script)
         tried.append(plan.strategy)
         attempt += 1
         run_dir.write_yaml("job.yaml", job_to_data(job))

@@ -237,7 +237,8 @@ def launch_spec(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir) -> Laun
     """What the backend starts on this node: ranks, rendezvous, the user's script, the rank environment, the hang
     timeout and the interrupt grace."""
     return LaunchSpec(gpus_per_node=plan.gpus_per_node, nodes=plan.nodes, node_rank=opts.node_rank,
-                      rdzv_endpoint=opts.rdzv_endpoint, script=str(Path(opts.script).resolve()) if opts.script else None,
+                      rdzv_endpoint=opts.rdzv_endpoint,
+                      script=str(Path(opts.script).resolve()) if opts.script else None,
                       script_args=list(opts.script_args),
                       env={**rank_env(run_dir, plan, job, opts.enforce, opts.memory_snapshot),
                            **(script_env(run_dir, plan, job) if opts.script else {})},

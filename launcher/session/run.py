@@ -136,7 +136,8 @@ def started(plan: Plan, run_dir: RunDir, opts: RunOptions, view, time_min: int |
                   f"of {plan.budget_bytes / 1e9:.3f} GB")
             print(f"submitted slurm job {job_id} ({plan.nodes} node(s) x {plan.gpus_per_node} rank(s), "
                   f"time limit {time_min} min); run dir {run_dir.path}")
-            print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel {run_dir.path}")
+            print(f"  launch status {run_dir.path} | launch logs {run_dir.path} --follow | launch cancel "
+                  f"{run_dir.path}")
             sys.stdout.flush()
             if opts.wait:
                 view.start()

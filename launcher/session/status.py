@@ -133,7 +133,8 @@ def collect_status(run_dir: Path) -> dict:
 
     variants = []
     for v in rec.variants:
-        variants.append({**dataclasses.asdict(v), "state": current_state(rows, v.job_id), **variant_row(Path(v.run_dir))})
+        variants.append({**dataclasses.asdict(v), "state": current_state(rows, v.job_id),
+                         **variant_row(Path(v.run_dir))})
     return {"run_dir": str(run_dir), "kind": "array", "job_id": rec.job_id, "variants": variants,
             "unplanned": [dataclasses.asdict(u) for u in rec.unplanned],
             "state": "RUNNING" if any(is_active(v["state"]) for v in variants) else "DONE"}

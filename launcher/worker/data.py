@@ -1,4 +1,5 @@
-"""The job's records (launcher.worker.sources), a fixed train/eval split, and each rank's deterministic stream of micro-batches.
+"""The job's records (launcher.worker.sources), a fixed train/eval split, and each rank's deterministic stream of
+micro-batches.
 
 Every sequence is padded to the plan's seq_len: fixed shapes make activation
 memory the same at every step, so the measured peak is the one the planner predicted.

@@ -327,7 +327,8 @@ class Trainer:
                     tokens += self.recipe.tokens(host)
                     batch = to_device(host, self.device)
                     del host
-                    # Activation offload covers forward and the loss: what they save for backward (launcher.worker.offload).
+                    # Activation offload covers forward and the loss: what they save for backward
+                    # (launcher.worker.offload).
                     with offload_activations(self.plan.strategy.activation_offload):
                         loss = self.recipe.loss_tensor(self.engine.forward, batch)
                     del batch

@@ -1,4 +1,5 @@
-"""The worker's main (``python -m launcher.rank_entry RUN_DIR`` runs it): read the run dir, train, report, exit with a code."""
+"""The worker's main (``python -m launcher.rank_entry RUN_DIR`` runs it): read the run dir, train, report, exit with a
+code."""
 
 from __future__ import annotations
 

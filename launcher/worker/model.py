@@ -34,8 +34,8 @@ def build(job: Job, recipe: Recipe, *, seq_len: int, hf_checkpointing: bool, che
 
     ``hf_checkpointing`` with ``checkpoint_every`` k: transformers checkpoints every k-th block from the first
     (its every_n_layers, ``layer_index % k == 0``), the blocks launcher.planner.memory.checkpointed counts;
-    ``checkpoint_policy`` "ops" hands torch.utils.checkpoint the op policy's context_fn (launcher.model.sac): transformers
-    passes its checkpointing kwargs to torch.utils.checkpoint.checkpoint for every checkpointed layer
+    ``checkpoint_policy`` "ops" hands torch.utils.checkpoint the op policy's context_fn (launcher.model.sac):
+    transformers passes its checkpointing kwargs to torch.utils.checkpoint.checkpoint for every checkpointed layer
     (modeling_utils.py _activation_checkpointing_enable: functools.partial(checkpoint, **kwargs)).
 
     ``recipe.loss_chunks`` makes the head compute the chunked loss (launcher.model.chunked_loss); an export builds

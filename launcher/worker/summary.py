@@ -1,5 +1,5 @@
-"""The data's DataSummary (launcher.records.datasummary), counted from token lists with the ranks' own rules: the same eval
-split, the same clipping, truncation, drops and packing bins (launcher.worker.examples), so what the launcher
+"""The data's DataSummary (launcher.records.datasummary), counted from token lists with the ranks' own rules: the same
+eval split, the same clipping, truncation, drops and packing bins (launcher.worker.examples), so what the launcher
 says before the launch is what the ranks train on. No tensors: the byte tokenizer's jobs import no torch here."""
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ def run_dir(tmp_path):
     (d / "logs" / "rank-0.log").write_text("".join(f"line {i}\n" for i in range(50)))
     (d / "logs" / "rank-1.log").write_text("rank one\n")
     (d / "rdzv" / "77-1" / "node-1.json").write_text(json.dumps({"node_name": "node2"}))
-    (d / "requeues.jsonl").write_text(json.dumps({"time": 0, "attempt": 0, "decision": "requeue",
-                                                  "checkpoint": "step-00000002", "ranks": {"0": "checkpointed"}}) + "\n")
+    requeue = {"time": 0, "attempt": 0, "decision": "requeue", "checkpoint": "step-00000002",
+               "ranks": {"0": "checkpointed"}}
+    (d / "requeues.jsonl").write_text(json.dumps(requeue) + "\n")
     return d
 
 

@@ -118,7 +118,8 @@ def test_more_nodes_than_planned_fails_naming_both_world_sizes():
 
 def test_gpu_count_from_older_slurm_variables():
     # No SLURM_GPUS_ON_NODE: SLURM_GPUS_PER_NODE with a type ("a100:2"), then the bound GPU ids.
-    typed = {k: v for k, v in ONE_NODE_TWO_GPUS.items() if k != "SLURM_GPUS_ON_NODE"} | {"SLURM_GPUS_PER_NODE": "a100:2"}
+    typed = ({k: v for k, v in ONE_NODE_TWO_GPUS.items() if k != "SLURM_GPUS_ON_NODE"}
+             | {"SLURM_GPUS_PER_NODE": "a100:2"})
     assert "2 GPU(s)" in "\n".join(check_shape(typed, nodes=1, gpus_per_node=3, world_size=3))
     ids_only = {k: v for k, v in typed.items() if k != "SLURM_GPUS_PER_NODE"}
     assert check_shape(ids_only, nodes=1, gpus_per_node=2, world_size=2) == []

@@ -91,7 +91,8 @@ def test_missing_sacct_is_a_clear_error(monkeypatch):
 
 
 def test_slurm_json_missing_says_what_to_give(tmp_path):
-    with pytest.raises(ConfigError, match="holds no slurm.json; give the run dir of a job submitted with launch --slurm"):
+    with pytest.raises(ConfigError,
+                       match="holds no slurm.json; give the run dir of a job submitted with launch --slurm"):
         read_slurm_json(tmp_path)
 
 

@@ -220,7 +220,8 @@ def test_the_plan_in_the_run_dir_is_what_slurm_must_match(tmp_path):
     assert "world size: Slurm gave 1 node(s) x 2 GPU(s) = 2 rank(s), but the plan needs 1 x 4 = 4" in text
     # A plan.json whose world size is not its own nodes x GPUs.
     (tmp_path / "plan.json").write_text(plan_text(nodes=1, gpus_per_node=2, world_size=3))
-    assert "plan.json: world_size 3 but nodes x gpus_per_node = 1 x 2 = 2" in "\n".join(task.shape_problems(run, slurm_env))
+    problems = "\n".join(task.shape_problems(run, slurm_env))
+    assert "plan.json: world_size 3 but nodes x gpus_per_node = 1 x 2 = 2" in problems
 
 
 def test_attempt_state_lives_on_the_task_and_a_requeued_copy_starts_fresh(tmp_path, task, no_slurm, monkeypatch):

@@ -95,8 +95,10 @@ def test_adding_a_cell_does_not_move_the_others_unless_the_salt_must_change():
 def _samples(cell: str, scale_truth: float, rng, n=3) -> list[Sample]:
     out = []
     for i in range(n):
-        coef = {"block_bytes_per_token": float(rng.integers(1000, 5000)), "head_bytes_per_token": float(rng.integers(100, 900))}
-        current = {"block_bytes_per_token": float(rng.integers(50, 500)), "head_bytes_per_token": float(rng.integers(10, 90))}
+        coef = {"block_bytes_per_token": float(rng.integers(1000, 5000)),
+                "head_bytes_per_token": float(rng.integers(100, 900))}
+        current = {"block_bytes_per_token": float(rng.integers(50, 500)),
+                   "head_bytes_per_token": float(rng.integers(10, 90))}
         measured = sum(coef[k] * current[k] for k in coef) * scale_truth
         out.append(Sample(name=f"{cell}/{i}", measured_bytes=measured, base_bytes=0.0, coefficients=coef,
                           current=current))

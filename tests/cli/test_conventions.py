@@ -49,7 +49,8 @@ def test_dotted_overrides_set_any_job_key(capsys, write_job, tmp_path):
                              "data.max_seq_len=32", "--json", "train.global_batch_size=16", "budget=2GB")
     assert code == 0, err
     plan = json.loads(out)
-    assert (plan["zero_stage"], plan["seq_len"], plan["global_batch_size"], plan["budget_bytes"]) == (3, 32, 16, 2 * 10**9)
+    assert (plan["zero_stage"], plan["seq_len"], plan["global_batch_size"], plan["budget_bytes"]) == (
+        3, 32, 16, 2 * 10**9)
     assert "kept as pinned by the job: zero_stage" in " ".join(plan["reasons"])
 
 

@@ -18,7 +18,8 @@ from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job, writ
 @pytest.fixture
 def run(tmp_path):
     plan = plan_dict(engine="deepspeed", zero_stage=2, micro_batch_size=2, grad_accum_steps=1, world_size=2)
-    d = write_run_dir(tmp_path / "run", job=tiny_gpt2_job(str(REPO / "examples" / "data" / "causal.jsonl"), max_steps=4),
+    d = write_run_dir(tmp_path / "run", job=tiny_gpt2_job(str(REPO / "examples" / "data" / "causal.jsonl"),
+                                                          max_steps=4),
                       plan=plan, ds_config=ds_config_dict(plan))
     return d
 
@@ -65,7 +66,8 @@ def test_out_must_be_new_empty_or_an_export(run, tmp_path, capsys):
     (mine / "notes.txt").write_text("keep me")
     line = refused(capsys, run, "--out", mine)
     assert "not made by launch export" in line
-    assert (mine / "notes.txt").read_text() == "keep me" and files(mine) == [mine.joinpath("notes.txt").relative_to(mine)]
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert files(mine) == [mine.joinpath("notes.txt").relative_to(mine)]
     assert "is a file" in refused(capsys, run, "--out", mine / "notes.txt")
 
 

@@ -39,7 +39,8 @@ def test_flash_attention_plans_for_a_cuda_profile_without_the_package(capsys, wr
 def test_run_needs_the_package_where_the_ranks_start(capsys, write_job, no_flash_attn, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
-    code = main(["run", str(write_job()), "--hardware", "h100-80gb", "--budget", "4GB", FLASH, "--run-dir", str(run_dir),
+    code = main(["run", str(write_job()), "--hardware", "h100-80gb", "--budget", "4GB", FLASH, "--run-dir",
+                 str(run_dir),
                  "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err

@@ -105,7 +105,8 @@ def test_nodes_flag_plans_across_nodes(capsys, write_job, flag):
     assert code == 0, err
     assert json.loads(out)["fsdp_sharding"] == "hybrid"
     code, _, err = run_cli(capsys, "plan", "--gpus", "2", "--json", "--hardware", "a100-80gb", "--budget", "40GB",
-                           write_job(model="llama-1b", **{"strategy.engine": "fsdp", "strategy.fsdp_sharding": "hybrid"}))
+                           write_job(model="llama-1b", **{"strategy.engine": "fsdp",
+                                                          "strategy.fsdp_sharding": "hybrid"}))
     assert code == 2 and "fsdp_sharding" in err
 
 

@@ -31,7 +31,8 @@ def consistent(d) -> tuple[str, int]:
     assert (d / own).is_file() and not (d / other).exists(), sorted(p.name for p in d.iterdir())
     assert (d / "ds_config.hf.json").exists() == (engine == "deepspeed")
     if engine == "deepspeed":
-        assert json.loads((d / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == plan["micro_batch_size"]
+        ds_config = json.loads((d / "ds_config.json").read_text())
+        assert ds_config["train_micro_batch_size_per_gpu"] == plan["micro_batch_size"]
     return engine, plan["micro_batch_size"]
 
 

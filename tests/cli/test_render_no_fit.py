@@ -36,7 +36,8 @@ def test_each_change_is_worded_with_its_flag_and_the_plan_it_gets():
     for s, change in cases:
         assert suggestion_line(s) == f"{change}: {plan}"
     nvme = Suggestion(change="nvme", nvme_bytes_per_node=107_810_000_000, **PLAN)
-    assert suggestion_line(nvme) == f"NVMe offload (set cluster.nvme_path and nvme_free): {plan}, 107.81 GB of NVMe per node"
+    assert suggestion_line(nvme) == (f"NVMe offload (set cluster.nvme_path and nvme_free): {plan}, "
+                                     "107.81 GB of NVMe per node")
 
 
 def test_the_answer_reads_as_before_with_the_sessions_hints_last():

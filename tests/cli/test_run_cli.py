@@ -127,7 +127,8 @@ def check_prediction(rank: dict, margin: float) -> None:
     """One rank of report.json: its prediction never under its measured peak by more than ``margin`` (the plan's
     safety margin; UnderPredicted), nor over it by more than OVER (memory wasted, not a crash)."""
     over = (rank["predicted_peak_bytes"] - rank["measured_peak_bytes"]) / rank["measured_peak_bytes"]
-    seen = (f"rank {rank['rank']}: predicted {rank['predicted_peak_bytes']} B, measured {rank['measured_peak_bytes']} B "
+    seen = (f"rank {rank['rank']}: predicted {rank['predicted_peak_bytes']} B, measured {rank['measured_peak_bytes']} "
+            "B "
             f"({over:+.2%}; allowed -{margin:.0%} to +{OVER:.0%})")
     print(seen)
     if over < -margin:
@@ -157,7 +158,8 @@ def test_zero2_tiny_gpt2(tmp_path):
     # 1M-element bucket meets the last block's backward temporaries: 5.1 % under the plan until the gradient reduce
     # counted them (ActivationConstants.reduce_bytes_per_token).
     job = near_budget(job_file(tmp_path, "z2", strategy={"engine": "deepspeed", "zero_stage": 2,
-                                                         "offload_optimizer": "none", "low_memory_optimizer": "adamw4bit"},
+                                                         "offload_optimizer": "none",
+                                                         "low_memory_optimizer": "adamw4bit"},
                                train={"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 8,
                                       "allow_levers": ["adamw4bit"]}))
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
@@ -222,7 +224,8 @@ def test_fsdp2_full_shard_checkpointing_minilm_sentence_embedding(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     check_report(tmp_path / "run", 2)
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
-    assert (plan["engine"], plan["fsdp_reshard_after_forward"], plan["activation_checkpointing"]) == ("fsdp", True, True)
+    assert (plan["engine"], plan["fsdp_reshard_after_forward"], plan["activation_checkpointing"]) == (
+        "fsdp", True, True)
     assert plan["checkpoint_policy"] == "ops"
     assert (tmp_path / "run" / "fsdp.yaml").is_file()
     run = tmp_path / "run"
@@ -275,7 +278,8 @@ def test_lora_bf16_trains_only_the_adapters(tmp_path):
     assert rank["total_params"] > 50 * lora
     # The adapter (peft's files, over the base dir it names) and the merged model both reload.
     run = tmp_path / "run"
-    assert {"adapter_config.json", "adapter_model.safetensors", "export.json"} <= {p.name for p in (run / "model").iterdir()}
+    names = {p.name for p in (run / "model").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "export.json"} <= names
     adapter = check_export(run)
     assert abs(adapter - rank["eval_loss_initial"]) > 1e-3
     lora_b = [v for k, v in safetensors_of(run / "model").items() if "lora_B" in k]
@@ -537,7 +541,8 @@ def test_fsdp_qlora_on_one_rank_keeps_the_nf4_base_outside_fsdp(tmp_path):
     job = job_file(tmp_path, "qlora1", model=str(tmp_path / "llama"), gpus=1,
                    data={"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 128},
                    train={"global_batch_size": 4, "precision": "fp32", "lr": 1e-2, "max_steps": 2,
-                          "allow_levers": ["qlora"], "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+                          "allow_levers": ["qlora"],
+                          "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
                    strategy={"engine": "fsdp", "qlora": True, "micro_batch_size": 4})
     res = launch(job, "--run-dir", tmp_path / "run", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr

@@ -214,7 +214,8 @@ def test_loading_a_job_probes_nothing(write_job, tmp_path, monkeypatch):
     (fake / "nvidia-smi").chmod(0o755)
     job = write_job(**{"cluster.hardware": "auto", "budget": "900GB"})  # over any card: only a probe could tell
     code = ("import sys; from launcher.config.jobfile import load_job; load_job(sys.argv[1]); "
-            "print(sorted(m for m in sys.modules if m.startswith(('launcher.inputs.machine', 'launcher.plan', 'torch'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('launcher.inputs.machine', 'launcher.plan', "
+            "'torch'))))")
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     out = subprocess.run([sys.executable, "-c", code, str(job)], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

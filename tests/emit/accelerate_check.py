@@ -39,7 +39,8 @@ def fsdp_facts(accelerator, model) -> dict:
 
     env_plugin = FullyShardedDataParallelPlugin()  # what `accelerate launch` put in the env from accelerate.yaml
     # Unset (not even None) when accelerate did not take the FSDP path.
-    applied = getattr(accelerator.state, "fsdp_plugin", None) if accelerator.distributed_type == DistributedType.FSDP else None
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    applied = getattr(accelerator.state, "fsdp_plugin", None) if fsdp else None
     blocks = [m for m in model.modules() if type(m).__name__ == "GPT2Block"]
     facts = {
         "env_fsdp_version": env_plugin.fsdp_version,

@@ -47,7 +47,8 @@ def make_plan(*, world_size: int = 8, nodes: int = 1, precision: str = "bf16", b
     if s["engine"] == "plain":  # no stage; one rank has no wrapper, more are DDP replicas
         s["zero_stage"] = None
         s["ddp"] = world_size > 1
-    gbs = global_batch_size if global_batch_size is not None else s["micro_batch_size"] * s["grad_accum_steps"] * world_size
+    gbs = (global_batch_size if global_batch_size is not None
+           else s["micro_batch_size"] * s["grad_accum_steps"] * world_size)
     return Plan(
         strategy=Strategy.from_json(s),
         estimate=Estimate(breakdown={"params": 1}, peak_bytes=1 << 30, host_bytes_per_node=0, nvme_bytes_per_node=0,

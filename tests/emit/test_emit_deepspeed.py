@@ -246,7 +246,8 @@ def test_unsupported_strategies_list_every_problem():
         ds_config(make_plan(engine="fsdp"), make_job())
 
 
-@pytest.mark.parametrize("precision, bf16, fp16", [("bf16", True, False), ("fp16", False, True), ("fp32", False, False)])
+@pytest.mark.parametrize("precision, bf16, fp16",
+                         [("bf16", True, False), ("fp16", False, True), ("fp32", False, False)])
 def test_precision_blocks(precision, bf16, fp16):
     cfg = emit(dict(precision=precision))
     assert (cfg["bf16"]["enabled"], cfg["fp16"]["enabled"]) == (bf16, fp16)

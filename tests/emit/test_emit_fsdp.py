@@ -189,7 +189,8 @@ def test_pure_bf16_reduces_in_bf16_and_says_the_params_are_bf16():
 
     f = fsdp_config(fsdp_plan(dict(precision="bf16"), pure_bf16=True), make_job())["fsdp2"]
     assert f["pure_bf16"] is True
-    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, f["param_dtype"]), reduce_dtype=getattr(torch, f["reduce_dtype"]))
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, f["param_dtype"]),
+                              reduce_dtype=getattr(torch, f["reduce_dtype"]))
     assert mp.param_dtype == mp.reduce_dtype == torch.bfloat16
     assert "pure_bf16" not in fsdp_config(fsdp_plan(dict(precision="bf16")), make_job())["fsdp2"]
 

@@ -263,7 +263,8 @@ def test_accelerate_yaml_says_which_of_the_plans_levers_a_script_would_not_apply
     assert "# The plan counts on levers the launcher's recipes apply and this file does not carry (loss_chunks: 8)" \
         in chunked and "launch plan JOB --script train.py --out DIR" in chunked
     # ds_config.json's own lever is carried: nothing to say for it.
-    released = spec.accelerate_yaml(make_plan(zero_stage=3, release_frozen_weights=True), make_job(), config_dir=tmp_path)
+    released = spec.accelerate_yaml(make_plan(zero_stage=3, release_frozen_weights=True), make_job(),
+                                    config_dir=tmp_path)
     assert "The plan counts on levers" not in released
 
 

@@ -92,7 +92,8 @@ def test_problems_are_typed_with_the_fields_they_read(make_job):
                       "slurm.additional_parameters": {"time": 5}})
     problems = check_slurm(job.slurm, sbatch_options=SBATCH)
     assert all(isinstance(p, Problem) for p in problems)
-    assert [(p.field, p.reads) for p in problems] == [("slurm.qos", ()), ("slurm.signal_delay_s", ("slurm.timeout_min",)),
+    assert [(p.field, p.reads) for p in problems] == [("slurm.qos", ()),
+                                                      ("slurm.signal_delay_s", ("slurm.timeout_min",)),
                                                       ("slurm.additional_parameters.time", ())]
     signal = problems[1]
     assert str(signal) == ("slurm.signal_delay_s: 60 must be in [0, timeout_min*60 = 60) so the checkpoint signal "

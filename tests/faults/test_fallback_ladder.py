@@ -56,7 +56,8 @@ def test_correction_scales_the_category_that_grew(data_file, tmp_path):
     req = request(data_file, tmp_path, {**PINNED_MB8, "micro_batch_size": 2})
     plan = make_plan(req)
     acts = plan.estimate.breakdown["activations"] + plan.estimate.breakdown["logits"]
-    m = Measurement(kind="over_budget", peak_bytes=plan.estimate.peak_bytes + 2 * acts, by_category={"activations": 3 * acts})
+    m = Measurement(kind="over_budget", peak_bytes=plan.estimate.peak_bytes + 2 * acts,
+                    by_category={"activations": 3 * acts})
     fix = correction_for(plan.estimate, m)
     assert fix.ratios["activations"] == pytest.approx(3.0) and fix.ratios["params"] == 1.0
     assert fix.apply(plan.estimate) >= m.peak_bytes
@@ -166,10 +167,11 @@ def _fake_attempts(run, results):
         for r in range(plan.world_size):
             run_dir.write_json(f"ranks/rank-{r}.json", {
                 "rank": r, "status": "oom" if kind == "oom" else "completed", "measured_peak_bytes": peak,
-                "peak_by_category": {"activations": peak // 2}, "oom": {"phase": "backward", "step": 1,
-                                                                      "crossed_at_bytes": peak} if kind == "oom" else None})
+                "peak_by_category": {"activations": peak // 2},
+                "oom": {"phase": "backward", "step": 1, "crossed_at_bytes": peak} if kind == "oom" else None})
         # A report.json as an older launcher wrote it (no verdict, a short row): it still reads back.
-        run_dir.write_json("report.json", {"within_budget": kind == "ok", "ranks": [{"rank": 0, "measured_peak_bytes": peak}]})
+        run_dir.write_json("report.json", {"within_budget": kind == "ok",
+                                           "ranks": [{"rank": 0, "measured_peak_bytes": peak}]})
         if kind == "oom":
             return EXIT_TRAINING_FAILED, RunOutcome(ok=False, failures=[RankFailure(rank=0, exitcode=75)])
         return (EXIT_OK if kind == "ok" else EXIT_OVER_BUDGET), RunOutcome(ok=True)

@@ -33,7 +33,8 @@ from launcher.errors import ConfigError
 from tests.conftest import TINY_GPT2, base_job
 
 EXAMPLES = int(os.environ.get("LAUNCHER_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="LAUNCHER_FUZZ_EXAMPLES" not in os.environ,
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                derandomize="LAUNCHER_FUZZ_EXAMPLES" not in os.environ,
                 suppress_health_check=list(HealthCheck))
 
 # Every key the schema knows, at any level, plus near misses and junk.
@@ -201,14 +202,16 @@ def test_regressions_found_by_the_fuzzer(tmp_path, data_file):
 
 
 # -- a model dir's config.json -------------------------------------------------------------------------------------
-CONFIG_KEYS = sorted({k for keys in bounds.CONFIG_KEYS.values() for k in keys} | {"model_type", "head_dim", "tie_word_embeddings", "text_config", "rope_theta",
+CONFIG_KEYS = sorted({k for keys in bounds.CONFIG_KEYS.values() for k in keys}
+                     | {"model_type", "head_dim", "tie_word_embeddings", "text_config", "rope_theta",
                                         "layer_norm_epsilon", "rope_scaling", "architectures", "junk"})
 CONFIG_VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 96), st.sampled_from([0, -1, 2**40, 10**9, 2**63]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
     st.sampled_from(["gpt2", "llama", "bert", "t5", "mixtral", "notamodel", "", "GPT2"]),
-    st.lists(st.integers(0, 64), max_size=3), st.dictionaries(st.sampled_from(["type", "factor", "rope_type"]),
-                                                              st.one_of(st.integers(), st.text(max_size=4)), max_size=2))
+    st.lists(st.integers(0, 64), max_size=3),
+    st.dictionaries(st.sampled_from(["type", "factor", "rope_type"]), st.one_of(st.integers(), st.text(max_size=4)),
+                    max_size=2))
 BASES = [{"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "vocab_size": 64, "n_positions": 64},
          {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
           "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 64, "max_position_embeddings": 64}]

@@ -17,7 +17,8 @@ CASES = [
     Case("precision-accelerate-cannot-read", lambda s: _out(s, **{"train.precision": "fp8"}),
          ["train.precision: 'fp8' is not one of 'auto', 'bf16', 'fp16', 'fp32'"], verb="plan"),
     # accelerate's HSDP mesh (dp_replicate x dp_shard) needs a replicate dimension: nodes.
-    Case("fsdp-hybrid-on-one-node", lambda s: _out(s, **{"strategy.engine": "fsdp", "strategy.fsdp_sharding": "hybrid"}),
+    Case("fsdp-hybrid-on-one-node", lambda s: _out(s, **{"strategy.engine": "fsdp",
+                                                         "strategy.fsdp_sharding": "hybrid"}),
          ["strategy.fsdp_sharding: 'hybrid'", "runs on 1 node", "--nodes 2 or more"], verb="plan"),
     # fsdp.yaml / accelerate.yaml have no NVMe tier (FSDP2's CPUOffloadPolicy is all there is).
     Case("fsdp-nvme-offload", lambda s: _out(s, **{"strategy.engine": "fsdp", "strategy.offload_optimizer": "nvme",

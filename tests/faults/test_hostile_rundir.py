@@ -157,7 +157,8 @@ CASES = [
          [f"--out: '{'{root}'}/out' holds a run (state.json: completed): ranks, report.json, state.json",
           "plan --out replaces only the set an earlier plan --out wrote", "choose another --out"], verb="plan",
          setup=finished_run, keeps=FINISHED),
-    Case("out-sbatch-into-a-finished-run", lambda s: [s.job(**{"cluster.hardware": "cpu"}), "--out", s.root / "out", "--sbatch"],
+    Case("out-sbatch-into-a-finished-run", lambda s: [s.job(**{"cluster.hardware": "cpu"}), "--out", s.root / "out",
+                                                      "--sbatch"],
          [f"--out: '{'{root}'}/out' holds a run (state.json: completed)"], verb="plan", setup=finished_run,
          keeps=FINISHED),
     # -- 3. refused input leaves nothing behind ---------------------------------------------------------------------

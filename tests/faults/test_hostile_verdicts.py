@@ -218,7 +218,8 @@ def finish_with(run, plan, capsys, **outcome) -> tuple[int, dict, dict, str, str
 def test_ranks_that_checkpointed_on_a_sigterm_are_an_interrupted_run_never_a_finished_one(tmp_path, capsys):
     """A scheduler's SIGTERM to one rank: the ranks agree, save and exit 0. Every process exited 0, yet the run
     stopped at step 3 of 4: interrupted (130), and --resume is offered because a checkpoint exists."""
-    run, plan = ended_run(tmp_path, {0: {"status": "checkpointed", "stop_reason": "another rank asked", "steps_done": 3},
+    run, plan = ended_run(tmp_path, {0: {"status": "checkpointed", "stop_reason": "another rank asked",
+                                         "steps_done": 3},
                                      1: {"status": "checkpointed", "stop_reason": "SIGTERM", "steps_done": 3}},
                           checkpoint="step-00000003")
     code, report, state, out, err = finish_with(run, plan, capsys, ok=True)

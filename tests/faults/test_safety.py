@@ -107,7 +107,8 @@ def test_overwrite_refuses_a_run_dir_whose_launch_still_lives(tmp_path):
         first.set_state("running", launch=ProcessRef.of(proc.pid))
         with pytest.raises(ConfigError) as e:
             RunDir.create(tmp_path / "run", overwrite=True)
-        assert f"is in use by launch process {proc.pid}, which is still running; --overwrite would delete" in str(e.value)
+        assert (f"is in use by launch process {proc.pid}, which is still running; --overwrite would delete"
+                in str(e.value))
         assert "another --run-dir" in str(e.value)
         assert (first.path / "report.json").read_text() == "{}"
     finally:

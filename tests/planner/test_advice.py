@@ -80,7 +80,8 @@ def test_a_shorter_sequence_stays_within_the_context(request_for):
     m = dataclasses.replace(llama_stats(num_params=1_300_000_000, blocks=16, h=2048, inter=5504), max_positions=4096,
                             position_key="max_position_embeddings")
     # The exact levers stay off: with chunked loss or selective checkpointing this job fits at 4096 tokens.
-    levers_off = StrategyConfig(loss_chunks=0, checkpoint_every=1, activation_offload=False, optimizer_in_backward=False)
+    levers_off = StrategyConfig(loss_chunks=0, checkpoint_every=1, activation_offload=False,
+                                optimizer_in_backward=False)
     # 28 GB: ZeRO-3 fits at 2048 tokens (FSDP2's one-rank plans carry their 5.2 GB of cached gradient blocks).
     req = request_for(model=m, gpus_per_node=1, global_batch_size=8, budget_bytes=28 * 10**9, seq_len=4096,
                       hardware=PROFILES["a100-40gb"], host_ram_per_node_bytes=8 * 10**9, pins=levers_off)

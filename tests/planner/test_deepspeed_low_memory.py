@@ -42,7 +42,8 @@ def _inp(m, n=2, hw="cpu", precision="fp32"):
 
 def _s(stage, opt="none", **kw):
     base = dict(engine="deepspeed", zero_stage=stage, fsdp_reshard_after_forward=None, offload_optimizer="none",
-                offload_params="none", micro_batch_size=2, grad_accum_steps=1, activation_checkpointing=False, low_memory_optimizer=opt)
+                offload_params="none", micro_batch_size=2, grad_accum_steps=1, activation_checkpointing=False,
+                low_memory_optimizer=opt)
     base.update(kw)
     return Strategy.from_json(base)
 

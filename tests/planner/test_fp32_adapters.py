@@ -33,7 +33,8 @@ def test_a_script_at_zero3_alone_computes_fp32_adapters():
     def on(layout):
         return Strategy(layout=layout, micro_batch_size=1, grad_accum_steps=1, activation_checkpointing=False)
 
-    by_stage = {c.zero_stage: ds.fp32_adapters(on(c), script=True) for c in ds.candidates(nodes=1, nvme=True, world_size=1)}
+    by_stage = {c.zero_stage: ds.fp32_adapters(on(c), script=True)
+                for c in ds.candidates(nodes=1, nvme=True, world_size=1)}
     assert by_stage == {0: False, 1: False, 2: False, 3: True}
     assert not any(ds.fp32_adapters(on(c), script=False) for c in ds.candidates(nodes=1, nvme=True, world_size=1))
     assert not any(fsdp.fp32_adapters(on(c), script=script) for c in fsdp.candidates(nodes=2, nvme=True, world_size=2)

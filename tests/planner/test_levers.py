@@ -34,7 +34,8 @@ def test_math_levers_are_tried_only_when_the_job_allows_them(request_for):
 def test_an_engine_gets_only_the_levers_it_implements(request_for):
     none = options(request_for(allow_levers=tuple(w for ws in MATH_LEVERS.values() for w in ws)), frozenset(), 1)
     assert {(o.checkpoint_every, o.loss_chunks, o.activation_offload, o.optimizer_in_backward,
-             o.low_memory_optimizer, o.pure_bf16, o.qlora) for o in none} == {(1, 0, False, False, "none", False, False)}
+             o.low_memory_optimizer, o.pure_bf16, o.qlora) for o in none} == {
+        (1, 0, False, False, "none", False, False)}
     assert {o.activation_checkpointing for o in none} == {False, True}
 
 
@@ -67,7 +68,8 @@ def test_the_accelerate_export_says_the_script_must_step_in_backward(request_for
 
 
 def test_a_pinned_lever_is_kept_and_admits_nothing_where_no_engine_implements_it(request_for):
-    unsupported = [f for f in LEVER_FIELDS if f != "checkpoint_every" and not any(f in s.levers for s in ENGINES.values())]
+    unsupported = [f for f in LEVER_FIELDS if f != "checkpoint_every"
+                   and not any(f in s.levers for s in ENGINES.values())]
     for name in unsupported:
         value = {"loss_chunks": 8, "low_memory_optimizer": "adamw8bit"}.get(name, True)
         req = request_for(pins=StrategyConfig(**{name: value}), allow_levers=("adamw8bit", "pure_bf16", "qlora"))

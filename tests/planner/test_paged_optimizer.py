@@ -159,7 +159,8 @@ def test_offered_on_one_rank_only_and_refused_pinned_on_more():
     assert "paged_adamw8bit" not in LOW_MEMORY_OPTIMIZER.values(_request(m, gpus_per_node=2))
     # Its permission is adamw8bit's: the same 8-bit AdamW math, its state elsewhere.
     assert LOW_MEMORY_OPTIMIZER.permit_word("paged_adamw8bit") == "adamw8bit"
-    pinned = _request(m, gpus_per_node=2, global_batch_size=2, pins=StrategyConfig(low_memory_optimizer="paged_adamw8bit"))
+    pinned = _request(m, gpus_per_node=2, global_batch_size=2,
+                      pins=StrategyConfig(low_memory_optimizer="paged_adamw8bit"))
     with pytest.raises(ConfigError, match="paged_adamw8bit .* one rank only, but the job has 2"):
         candidates(pinned)
     # Never with FSDP2's CPU offload (the step is on the host there) nor on DeepSpeed; on the plain engine's one rank.

@@ -169,7 +169,8 @@ def test_the_export_moment_starts_from_the_state_the_step_leaves_not_its_working
 def test_pure_bf16_pairs_with_a_low_bit_adamw_where_the_engine_steps_them_together(request_for):
     """FSDP2 steps bf16 shards with torchao's low-bit AdamW (bf16_stochastic_round): 2 + 2 bytes per parameter
     and the quantized moments; DeepSpeed at ZeRO-1/2 over its flat bf16 master (not ZeRO-3: no low-memory client
-    optimizer there). No engine pairs Adafactor (no stochastically rounding step); the step in backward takes the low-bit ones."""
+    optimizer there). No engine pairs Adafactor (no stochastically rounding step); the step in backward takes the
+    low-bit ones."""
     from launcher.config.job import StrategyConfig
     from launcher.planner.candidates import candidates
 
@@ -207,7 +208,8 @@ def test_pure_bf16_low_bit_memory_and_step_terms(llama7b):
     # The quantized moments do not depend on the weights' dtype; a tensor torchao leaves unquantized keeps its
     # moments in the weights' dtype (zeros_like): 8 bytes per element over fp32 weights, 4 over bf16.
     assert optimizer_state_bytes(inp, pure8, n) == optimizer_state_bytes(inp, mixed8, n)
-    assert low_bit_tensor_bytes("adamw8bit", 100) == 800 and low_bit_tensor_bytes("adamw8bit", 100, param_bytes=2) == 400
+    assert low_bit_tensor_bytes("adamw8bit", 100) == 800
+    assert low_bit_tensor_bytes("adamw8bit", 100, param_bytes=2) == 400
     mixed, pure = fsdp_states(inp, mixed8), fsdp_states(inp, pure8)
     assert mixed.params - pure.params == pytest.approx(2 * llama7b.num_params / n)
     assert mixed.optimizer == pure.optimizer

@@ -27,7 +27,8 @@ def every_lever(monkeypatch):
     """Every engine offering every lever, as the specs will once each lever's rank side lands."""
     for spec in ENGINES.values():
         monkeypatch.setattr(type(spec), "levers", frozenset(LEVER_FIELDS))
-        monkeypatch.setattr(type(spec), "lever_values", lambda self, c, lora=False: {})  # on every layout (DeepSpeed's limits)
+        # on every layout (DeepSpeed's limits)
+        monkeypatch.setattr(type(spec), "lever_values", lambda self, c, lora=False: {})
 
 
 def with_lever_terms(monkeypatch):

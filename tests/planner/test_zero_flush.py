@@ -1,6 +1,6 @@
-"""ZeRO-2's reduce hook by hook (launcher.engines.deepspeed.zero_flush): grads_in_partition holds every tensor overlapping a
-rank's partition whole, a bucket smaller than the model is flushed during backward beside it, and the gradient reduce
-holds the backward's own temporaries (ActivationConstants.reduce_bytes_per_token)."""
+"""ZeRO-2's reduce hook by hook (launcher.engines.deepspeed.zero_flush): grads_in_partition holds every tensor
+overlapping a rank's partition whole, a bucket smaller than the model is flushed during backward beside it, and the
+gradient reduce holds the backward's own temporaries (ActivationConstants.reduce_bytes_per_token)."""
 
 import dataclasses
 import json

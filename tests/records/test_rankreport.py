@@ -28,7 +28,8 @@ def test_a_rank_report_round_trips_through_its_file():
     data = json.loads(json.dumps(rep.to_json()))
     assert data["schema"] == RANK_REPORT_SCHEMA
     assert data["mine"] is True and "extra" not in data  # a script's own field stays at the top level
-    assert data["oom"] == {"phase": "backward", "step": 4, "current_bytes": 9, "current_by_category": {"activations": 5},
+    assert data["oom"] == {"phase": "backward", "step": 4, "current_bytes": 9,
+                           "current_by_category": {"activations": 5},
                            "crossed_at_bytes": 9}
     assert RankReport.from_json(data) == rep
 

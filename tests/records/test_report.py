@@ -116,7 +116,8 @@ def test_report_on_cuda_judges_reserved_plus_context_against_the_same_prediction
 
     run = write_ranks(tmp_path, [{"rank": 0, "device": "cuda:0", "basis": "cuda_reserved_plus_context",
                                   "measured_peak_bytes": 81_000_000_000, "max_memory_allocated_bytes": 70_000_000_000,
-                                  "max_memory_reserved_bytes": 80_000_000_000, "outside_allocator_bytes": 1_000_000_000}])
+                                  "max_memory_reserved_bytes": 80_000_000_000,
+                                  "outside_allocator_bytes": 1_000_000_000}])
     rep = build_report(run, CUDA_PLAN, expected_ranks=1)
     row = rep.ranks[0]
     assert rep.basis == "cuda_reserved_plus_context" and row.predicted_peak_bytes == 50_000_000_000

@@ -1,4 +1,5 @@
-"""state.json as launcher.records.runstate.RunState: typed, with the processes that own the run, and kept on a full disk."""
+"""state.json as launcher.records.runstate.RunState: typed, with the processes that own the run, and kept on a full
+disk."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""steps/rank-K.jsonl as launcher.records.steprow.StepRow: written by the probe, read back by every reader through the type."""
+"""steps/rank-K.jsonl as launcher.records.steprow.StepRow: written by the probe, read back by every reader through the
+type."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`launch --slurm` against the real dev cluster (slurm/dev-cluster/start.sh): real sbatch, sacct, scancel, requeue.
 
 Every job is the tiny inline GPT-2 on CPU ranks (gloo), FSDP pinned (no DeepSpeed op build), budget 1 GB. They run
-when `sinfo` answers; when it does not they skip saying why, and fail in CI (CI=true). The module takes about 5 to 8 minutes on the 2-core
-dev machine, most of it the timeout -> requeue -> resume test.
+when `sinfo` answers; when it does not they skip saying why, and fail in CI (CI=true). The module takes about 5 to 8
+minutes on the 2-core dev machine, most of it the timeout -> requeue -> resume test.
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def test_max_running_at_once_counts_overlaps():
 
 def test_cancel_a_running_job(tmp_path):
     run_dir = tmp_path / "run"
-    follower = subprocess.Popen([sys.executable, "-m", "launcher", str(job_file(tmp_path, **{"train.max_steps": 100000})),
+    job = job_file(tmp_path, **{"train.max_steps": 100000})
+    follower = subprocess.Popen([sys.executable, "-m", "launcher", str(job),
                                  "--slurm", "--wait", "--run-dir", str(run_dir)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     try:

@@ -1,5 +1,5 @@
-"""A DeepSpeed rank neither builds nor loads the shared-memory all-reduce op (worker.engines.deepspeed.skip_shm_comm_op),
-and asks py-cpuinfo once (ask_cpu_info_once)."""
+"""A DeepSpeed rank neither builds nor loads the shared-memory all-reduce op
+(worker.engines.deepspeed.skip_shm_comm_op), and asks py-cpuinfo once (ask_cpu_info_once)."""
 
 from launcher.worker.engines.deepspeed import ask_cpu_info_once, skip_shm_comm_op
 

@@ -166,7 +166,8 @@ def test_deepspeed_refuses_a_pure_bf16_plan_whose_ds_config_keeps_fp32_masters()
         check_ds_config({**ds, "bf16": {"enabled": True}}, plan)
     assert err.value.problems == [
         f"ds_config.json bf16.{key}: absent (DeepSpeed's default False) but plan.json strategy.pure_bf16 is True; "
-        "re-emit the run dir (launch --overwrite)" for key in ("bf16_master_weights_and_grads", "bf16_optimizer_states")]
+        "re-emit the run dir (launch --overwrite)"
+        for key in ("bf16_master_weights_and_grads", "bf16_optimizer_states")]
 
 
 def _without(ds: dict, key: str) -> dict:
@@ -247,7 +248,8 @@ def test_every_ds_config_disagreement_is_in_one_error():
     from tests.emit.emit_helpers import make_job, make_plan
 
     plan = make_plan()
-    ds = _with(_without(emit_ds.ds_config(plan, make_job()), "gradient_accumulation_steps"), "zero_optimization.stage", 3)
+    without_accum = _without(emit_ds.ds_config(plan, make_job()), "gradient_accumulation_steps")
+    ds = _with(without_accum, "zero_optimization.stage", 3)
     with pytest.raises(ConfigError) as err:
         check_ds_config(ds, plan)
     assert [p.split(":")[0] for p in err.value.problems] == [

@@ -163,25 +163,9 @@ def step_extra_bytes(p: Partition, grads: float) -> float:
 
 
 def pure_bf16_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition, grads: float) -> float:
-    """What the optimizer step adds under pure bf16: the larger of two instants.
-
-    The master partition's dtype is bf16, the gradients' own, so the flattened gradient partition becomes the master
-    gradient with no conversion: stage_1_and_2.py step() ``flat_grad_partition.to(single_partition_of_fp32_groups[i]
-    .dtype)`` and stage3.py _prepare_fp32_grad_for_sub_group return the same tensor (mixed precision makes an fp32
-    copy there).
-      flatten  ZeRO-1/2: this step's 16-bit gradients (param.grad views of grads_in_partition), at ZeRO-2 the
-               averaged_gradients copy get_flat_partition made in the epilogue, and the flat bf16 partition
-               self.flatten makes of it: the terms of the mixed case with the master gradient at 2 bytes.
-      step     ZeRO-1/2 free every param.grad (free_grad_in_param_list) and averaged_gradients before
-               _optimizer_step, so only the flat bf16 gradient partition is left beside the optimizer's copies:
-               pure bf16's stochastically rounding AdamW on the host holds SR_STEP_COPIES fp32 copies of the one
-               tensor it steps, the flat partition (flat_partition_elems); none on CUDA (compiled), none for SGD.
-      ZeRO-3   one sub-group at a time: its flat bf16 gradient, beside the persistent 16-bit gradient partition,
-               and the rounding copies of the sub-group (step_elems).
-    A low-bit AdamW over the bf16 master (ZeRO-1/2, rounds_stochastically) steps the same flat partition through the same
-    stochastically rounding single_param_adam: the same copies (measured 10.25 for 8- and 4-bit moments), its
-    quantized moments in low_memory_state_bytes.
-    """
+    """What the optimizer step adds under pure bf16: the larger of the flattening and the step (ZeRO-3: one sub-group
+    at a time); the flat bf16 gradient is the master gradient, no fp32 copy, and on the host the stochastically
+    rounding step adds SR_STEP_COPIES fp32 copies (docs/memory-model.md#pure-bf16-on-deepspeed)."""
     copies = SR_STEP_COPIES * 4 if rounds_stochastically(inp, s) and inp.hardware.device_is_host else 0.0
     if p.stage == 3:
         return (PURE_BF16_BYTES + copies) * p.step_elems
@@ -260,21 +244,9 @@ def low_memory_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float
 
 
 def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
-    """Gathered ZeRO-3 weight elements that torch's linear keeps alive from their forward to their backward.
-
-    at::linear saves ``weight.t()`` for the input's gradient (MmBackward0 / AddmmBackward0 ``_saved_mat2``), a view
-    of the storage DeepSpeed's all-gather filled; ``free_param`` (runtime/zero/partition_parameters.py) only swaps
-    ``param.data`` for an empty tensor, so that storage lives on until the layer's backward frees the view, whatever
-    the live-parameter cap (found on CURRENT_VALIDATION's LoRA Llama: 14.04 MB gathered at the backward start where
-    the cap allows 4.72). Every frozen ``nn.Linear`` of a block whose forward saved (``ModelStats.block_linear_shapes``)
-    and a causal LM's head; a checkpointed block saves nothing in forward (non-reentrant checkpoint) and pins its
-    linears again only while it is recomputed, one block at a time. GPT-2's Conv1D blocks take ``addmm(bias, x,
-    weight)`` and save the Parameter itself, which the swap frees: no block linear there. Counted under LoRA only,
-    where the ZeRO-3 configs keep torch's linear (``memory_efficient_linear`` false, engines.deepspeed.emit): a full
-    fine-tune runs DeepSpeed's LinearFunctionForZeroStage3, which saves the Parameter, so nothing is pinned, and so does
-    a LoRA run with ``release_frozen_weights`` (its frozen linears' inputs are activations then:
-    launcher.planner.memory.strategy_activations).
-    """
+    """Gathered ZeRO-3 weight elements that torch's linear keeps alive from their forward to their backward: it saves
+    ``weight.t()``, a view that free_param's swap cannot free. Under LoRA only, without release_frozen_weights
+    (docs/memory-model.md#zero-3s-pinned-linears-pinned_linear_elems)."""
     if not m.lora_params or RELEASE_FROZEN_WEIGHTS.on(s):
         return 0
     per_block = sum(out_f * in_f for out_f, in_f in m.block_linear_shapes)
@@ -288,11 +260,8 @@ def pinned_linear_elems(m: ModelStats, s: Strategy) -> int:
 
 def refetched_params(m: ModelStats) -> int:
     """Parameters that ZeRO-3's backward gathers again under LoRA: all but the input tables the frozen embedding
-    modules read. Their outputs need no gradient, so no pre-backward hook fires for them (parameter_offload.py
-    PreBackwardFunctionForModule runs only in autograd's backward), and the coordinator's trace holds no later use of
-    their parameters. A causal LM's tied token table is used again, by the head. The block-0 projections that read
-    the block's input before any adapter also have no backward use; they are left in (a few per cent of a tiny
-    model, nothing on a real one)."""
+    modules read (no pre-backward hook fires for them), a causal LM's tied token table kept: the head reads it again
+    (docs/memory-model.md#what-stays-gathered-at-the-backward-start)."""
     table = m.vocab_size * m.hidden_size
     reused = table if m.is_causal and m.tied_embeddings else 0
     return max(0, m.num_params - input_embedding_params(m) + reused)
@@ -300,25 +269,8 @@ def refetched_params(m: ModelStats) -> int:
 
 def released_gathered_elems(m: ModelStats, buckets: Buckets) -> int:
     """Weight elements ZeRO-3 keeps gathered at the backward start when LoRA's frozen linears run DeepSpeed's
-    LinearFunctionForZeroStage3 (release_frozen_weights), which saves the Parameter, not a gathered copy.
-
-    After a module's forward, partitioned_param_coordinator.py release_sub_module frees only the parameters
-    ``__params_to_release(module, step_id)`` names: it keeps those the prefetcher has already queued for a later
-    step (``__most_recent_step_id_param_fetched_for``) or that the trace uses again within max_reuse_distance
-    elements. With a recorded trace (forward then backward) that is the tail of the forward whose backward use is
-    near: a causal LM's head always (its backward is the next use), then the modules before it, up to the live cap
-    (the emitter sets the reuse distance and max_live_parameters to it). Measured on 2 CPU ranks: the whole model
-    but its input tables when the cap holds it (the tiny Llama: 131,072 of 139,264 refetched elements), the head
-    alone when the cap is the head (a Llama's untied head is its largest layer, so the cap, on 7B and 70B too). So
-    w.min(cap, refetched_params).
-
-    The worker's evaluation before the first step (data.eval_fraction > 0, launcher/worker/loop.py) can keep less:
-    its forward-only pass is the first trace DeepSpeed completes, and ``__params_to_release`` is a
-    ``functools.lru_cache`` keyed by (module, step id) that _invalidate_trace never clears, so every later forward
-    release keeps the answer of the forward-only trace, in which no module is used again. A model within the first
-    prefetch then held nothing gathered at the backward start (the tiny Llama). Not counted: it rests on a cache
-    DeepSpeed never clears, and a resumed run skips that evaluation; the count stays an upper bound there.
-    """
+    LinearFunctionForZeroStage3 (release_frozen_weights): the forward's tail up to the live cap, an upper bound when an
+    evaluation runs first (docs/memory-model.md#what-stays-gathered-at-the-backward-start)."""
     return min(buckets.stage3_max_live_parameters, refetched_params(m))
 
 
@@ -511,21 +463,9 @@ def deepspeed_states(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> States
 
 
 def cuda_init_bytes(inp: MemoryInputs, s: Strategy) -> float:
-    """ZeRO-0/1/2 on a CUDA rank: the model arrives on the device in the working dtype (wΨ, broadcast from rank 0's
-    host build, launcher.worker.loading), then deepspeed.initialize wraps the optimizer.
-
-    ZeRO-1/2 (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__, per parameter group): after
-    empty_cache() it flattens on the device only if ``available_memory() >= flat_buffer_bytes``
-    (``flatten_on_accelerator``); otherwise it moves the group's parameters to the host (``param.cpu_data =
-    param.data.cpu()``, the device copies replaced by 1-element tensors), flattens there (``use_cpu_data=True``)
-    and moves the flat buffer to the device. So the device holds wΨ + wΨ_t when it has room for the copy, and wΨ
-    (the frozen parameters plus the flat trainable ones) when it has not. The room DeepSpeed sees is the rank's
-    usable budget: the rank side caps DeepSpeed's available_memory there (launcher.worker.engines.deepspeed).
-
-    ZeRO-0 flattens nothing: at fp32 DeepSpeed keeps the client optimizer as it is (engine.py
-    _configure_optimizer: no wrapper), and bf16/fp16 with torch's AdamW get FP16_UnfusedOptimizer, which clones
-    an fp32 copy of each trainable parameter (runtime/fp16/unfused_optimizer.py): 4Ψ_t, the master weights.
-    """
+    """ZeRO-0/1/2 on a CUDA rank: the model in the working dtype (wΨ), plus ZeRO-1/2's flat copy (wΨ_t) where the
+    rank's usable budget has room for it, else flattened through the host; ZeRO-0's fp32 masters (4Ψ_t) when mixed
+    (docs/memory-model.md#the-init-moment-on-cuda)."""
     m, w = inp.model, BYTES[inp.precision]
     model = w * m.num_params
     if (s.layout.zero_stage or 0) == 0:

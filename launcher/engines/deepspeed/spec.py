@@ -85,8 +85,10 @@ def pure_bf16_notes(optimizer: str) -> list[str]:
         return [
             "Pure bf16: ds_config.json keeps bf16 master weights, gradients and optimizer states; DeepSpeed's own "
             f"{name}",
-            "  would round each new weight to nearest and drop updates under half a bf16 spacing, so the plan steps the",
-            "  stochastically rounding one above. HF Trainer with ds_config.hf.json: pass it as optimizers=(opt, None).",
+            "  would round each new weight to nearest and drop updates under half a bf16 spacing, so the plan steps "
+            "the",
+            "  stochastically rounding one above. HF Trainer with ds_config.hf.json: pass it as optimizers=(opt, "
+            "None).",
         ]
     return [
         "Pure bf16: ds_config.json keeps bf16 master weights and gradients and names the job's SGD, which DeepSpeed",
@@ -129,10 +131,11 @@ class DeepSpeedSpec(EngineSpec):
 
     def lever_values(self, c: ZeroLayout) -> dict[str, tuple[tuple[object, ...], str]]:
         """The low-memory optimizers a layout can run as DeepSpeed's client optimizer, and why not the others:
-        torchao's two and Adafactor at ZeRO-0 (the parameters keep their shapes), torchao's low-bit AdamWs at ZeRO-1/2 (one flat partition:
-        block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with optimizer offload
-        (LOW_MEMORY_REFUSED), bitsandbytes' paged one at none. Pure bf16 at ZeRO-1/2/3 without optimizer offload (PURE_BF16_REFUSED). The frozen
-        weights released after forward at ZeRO-3 only (RELEASE_REFUSED)."""
+        torchao's two and Adafactor at ZeRO-0 (the parameters keep their shapes), torchao's low-bit AdamWs at ZeRO-1/2
+        (one flat partition: block-wise quantization works, Adafactor's factoring does not), none at ZeRO-3 or with
+        optimizer offload (LOW_MEMORY_REFUSED), bitsandbytes' paged one at none. Pure bf16 at ZeRO-1/2/3 without
+        optimizer offload (PURE_BF16_REFUSED). The frozen weights released after forward at ZeRO-3 only
+        (RELEASE_REFUSED)."""
         out: dict[str, tuple[tuple[object, ...], str]] = {}
         if c.zero_stage != 3:
             out[RELEASE_FROZEN_WEIGHTS.field] = ((False,), RELEASE_REFUSED)

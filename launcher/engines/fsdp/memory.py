@@ -208,24 +208,9 @@ def fsdp_states(inp: MemoryInputs, s: Strategy) -> States:
 
 
 def side_stream_cached(inp: MemoryInputs, s: Strategy, block: float, unit: float) -> dict[str, float]:
-    """CUDA: bytes FSDP2's two side streams keep cached but unallocated at each moment, from the second step on
-    (launcher.planner.cuda_overhead [POOL]: a cached block serves only its own stream).
-
-    Reduce-scatter stream: foreach_reduce allocates each unit's sharded output there and the sharded gradients are
-    views of it (_fsdp_collectives.py: "the GPU sharded gradient is allocated in the RS stream"). Without
-    accumulation they live until zero_grad(set_to_none=True) after the step, so the pool holds every gradient
-    shard, and backward starts with all of it cached (the default stream's freed activations cannot hold them);
-    at the end of backward the root's output is still to come (its copy-in is the larger instant), at the step
-    all of it is live. With accumulation the first micro-batch's outputs become the gradients (States.grads,
-    live at every moment) and each later one's is added in and freed: one unit's shard more. Where backward drops
-    each unit's output (the step in its hook, or CPU offload's copy to the host) the pool is the root's and one
-    block's. Shards are in reduce_dtype, the kept parameters' bytes (kept_param_bytes).
-    All-gather stream: with a shard group of 2 or more, foreach_all_gather allocates each unit's all-gather output
-    on the copy-in stream, and in forward wait_for_unshard keeps the previous unit's until the next copy-out
-    (_fsdp_param_group.py, implicit prefetch): the root's and the first block's meet, so the pool is the larger of
-    the root and a block, plus a block. With one rank FSDP2 copies the shard on the current stream (no pool). At
-    the backward start the last block's output is live where units reshard after forward (States.buffers).
-    ``block``: one block's all-gather bytes; ``unit``: the larger unit's trainable elements (fsdp_states).
+    """CUDA: bytes FSDP2's two side streams (reduce-scatter, all-gather) keep cached but unallocated at each moment,
+    from the second step on (docs/memory-model.md#side-stream-pools-stream_pools-fsdp2). ``block``: one block's
+    all-gather bytes; ``unit``: the larger unit's trainable elements (fsdp_states).
     """
     m, n = inp.model, fsdp_shard_ranks(inp, s)
     pb, w = kept_param_bytes(PURE_BF16.on(s)), BYTES[inp.precision]

@@ -53,7 +53,8 @@ LOW_MEMORY_CLASSES = {"adamw8bit": "torchao.optim.AdamW8bit", "adamw4bit": "torc
                       PAGED: "bitsandbytes.optim.PagedAdamW8bit",
                       # torch.optim.Adafactor itself refuses FSDP2's DTensor shards (torch 2.13)
                       "adafactor": "launcher.worker.engines.optimizers.ShardedAdafactor"}
-"""What a script of its own builds for Strategy.low_memory_optimizer (the worker: launcher.worker.engines.optimizers)."""
+"""What a script of its own builds for Strategy.low_memory_optimizer (the worker:
+launcher.worker.engines.optimizers)."""
 
 PAGED_REFUSED = ("CPU offload keeps the state and the step on the host already: bitsandbytes' paged state is for an "
                  "optimizer stepped on the device")

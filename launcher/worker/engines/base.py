@@ -306,9 +306,9 @@ class OwnOptimizer:
 
         torchtune's optimizer_in_bwd and torch's "fusing the optimizer step into the backward pass" recipe. Each
         optimizer is the plan's (the job's, or its 8-/4-bit AdamW, stochastically rounded under pure bf16, as
-        torchtune's low-memory recipe pairs them), built by build_optimizer, over ``stepped``: the parameter itself, or its fp32
-        master, which gets the gradient in fp32 and whose update is copied back. Each schedule is the same warm-up:
-        the per-parameter math is the one-optimizer math, less the global-norm clip, which needs every gradient
+        torchtune's low-memory recipe pairs them), built by build_optimizer, over ``stepped``: the parameter itself, or
+        its fp32 master, which gets the gradient in fp32 and whose update is copied back. Each schedule is the same
+        warm-up: the per-parameter math is the one-optimizer math, less the global-norm clip, which needs every gradient
         before any step.
         """
         low_memory = getattr(self, "low_memory_optimizer", "none")

@@ -248,7 +248,8 @@ class DeepSpeedEngine:
         one."""
         path = Path(run_dir) / DS_CONFIG_FILE
         if not path.exists():
-            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run dir")
+            raise ConfigError("plan.json engine is deepspeed but the run dir has no ds_config.json; re-emit the run "
+                              "dir")
         ds_config = json.loads(path.read_text())
         check_ds_config(ds_config, plan)
         return cls(ds_config, device=device, activation_checkpointing=plan.strategy.activation_checkpointing,

@@ -193,8 +193,9 @@ class FsdpEngine(OwnOptimizer):
             # Pure bf16 (LitGPT's "bf16-true"): the sharded parameters themselves are bf16, so gradients are
             # reduced in bf16 and AdamW's states, allocated like the parameter (zeros_like), are bf16 too: no fp32
             # master anywhere. Adam and AdamW round the new weights stochastically (build_optimizer's pure_bf16),
-            # so updates under half a bf16 ulp are not lost. Parameters only (buffers such as rotary frequencies keep their dtype), in place so
-            # tied weights stay tied; on the meta model rank 0's fp32 state dict is then copied into bf16 shards.
+            # so updates under half a bf16 ulp are not lost. Parameters only (buffers such as rotary frequencies keep
+            # their dtype), in place so tied weights stay tied; on the meta model rank 0's fp32 state dict is then
+            # copied into bf16 shards.
             for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
