@@ -46,7 +46,7 @@ def with_lever_terms(monkeypatch):
         if s.activation_checkpointing and s.checkpoint_every > 1:
             b["activations"] += b["activations"] * (s.checkpoint_every - 1) // 8
         if s.low_memory_optimizer != "none":
-            b["optimizer"] = b["optimizer"] * {"adamw8bit": 5, "adamw4bit": 4, "adafactor": 2}[
+            b["optimizer"] = b["optimizer"] * {"adamw8bit": 5, "adamw4bit": 4, "adafactor": 2, "paged_adamw8bit": 1}[
                 s.low_memory_optimizer] // 8
         if s.optimizer_in_backward:
             b["grads"] //= 3
