@@ -80,7 +80,7 @@ def restore(before: dict) -> None:
 
 
 def many_rows(tmp: Path, rows: int = 80_000) -> Path:
-    """A generated jsonl with enough rows for the 1024-GPU case's global batch of 65,536 (the planner checks that
+    """A generated jsonl with enough rows for the larger cases' global batches (up to 65,536; the planner checks that
     the data holds one optimizer step after its eval share; the examples' file has 400 rows)."""
     path = tmp / "rows.jsonl"
     path.write_text("".join(json.dumps({"text": f"row {i} " * 8}) + "\n" for i in range(rows)))
@@ -113,10 +113,10 @@ def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[
     return statistics.median(times), found.total, len(found.scored)
 
 
-def cold_job(tmp: Path, model: str, seq: int, nodes: int) -> Path:
+def cold_job(tmp: Path, model: str, seq: int, nodes: int, data: Path) -> Path:
     p = tmp / f"{model}-{seq}.yaml"
     p.write_text(f"name: {model}\nmodel: {model}\ntask: causal_lm\n"
-                 f"data: {{path: {REPO / 'examples/data/causal.jsonl'}, max_seq_len: {seq}}}\n"
+                 f"data: {{path: {data}, max_seq_len: {seq}}}\n"
                  f"train: {{global_batch_size: {64 * nodes}, precision: auto, lr: 1.0e-5, max_steps: 10}}\n"
                  f"cluster: {{hardware: h100-80gb, host_ram_per_node: 2TB}}\ngpus: 8\nnodes: {nodes}\nbudget: 80GB\n")
     return p
@@ -133,7 +133,7 @@ def main(repeats: int = 3) -> None:
         os.environ["LAUNCHER_CACHE"] = cache
         rows = many_rows(Path(tmp))
         for label, path, sets, levers in WARM:
-            if "train.global_batch_size=65536" in sets:
+            if any(s.startswith("train.global_batch_size=") for s in sets):  # more rows than the examples' 400
                 sets = [*sets, f"data.path={rows}"]
             argv = (["--every-lever"] if levers else []) + ["plan", "--json", str(REPO / path), *sets]
             process(argv, env)  # fills the cache
@@ -143,7 +143,7 @@ def main(repeats: int = 3) -> None:
             warm_rows.append((label, planner, statistics.median(walls), total, scored, la))
     with tempfile.TemporaryDirectory() as tmp:
         for model, seq, nodes in COLD_FAMILIES:
-            job = cold_job(Path(tmp), model, seq, nodes)
+            job = cold_job(Path(tmp), model, seq, nodes, many_rows(Path(tmp), rows=max(400, 2 * 64 * nodes)))
             row = [f"{model}, seq {seq}, {8 * nodes} GPUs"]
             for patch in ([], ["--no-shipped"]):
                 with tempfile.TemporaryDirectory() as cache:
