@@ -64,6 +64,12 @@ def grads_in_partition(layout: tuple[tuple[int, int], ...], ranks: int) -> list[
     return out
 
 
+@lru_cache(maxsize=64)
+def most_in_partition(layout: tuple[tuple[int, int], ...], ranks: int) -> int:
+    """The largest rank's grads_in_partition, elements: asked once per candidate, computed once per layout."""
+    return max(grads_in_partition(layout, ranks))
+
+
 def flatten_copy(slices: list[tuple[int, int]], bucket: int) -> int:
     """The largest tensor allreduce_and_scatter's flatten makes of a flush's (rank, elements) slices, elements: it
     all-reduces them in chunks, closing one once its elements pass the bucket size, and flattens a chunk of two
@@ -190,5 +196,5 @@ def zero2_reduce(m: ModelStats, w: int, ranks: int, bucket: int, accumulating: b
         tied = next((i for i, (n, b) in enumerate(layout) if b < 0 and n == table), -1)
     instants = zero2_instants(layout, ranks, bucket, m.num_blocks, accumulating, held=table if tied >= 0 else 0,
                               tied=tied, tied_elems=3 * table if tied >= 0 else 0)
-    kept = w * max(grads_in_partition(layout, ranks)) if accumulating else 0.0
+    kept = w * most_in_partition(layout, ranks) if accumulating else 0.0
     return kept, tuple((share, at, w * elems + bucket_bytes - w * bucket) for share, at, elems in instants)
