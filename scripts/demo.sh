@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (once) and run the embedded default job: MiniLM contrastive fine-tune on 2 CPU ranks, 2 GB budget. Its
-# FSDP2 plan loads no DeepSpeed op, so none is built (benchmarks/results/newcomer.md times it on a fresh clone).
+# plan (DDP) loads no DeepSpeed op, so none is built (benchmarks/results/newcomer.md times it on a fresh clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
