@@ -18,7 +18,7 @@ from __future__ import annotations
 import yaml
 
 from launcher.config.job import InlineArch, Job
-from launcher.emit.exports import accelerate_base
+from launcher.emit.exports import ACCELERATE_PRECISION, accelerate_base
 from launcher.engines.fsdp.layout import FsdpLayout
 from launcher.errors import ConfigError
 from launcher.levers import PURE_BF16
@@ -28,7 +28,6 @@ BLOCK_CLASS_BY_FAMILY = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "ber
 """transformers block class for each inline family (the FSDP and checkpointing unit)."""
 
 _PARAM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 MESH_DIM_NAMES_HYBRID = ("replicate", "shard")
 """Device mesh dimension names for hybrid sharding: nodes replicate, the ranks of a node shard."""
@@ -105,7 +104,7 @@ def fsdp_config(plan: Plan, job: Job, *, block_class: str | None = None) -> dict
     })
     # Keys as `accelerate config` writes them for FSDP2; on several nodes machine_rank and main_process_ip come
     # from the launch line (on Slurm they are only known once the job runs).
-    accelerate = accelerate_base(plan, "FSDP", _ACCELERATE_MIXED_PRECISION[plan.precision])
+    accelerate = accelerate_base(plan, "FSDP", ACCELERATE_PRECISION[plan.precision])
     accelerate["fsdp_config"] = fsdp_section
     if hybrid:
         # accelerate builds FSDP2's HSDP mesh (dp_replicate x dp_shard) from this section (ParallelismConfig).

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.config.job import Job
-from launcher.emit.exports import accelerate_base
+from launcher.emit.exports import ACCELERATE_PRECISION, accelerate_base
 from launcher.engines.plain.layout import PlainLayout
 from launcher.engines.plain.memory import DDP_BUCKET_CAP_BYTES, init_bytes, plain_states, qlora_blocks, working_bytes
 from launcher.engines.spec import EngineSpec
@@ -34,7 +34,6 @@ DDP_REFUSED = {
 }
 """Why a DDP layout does not offer a lever the one-device layout does (PlainSpec.lever_values)."""
 
-_ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 class PlainSpec(EngineSpec):
@@ -116,7 +115,7 @@ class PlainSpec(EngineSpec):
     def accelerate_config(self, plan: Plan, job: Job, *, config_dir: Path | None = None) -> dict:
         """accelerate's DDP config (MULTI_GPU), or NO for one process."""
         kind = "MULTI_GPU" if plan.strategy.layout.ddp else "NO"
-        return accelerate_base(plan, kind, _ACCELERATE_MIXED_PRECISION[plan.precision])
+        return accelerate_base(plan, kind, ACCELERATE_PRECISION[plan.precision])
 
     def accelerate_title(self, s: Strategy) -> str:
         """"DDP" or "one process", accelerate.yaml's header."""
