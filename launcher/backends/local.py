@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec
 from launcher.environ import patched_environ
-from launcher.fsutil import atomic_write
+from launcher.fsutil import TMP_SUFFIX, atomic_write
 from launcher.ops import ensure_built
 from launcher.procs import ProcessRef
 from launcher.rankenv import AGENT_PID_ENV, RANK_MODULE, RDZV_ID_ENV, safe_python
@@ -27,15 +30,20 @@ CPU_PROGRESS_S = 0.1
 MONITOR_INTERVAL_S = 0.05
 """How often the elastic agent looks at its ranks; a finished run waits up to this long to be noticed (torchrun's
 default is 0.1 s; the poll is a waitpid per rank)."""
+TORCHELASTIC_DIR_PREFIX = ".torchelastic."
+"""This node's torchrun agent keeps its error files during the run in ``RUN/.torchelastic.XXXXXXXX.launcher-tmp``."""
 DUMP_WAIT_S = 5.0
 """How long the watchdog waits for the ranks it aborted to write their stacks and exit."""
 
 
-def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | None = None) -> list[str]:
+def torchrun_argv(run: RunDir, spec: LaunchSpec, *, signals_to_handle: str | None = None,
+                  log_dir: Path | None = None) -> list[str]:
     """torchrun's arguments for this node: standalone on one node, else c10d rendezvous at spec.rdzv_endpoint; then the
     rank entry module (or the user's --script) on the run dir."""
     argv = ["--nproc-per-node", str(spec.gpus_per_node), "--max-restarts", "0",
             "--monitor-interval", str(MONITOR_INTERVAL_S)]
+    if log_dir is not None:
+        argv += ["--log-dir", str(log_dir)]
     if signals_to_handle:
         argv += ["--signals-to-handle", signals_to_handle]
     if spec.nodes == 1 and not spec.rdzv_endpoint:
@@ -398,8 +406,12 @@ class LocalBackend(Backend):
         if spec.checkpoint_on_interrupt_s > 0:
             interrupt = InterruptCheckpoint(run, spec.checkpoint_on_interrupt_s)
             interrupt.install()
+        # torchrun's agent keeps its per-rank error files under --log-dir; left to itself it makes a /tmp/torchelastic_*
+        # dir per run and never removes it. This node's own dir in the run dir, removed when torchrun returns.
+        log_dir = Path(tempfile.mkdtemp(prefix=TORCHELASTIC_DIR_PREFIX, suffix=TMP_SUFFIX, dir=run.path))
         # With the checkpoint handler in charge of SIGINT/SIGTERM, torchrun keeps only its handlers for the others.
-        args = parse_args(torchrun_argv(run, spec, signals_to_handle="SIGHUP,SIGQUIT" if interrupt else None))
+        args = parse_args(torchrun_argv(run, spec, signals_to_handle="SIGHUP,SIGQUIT" if interrupt else None,
+                                        log_dir=log_dir))
         stop_run = interrupt.stop_now if interrupt else (lambda: os.kill(os.getpid(), signal.SIGTERM))
         watchdog = None
         if spec.hang_timeout_s > 0:
@@ -435,6 +447,7 @@ class LocalBackend(Backend):
                 watchdog.stop()
             if interrupt is not None:
                 interrupt.restore()
+            shutil.rmtree(log_dir, ignore_errors=True)
             sys.stdout.flush()
         world_size = spec.gpus_per_node * spec.nodes
         if interrupt is not None and interrupt.requested is not None \

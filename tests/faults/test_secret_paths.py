@@ -27,8 +27,9 @@ def test_a_secret_named_path_is_read_and_only_secrets_are_redacted(tmp_path):
     job = relative_project(tmp_path / "proj")
     data_dir = job.parent / "data"
     (tmp_path / "key.json").write_text("{}")
+    (tmp_path / "tmp").mkdir()  # TMPDIR: torchrun's agent once left a torchelastic_* dir there after every run
     env = {**os.environ, "MY_API_KEY": str(data_dir), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "key.json"),
-           "HF_TOKEN": TOKEN}
+           "HF_TOKEN": TOKEN, "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "elsewhere").mkdir()
     run = tmp_path / "elsewhere" / "run"
     res = subprocess.run([LAUNCH, "../proj/job.yaml", "--run-dir", "run", "--quiet", "train.max_steps=2"],
@@ -45,6 +46,10 @@ def test_a_secret_named_path_is_read_and_only_secrets_are_redacted(tmp_path):
     # The end-of-run export carries its marker; no temporary of the launcher's is left in the run dir.
     assert (run / "model" / ".launcher-export").is_file()
     assert not [p for p in run.rglob(f"*{TMP_SUFFIX}")]
+    assert not [p for p in run.iterdir() if p.name.startswith(".torchelastic")]
+    # torch's per-user compile cache (torchinductor_<user>) is shared by every later process, not the run's.
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, f"a finished run leaves nothing of its own in TMPDIR: {left}"
     # The finished run's files are what export and --resume read: `plan --out` into it is refused, untouched.
     before = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}
     again = subprocess.run([LAUNCH, "plan", str(job), "--out", str(run)], capture_output=True, text=True,
