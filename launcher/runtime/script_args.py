@@ -4,8 +4,8 @@ The script runs inside the rank's probe (launcher.runtime.script), so the launch
 those libraries build their arguments, and the script needs no launcher knowledge:
 
 - ``transformers.TrainingArguments.__post_init__`` (TRL's configs subclass it): before it runs, the plan's
-  micro-batch, accumulation, precision, activation checkpointing, TRL's max_length (the plan's sequence length)
-  and engine (the run's ds_config.script.json as
+  micro-batch (the evaluation batch at most that), accumulation, precision, activation checkpointing, TRL's
+  max_length (the plan's sequence length) and engine (the run's ds_config.script.json as
   ``deepspeed``; no ``fsdp`` of the script's own, accelerate's FSDP variables then decide) replace the script's;
   on CPU ranks ``use_cpu`` and gloo; ``auto_find_batch_size`` off (it would change the planned batch);
   ``include_num_input_tokens_seen`` "non_padding" where the script left it off (the step lines' tokens/s);
@@ -212,6 +212,10 @@ def training_args_values(args, plan: ScriptPlan) -> dict[str, object]:
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     values: dict[str, object] = {
         "per_device_train_batch_size": plan.micro_batch_size,
+        # The plan prices training's forward and backward at the micro-batch; an evaluation's no-grad forward at
+        # the same batch holds less, a larger one (HF's default is 8) is priced nowhere. A smaller one stays.
+        "per_device_eval_batch_size": min(getattr(args, "per_device_eval_batch_size", None) or plan.micro_batch_size,
+                                          plan.micro_batch_size),
         "gradient_accumulation_steps": plan.grad_accum_steps,
         "bf16": plan.precision == "bf16",
         "fp16": plan.precision == "fp16",

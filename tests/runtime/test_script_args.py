@@ -39,7 +39,8 @@ def test_what_the_seam_patches_is_still_there():
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert set(training_args_values(TrainingArguments(output_dir="x"), plan())) - names == set()
-    assert {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", CHECKPOINTING, "deepspeed",
+    assert {"per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+            "bf16", "fp16", CHECKPOINTING, "deepspeed",
             "fsdp", "fsdp_config", "use_cpu", "ddp_backend", "auto_find_batch_size",
             "include_num_input_tokens_seen"} <= names
     assert "__post_init__" in TrainingArguments.__dict__ and issubclass(SFTConfig, TrainingArguments)
@@ -65,8 +66,11 @@ def test_training_args_take_the_plan_and_each_replacement_is_recorded(tmp_path, 
     try:
         args = SFTConfig(output_dir=str(tmp_path / "o"), per_device_train_batch_size=8, learning_rate=5e-5,
                          max_length=1024, report_to=[])
+        small_eval = TrainingArguments(output_dir=str(tmp_path / "o2"), per_device_eval_batch_size=1, report_to=[])
     finally:
         seam.remove()
+    # The evaluation batch (HF's default 8) is capped at the planned micro-batch; a smaller one stays the script's.
+    assert (args.per_device_eval_batch_size, small_eval.per_device_eval_batch_size) == (2, 1)
     assert TrainingArguments.__post_init__ is original
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 3)
     assert (args.bf16, args.mixed_precision, args.activation_checkpointing, args.use_cpu) == (True, "bf16", True, True)
@@ -78,6 +82,8 @@ def test_training_args_take_the_plan_and_each_replacement_is_recorded(tmp_path, 
     got = {o.setting: (o.script, o.plan) for o in seam.overrides}
     assert got["SFTConfig.per_device_train_batch_size"] == ("8", "2")
     assert got["SFTConfig.gradient_accumulation_steps"] == ("1", "3")
+    assert got["SFTConfig.per_device_eval_batch_size"] == ("8", "2")
+    assert "TrainingArguments.per_device_eval_batch_size" not in got
     assert got["SFTConfig.max_length"] == ("1024", "48")
     assert got["SFTConfig.deepspeed"] == ("None", repr(str(ds)))
     assert "SFTConfig.bf16" not in got  # SFTConfig's own default is bf16, as the plan
