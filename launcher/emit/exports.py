@@ -135,7 +135,8 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
     offload are in it) and the zero.Init flag. FSDP2: ACCELERATE_USE_FSDP and every fsdp_config key as FSDP_<KEY>
     (FSDP_VERSION=2 among them). Both: ACCELERATE_MIXED_PRECISION and ACCELERATE_GRADIENT_ACCUMULATION_STEPS (HF
     TrainingArguments reads the precision from it; beside a DeepSpeed file accelerate takes both from the file,
-    which holds the same values). Hybrid sharding's mesh (parallelism_config) is not carried.
+    which holds the same values). Hybrid sharding's mesh: ACCELERATE_USE_PARALLELISM_CONFIG and PARALLELISM_CONFIG_*
+    (accelerate.utils.launch.prepare_extend_env_parallelism_config; ParallelismConfig reads them).
     """
     env = {
         "ACCELERATE_MIXED_PRECISION": ACCELERATE_PRECISION[plan.precision],
@@ -152,6 +153,10 @@ def accelerate_env(plan: Plan, config: dict) -> dict[str, str]:
         env["ACCELERATE_USE_FSDP"] = "true"
         for key, value in config["fsdp_config"].items():
             env[_FSDP_ENV_NAME.get(key, key.upper())] = _env_flag(value)
+    if config.get("parallelism_config"):
+        env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+        for key, value in config["parallelism_config"].items():  # parallelism_config_dp_shard_size -> PARALLELISM_...
+            env[key.upper()] = str(value)
     return env
 
 

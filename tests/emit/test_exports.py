@@ -210,11 +210,12 @@ def test_deepspeed_parser_is_given_the_world_size():
     assert not deepspeed.comm.is_initialized()  # checked without a process group
 
 
-@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "fsdp-hybrid"])
 def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch, engine):
     """launch --script hands a rank accelerate_env: every variable is one `accelerate launch` itself sets from the
     same plan's accelerate.yaml, with the same value, except the two accelerate leaves to the DeepSpeed file
     (precision, accumulation), which carry the plan's values; accelerate's plugins read the plan back from them."""
+    from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
     from launcher.emit.exports import accelerate_env
@@ -222,14 +223,18 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
     from launcher.engines.deepspeed.emit import ds_config
 
     pins = {"zero_stage": 3} if engine == "deepspeed" else {"engine": "fsdp", "activation_checkpointing": True}
-    plan, job = make_plan(world_size=4, **pins), make_job()
+    if engine == "fsdp-hybrid":  # HSDP over 2 nodes of 2: accelerate builds the 2-D mesh from its own variables
+        pins.update(fsdp_sharding="hybrid", world_size=4, nodes=2)
+    plan, job = make_plan(**{"world_size": 4, **pins}), make_job()
     ds_file = tmp_path / "ds_config.json"
     if engine == "deepspeed":
         ds_file.write_text(json.dumps(ds_config(plan, job)))
     config = engine_spec(plan.strategy.engine).accelerate_config(plan, job, config_dir=tmp_path)
     ours = accelerate_env(plan, config)
     path = tmp_path / "accelerate.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # On several nodes the launch line gives each its rank and the head's address, as `accelerate launch` is told.
+    launched = {**config, "machine_rank": 0, "main_process_ip": "127.0.0.1"} if plan.nodes > 1 else config
+    path.write_text(yaml.safe_dump(launched, sort_keys=False))
     _accelerate_launch_env(path, monkeypatch)
     theirs = dict(os.environ)
     own_values = {"ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"} if engine == "deepspeed" \
@@ -238,7 +243,7 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
                                                                      if k not in own_values}
     assert (ours["ACCELERATE_MIXED_PRECISION"], ours["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"]) == ("bf16", "4")
     for key in list(os.environ):
-        if key.startswith(("ACCELERATE_", "FSDP_")):
+        if key.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")):
             monkeypatch.delenv(key)
     for key, value in ours.items():
         monkeypatch.setenv(key, value)
@@ -252,6 +257,9 @@ def test_script_env_uses_accelerates_own_names_and_values(tmp_path, monkeypatch,
         plugin = FullyShardedDataParallelPlugin()
         assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
         assert plugin.transformer_cls_names_to_wrap == ["GPT2Block"] and plugin.activation_checkpointing is True
+        mesh = ParallelismConfig()
+        want = (2, 2) if engine == "fsdp-hybrid" else (1, 1)
+        assert (mesh.dp_replicate_size, mesh.dp_shard_size) == want
 
 
 def test_accelerate_yaml_says_which_of_the_plans_levers_a_script_would_not_apply(tmp_path):
