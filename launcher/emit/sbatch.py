@@ -99,15 +99,19 @@ export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shar
 # USR2 comes here only (B:); the ranks poll the control file at every optimizer step.
 rm -f "$RUN_DIR/control/checkpoint"
 trap 'touch "$RUN_DIR/control/checkpoint"' USR2
+# torchrun's agents keep their error files here (else a /tmp/torchelastic_* dir on every node, never removed).
+elastic_dir="$RUN_DIR/.torchelastic.$SLURM_JOB_ID.launcher-tmp"
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 $SRUN_CPUS "$PYTHON" -m torch.distributed.run --nnodes={nodes} \\
   --nproc-per-node={gpus} --max-restarts=0 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$port" \\
-  --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" -m launcher.rank_entry "$RUN_DIR" &
+  --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" --log-dir="$elastic_dir" \\
+  -m launcher.rank_entry "$RUN_DIR" &
 srun_pid=$!
 # A trapped signal ends `wait` early; keep waiting until srun itself has exited.
 while :; do
   wait "$srun_pid" && rc=0 || rc=$?
   kill -0 "$srun_pid" 2>/dev/null || break
 done
+rm -rf "$elastic_dir"
 rm -f "$RUN_DIR/control/checkpoint"
 if [ "$rc" -eq 0 ] && grep -Eqs '"status": *"checkpointed"' "$RUN_DIR/ranks/rank-0.json" \\
     && [ "${{SLURM_RESTART_COUNT:-0}}" -lt "$MAX_REQUEUES" ]; then

@@ -122,6 +122,8 @@ open({str(log)!r}, "a").write(json.dumps(["srun"] + sys.argv[1:]) + "\\n")
 open({str(log)!r}, "a").write(json.dumps(["env", os.environ.get("LAUNCHER_PLAN_SHA256")]) + "\\n")
 run_dir = sys.argv[-1]
 os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
+log_dir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--log-dir="))  # torchrun's agent makes it
+os.makedirs(os.path.join(log_dir, "run_x", "attempt_0", "0"))
 json.dump({{"rank": 0, "status": {rank_status!r}}}, open(os.path.join(run_dir, "ranks", "rank-0.json"), "w"),
           indent=2)
 """,
@@ -153,6 +155,9 @@ def test_script_runs_with_a_weird_run_dir(tmp_path, weird_tmp_path, rank_status,
     srun = next(c for c in calls if c[0] == "srun")
     assert srun[-1] == str(run_dir)  # the path reached the ranks intact
     assert "--rdzv-endpoint=10.0.0.7:20042" in srun and "--rdzv-id=20042-0" in srun
+    # torchrun's agents keep their error files in the run dir, removed when srun returns (not in each node's /tmp).
+    assert f"--log-dir={run_dir}/.torchelastic.20042.launcher-tmp" in srun
+    assert not (run_dir / ".torchelastic.20042.launcher-tmp").exists()
     assert (["scontrol", "requeue", "20042"] in calls) is requeued
     # The interpreter it was written with runs the ranks, and, unless the job requeued, the verdict.
     assert srun[srun.index("--kill-on-bad-exit=1") + 1:][:3] == [str(bin_dir / "python"), "-m", "torch.distributed.run"]

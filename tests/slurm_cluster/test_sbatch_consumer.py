@@ -135,7 +135,8 @@ def test_the_plain_script_runs_through_srun_to_its_verdict(tmp_path):
         "slurm": {"partition": "debug", "timeout_min": 15, "signal_delay_s": 60}}))
     run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "tmp").mkdir()  # the job's TMPDIR (sbatch exports this environment): torchrun's agent once left
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path / "tmp")}  # a torchelastic_* dir there
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     plan = subprocess.run([sys.executable, "-m", "launcher", "plan", str(job), "--sbatch", "--out", "run"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
@@ -164,6 +165,9 @@ def test_the_plain_script_runs_through_srun_to_its_verdict(tmp_path):
     assert json.loads((run_dir / "state.json").read_text())["state"] == "completed"
     log = _log(run_dir, job_id)
     assert "within budget" in log and not list(elsewhere.iterdir())  # nothing written where sbatch ran
+    assert not list(run_dir.glob(".torchelastic.*")), "torchrun's error-file dir is removed when srun returns"
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, f"the job leaves nothing of its own in TMPDIR: {left}"
 
 
 def _log(run_dir: Path, job_id: str) -> str:
