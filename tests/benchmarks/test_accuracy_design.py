@@ -15,6 +15,7 @@ from benchmarks.accuracy.cells import (
     DS_PURE_BF16_DEV,
     DS_PURE_BF16_LOW_BIT_VALIDATION,
     DS_PURE_BF16_VALIDATION,
+    GC_VALIDATION,
     LORA_DTYPE_VALIDATION,
     MATRIX,
     MODELS,
@@ -443,9 +444,21 @@ def test_the_compose_validation_is_new():
 
 def test_the_plain_validation_is_new():
     """No earlier cell ran the plain engine, and none used one of its shapes; it spans one rank and DDP."""
-    earlier = [c for c in every_cell() if c not in PLAIN_VALIDATION]
+    cells = every_cell()
+    earlier = cells[:cells.index(PLAIN_VALIDATION[0])]
     assert all(c.sharding != "plain" for c in earlier)
     shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
     assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in PLAIN_VALIDATION}
     assert {c.sharding for c in PLAIN_VALIDATION} == {"plain"} and {c.ranks for c in PLAIN_VALIDATION} == {1, 2}
     assert {sides_of_all()[c.name] for c in PLAIN_VALIDATION} == {"plain-validation"}
+
+
+def test_the_gc_validation_is_new():
+    """The probe's collector split: shapes no earlier cell ran, every probed task, and engines of all three kinds."""
+    cells = every_cell()
+    earlier = cells[:cells.index(GC_VALIDATION[0])]
+    shapes = {(c.model, c.seq_len, c.micro_batch) for c in earlier}
+    assert not shapes & {(c.model, c.seq_len, c.micro_batch) for c in GC_VALIDATION}
+    assert {c.task for c in GC_VALIDATION} == {"causal_lm", "seq_cls", "sentence_embedding"}
+    assert {SHARDINGS[c.sharding]["engine"] for c in GC_VALIDATION} == {"deepspeed", "fsdp", "plain"}
+    assert {sides_of_all()[c.name] for c in GC_VALIDATION} == {"gc-validation"}
