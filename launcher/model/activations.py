@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import logging
 import warnings
 
@@ -18,11 +19,11 @@ from launcher.config.job import Job
 from launcher.planner.memory import ActivationConstants, head_weight_grad_bytes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PROBE_VERSION = 11
+PROBE_VERSION = 12
 """Part of the cache key: bump when what the probe measures changes (7: the frozen linears' inputs under LoRA; 8: the
 checkpointed layers' kwargs in a mixed layout; 9: LoRA's adapters in the working dtype, fp32 ones as differences;
 10: the frozen linears' inputs beside working-dtype adapters, and what fp32 ones add to them; 11: what the gradient
-reduce holds beyond the blocks, reduce_bytes_per_token)."""
+reduce holds beyond the blocks, reduce_bytes_per_token; 12: the cyclic collector held off during each fake run)."""
 
 
 def _with_blocks(config, blocks: int):
@@ -122,9 +123,17 @@ def _peak_activation_bytes(job: Job, config, *, seq_len: int, examples: int, che
     linear = functional.linear
     if saving_linear:  # nn.Linear.forward looks F.linear up at each call, as DeepSpeed's zero.Init relies on
         functional.linear = _saving_linear()
+    # The peak must not depend on when the cyclic collector runs, which depends on everything the process allocated
+    # before (its imports): garbage is collected first and the collector is held off during the run, so what a
+    # reference cycle keeps alive counts, as it would until a collection on a rank.
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
     try:
         return _fake_run(job, model, batch, loss_chunks, at_reduce)
     finally:
+        if collecting:
+            gc.enable()
         functional.linear = linear
         quiet.setLevel(level)
 
