@@ -71,7 +71,7 @@ MOMENT_TITLES = {"backward": "backward start vs max(forward, backward) phase",
                  "step": "optimizer step vs optimizer_step phase",
                  "init": "weights loading (rank 0) vs init phase",
                  "export": "end-of-run export (rank 0, CPU ranks) vs export phase"}
-SIDES = ("plain-validation", "compose-validation", "zero2-flush-validation", "ds-pbf16-lowbit-validation",
+SIDES = ("gc-validation", "plain-validation", "compose-validation", "zero2-flush-validation", "ds-pbf16-lowbit-validation",
          "pbf16-lowbit-validation", "z3-bf16-adapter-validation", "lora-dtype-validation", "one-rank-validation",
          "sac-ds-validation-2", "z3release-validation-2", "sac-z3lora-validation", "z3release-validation",
          "z3pin-validation", "validation-3", "dsbf16-validation", "sac-ds-validation", "bwdend-validation-2",
@@ -79,7 +79,8 @@ SIDES = ("plain-validation", "compose-validation", "zero2-flush-validation", "ds
          "sr-validation", "sac-validation", "export-validation-2", "export-validation", "validation", "validation-1",
          "held-out", "fit", "lever-dev", "bwdend-dev", "dsbf16-dev", "sac-ds-dev", "zero2-flush-dev")
 """The splits, the out-of-sample one first (cells.sides_of_all)."""
-SIDE_LABELS = {"plain-validation": "**the plain engine (one rank, DDP), validation**",
+SIDE_LABELS = {"gc-validation": "**the probe with the cyclic collector held off, validation**",
+               "plain-validation": "**the plain engine (one rank, DDP), validation**",
                "compose-validation": "**the levers combined, in-place chunked loss, validation**",
                "zero2-flush-validation": "**ZeRO-2, reduce bucket smaller than the model, validation**",
                "zero2-flush-dev": "ZeRO-2, reduce bucket smaller than the model, development (seen)",
