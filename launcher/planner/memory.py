@@ -380,7 +380,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
 
     breakdown = breakdown_at(moment)
     # Where the peak is outside training (rank 0's load or export), training's own largest moment too: the OOM
-    # ladder scales its categories by what a failed attempt measured (launcher.fallback.Correction).
+    # ladder scales its categories by what a failed attempt measured (launcher.planner.fallback.Correction).
     training = max(TRAINING_MOMENTS, key=on_basis.get)
     training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
     # The verdict's moment need not be the largest in tensors (a side-stream pool may lift another): that one's

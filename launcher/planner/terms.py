@@ -389,7 +389,8 @@ class States:
     buffers: float = 0.0
     """Device bytes of engine buffers alive at the backward start (reduce bucket, FSDP2 unsharded copies)."""
     buffers_category: str = "buffers"
-    """The breakdown category ``buffers`` is shown under (launcher.categories: gathered parameters are params)."""
+    """The breakdown category ``buffers`` is shown under (launcher.records.categories: gathered parameters are
+    params)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
     backward_extra: float = 0.0

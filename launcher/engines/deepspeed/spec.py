@@ -44,7 +44,7 @@ from launcher.planner.terms import (
     over_links,
     untied_head_bytes,
 )
-from launcher.rankenv import DS_CONFIG_ENV
+from launcher.processes.rankenv import DS_CONFIG_ENV
 
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
