@@ -506,14 +506,8 @@ def input_embedding_params(m: ModelStats) -> int:
 
 
 def gloo_reduce_scatter_copies(device_is_host: bool) -> int:
-    """Extra full copies of its input a reduce-scatter holds: 1 on CPU ranks (gloo), 0 on CUDA ranks (NCCL).
-
-    torch/csrc/distributed/c10d/ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced (which _reduce_scatter_base,
-    i.e. reduce_scatter_tensor, calls) clones each input (`buffers.push_back(inputTensors[i].clone())`), all-reduces
-    the clone and copies the rank's chunk out in the work's wait(); ProcessGroupNCCL::_reduce_scatter_base hands the
-    input to ncclReduceScatter as it is. On a CPU rank the tracker first sees the clone when wait() chunks it on the
-    calling thread (distributed_c10d.py reduce_scatter_single -> work.wait(): an aten.split of a new input-sized
-    storage, measured on BWDEND_DEV's ZeRO-3 cell)."""
+    """Extra full copies of its input a reduce-scatter holds: 1 on CPU ranks (gloo clones it), 0 on CUDA ranks (NCCL
+    takes it as it is; docs/memory-model.md#zero-3-and-zero-1-at-the-end-of-backward)."""
     return 1 if device_is_host else 0
 
 
