@@ -131,13 +131,9 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
 
 
 def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTES) -> float:
-    """The two moments torchao's AdamW8bit / AdamW4bit keep for one (local) tensor of ``numel`` elements, bytes:
-    block-wise quantized (LOW_BIT_STATE) when it has at least LOW_BIT_MIN_NUMEL elements and its block divides it,
-    else two moments in the parameter's dtype (_AdamBase._new_buffer: torch.zeros_like(p); ``param_bytes``, 2
-    under pure bf16). The quantized codes' scales are fp32 whatever the parameter's dtype (subclass_8bit.py
-    OptimState8bit.zeros: torch.zeros(n // block_size)). DeepSpeed's ZeRO-1/2 hand it one flat partition
-    (launcher.engines.deepspeed.memory.flat_partition_elems), FSDP2 each parameter's shard. bitsandbytes' paged one
-    quantizes from BNB_MIN_8BIT_NUMEL elements on, in ceil(numel / 256) blocks, and keeps fp32 moments below."""
+    """The two moments a low-bit AdamW keeps for one (local) tensor of ``numel`` elements, bytes: block-wise
+    quantized (LOW_BIT_STATE) from its size threshold on, else in ``param_bytes`` (torchao: the parameter's dtype)
+    or fp32 (bitsandbytes) (docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     code, block = LOW_BIT_STATE[opt]
     if opt == PAGED:
         return 8.0 * numel if numel < BNB_MIN_8BIT_NUMEL else 2 * (numel * code + 4 * math.ceil(numel / block))
