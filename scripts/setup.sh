@@ -3,7 +3,7 @@
 # libaio's headers for DeepSpeed's NVMe op). Idempotent: a second run only checks.
 # On a machine without a GPU it pins the CPU torch wheel, never the multi-GB CUDA build.
 # DeepSpeed's C++ ops are not built here: a run builds the ones its plan loads before its ranks start, once, with
-# a line saying so (launcher/ops.py); scripts/test.sh builds them all, since the tests load every one.
+# a line saying so (launcher/processes/ops.py); scripts/test.sh builds them all, since the tests load every one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

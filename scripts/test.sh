@@ -7,8 +7,8 @@ bash scripts/setup.sh --test
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
 export HF_HUB_OFFLINE=1
 # The tests load every op (CPU Adam, NVMe's async I/O, the CPU ranks' shm all-reduce): ~5 min on 2 cores the first
-# time, each with a line; a no-op once built. A run builds only what its plan loads (launcher/ops.py).
-.venv/bin/python -m launcher.ops --all || echo "test.sh: an op did not build (above); the tests that load it will fail"
+# time, each with a line; a no-op once built. A run builds only what its plan loads (launcher/processes/ops.py).
+.venv/bin/python -m launcher.processes.ops --all || echo "test.sh: an op did not build (above); the tests that load it will fail"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   bash slurm/dev-cluster/start.sh
 else

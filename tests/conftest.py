@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.rankenv import use_local_tools
+from launcher.processes.rankenv import use_local_tools
 from tests.slurm_fixtures import make_job, make_plan  # noqa: F401  (fixtures for tests/backends and tests/emit)
 from tests.tiers import GUARD, mark_slow
 
@@ -18,8 +18,9 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_exten
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # ... and one matplotlib font list (a fresh config dir costs a font scan and `fc-list`, per process that plots).
 os.environ.setdefault("MPLCONFIGDIR", str(REPO / ".cache" / "matplotlib"))
-# ... built with the ninja beside this interpreter, as set-up built it (launcher.rankenv.use_local_tools says why),
-# by every subprocess a test starts (accelerate launch, a script, a DeepSpeed check), not only the launcher's ranks.
+# ... built with the ninja beside this interpreter, as set-up built it (launcher.processes.rankenv.use_local_tools says
+# why), by every subprocess a test starts (accelerate launch, a script, a DeepSpeed check), not only the launcher's
+# ranks.
 use_local_tools()
 
 

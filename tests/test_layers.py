@@ -13,18 +13,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
 
-# layer -> what it must never import (prefixes of dotted module names)
+# layer -> what it must never import (prefixes of dotted module names); the layers of docs/architecture.md
+UPPER = ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
+PLAN_INPUTS = ("launcher.inputs", "launcher.calibrate")
+CORE = ("launcher.config", "launcher.planner", "launcher.emit", "launcher.engines", "launcher.levers", "launcher.model",
+        "launcher.records", "launcher.files", "launcher.processes", "launcher.units", "launcher.errors")
+# What may sit at the package's top beside the rooms: the foundation every layer uses (docs/architecture.md).
+FOUNDATION = {"launcher", "launcher.__main__", "launcher.units", "launcher.errors"}
 FORBIDDEN = {
-    **{low: ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session")
-       for low in ("launcher.config", "launcher.planner", "launcher.emit", "launcher.engines", "launcher.model",
-                   "launcher.units",
-                   "launcher.plan_words",
-                   "launcher.errors", "launcher.rankenv", "launcher.fsutil", "launcher.ops", "launcher.rundir",
-                   "launcher.redact", "launcher.records", "launcher.inputs",
-                   "launcher.categories", "launcher.ranklog", "launcher.procs")},
-    # The planner returns numbers (its Problem, NoFit, Rejected); plan_words and cli/render word them.
-    "launcher.planner": ("launcher.backends", "launcher.worker", "launcher.cli", "launcher.session",
-                         "launcher.plan_words"),
+    **{low: UPPER + PLAN_INPUTS for low in CORE},
+    **{mid: UPPER for mid in PLAN_INPUTS},
+    # The planner returns numbers (its Problem, NoFit, Rejected); planner.plan_words and cli/render word them.
+    "launcher.planner": UPPER + PLAN_INPUTS + ("launcher.planner.plan_words",),
     "launcher.backends": ("launcher.cli", "launcher.session"),
     "launcher.session": ("launcher.cli",),
     "launcher.runtime": ("launcher.backends", "launcher.cli", "launcher.session"),
@@ -115,6 +115,28 @@ def test_no_import_cycles_among_launcher_modules():
     assert cycles(import_graph()) == []
 
 
+def unplaced(graph: dict[str, set[str]]) -> list[str]:
+    """The package's top-level names (a room or a loose module) that have no layer here and are not the foundation."""
+    placed = set(UPPER + PLAN_INPUTS + CORE) | {"launcher.runtime"} | FOUNDATION
+    return sorted({".".join(m.split(".")[:2]) for m in graph} - placed)
+
+
+def test_every_room_has_its_layer_and_only_the_foundation_sits_at_the_top():
+    """A module at launcher/'s top is a room's work left loose (issue 38 §7), and a new room gets its layer."""
+    assert unplaced(import_graph()) == []
+
+
+def test_a_loose_module_or_a_room_without_a_layer_is_caught(tmp_path):
+    import shutil
+
+    root = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "helpers.py").write_text('"""Loose."""\n')
+    (root / "annex").mkdir()
+    (root / "annex" / "__init__.py").write_text('"""A room."""\n')
+    assert unplaced(import_graph(root)) == ["launcher.annex", "launcher.helpers"]
+
+
 def test_the_graph_sees_real_imports():
     """The reader finds what is there: a module-level, a function-level and a `from pkg import sub` import."""
     graph = import_graph()
@@ -157,7 +179,7 @@ def test_the_cli_and_the_shared_names_import_no_heavy_library():
     import sys
 
     code = ("import sys; import launcher.cli.main as m; m.build_parser(); "
-            "import launcher.rankenv, launcher.errors, launcher.session.prepare, launcher.session.run; "
+            "import launcher.processes.rankenv, launcher.errors, launcher.session.prepare, launcher.session.run; "
             "print(sorted(k for k in ('torch', 'transformers', 'deepspeed', 'matplotlib', 'submitit') "
             "if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

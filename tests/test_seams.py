@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.environ import patched_environ
+from launcher.processes.environ import patched_environ
 
 
 def source_of(module: str, qualname: str) -> str:

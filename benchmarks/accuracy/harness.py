@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from launcher.files.rundir import RunDir
 from launcher.records.rankreport import RankReport
-from launcher.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / ".venv" / "bin" / "launch"

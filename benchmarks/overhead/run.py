@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/overhead/run.py --pairs 2
 
 bare:   `launch plan --out D` once (plus job.yaml, what launch's prepare_run_dir writes), then per repeat
-        `python -m torch.distributed.run --standalone --nproc-per-node 2 -m launcher.rank_entry D` with the
+        `python -m torch.distributed.run --standalone --nproc-per-node 2 -m launcher.worker.rank_entry D` with the
         environment launch gives its ranks (launcher.session.prepare.rank_env); the worker's outputs are cleared between
         repeats so it never resumes.
 launch: `launch --gpus 2 --budget 4GB JOB --run-dir D2 --overwrite --quiet` (D2 removed before the clock starts,
@@ -63,8 +63,8 @@ WORKER_OUTPUTS = ("ranks", "steps", "logs", "checkpoint", "control")
 def prepare_bare(job_file: Path, run_dir: Path) -> dict[str, str]:
     """The run dir launch would write, made by `launch plan --out`, and the env launch gives its ranks."""
     from launcher.config.jobfile import job_to_data, load_job
+    from launcher.files.rundir import RunDir
     from launcher.planner.plan import Plan
-    from launcher.rundir import RunDir
     from launcher.session.prepare import rank_env
 
     if run_dir.exists():
@@ -81,7 +81,7 @@ def run_bare(run_dir: Path, env: dict[str, str]) -> float:
     for name in WORKER_OUTPUTS:
         shutil.rmtree(run_dir / name, ignore_errors=True)
     argv = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "launcher.rank_entry", str(run_dir)]
+            "-m", "launcher.worker.rank_entry", str(run_dir)]
     t = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - t
@@ -146,8 +146,9 @@ def markdown(r: dict, pairs: int) -> str:
         "# Launcher overhead: `launch` vs bare torchrun",
         "",
         f"Measured {m['time']} on {m['cores']} cores (load average {m['load_avg_1m']} when written; shared machine). "
-        f"Same worker (launcher.rank_entry), same run dir contents, tiny GPT-2, FSDP2, {JOB['train']['max_steps']} "
-        f"steps on 2 CPU ranks; {pairs} alternating pairs after one untimed warm-up of each.",
+        f"Same worker (launcher.worker.rank_entry), same run dir contents, tiny GPT-2, FSDP2, "
+        f"{JOB['train']['max_steps']} steps on 2 CPU ranks; {pairs} alternating pairs after one untimed warm-up of "
+        "each.",
         "Rerun: `.venv/bin/python benchmarks/overhead/run.py`.",
         "",
         "| | median wall s | runs (s) |",

@@ -135,7 +135,7 @@ def enumerate_budgets(budgets_mb: dict[str, float]) -> dict[str, dict]:
     os.environ["LAUNCHER_CACHE"] = str(BENCH_CACHE)
     from launcher.config.jobfile import job_from_data
     from launcher.inputs.plan_inputs import plan_request
-    from launcher.plan_words import problem_words
+    from launcher.planner.plan_words import problem_words
     from launcher.planner.search import evaluate, make_plan
 
     out = {}

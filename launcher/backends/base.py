@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from launcher.files.rundir import RunDir
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.config.job import Job

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec
-from launcher.environ import patched_environ
-from launcher.fsutil import TMP_SUFFIX, atomic_write
-from launcher.ops import ensure_built
-from launcher.procs import ProcessRef
-from launcher.rankenv import AGENT_PID_ENV, RANK_MODULE, RDZV_ID_ENV, safe_python
-from launcher.ranklog import wait_settled
+from launcher.files.fsutil import TMP_SUFFIX, atomic_write
+from launcher.files.ranklog import wait_settled
+from launcher.files.rundir import RunDir
+from launcher.processes.environ import patched_environ
+from launcher.processes.ops import ensure_built
+from launcher.processes.procs import ProcessRef
+from launcher.processes.rankenv import AGENT_PID_ENV, RANK_MODULE, RDZV_ID_ENV, safe_python
 from launcher.records.runreport import RankFailure, RunOutcome
-from launcher.rundir import RunDir
 
 CPU_PROGRESS_S = 0.1
 """CPU seconds a rank must burn between two watchdog polls to count as busy (gloo waits burn ~0)."""
@@ -419,7 +419,7 @@ class LocalBackend(Backend):
             watchdog = Watchdog(run, spec.gpus_per_node * spec.nodes, spec.hang_timeout_s, cpu_is_progress=cpu_ranks,
                                 stop_run=stop_run)
             watchdog.start()
-        # Node 0's launch owns state.json; a rank that outlives it (it should not: launcher.rank_entry) is found.
+        # Node 0's launch owns state.json; a rank that outlives it (it should not: launcher.worker.rank_entry) is found.
         recorder = RankRecorder(run, spec.gpus_per_node) if spec.node_rank == 0 else None
         if recorder is not None:
             recorder.start()

@@ -22,10 +22,10 @@ from launcher.backends.slurm_task import SlurmTask, outcome_from_results
 from launcher.config.job import Job
 from launcher.emit.slurm_params import SlurmResources, executor_parameters, slurm_resources
 from launcher.errors import ConfigError
+from launcher.files.rundir import RunDir
 from launcher.planner.plan import Plan
-from launcher.rankenv import safe_python
+from launcher.processes.rankenv import safe_python
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 
 Report = Callable[[RunDir, Plan, RunOutcome], int]
 """report.json, memory.png and the exit code from a run dir, its plan and how the ranks ended."""

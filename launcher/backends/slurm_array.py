@@ -16,9 +16,9 @@ from pathlib import Path
 from launcher.backends.slurm import make_executor
 from launcher.backends.slurm_task import SlurmTask
 from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
+from launcher.files.rundir import RunDir, slug
 from launcher.inputs.variants import Variant
 from launcher.records.runreport import read_report
-from launcher.rundir import RunDir, slug
 from launcher.units import format_bytes
 
 SEVERITY = (EXIT_TRAINING_FAILED, EXIT_INTERRUPTED, EXIT_OVER_BUDGET, EXIT_BAD_INPUT)

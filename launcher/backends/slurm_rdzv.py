@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.fsutil import atomic_write
+from launcher.files.fsutil import atomic_write
 
 PORT_BASE = 20000
 PORT_SPAN = 20000

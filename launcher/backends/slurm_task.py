@@ -30,11 +30,11 @@ from typing import Literal
 from launcher.backends.base import LaunchSpec
 from launcher.backends.slurm_rdzv import RendezvousError, agree, check_shape, node_view
 from launcher.errors import ConfigError
-from launcher.fsutil import open_private
+from launcher.files.fsutil import open_private
+from launcher.files.rundir import FINAL_STATUSES, RunDir
 from launcher.planner.plan import Plan, read_plan
-from launcher.rankenv import ATTEMPT_ENV, CONTROL_FILE, RDZV_ID_ENV
+from launcher.processes.rankenv import ATTEMPT_ENV, CONTROL_FILE, RDZV_ID_ENV
 from launcher.records.runreport import RankFailure, RunOutcome
-from launcher.rundir import FINAL_STATUSES, RunDir
 
 REQUEUE_MARGIN_S = 3.0
 """Kept back from the job's end time for `scontrol requeue` itself."""

@@ -143,12 +143,12 @@ def deepspeed_adam_ready() -> str | None:
     Loading JIT-builds the op if needed (minutes) under a lock file in the shared extensions cache; a
     calibration must neither wait behind someone else's build nor be cut off holding that lock.
     """
-    from launcher.rankenv import set_extensions_dir
+    from launcher.processes.rankenv import set_extensions_dir
 
     root = Path(set_extensions_dir()) / "cpu_adam"
     if not (root / "cpu_adam.so").is_file():
         return (f"{root}/cpu_adam.so is not built yet (a DeepSpeed offload run builds it, or "
-                "python -m launcher.ops cpu_adam)")
+                "python -m launcher.processes.ops cpu_adam)")
     if (root / "lock").exists():
         return f"{root}/lock: another process is building or loading it"
     return None

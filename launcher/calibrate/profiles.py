@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from launcher.calibrate.timing import FIELD
-from launcher.fsutil import atomic_write
+from launcher.files.fsutil import atomic_write
 from launcher.inputs.cache import cache_dir
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants

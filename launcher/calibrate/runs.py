@@ -7,15 +7,15 @@ from pathlib import Path
 
 from launcher.calibrate.fit import Sample, coefficients
 from launcher.calibrate.profiles import numeric_fields
-from launcher.categories import CATEGORY_GROUPS
 from launcher.config.job import Job
 from launcher.config.load import from_dict, load_yaml
 from launcher.errors import ConfigError
+from launcher.files.rundir import RunDir
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import read_plan
+from launcher.records.categories import CATEGORY_GROUPS
 from launcher.records.rankreport import RankReport
 from launcher.records.runreport import read_report
-from launcher.rundir import RunDir
 
 ACTIVATION_PHASES = ("forward", "backward")
 """Phases whose peak holds the saved activations (the optimizer step's peak holds none)."""

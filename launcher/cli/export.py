@@ -30,7 +30,7 @@ def export(args: argparse.Namespace) -> int:
 
     if args.step is not None and args.step < 1:
         raise ConfigError(f"--step {args.step}: steps count from 1; give a step that has a checkpoint")
-    from launcher import rankenv
+    from launcher.processes import rankenv
 
     rankenv.set_extensions_dir()
     from launcher.worker.export_offline import export_checkpoint

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from launcher.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError
+from launcher.files.rundir import RunDir
 from launcher.planner.plan import read_plan
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 from launcher.session.finish import finish
 
 SIGNALLED = {EXIT_INTERRUPTED, 128 + 15}

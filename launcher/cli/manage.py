@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.backends.slurm_state import SlurmRecord, current_state, is_active, read_slurm_json, sacct_rows
-from launcher.rundir import MARKER
+from launcher.files.rundir import MARKER
 from launcher.session.status import (
     CANCEL_WAIT_S,
     LocalStatus,
@@ -174,7 +174,7 @@ def tail(path: Path, lines: int) -> str:
 
 def logs(args: argparse.Namespace) -> int:
     """`launch logs`: the tails of a run's logs, secret values redacted, and with --follow new lines until it ends."""
-    from launcher.redact import redact, secret_values
+    from launcher.files.redact import redact, secret_values
 
     if is_local(args.run_dir):
         rec, files = None, local_log_files(args.run_dir, args.rank)
@@ -199,7 +199,7 @@ def follow(files: list[tuple[str, Path]], rec: SlurmRecord | None, poll_s: float
            secrets: list[str] | None = None, active: Callable[[], bool] | None = None) -> None:
     """Print what the files gain, line by line with their label (secret values redacted), until the run is over:
     the Slurm job of ``rec`` has ended, or (a local run) ``active`` says False."""
-    from launcher.redact import redact
+    from launcher.files.redact import redact
 
     offsets = {p: (p.stat().st_size if p.is_file() else 0) for _, p in files}
     if active is None:

@@ -6,11 +6,11 @@ from launcher.emit.slurm_alloc import SlurmResources, allocation_lines
 from launcher.engines import engine_spec
 from launcher.errors import LauncherError, NoPlanError
 from launcher.levers import LEVERS, REFINEMENTS
-from launcher.plan_words import problem_words
 from launcher.planner.advice import NoFit, Suggestion
 from launcher.planner.duration import TotalTime
 from launcher.planner.levers import MATH_LEVER_MARGIN
 from launcher.planner.plan import LeverDecision, Plan, Rejected
+from launcher.planner.plan_words import problem_words
 from launcher.units import format_bytes
 
 

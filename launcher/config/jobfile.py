@@ -16,7 +16,7 @@ from launcher.config.load import from_dict_partial, load_yaml, parse_yaml_value,
 from launcher.config.problem import Problem
 from launcher.config.slurm_rules import check_job_name, check_slurm_values
 from launcher.errors import ConfigError
-from launcher.fsutil import not_a_file
+from launcher.files.fsutil import not_a_file
 from launcher.levers import LEVERS
 from launcher.units import GB, MB, format_bytes
 

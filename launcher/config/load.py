@@ -20,7 +20,7 @@ import yaml
 from launcher.config import bounds
 from launcher.engines import LAYOUT_ALIASES
 from launcher.errors import ConfigError
-from launcher.fsutil import not_a_file
+from launcher.files.fsutil import not_a_file
 from launcher.units import format_bytes, parse_bytes
 
 T = TypeVar("T")

@@ -167,17 +167,18 @@ ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 def ops_env() -> str:
     """The launch line's TORCH_EXTENSIONS_DIR=...: the DeepSpeed ops cache `launch` builds into, so accelerate's
     DeepSpeed loads those builds instead of compiling its own (deepspeed_shm_comm on CPU ranks took two minutes)."""
-    from launcher.rankenv import EXTENSIONS_ENV, extensions_dir
+    from launcher.processes.rankenv import EXTENSIONS_ENV, extensions_dir
 
     return f"{EXTENSIONS_ENV}={shlex.quote(extensions_dir())}"
 
 
 def ops_notes(names: tuple[str, ...]) -> list[str]:
     """The DeepSpeed ops a script run loads (``names``: its engine's EngineSpec.native_ops) and the one command
-    that builds them into the cache the launch line names (launcher.ops, run with this interpreter); none for none."""
+    that builds them into the cache the launch line names (launcher.processes.ops, run with this interpreter); none
+    for none."""
     if not names:
         return []
-    build = f"{ops_env()} {shlex.quote(sys.executable)} -m launcher.ops {' '.join(names)}"
+    build = f"{ops_env()} {shlex.quote(sys.executable)} -m launcher.processes.ops {' '.join(names)}"
     return [f"DeepSpeed compiles {' and '.join(names)} (minutes, silently) when a process first loads "
             f"{'it' if len(names) == 1 else 'them'}, unless built in",
             f"  the cache the line names; build once: {build}"]

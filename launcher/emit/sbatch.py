@@ -7,7 +7,7 @@ node runs one srun task: ``$PYTHON -m torch.distributed.run`` with the c10d endp
 allocation (at its NodeAddr, as scontrol knows it; no localhost fallback, pytorch #76069). PYTHON is the
 interpreter `launch plan` ran under, as submitit pins the submitting one (a node's PATH may find another python,
 or none); slurm.setup may set it. The DeepSpeed ops the plan loads are built before srun starts the ranks, once
-(launcher.ops), into the ops cache `launch` uses.
+(launcher.processes.ops), into the ops cache `launch` uses.
 
 Requeue, as in the submitit path: ``--signal=B:USR2@signal_delay_s`` reaches only the batch shell, whose trap
 drops RUN_DIR/control/checkpoint; the ranks save at the next optimizer step and exit 0 ('checkpointed'); the
@@ -35,10 +35,17 @@ from launcher.config.job import Job
 from launcher.config.slurm_rules import check_shell_path
 from launcher.emit.slurm_alloc import SlurmResources, allocation_lines, slurm_resources
 from launcher.errors import ConfigError
+from launcher.files.rundir import MARKER
 from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.plan import Plan
-from launcher.rankenv import EXTENSIONS_ENV, PLAN_DIGEST_ENV, PLAN_ENV, RUN_DIR_ENV, extensions_dir, plan_digest
-from launcher.rundir import MARKER
+from launcher.processes.rankenv import (
+    EXTENSIONS_ENV,
+    PLAN_DIGEST_ENV,
+    PLAN_ENV,
+    RUN_DIR_ENV,
+    extensions_dir,
+    plan_digest,
+)
 
 EOF_MARK = "LAUNCHER_FILE_EOF"
 OFFLINE_EXPORTS = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
@@ -104,7 +111,7 @@ elastic_dir="$RUN_DIR/.torchelastic.$SLURM_JOB_ID.launcher-tmp"
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 $SRUN_CPUS "$PYTHON" -m torch.distributed.run --nnodes={nodes} \\
   --nproc-per-node={gpus} --max-restarts=0 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$port" \\
   --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" --log-dir="$elastic_dir" \\
-  -m launcher.rank_entry "$RUN_DIR" &
+  -m launcher.worker.rank_entry "$RUN_DIR" &
 srun_pid=$!
 # A trapped signal ends `wait` early; keep waiting until srun itself has exited.
 while :; do
@@ -151,7 +158,7 @@ def run_files(plan: Plan, job: Job) -> dict[str, str]:
 
 
 BUILD_OPS = """# DeepSpeed's ops this plan loads, built once on each node before the ranks start (a line each).
-srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.ops {ops}
+srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.processes.ops {ops}
 """
 
 
@@ -188,7 +195,7 @@ def sbatch_text(plan: Plan, job: Job, run_dir: Path, *, run_dir_flag: str = "run
     files = "\n".join(heredoc(name, text) for name, text in files_by_name.items())
     setup = "\n# setup (slurm.setup)\n" + "\n".join(job.slurm.setup) + "\n" if job.slurm.setup else ""
     from launcher.engines import engine_spec
-    from launcher.ops import plan_ops
+    from launcher.processes.ops import plan_ops
 
     spec = engine_spec(plan.strategy.engine)
     ds_export = "".join(f'export {var}="$RUN_DIR/{name}"\n' for var, name in spec.config_env)

@@ -63,13 +63,13 @@ class RunFacts:
     weights_measured: bool
     """weight_bytes is the weight files' size on disk (else parameters x FP32_WEIGHT_BYTES)."""
     ops_to_build: tuple[str, ...]
-    """DeepSpeed ops the run loads that are not built yet (launcher.ops), built before its ranks start."""
+    """DeepSpeed ops the run loads that are not built yet (launcher.processes.ops), built before its ranks start."""
 
 
 def plan_facts(job: Job, plan: Plan) -> RunFacts:
     """The facts as the job and plan alone give them: train.max_steps (else unknown), fp32 weights unless the
     model is an inline architecture, and every op the plan loads still to build."""
-    from launcher.ops import plan_ops
+    from launcher.processes.ops import plan_ops
 
     steps = job.train.max_steps
     return RunFacts(train_steps=steps, steps_basis="train.max_steps" if steps else
@@ -87,7 +87,7 @@ class Startup:
     load_s: float
     """The weights read at WEIGHT_READ_BYTES_PER_S."""
     build_s: float
-    """The DeepSpeed ops still to build, at their measured build times (launcher.ops.OPS)."""
+    """The DeepSpeed ops still to build, at their measured build times (launcher.processes.ops.OPS)."""
     first_step_s: float
     """The first step's extra over a steady one ((FIRST_STEP_FACTOR - 1) x the predicted step time)."""
 
@@ -158,7 +158,7 @@ def _time(job: Job, plan: Plan, facts: RunFacts) -> tuple[int | None, Source, fl
 
 
 def _build_s(ops: tuple[str, ...]) -> float:
-    from launcher.ops import build_seconds
+    from launcher.processes.ops import build_seconds
 
     return build_seconds(ops)
 

@@ -19,8 +19,8 @@ from launcher.config.problem import Problem
 from launcher.config.slurm_rules import KEY, check_job_name, check_slurm_values
 from launcher.emit.slurm_alloc import SlurmResources, combined, slurm_resources
 from launcher.errors import ConfigError
+from launcher.files.rundir import slug
 from launcher.planner.plan import Plan
-from launcher.rundir import slug
 from launcher.units import GiB
 
 # Keys this backend derives from SlurmConfig fields or from the plan: a user sets the field, not the key.

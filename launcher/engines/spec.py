@@ -20,8 +20,8 @@ from launcher.planner.terms import MemoryInputs, States, Traffic
 class EngineSpec:
     """One engine's plan side. Subclasses fill every method; nothing outside launcher.engines names an engine.
 
-    The fallback rungs an engine answers (``rung_options``) are the engine-specific ones of launcher.fallback.RUNGS:
-    sharding, optimizer_offload, param_offload and nvme.
+    The fallback rungs an engine answers (``rung_options``) are the engine-specific ones of
+    launcher.planner.fallback.RUNGS: sharding, optimizer_offload, param_offload and nvme.
     """
 
     name: str
@@ -37,7 +37,8 @@ class EngineSpec:
     ladder archives them)."""
     export_names: tuple[str, ...] = ()
     """The engine's other files: what ``export_files`` adds for `plan --out`, and what ``config_files`` adds for a
-    plan made for the user's script. A plan for another engine removes both kinds (launcher.rundir.ENGINE_FILES)."""
+    plan made for the user's script. A plan for another engine removes both kinds
+    (launcher.files.rundir.ENGINE_FILES)."""
     levers: frozenset[str] = frozenset()
     """The lever fields (launcher.planner.plan.LEVER_FIELDS) this engine's rank side implements; the search
     leaves the others off for it (launcher.planner.levers)."""
@@ -99,7 +100,7 @@ class EngineSpec:
         raise NotImplementedError
 
     def native_ops(self, plan: Plan) -> tuple[str, ...]:
-        """The compiled ops (launcher.ops.OPS names) a run of ``plan`` loads; built before its ranks start."""
+        """The compiled ops (launcher.processes.ops.OPS names) a run of ``plan`` loads; built before its ranks start."""
         return ()
 
     def dequant_s(self, inp: MemoryInputs, s: Strategy) -> float:

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.fsutil import DIR_MODE, atomic_write
+from launcher.files.fsutil import DIR_MODE, atomic_write
 
 CACHE_ENV = "LAUNCHER_CACHE"
 """The cache directory (default ~/.cache/launcher)."""

@@ -24,10 +24,10 @@ from launcher.inputs.precision import choose_precision
 from launcher.model.build import BUNDLED_DIR, MINILM_NAMES
 from launcher.model.config_file import config_file_problems
 from launcher.model.introspect import ModelStats
-from launcher.plan_words import with_forced_reason
 from launcher.planner.hardware import HardwareProfile
 from launcher.planner.memory import ActivationConstants
 from launcher.planner.plan import Plan
+from launcher.planner.plan_words import with_forced_reason
 from launcher.planner.search import PlanRequest, batch_problem, context_problem, make_plan
 from launcher.units import article, format_bytes_apart
 
@@ -269,6 +269,6 @@ def plan_request(job: Job, *, force: bool = False, script: bool = False) -> Plan
 
 def plan_job(job: Job, *, force: bool = False, script: bool = False) -> Plan:
     """The plan for a job (plan_request, then the search); NoPlanError when nothing fits. A forced plan gets its
-    first reason here, worded from its typed Problem (launcher.plan_words): every plan the launcher runs, writes or
-    prints is made here, and the planner returns numbers only."""
+    first reason here, worded from its typed Problem (launcher.planner.plan_words): every plan the launcher runs,
+    writes or prints is made here, and the planner returns numbers only."""
     return with_forced_reason(make_plan(plan_request(job, force=force, script=script)))

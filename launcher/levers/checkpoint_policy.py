@@ -23,13 +23,9 @@ def sac_measured(req) -> bool:
 
 
 def recomputed_share(m, s) -> float:
-    """Share of a checkpointed block's matmul FLOPs its recompute runs again: all of them under full recompute.
-
-    Under the op policy (launcher.model.sac) the outputs of every odd aten.mm in forward order are saved and only
-    the even ones re-run. A Llama-style block (gated MLP, bias-free linears, each an aten.mm) runs q, k, v, o,
-    gate, up, down: k (h·kv·d), o (h²) and up (h·I) re-run. Linears with a bias run as aten.addmm, which the policy
-    does not save (GPT-2's Conv1D, BERT): their recompute is whole.
-    """
+    """Share of a checkpointed block's matmul FLOPs its recompute runs again: all of them under full recompute, k, o
+    and up of a Llama block under the op policy ("Step time" in
+    docs/memory-model.md#op-level-selective-checkpointing-checkpoint_policy)."""
     if SPEC.of(s) != "ops" or not m.gated_mlp:
         return 1.0
     h, inter, kv = m.hidden_size, m.intermediate_size, m.num_kv_heads * m.head_dim

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import bounds
-from launcher.fsutil import not_a_file
+from launcher.files.fsutil import not_a_file
 from launcher.units import format_bytes
 
 FIX = "fix config.json (is it the model's own?) or point model at a transformers model dir"

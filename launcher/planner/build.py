@@ -28,7 +28,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     b = best.estimate
     faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
     reasons = []
-    # A forced plan's first reason words its typed Problem (Plan.problem): launcher.plan_words.forced_reason,
+    # A forced plan's first reason words its typed Problem (Plan.problem): launcher.planner.plan_words.forced_reason,
     # put first where every plan is made (launcher.inputs.plan_inputs.plan_job), outside the planner.
     if status != "forced":
         reasons.append(

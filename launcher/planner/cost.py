@@ -122,14 +122,9 @@ def checkpointed_blocks(num_blocks: int, s: Strategy) -> int:
 
 
 def attention_flops_per_token(inp: MemoryInputs, s: Strategy, checkpointed: int | None = None) -> float:
-    """FLOPs per token of attention's two matmuls (Q·Kᵀ, then the scores times V), which 6·Ψ leaves out.
-
-    Forward 2·2·s·d per block (d = heads x head_dim), backward twice that: 12·s·d per block and token [PaLM,
-    arXiv:2204.02311 App. B: 6N + 12·L·H·Q·T; torchtitan's get_num_flop_per_token]. A recomputed block runs its
-    forward again, except under the op policy with a fused kernel, whose output the policy saves
-    (launcher.model.sac.save_ops). Fused kernels (sdpa, flash) skip the masked half of a causal sequence's tiles;
-    eager attention multiplies the whole s x s square. ``checkpointed``: checkpointed_blocks, where the caller has
-    it."""
+    """FLOPs per token of attention's two matmuls (Q·Kᵀ, then the scores times V), which 6·Ψ leaves out: 12·s·d per
+    block, half under a fused causal kernel (docs/step-time.md#attentions-matmuls). ``checkpointed``:
+    checkpointed_blocks, where the caller has it."""
     m = inp.model
     fused = inp.activations.attention != "eager"
     per_pass = 4.0 * inp.seq_len * m.num_heads * m.head_dim * (0.5 if fused and m.task == "causal_lm" else 1.0)
@@ -161,14 +156,8 @@ def active_block_params(m) -> float:
 
 
 def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
-    """Seconds per step copying saved activations to the host in forward and back in backward (CUDA ranks).
-
-    torch.autograd.graph.save_on_cpu(pin_memory=True): pack_to_cpu copies each tensor into pinned memory with
-    copy_(non_blocking=True) and unpack_from_cpu copies it back with .to(device, non_blocking=True); both are
-    queued on the current (compute) stream, so the next kernel waits for them: no overlap with compute. The
-    bytes are what forward and the loss save (launcher.planner.memory.offloaded_activation_bytes), each way, per
-    micro-batch.
-    """
+    """Seconds per step copying saved activations to the host in forward and back in backward, on the compute stream:
+    no overlap (CUDA ranks; docs/step-time.md#activation-offloads-copies)."""
     if not ACTIVATION_OFFLOAD.on(s) or inp.hardware.device_is_host:
         return 0.0
     *_, saved = offloaded_activation_bytes(rank_activations(inp, s), inp.model.num_blocks,

@@ -52,14 +52,8 @@ from launcher.planner.terms import (
 
 
 def analytic_constants(m: ModelStats, precision: str, attention: str = "sdpa") -> ActivationConstants:
-    """[Kort] eq. (1) scaled to this architecture and dtype; the score term only with eager attention.
-
-    Per block per token: 8h activation-dtype tensors (QKV input, Q, K, V, projection input: 5h; two norm
-    inputs: 2h; MLP input: h), 2 I-sized MLP tensors (3 for gated MLPs) and 2h bytes of dropout masks:
-    11h + 19h + 4h = 34h at fp16 with I = 4h. Outside the blocks: the
-    embedding output, and for causal LMs the logits in the working dtype plus fp32 upcast, log-softmax and
-    its gradient (2 + 4 + 4 + 4 bytes per logit).
-    """
+    """[Kort] eq. (1) scaled to this architecture and dtype; the score term only with eager attention
+    (docs/memory-model.md#activations, "The paper")."""
     w = BYTES[precision]
     inner = m.intermediate_size * (1.5 if m.gated_mlp else 1.0)
     block = (8 * m.hidden_size + 2 * inner) * w + 2 * m.hidden_size
@@ -143,12 +137,9 @@ the target mask as float, the products). Measured with the probe's tracker on TR
 
 def trl_head_bytes(m: ModelStats, precision: str, tokens: int, device_is_host: bool) -> float:
     """A causal LM's head at the backward peak as TRL's SFTTrainer runs it over ``tokens`` (those with a next
-    token, micro-batch x (seq_len - 1)): its fused LM head
-    (trl.trainer.utils.add_fused_lm_head) projects the hidden states in [TRL_TOKEN_TILE, TRL_VOCAB_TILE] tiles
-    and folds the log-probability, the entropy and the top-1 flag it logs (mean_token_accuracy) into them, so the
-    full logits never exist; the backward recomputes each tile. Live then: one tile (on CPU ranks its fp32
-    copies, TRL_HOST_BYTES_PER_LOGIT), the head weight's gradient accumulated in fp32 (4·V·h) and cast to the
-    weight's dtype at the end, and the hidden states' gradient in fp32 (4·tokens·h)."""
+    token, micro-batch x (seq_len - 1)): one tile of its fused LM head, the head weight's and the hidden states'
+    gradients in fp32
+    (docs/memory-model.md#a-users-script-launch---script-what-its-libraries-hold-beyond-the-recipe)."""
     if m.task != "causal_lm":
         return 0.0
     w = BYTES[precision]
@@ -380,7 +371,7 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
 
     breakdown = breakdown_at(moment)
     # Where the peak is outside training (rank 0's load or export), training's own largest moment too: the OOM
-    # ladder scales its categories by what a failed attempt measured (launcher.fallback.Correction).
+    # ladder scales its categories by what a failed attempt measured (launcher.planner.fallback.Correction).
     training = max(TRAINING_MOMENTS, key=on_basis.get)
     training_breakdown = {} if moment in TRAINING_MOMENTS else breakdown_at(training)
     # The verdict's moment need not be the largest in tensors (a side-stream pool may lift another): that one's

@@ -113,7 +113,7 @@ class MemoryEstimate:
     included: what each measured phase is compared with (benchmarks/accuracy); the peak is the largest."""
     training_breakdown: dict[str, int] = field(default_factory=dict)
     """Where the peak is rank 0's weight load or export: the breakdown at training's largest moment (the one a
-    training OOM is corrected on, launcher.fallback); empty where the peak is a training moment."""
+    training OOM is corrected on, launcher.planner.fallback); empty where the peak is a training moment."""
     moment_stream_pool_bytes: dict[str, int] = field(default_factory=dict)
     """CUDA only: the part of each moment_bytes entry that the engine's side streams keep cached (overhead
     "stream_pools" at that moment; launcher.planner.cuda_overhead [POOL]); empty where none."""
@@ -149,7 +149,7 @@ Resource = Literal["device", "host_ram", "nvme"]
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Problem:
     """Why a candidate does not fit: the resource it overruns, what it needs and what there is, bytes (numbers
-    only: launcher.plan_words words it)."""
+    only: launcher.planner.plan_words words it)."""
 
     resource: Resource
     """device: the usable per-GPU budget; host_ram: host RAM per node; nvme: free NVMe per node."""
@@ -298,7 +298,7 @@ class Plan:
     """fits: predicted within the usable budget; forced: a fully pinned plan run over it (--force)."""
     problem: Problem | None = None
     """forced: what the prediction overruns, with its numbers (the first reason words it:
-    launcher.plan_words.forced_reason); None for a plan that fits."""
+    launcher.planner.plan_words.forced_reason); None for a plan that fits."""
     largest_layer_params: int = 0
     """DeepSpeed's L: the largest module's own parameters (sizes NVMe swap buffers)."""
     block_class: str | None = None

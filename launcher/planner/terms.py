@@ -131,13 +131,9 @@ def optimizer_state_bytes(inp: MemoryInputs, s: Strategy, shard_ranks: int) -> f
 
 
 def low_bit_tensor_bytes(opt: str, numel: int, *, param_bytes: int = MASTER_BYTES) -> float:
-    """The two moments torchao's AdamW8bit / AdamW4bit keep for one (local) tensor of ``numel`` elements, bytes:
-    block-wise quantized (LOW_BIT_STATE) when it has at least LOW_BIT_MIN_NUMEL elements and its block divides it,
-    else two moments in the parameter's dtype (_AdamBase._new_buffer: torch.zeros_like(p); ``param_bytes``, 2
-    under pure bf16). The quantized codes' scales are fp32 whatever the parameter's dtype (subclass_8bit.py
-    OptimState8bit.zeros: torch.zeros(n // block_size)). DeepSpeed's ZeRO-1/2 hand it one flat partition
-    (launcher.engines.deepspeed.memory.flat_partition_elems), FSDP2 each parameter's shard. bitsandbytes' paged one
-    quantizes from BNB_MIN_8BIT_NUMEL elements on, in ceil(numel / 256) blocks, and keeps fp32 moments below."""
+    """The two moments a low-bit AdamW keeps for one (local) tensor of ``numel`` elements, bytes: block-wise
+    quantized (LOW_BIT_STATE) from its size threshold on, else in ``param_bytes`` (torchao: the parameter's dtype)
+    or fp32 (bitsandbytes) (docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     code, block = LOW_BIT_STATE[opt]
     if opt == PAGED:
         return 8.0 * numel if numel < BNB_MIN_8BIT_NUMEL else 2 * (numel * code + 4 * math.ceil(numel / block))
@@ -389,7 +385,8 @@ class States:
     buffers: float = 0.0
     """Device bytes of engine buffers alive at the backward start (reduce bucket, FSDP2 unsharded copies)."""
     buffers_category: str = "buffers"
-    """The breakdown category ``buffers`` is shown under (launcher.categories: gathered parameters are params)."""
+    """The breakdown category ``buffers`` is shown under (launcher.records.categories: gathered parameters are
+    params)."""
     step_extra: float = 0.0
     """Bytes that exist only during the optimizer step (full-step gradients, fp32 working copies)."""
     backward_extra: float = 0.0
@@ -505,14 +502,8 @@ def input_embedding_params(m: ModelStats) -> int:
 
 
 def gloo_reduce_scatter_copies(device_is_host: bool) -> int:
-    """Extra full copies of its input a reduce-scatter holds: 1 on CPU ranks (gloo), 0 on CUDA ranks (NCCL).
-
-    torch/csrc/distributed/c10d/ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced (which _reduce_scatter_base,
-    i.e. reduce_scatter_tensor, calls) clones each input (`buffers.push_back(inputTensors[i].clone())`), all-reduces
-    the clone and copies the rank's chunk out in the work's wait(); ProcessGroupNCCL::_reduce_scatter_base hands the
-    input to ncclReduceScatter as it is. On a CPU rank the tracker first sees the clone when wait() chunks it on the
-    calling thread (distributed_c10d.py reduce_scatter_single -> work.wait(): an aten.split of a new input-sized
-    storage, measured on BWDEND_DEV's ZeRO-3 cell)."""
+    """Extra full copies of its input a reduce-scatter holds: 1 on CPU ranks (gloo clones it), 0 on CUDA ranks (NCCL
+    takes it as it is; docs/memory-model.md#zero-3-and-zero-1-at-the-end-of-backward)."""
     return 1 if device_is_host else 0
 
 

@@ -108,7 +108,7 @@ MASKED_WORDS = {"text": "the first token of each example", "messages": "system a
 
 def summary_lines(s: DataSummary) -> list[str]:
     """The summary in a few lines, as `launch plan` prints it (and `launch run` its drops): in words here, beside
-    the type, because the session says the drops too and may not import the CLI (as launcher.plan_words)."""
+    the type, because the session says the drops too and may not import the CLI (as launcher.planner.plan_words)."""
     template = {"tokenizer": " (chat template: the tokenizer's own)", "chatml": " (chat template: ChatML, the "
                 "launcher's default: the tokenizer has none)"}.get(s.chat_template, "")
     drops = f", {s.dropped_count} dropped" if s.dropped else ""

@@ -164,7 +164,7 @@ class RankReport:
     eval_examples: int | None = None
     """Evaluation examples."""
     plan_sha256: str | None = None
-    """Digest of the plan.json the rank trained (launcher.rankenv.plan_digest)."""
+    """Digest of the plan.json the rank trained (launcher.processes.rankenv.plan_digest)."""
     oom: OomDetails | None = None
     """Where the rank ran out of memory, if it did."""
     eval_loss: float | None = None

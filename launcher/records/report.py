@@ -6,22 +6,23 @@ import io
 import typing
 from pathlib import Path
 
-from launcher.categories import CATEGORY_GROUPS, grown_category
-from launcher.categories import measured_bytes as measured_group
-from launcher.categories import predicted_bytes as predicted_group
-from launcher.fsutil import atomic_write
-from launcher.live import last_line
+from launcher.files.fsutil import atomic_write
+from launcher.files.rundir import FINAL_STATUSES, RunDir
 from launcher.planner.cuda_overhead import peak_on_basis
 from launcher.planner.plan import Plan
-from launcher.procs import exit_words, stopped_by_request
+from launcher.processes.procs import exit_words, stopped_by_request
+from launcher.records.categories import CATEGORY_GROUPS, grown_category
+from launcher.records.categories import measured_bytes as measured_group
+from launcher.records.categories import predicted_bytes as predicted_group
 from launcher.records.datasummary import read_data_summary
+from launcher.records.live import last_line
 from launcher.records.rankreport import RankReport, ScriptOverride
 from launcher.records.runreport import RankRow, RunReport, RunVerdict
 from launcher.records.steprow import StepRow
-from launcher.rundir import FINAL_STATUSES, RunDir
 from launcher.units import decimal_unit, format_bytes
 
-__all__ = ["CATEGORY_GROUPS", "grown_category"]  # one vocabulary (launcher.categories), re-exported for its readers
+# One vocabulary (launcher.records.categories), re-exported for its readers.
+__all__ = ["CATEGORY_GROUPS", "grown_category"]
 
 FAILED_STATUSES = ("failed", "oom")
 """Rank statuses (launcher.worker.main) of a rank that ended with an error."""
@@ -296,4 +297,4 @@ def plot_memory(report: RunReport, path: Path) -> Path | None:
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    return atomic_write(path, buf.getvalue())  # 0600 like every file of the run dir (launcher.fsutil)
+    return atomic_write(path, buf.getvalue())  # 0600 like every file of the run dir (launcher.files.fsutil)

@@ -62,7 +62,7 @@ class RankRow:
     largest_category: str | None = None
     """The largest category of the measured peak."""
     grew_most: str | None = None
-    """The category group most over its prediction (launcher.categories.grown_category)."""
+    """The category group most over its prediction (launcher.records.categories.grown_category)."""
     grew_most_bytes: int = 0
     """By how much, bytes."""
     measured_breakdown: dict[str, int] = field(default_factory=dict)
@@ -165,7 +165,7 @@ class AttemptOom:
 
 @dataclass(kw_only=True, slots=True)
 class NextRung:
-    """What the ladder tried next after an attempt, and why (launcher.fallback.Fallback)."""
+    """What the ladder tried next after an attempt, and why (launcher.planner.fallback.Fallback)."""
 
     label: str
     """The next strategy's label."""
@@ -284,7 +284,7 @@ class RunReport:
     script_overrides: list[ScriptOverride] | None = None
     """launch --script: each value the plan set in place of the script's own, over all ranks (each once)."""
     plan_sha256: str | None = None
-    """Digest of the plan.json the launcher planned (launcher.rankenv.plan_digest)."""
+    """Digest of the plan.json the launcher planned (launcher.processes.rankenv.plan_digest)."""
     outcome: RunOutcome | None = None
     """How the backend saw the ranks end."""
     auto_fallback: FallbackSummary | None = None

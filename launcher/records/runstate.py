@@ -1,8 +1,8 @@
 """RUN_DIR/state.json: where a run stands (submitted, running, or how it ended) and which processes own it.
 
 The launch that writes the run dir records itself (pid and start time) and, once torchrun has started them, this
-node's rank processes: whether any of them still runs is decided from those pairs (launcher.procs), never from a
-process's name. The run's last word is written by launcher.session.finish from the one verdict; a state still
+node's rank processes: whether any of them still runs is decided from those pairs (launcher.processes.procs), never
+from a process's name. The run's last word is written by launcher.session.finish from the one verdict; a state still
 "running" whose launch is gone is a launch that was killed before it could write one (``abandoned``).
 """
 
@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.procs import ProcessRef
+from launcher.processes.procs import ProcessRef
 from launcher.records.shared import known_and_extra, set_fields
 
 RUN_STATE_SCHEMA = 1
@@ -28,7 +28,7 @@ KILLED = "killed"
 OOM killer, a reboot) before it could write a verdict. Never written to state.json: derived by whoever reads it."""
 RESERVE_BYTES = 8192
 """Disk kept for state.json's next version, so a full disk cannot keep the verdict out: it is then rewritten in
-place, in blocks the file already holds (launcher.fsutil.write_reserved)."""
+place, in blocks the file already holds (launcher.files.fsutil.write_reserved)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,7 +44,8 @@ class RunState:
     pid: int | None = None
     """The local launch process that owns the run dir."""
     pid_start_ticks: int | None = None
-    """Its start, clock ticks after boot (launcher.procs.start_ticks); None in files written before it was kept."""
+    """Its start, clock ticks after boot (launcher.processes.procs.start_ticks); None in files written before it was
+    kept."""
     ranks: list[ProcessRef] = field(default_factory=list)
     """This node's rank processes of the current attempt, once started."""
     slurm_job_id: str | None = None

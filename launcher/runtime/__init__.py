@@ -11,7 +11,7 @@ Users' own training scripts can call these too::
     report = probe.write()        # RUN_DIR/ranks/rank-K.json; a launcher.records.rankreport.RankReport
 """
 
-from launcher.rankenv import (
+from launcher.processes.rankenv import (
     DS_CONFIG_ENV,
     ENFORCE_ENV,
     EXIT_OOM,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.rankenv import CONTROL_FILE  # rank 0 removes it once the checkpoint is saved
+from launcher.processes.rankenv import CONTROL_FILE  # rank 0 removes it once the checkpoint is saved
 
 
 class CheckpointRequests:

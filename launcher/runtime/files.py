@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.fsutil import atomic_write, open_private
+from launcher.files.fsutil import atomic_write, open_private
 
 
 def atomic_write_json(path: str | os.PathLike, data: object) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from launcher import rankenv
+from launcher.processes import rankenv
 from launcher.records.rankreport import OomDetails, RankReport, RankStatus
 from launcher.records.steprow import StepRow
 from launcher.runtime.files import JsonlLog, atomic_write_json

@@ -30,7 +30,7 @@ from pathlib import Path
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from launcher.errors import EXIT_INTERRUPTED
-from launcher.rankenv import EXIT_OOM
+from launcher.processes.rankenv import EXIT_OOM
 from launcher.runtime.probe import error_tail, hold_outer, is_oom, memory_probe, outer_probe, release_outer
 
 SCRIPT_PHASE = "script"

@@ -29,8 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import rankenv
-from launcher.environ import restore_environ
+from launcher.processes import rankenv
+from launcher.processes.environ import restore_environ
 from launcher.records.rankreport import ScriptOverride
 
 

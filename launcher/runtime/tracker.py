@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
 
-from launcher.categories import MEASURED as CATEGORIES
+from launcher.records.categories import MEASURED as CATEGORIES
 from launcher.units import format_bytes
 
-# The raw MemTracker/FSDPMemTracker names map onto our seven categories (launcher.categories: one vocabulary with
-# the planner's breakdown; gathered parameters are params on both sides).
+# The raw MemTracker/FSDPMemTracker names map onto our seven categories (launcher.records.categories: one vocabulary
+# with the planner's breakdown; gathered parameters are params on both sides).
 _CATEGORY_OF_RAW = {
     "Parameter": "params",
     "Sharded Param": "params",

@@ -11,10 +11,10 @@ from launcher.backends import backend_spec
 from launcher.config.job import Job
 from launcher.config.problem import Problem
 from launcher.errors import ConfigError
-from launcher.fsutil import not_a_file
+from launcher.files.fsutil import not_a_file
+from launcher.files.rundir import RunDir, contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
 from launcher.planner.plan import Plan
 from launcher.records.datasummary import DataSummary
-from launcher.rundir import RunDir, contents, few, is_marked, latest_checkpoint_tag, unmarked_for_resume
 from launcher.session.endpoint import check_rendezvous
 from launcher.session.options import RunOptions
 from launcher.units import format_bytes

@@ -9,14 +9,14 @@ import sys
 import yaml
 
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
+from launcher.files.ranklog import wait_settled
+from launcher.files.redact import redact
+from launcher.files.rundir import RunDir
 from launcher.planner.plan import Plan
-from launcher.procs import exit_words
-from launcher.rankenv import plan_digest
-from launcher.ranklog import wait_settled
+from launcher.processes.procs import exit_words
+from launcher.processes.rankenv import plan_digest
 from launcher.records.report import build_report, over_budget_message, plot_memory, render_report, unmeasured
 from launcher.records.runreport import RunOutcome, RunReport
-from launcher.redact import redact
-from launcher.rundir import RunDir
 from launcher.session.prepare import plan_text
 
 ENDINGS = {"interrupted": ("interrupted", EXIT_INTERRUPTED), "oom": ("failed", EXIT_TRAINING_FAILED),
@@ -31,7 +31,7 @@ def finish(run: RunDir, plan: Plan, outcome: RunOutcome) -> int:
     One verdict (launcher.records.report.run_verdict) decides the table's last line, report.json's "verdict" and
     "within_budget", state.json and the exit code, so they cannot disagree. A file that cannot be written (a full
     disk) ends nothing early: report.json missing makes the run failed, said so in the table, state.json (which
-    keeps room for it, launcher.fsutil.write_reserved) and the exit code."""
+    keeps room for it, launcher.files.fsutil.write_reserved) and the exit code."""
     if outcome.ok and plan.nodes > 1:
         run.wait_for_rank_files(plan.world_size, timeout_s=60)
     # The ranks are gone; their logs' redactors may still write the last bytes (2 s at most in all).

@@ -1,4 +1,5 @@
-"""The OOM ladder (--auto-fallback): relaunch down launcher.fallback's rungs until an attempt fits the budget."""
+"""The OOM ladder (--auto-fallback): relaunch down launcher.planner.fallback's rungs until an attempt fits the
+budget."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Callable
 from launcher.config.job import Job
 from launcher.config.jobfile import job_to_data
 from launcher.errors import EXIT_OK, EXIT_OOM, EXIT_OVER_BUDGET, EXIT_TRAINING_FAILED
-from launcher.fallback import Measurement, next_strategy, pins_for
+from launcher.files.rundir import RunDir
+from launcher.planner.fallback import Measurement, next_strategy, pins_for
 from launcher.planner.plan import Plan
 from launcher.records.runreport import (
     Attempt,
@@ -21,7 +23,6 @@ from launcher.records.runreport import (
     RunReport,
     read_report,
 )
-from launcher.rundir import RunDir
 from launcher.session.prepare import announce, mark_running, write_plan_outputs
 
 
@@ -55,7 +56,7 @@ def _outcome_name(code: int, outcome: RunOutcome, m: Measurement | None) -> str:
 
 def run_ladder(job: Job, plan: Plan, run_dir: RunDir,
                attempt_run: Callable[[Job, Plan], tuple[int, RunOutcome]]) -> int:
-    """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.fallback)
+    """Attempt 1 is the plan; each OOM or over-budget end moves one rung down the ladder (launcher.planner.fallback)
     until an attempt ends within budget, a non-memory failure or interrupt ends it (its own exit code), or the
     tries run out or no rung is predicted to fit (exit 3). A rung predicted over the budget is never launched."""
     from launcher.inputs.plan_inputs import plan_job, plan_request

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from launcher.backends.slurm_state import live_state
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write, made_dirs, stage_dir
-from launcher.rundir import EXPORT_FILES, MARKER, RunDir, few, foreign_dir, mark, run_entries
+from launcher.files.fsutil import atomic_write, made_dirs, stage_dir
+from launcher.files.rundir import EXPORT_FILES, MARKER, RunDir, few, foreign_dir, mark, run_entries
 
 FLAG = "--out"
 LOCK_WAIT_S = 10.0

@@ -86,7 +86,7 @@ def plan_for(job: Job, opts: PlanOptions) -> PlanResult:
     script = None
     if opts.sbatch:  # before anything is written: a problem in slurm: leaves --out untouched
         from launcher.emit.sbatch import sbatch_text
-        from launcher.rundir import slug
+        from launcher.files.rundir import slug
 
         # Absolute, so the script runs from any directory; slugged, as launch run's default.
         run_dir = (opts.out if opts.out else Path("runs") / slug(job.name)).absolute()

@@ -15,13 +15,14 @@ from launcher.config.jobfile import job_to_data
 from launcher.emit.slurm_alloc import RunFacts, SlurmResources, plan_facts, slurm_resources
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
-from launcher.fallback import pins_for
-from launcher.fsutil import atomic_write
+from launcher.files.fsutil import atomic_write
+from launcher.files.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.duration import TotalTime
+from launcher.planner.fallback import pins_for
 from launcher.planner.plan import Plan, read_plan
-from launcher.procs import ProcessRef
-from launcher.rankenv import (
+from launcher.processes.procs import ProcessRef
+from launcher.processes.rankenv import (
     ENFORCE_ENV,
     EXPANDABLE_SEGMENTS,
     EXTENSIONS_ENV,
@@ -36,7 +37,6 @@ from launcher.rankenv import (
     plan_digest,
 )
 from launcher.records.datasummary import DATA_JSON, DataSummary
-from launcher.rundir import RunDir, default_run_dir, latest_checkpoint_tag
 from launcher.session.options import RunOptions
 
 
@@ -66,7 +66,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     env = {
         RUN_DIR_ENV: str(run.path),
         PLAN_ENV: str(run.path / "plan.json"),
-        # The ranks refuse a plan.json other than the one written for this attempt (launcher.rankenv).
+        # The ranks refuse a plan.json other than the one written for this attempt (launcher.processes.rankenv).
         PLAN_DIGEST_ENV: plan_digest(plan_text(plan)),
         **OFFLINE_ENV,
         "TOKENIZERS_PARALLELISM": "false",
@@ -80,7 +80,7 @@ def rank_env(run: RunDir, plan: Plan, job: Job, enforce: bool, snapshot: bool = 
     # A rank aborted by the hang watchdog (SIGABRT) writes its Python stack into its log on the way out.
     env["PYTHONFAULTHANDLER"] = "1"
     # CUDA ranks grow their allocator segments in place instead of caching whole blocks (a user's own setting wins):
-    # launcher.rankenv.EXPANDABLE_SEGMENTS says why. Scripts' ranks get it too; CPU ranks ignore it.
+    # launcher.processes.rankenv.EXPANDABLE_SEGMENTS says why. Scripts' ranks get it too; CPU ranks ignore it.
     env["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE_SEGMENTS)
     # torchrun's own default for several ranks per node, set here so it does not warn about it.
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
@@ -115,7 +115,7 @@ def plan_files(plan: Plan, job: Job) -> dict[str, str]:
 def write_plan_outputs(out: Path, plan: Plan, job: Job) -> list[Path]:
     """plan.json plus the engine's config, each written atomically; the other engine's config, left by an
     earlier plan in this dir, is removed so the dir never holds both."""
-    from launcher.rundir import ENGINE_FILES
+    from launcher.files.rundir import ENGINE_FILES
 
     out.mkdir(parents=True, exist_ok=True)
     files = plan_files(plan, job)
@@ -200,7 +200,7 @@ def run_facts(job: Job, plan: Plan, total: TotalTime | None = None) -> RunFacts:
     """What a Slurm job's allocation rests on, found here (launcher.emit.slurm_alloc.RunFacts): the run's steps
     (``total``, else total_time_of: a train.epochs job counts its data), the weight files' size and the DeepSpeed
     ops the plan loads that this machine's extensions cache lacks."""
-    from launcher.ops import missing
+    from launcher.processes.ops import missing
 
     total = total or total_time_of(job, plan)
     facts = plan_facts(job, plan)

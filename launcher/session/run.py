@@ -13,11 +13,11 @@ from launcher.backends import backend_spec
 from launcher.backends.base import Backend
 from launcher.config.job import Job
 from launcher.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_TRAINING_FAILED, ConfigError, NoPlanError
-from launcher.fsutil import private_dir
+from launcher.files.fsutil import private_dir
+from launcher.files.rundir import RunDir
 from launcher.planner.plan import Plan
 from launcher.records.datasummary import DataSummary
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 from launcher.session.checks import check_data, check_launch, check_runnable, cluster_hints, lora_base_warning
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions
@@ -107,7 +107,7 @@ def make_backend(job: Job, plan: Plan, opts: RunOptions, data: DataSummary | Non
 
 def run_attempt(opts: RunOptions, job: Job, plan: Plan, run_dir: RunDir, backend: Backend) -> tuple[int, RunOutcome]:
     """Start the ranks through the backend with the live view on, and judge what they left."""
-    from launcher.live import LiveView, view_mode
+    from launcher.records.live import LiveView, view_mode
 
     view = LiveView(run_dir.path, plan.world_size, job.train.max_steps, mode=view_mode(opts.quiet, opts.verbose),
                     budget_bytes=plan.budget_bytes)

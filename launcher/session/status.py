@@ -31,12 +31,12 @@ from launcher.backends.slurm_state import (
     submitit_results,
 )
 from launcher.errors import ConfigError
-from launcher.live import last_line, rank_rows
+from launcher.files.rundir import RunDir, is_marked
 from launcher.planner.plan import Plan, read_plan
+from launcher.records.live import last_line, rank_rows
 from launcher.records.runreport import RunVerdict, read_report
 from launcher.records.runstate import RunState
 from launcher.records.steprow import StepRow, read_rows
-from launcher.rundir import RunDir, is_marked
 
 CANCEL_WAIT_S = 60.0
 """How long `launch cancel` waits for Slurm to say the job ended, seconds."""
@@ -82,7 +82,8 @@ class LocalStatus:
     progress: Progress = field(default_factory=Progress)
     """Where it is."""
     ranks: list[dict] = field(default_factory=list)
-    """Per rank: its state and latest step line's fields (launcher.live.rank_rows), its verdict once reported."""
+    """Per rank: its state and latest step line's fields (launcher.records.live.rank_rows), its verdict once
+    reported."""
     verdict: RunVerdict | None = None
     """report.json's verdict; None until the run ended."""
     eval_loss: float | None = None

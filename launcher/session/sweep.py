@@ -23,9 +23,9 @@ from launcher.config.job import Job
 from launcher.config.jobfile import job_from_data, job_to_data
 from launcher.emit.slurm_params import combined, executor_parameters
 from launcher.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError, LauncherError
+from launcher.files.rundir import RunDir, default_run_dir
 from launcher.inputs.variants import Variant, expand
 from launcher.planner.plan import Plan
-from launcher.rundir import RunDir, default_run_dir
 from launcher.session.checks import check_runnable
 from launcher.session.finish import finish
 from launcher.session.options import RunOptions, own_lines

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write
-from launcher.rundir import LATEST, latest_checkpoint_tag
+from launcher.files.fsutil import atomic_write
+from launcher.files.rundir import LATEST, latest_checkpoint_tag
 from launcher.runtime.files import atomic_write_json
 
 

@@ -34,8 +34,8 @@ from torch import nn
 
 from launcher.engines import flat_layout
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write, has_marker, made_dirs, replace_dir, stage_dir, write_marker
-from launcher.rundir import contents, few, is_marked, refuse_protected
+from launcher.files.fsutil import atomic_write, has_marker, made_dirs, replace_dir, stage_dir, write_marker
+from launcher.files.rundir import contents, few, is_marked, refuse_protected
 from launcher.worker.engines.base import WORK_DTYPES
 
 MARKER = ".launcher-export"

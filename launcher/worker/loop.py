@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from launcher.config.job import Job
 from launcher.errors import ConfigError
-from launcher.fsutil import atomic_write, open_private
+from launcher.files.fsutil import atomic_write, open_private
 from launcher.planner.plan import Plan
-from launcher.rankenv import ATTEMPT_ENV
+from launcher.processes.rankenv import ATTEMPT_ENV
 from launcher.records.steprow import StepRow, read_rows
 from launcher.runtime.control import CheckpointRequests
 from launcher.runtime.probe import MemoryProbe
@@ -39,8 +39,8 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# ATTEMPT_ENV (launcher.rankenv) is set by the Slurm task to SLURM_RESTART_COUNT; absent on local runs, which count
-# their resumes instead.
+# ATTEMPT_ENV (launcher.processes.rankenv) is set by the Slurm task to SLURM_RESTART_COUNT; absent on local runs,
+# which count their resumes instead.
 
 
 def check_world(environ: Mapping[str, str], plan: Plan, group_size: int) -> None:

@@ -1,5 +1,5 @@
-"""The worker's main (``python -m launcher.rank_entry RUN_DIR`` runs it): read the run dir, train, report, exit with a
-code."""
+"""The worker's main (``python -m launcher.worker.rank_entry RUN_DIR`` runs it): read the run dir, train, report,
+exit with a code."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from launcher import rankenv
 from launcher.config.job import Job
 from launcher.config.load import from_dict
 from launcher.errors import EXIT_INTERRUPTED, ConfigError, LauncherError
 from launcher.model.offline import OFFLINE_ENV
 from launcher.planner.plan import Plan
-from launcher.rankenv import EXPANDABLE_SEGMENTS
+from launcher.processes import rankenv
+from launcher.processes.rankenv import EXPANDABLE_SEGMENTS
 from launcher.runtime.probe import error_tail, is_oom, memory_probe
 
 RANK_PROCESS_ENV = {**OFFLINE_ENV, "TOKENIZERS_PARALLELISM": "false",
@@ -31,14 +31,14 @@ def rank_process_env(run_dir: Path) -> None:
     """The one seam where a rank process sets its own environment, first thing in main() (importing this module
     changes nothing): the shared cache of compiled DeepSpeed ops (before deepspeed is imported),
     RANK_PROCESS_ENV (before huggingface_hub reads them at its import), and the run dir and plan the runtime's
-    readers (launcher.rankenv) find, as they would under the launcher."""
+    readers (launcher.processes.rankenv) find, as they would under the launcher."""
     rankenv.set_extensions_dir()
     for name, value in RANK_PROCESS_ENV.items():
         os.environ.setdefault(name, value)
     os.environ[rankenv.RUN_DIR_ENV] = str(run_dir)
     os.environ.setdefault(rankenv.PLAN_ENV, str(run_dir / "plan.json"))
 
-USAGE = "usage: python -m launcher.rank_entry RUN_DIR   (started by torchrun on every rank)"
+USAGE = "usage: python -m launcher.worker.rank_entry RUN_DIR   (started by torchrun on every rank)"
 
 
 def load_run_dir(run_dir: Path) -> tuple[Job, Plan, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from launcher.config.bounds import ROW_BYTES
 from launcher.config.datasource import download_line, looks_like_hub_id
 from launcher.errors import ConfigError
-from launcher.fsutil import not_a_file
+from launcher.files.fsutil import not_a_file
 from launcher.model.offline import hub_offline
 from launcher.units import format_bytes
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.fsutil import atomic_file
+from launcher.files.fsutil import atomic_file
 from launcher.inputs.cache import cache_dir, private_dirs
 from launcher.worker.data import SPLIT_SEED
 from launcher.worker.examples import CHUNK_ROWS
@@ -93,7 +93,7 @@ def tokenized(recipe, tok, rows: list[dict], train_rows: list[dict], eval_rows: 
 
 def _save(path: Path, data: dict) -> None:
     """Save the tensors 0600 in directories made 0700, as every cache file (launcher.inputs.cache.private_dirs), through
-    the launcher's temporary (launcher.fsutil.atomic_file): readers never see half a file, and a crash leaves a
+    the launcher's temporary (launcher.files.fsutil.atomic_file): readers never see half a file, and a crash leaves a
     ``.launcher-tmp`` that the cleanup rules know."""
     try:
         private_dirs(path.parent)

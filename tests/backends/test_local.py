@@ -6,8 +6,8 @@ import pytest
 
 from launcher.backends.base import LaunchSpec
 from launcher.backends.local import LocalBackend
+from launcher.files.rundir import RunDir
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 
 
 def test_a_ranks_environment_is_taken_back_after_the_run(tmp_path, monkeypatch):

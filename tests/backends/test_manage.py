@@ -10,7 +10,7 @@ from launcher.backends import slurm_state
 from launcher.backends.slurm_state import SlurmRecord, SweepRow, read_slurm_json
 from launcher.cli import manage
 from launcher.cli.main import main
-from launcher.rundir import MARKER
+from launcher.files.rundir import MARKER
 from tests.slurm_fixtures import plan_text
 
 SACCT = """JobID|JobName|State|ExitCode|Elapsed|NodeList|Start|End
@@ -105,7 +105,7 @@ def local_run(tmp_path):
 
 
 def test_local_status_says_state_progress_loss_and_peak_against_budget(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: pid == 4242)
+    monkeypatch.setattr("launcher.processes.procs.process_alive", lambda pid, started: pid == 4242)
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"local run {local_run}: running (launch pid 4242)")
@@ -119,7 +119,7 @@ def test_local_status_says_state_progress_loss_and_peak_against_budget(local_run
 
 
 def test_local_status_of_a_launch_that_died_and_of_a_finished_run(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: False)
+    monkeypatch.setattr("launcher.processes.procs.process_alive", lambda pid, started: False)
     assert main(["status", str(local_run)]) == 0
     out = capsys.readouterr().out
     # Killed (SIGKILL, the OOM killer): never "running", and its ranks' own "running" was cut short with it.
@@ -162,7 +162,7 @@ def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, mon
     assert "--rank: 2 is not a rank of this run (0..1)" in capsys.readouterr().err
     log, polls = local_run / "logs" / "rank-1.log", {"n": 0}
     alive = {"v": True}
-    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: alive["v"])
+    monkeypatch.setattr("launcher.processes.procs.process_alive", lambda pid, started: alive["v"])
 
     def sleep(_s):
         polls["n"] += 1
@@ -179,7 +179,7 @@ def test_local_logs_tail_and_follow_until_the_launch_ends(local_run, capsys, mon
 
 
 def test_cancel_of_a_local_run_says_how_to_stop_it(local_run, capsys, monkeypatch):
-    monkeypatch.setattr("launcher.procs.process_alive", lambda pid, started: True)
+    monkeypatch.setattr("launcher.processes.procs.process_alive", lambda pid, started: True)
     assert main(["cancel", str(local_run)]) == 2
     assert "is a local run, not a Slurm job; stop it with kill -INT 4242" in capsys.readouterr().err
 

@@ -11,8 +11,8 @@ import pytest
 
 from launcher.backends.base import LaunchSpec
 from launcher.backends.local import torchrun_argv
-from launcher.rankenv import RANK_MODULE, SAFE_PATH_BOOTSTRAP
-from launcher.rundir import RunDir
+from launcher.files.rundir import RunDir
+from launcher.processes.rankenv import RANK_MODULE, SAFE_PATH_BOOTSTRAP
 
 pytestmark = pytest.mark.slow  # starts the rank entry in a child
 

@@ -12,7 +12,7 @@ from launcher.backends.slurm import SlurmBackend, job_outcome, task_for
 from launcher.backends.slurm_array import array_exit_code
 from launcher.cli.main import main
 from launcher.emit import slurm_params
-from launcher.rundir import RunDir
+from launcher.files.rundir import RunDir
 from launcher.session.options import RunOptions
 from launcher.session.prepare import launch_spec
 

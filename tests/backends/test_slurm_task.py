@@ -15,7 +15,7 @@ from launcher.backends.slurm_task import (
     ranks_shielded_from,
     wait_for_ranks,
 )
-from launcher.rundir import RunDir
+from launcher.files.rundir import RunDir
 from tests.slurm_fixtures import plan_text
 
 

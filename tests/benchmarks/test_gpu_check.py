@@ -140,10 +140,10 @@ def test_reserved_minus_allocated_takes_allocated_at_the_tensor_peak(tmp_path):
     allocator_reserve + stream_pools at the verdict's moment (+53 %, over RESERVE_TOLERANCE)."""
     import dataclasses
 
+    from launcher.files.rundir import RunDir
     from launcher.planner.plan import Estimate
     from launcher.records.rankreport import RankReport
     from launcher.records.report import build_report
-    from launcher.rundir import RunDir
     from tests.emit.emit_helpers import make_plan
 
     GB = 10**9

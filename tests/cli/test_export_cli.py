@@ -125,7 +125,7 @@ def exportable(tmp_path):
     """A run dir launch made with a real ZeRO-0 checkpoint of tiny GPT-2 at step 2 (what `launch export` reads)."""
     import torch
 
-    from launcher.rundir import mark
+    from launcher.files.rundir import mark
     from launcher.worker.main import load_run_dir
     from launcher.worker.model import build
     from launcher.worker.recipes import make_recipe

@@ -161,7 +161,7 @@ def test_a_slurm_plan_says_which_allocation_values_it_derived(capsys, write_job)
     startup = slurm["startup"]
     # The start-up: 120 s, the weights read (none: an inline model), cpu_adam's build where this machine lacks it,
     # the first step's extra; the DeepSpeed ops dir this test sees decides the build.
-    from launcher.ops import built
+    from launcher.processes.ops import built
 
     assert slurm["facts"]["ops_to_build"] == ([] if built("cpu_adam") else ["cpu_adam"])
     assert startup == {"base_s": 120.0, "load_s": 0.0, "build_s": 0.0 if built("cpu_adam") else 50.0,
@@ -236,7 +236,7 @@ def test_alternatives_are_worded_from_their_numbers(capsys, write_job):
 
 def test_a_forced_plan_says_what_it_overruns_first_and_keeps_the_numbers(capsys, write_job):
     """The planner returns the forced plan's overrun typed (plan.json's "problem"); its sentence is the first
-    reason, worded outside the planner (launcher.plan_words), in the text plan and in plan.json alike."""
+    reason, worded outside the planner (launcher.planner.plan_words), in the text plan and in plan.json alike."""
     from launcher.units import format_bytes
 
     pins = {"engine": "deepspeed", "zero_stage": 0, "offload_optimizer": "none", "offload_params": "none",

@@ -8,8 +8,8 @@ import time
 
 import yaml
 
-from launcher.procs import ProcessRef
-from launcher.rundir import MARKER, RunDir
+from launcher.files.rundir import MARKER, RunDir
+from launcher.processes.procs import ProcessRef
 from launcher.session import outdir
 from tests.cli.test_plan_cli import run_cli
 from tests.conftest import REPO

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from launcher.rankenv import HEAP_ENV
+from launcher.processes.rankenv import HEAP_ENV
 from launcher.units import MB
 from tests.conftest import REPO, TINY_GPT2
 from tests.worker.export_checks import check_export, safetensors_of, same_tensors
@@ -420,7 +420,7 @@ def test_rank_crash_mid_training_stops_all_ranks_within_10_s_and_names_it(tmp_pa
     log0 = run / "logs" / "rank-0.log"
     wait_for(lambda: log0.is_file() and "step 3 " in log0.read_text(), 180, "rank 0 to train 3 steps")
     before = process_tree(proc.pid)
-    ranks = [p for p in before if "launcher.rank_entry" in " ".join(p.cmdline())]
+    ranks = [p for p in before if "launcher.worker.rank_entry" in " ".join(p.cmdline())]
     assert len(ranks) == 2, f"expected 2 rank processes under launch, saw: {alive(before)}"
     out, err = proc.communicate(timeout=120)
     ended = time.time()
@@ -470,13 +470,13 @@ def test_signal_to_launch_terminates_ranks(tmp_path, sig):
                             env={**os.environ, "HF_TOKEN": secret})
 
     def ranks_up() -> bool:
-        return sum("launcher.rank_entry" in " ".join(p.cmdline()) for p in process_tree(proc.pid)) >= 2
+        return sum("launcher.worker.rank_entry" in " ".join(p.cmdline()) for p in process_tree(proc.pid)) >= 2
 
     wait_for(ranks_up, 60, "both ranks to start")
     wait_for(lambda: len(list((run / "ranks").glob("rank-*.json"))) == 2, 60, "both ranks to measure")
     time.sleep(1)
     # Mid-run, the ranks' logs hold no secret (redacted as written, not scrubbed at the end) and nobody else can
-    # read the run dir: 0700, every file 0600 (launcher.fsutil's policy).
+    # read the run dir: 0700, every file 0600 (launcher.files.fsutil's policy).
     for rank in (0, 1):
         log = (run / "logs" / f"rank-{rank}.log").read_text()
         assert "token: [redacted]" in log and secret not in log, log

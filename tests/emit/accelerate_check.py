@@ -131,7 +131,7 @@ def main(export: Path, out: Path) -> None:
     accelerator.wait_for_everyone()  # both ranks' facts are written before either leaves
     # Leave without interpreter teardown: a gloo process group's destructor can block on a peer that already left
     # (seen here: rank 0 waited on a futex for 10 minutes after both facts were written). The launcher's own ranks
-    # leave the same way (launcher.rank_entry.exit_rank).
+    # leave the same way (launcher.worker.rank_entry.exit_rank).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -298,7 +298,8 @@ def test_the_deepspeed_header_names_the_ops_and_the_trainers_flags(tmp_path, mon
     text = ds.accelerate_yaml(make_plan(zero_stage=2, offload_optimizer="cpu"), make_job(), config_dir=tmp_path)
     assert f"#   TORCH_EXTENSIONS_DIR='/opt/ops cache' accelerate launch --config_file {tmp_path}" in text
     assert "# DeepSpeed compiles cpu_adam (minutes, silently) when a process first loads it" in text
-    assert "build once: TORCH_EXTENSIONS_DIR='/opt/ops cache' " in text and "-m launcher.ops cpu_adam\n" in text
+    assert "build once: TORCH_EXTENSIONS_DIR='/opt/ops cache' " in text
+    assert "-m launcher.processes.ops cpu_adam\n" in text
     assert ("pass the plan's: --per_device_train_batch_size 2 --gradient_accumulation_steps 4 --bf16, and "
             "TORCH_EXTENSIONS_DIR='/opt/ops cache' before torchrun.") in text
     # A plan whose script run loads no op says nothing of ops; FSDP2 has neither the ops nor the HF file.

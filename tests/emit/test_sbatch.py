@@ -15,8 +15,8 @@ from emit_helpers import check_golden, make_job, make_plan
 
 from launcher.emit import sbatch
 from launcher.errors import ConfigError
-from launcher.rankenv import plan_digest
-from launcher.rundir import MARKER, is_marked
+from launcher.files.rundir import MARKER, is_marked
+from launcher.processes.rankenv import plan_digest
 
 PYTHON = "/opt/venv/bin/python"
 OPS_DIR = "/opt/launcher/.cache/torch_extensions"
@@ -83,7 +83,7 @@ def test_directives_and_srun_line():
         assert line in text, line
     assert '"$PYTHON" -m torch.distributed.run --nnodes=2' in text and "--nproc-per-node=8" in text
     assert f"PYTHON={PYTHON}\n" in text and f"export TORCH_EXTENSIONS_DIR={OPS_DIR}" in text
-    assert '--rdzv-endpoint="$head_addr:$port"' in text and '-m launcher.rank_entry "$RUN_DIR"' in text
+    assert '--rdzv-endpoint="$head_addr:$port"' in text and '-m launcher.worker.rank_entry "$RUN_DIR"' in text
     assert 'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
 
 
@@ -222,7 +222,7 @@ def test_golden_offload_plan_derives_time_mem_and_cpus(tmp_path):
     # The header says how: the steps, the start-up's parts, the profile
     assert "DeepSpeed's cpu_adam to build 50 s" in text and "from the a100-80gb profile: 8 CPU(s) per rank" in text
     # cpu_adam is built on every node before the ranks start
-    assert 'srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.ops cpu_adam\n' in text
+    assert 'srun --ntasks-per-node=1 $SRUN_CPUS "$PYTHON" -m launcher.processes.ops cpu_adam\n' in text
 
 
 def test_pinned_values_win_over_the_plan():

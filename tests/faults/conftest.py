@@ -49,7 +49,7 @@ def trained_run(root: Path, engine: str) -> Path:
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "LAUNCHER_CACHE": str(root / "cache"),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "launcher.rank_entry", str(run)], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "launcher.worker.rank_entry", str(run)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (run / "checkpoint" / "step-00000002" / "trainer_state.json").is_file()

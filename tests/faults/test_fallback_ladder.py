@@ -1,4 +1,5 @@
-"""The OOM ladder (launcher.fallback) as a pure function: rung order, the global batch, host RAM and NVMe skips."""
+"""The OOM ladder (launcher.planner.fallback) as a pure function: rung order, the global batch, host RAM and NVMe
+skips."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import pytest
 
 from launcher.config.jobfile import job_from_data
-from launcher.fallback import RUNGS, Measurement, correction_for, next_strategy
 from launcher.inputs.plan_inputs import plan_request
+from launcher.planner.fallback import RUNGS, Measurement, correction_for, next_strategy
 from launcher.planner.plan import Strategy
 from launcher.planner.search import make_plan, score
 from tests.conftest import TINY_GPT2
@@ -189,8 +190,8 @@ def _ladder_job(data_file, tmp_path, tries):
 
 
 def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_path, capsys):
+    from launcher.files.rundir import RunDir
     from launcher.inputs.plan_inputs import plan_job
-    from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
     from launcher.session.prepare import write_plan_outputs
 
@@ -217,8 +218,8 @@ def test_run_ladder_archives_each_attempt_and_records_the_ladder(data_file, tmp_
 def test_a_scripts_relaunch_is_planned_for_the_script(data_file, tmp_path):
     # launch --script --auto-fallback: each rung is planned for the user's script, as attempt 1 was (the levers a
     # script receives, the adapters' dtype it computes in: PlanRequest.script), not for the launcher's recipe.
+    from launcher.files.rundir import RunDir
     from launcher.inputs.plan_inputs import plan_job
-    from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 
     job = _ladder_job(data_file, tmp_path, tries=2)
@@ -237,8 +238,8 @@ def test_a_scripts_relaunch_is_planned_for_the_script(data_file, tmp_path):
 
 def test_run_ladder_stops_after_n_relaunches_with_the_last_exit_code(data_file, tmp_path, capsys):
     from launcher.errors import EXIT_OVER_BUDGET
+    from launcher.files.rundir import RunDir
     from launcher.inputs.plan_inputs import plan_job
-    from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 
     job = _ladder_job(data_file, tmp_path, tries=1)
@@ -261,8 +262,8 @@ def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_ex
     """README: exit 3 when the budget is not met. The ladder ends so whenever memory stopped it (an OOM, under
     --enforce the budget's own cap, or a peak over budget), and never relaunches what it predicts to be over."""
     from launcher.errors import EXIT_OVER_BUDGET
+    from launcher.files.rundir import RunDir
     from launcher.inputs.plan_inputs import plan_job
-    from launcher.rundir import RunDir
     from launcher.session.ladder import run_ladder
 
     job = _ladder_job(data_file, tmp_path, tries=tries)
@@ -284,7 +285,7 @@ def test_the_ladder_never_launches_a_rung_predicted_over_budget_and_ends_with_ex
 
 
 def test_checkpointing_rung_goes_from_every_kth_block_to_every_block(data_file, tmp_path):
-    from launcher.fallback import describe_change, rung_options
+    from launcher.planner.fallback import describe_change, rung_options
 
     req = request(data_file, tmp_path, {**PINNED_MB8, "activation_checkpointing": True})
     s = dataclasses.replace(make_plan(req).strategy, checkpoint_every=2)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.redact import REDACTED
+from launcher.files.redact import REDACTED
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
@@ -211,6 +211,6 @@ def test_sigint_checkpoints_and_resume_continues_without_repeating_a_step(tmp_pa
     rank0 = json.loads((run / "ranks" / "rank-0.json").read_text())
     assert rank0["resumed_from_step"] == saved and rank0["status"] == "completed"
     assert json.loads((run / "state.json").read_text())["state"] == "completed"
-    assert alive(f"launcher.rank_entry {run}") == []
+    assert alive(f"launcher.worker.rank_entry {run}") == []
     assert_no_secrets(run, out, err, res.stdout, res.stderr)
     print(f"checkpointed at step {saved}, {stop_s:.1f} s after SIGINT")

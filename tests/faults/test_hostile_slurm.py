@@ -4,7 +4,7 @@ Every value that reaches the sbatch script, an #SBATCH line or a submitit parame
 control character (a newline would end the #SBATCH or comment line and run the rest as a command) or breaks its
 option's syntax: exit 2, one error block naming the field, the value, the rule and the fix, no traceback, and
 nothing written (launcher.config.slurm_rules). Names with '..', '/' or shell metacharacters are not refused:
-every path built from a name is slugged (launcher.rundir.slug), which the second table checks.
+every path built from a name is slugged (launcher.files.rundir.slug), which the second table checks.
 """
 
 from __future__ import annotations

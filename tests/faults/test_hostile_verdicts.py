@@ -15,8 +15,8 @@ import json
 import pytest
 
 from launcher.cli.main import main
+from launcher.files.rundir import MARKER
 from launcher.records.runreport import RankFailure
-from launcher.rundir import MARKER
 from tests.faults.harness import Case, Sandbox, check_refused, entries, one_error_block
 
 # Tiny GPT-2 at seq 128, global batch 16 on 2 ranks: micro-batch 8 without checkpointing is predicted at 36 MB.
@@ -112,8 +112,8 @@ def test_enforce_with_force_is_allowed_when_the_ladder_may_step_down(sandbox):
 def interrupted_run(tmp_path, *, checkpoint: bool, auto_fallback: int = 0):
     """A run dir whose two ranks measured within budget and then wrote "failed" as a signal stopped them."""
     from launcher.config.jobfile import job_from_data, job_to_data
+    from launcher.files.rundir import RunDir
     from launcher.inputs.plan_inputs import plan_job
-    from launcher.rundir import RunDir
     from tests.conftest import base_job
 
     data = tmp_path / "data.jsonl"

@@ -13,7 +13,7 @@ from tests.faults.test_fault_runs import ENV, LAUNCH, job_file, launch
 SCRIPT = """
 import pathlib, sys, time
 from launcher.runtime import load_plan
-from launcher.rankenv import rank_info
+from launcher.processes.rankenv import rank_info
 
 gate, rank = pathlib.Path(sys.argv[1]), rank_info()[0]
 print("ready", flush=True)

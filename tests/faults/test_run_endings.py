@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 
 from launcher.cli.main import main
-from launcher.procs import ProcessRef, process_alive
-from launcher.rundir import RunDir
+from launcher.files.rundir import RunDir
+from launcher.processes.procs import ProcessRef, process_alive
 from tests.faults.test_fault_runs import ENV, LAUNCH, assert_no_secrets, job_file, steps
 
 TRAIN = {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 40}
@@ -47,7 +47,7 @@ def rank_procs(launch_pid: int) -> dict[int, psutil.Process]:
     out = {}
     for child in psutil.Process(launch_pid).children():
         try:
-            if "launcher.rank_entry" in " ".join(child.cmdline()):
+            if "launcher.worker.rank_entry" in " ".join(child.cmdline()):
                 out[int(child.environ()["RANK"])] = child
         except (psutil.Error, KeyError):
             continue

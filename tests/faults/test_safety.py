@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.procs import ProcessRef, start_ticks
-from launcher.redact import REDACTED, redact, redact_data, secret_values
-from launcher.rundir import RunDir
+from launcher.files.redact import REDACTED, redact, redact_data, secret_values
+from launcher.files.rundir import RunDir
+from launcher.processes.procs import ProcessRef, start_ticks
 from tests.conftest import REPO
 
 SOURCES = [p for d in ("launcher", "benchmarks", "examples", "tests") for p in (REPO / d).rglob("*.py")

@@ -54,7 +54,7 @@ def test_on_cpu_ranks_the_export_is_a_moment_beside_the_training_state():
     assert st.step_extra > 0 and abs(mb["export"] - kept - export_host_bytes(m, "fp32")) <= 1
     assert est.peak_moment == "export" and abs(est.peak_bytes - mb["export"]) <= 8
     # Training's own largest moment keeps its breakdown: the OOM ladder corrects a training OOM on it
-    # (launcher.fallback), which the export's breakdown (no activations) would not let it do.
+    # (launcher.planner.fallback), which the export's breakdown (no activations) would not let it do.
     from launcher.planner.memory import TRAINING_MOMENTS
 
     assert abs(sum(est.training_breakdown.values()) - max(mb[k] for k in TRAINING_MOMENTS)) <= 8

@@ -66,8 +66,9 @@ def test_host_ram_limits_offload(request_for):
 
 
 def test_rejected_reasons_are_the_typed_problem_described(request_for):
-    """A candidate's Problem keeps the numbers (resource, need, have); launcher.plan_words makes its sentence."""
-    from launcher.plan_words import problem_words
+    """A candidate's Problem keeps the numbers (resource, need, have); launcher.planner.plan_words makes its
+    sentence."""
+    from launcher.planner.plan_words import problem_words
     from launcher.planner.scoring import evaluate
 
     req = request_for(budget_bytes=12 * 10**9, host_ram_per_node_bytes=64 * 10**9)
@@ -99,7 +100,7 @@ def test_forced_plan_over_budget(request_for):
 
 def test_a_forced_plan_carries_its_problem_typed_and_unworded(request_for):
     """The planner returns what the forced plan overruns as numbers (Plan.problem, kept in plan.json); the
-    sentence is launcher.plan_words', put first by launcher.inputs.plan_inputs.plan_job, not the planner's."""
+    sentence is launcher.planner.plan_words', put first by launcher.inputs.plan_inputs.plan_job, not the planner's."""
     from launcher.planner.plan import Plan, Problem
 
     pins = StrategyConfig(engine="deepspeed", zero_stage=0, offload_optimizer="none", offload_params="none",

@@ -62,8 +62,8 @@ def test_over_budget_message_names_the_rank_peak_budget_and_category():
 
 
 def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):
+    from launcher.files.rundir import RunDir
     from launcher.records.report import build_report, render_report
-    from launcher.rundir import RunDir
 
     run = RunDir(tmp_path)
     (tmp_path / "ranks").mkdir()
@@ -86,7 +86,7 @@ def test_a_rank_that_failed_before_measuring_is_failed_not_ok(tmp_path):
 
 
 def write_ranks(tmp_path, ranks: list[dict]):
-    from launcher.rundir import RunDir
+    from launcher.files.rundir import RunDir
 
     run = RunDir(tmp_path)
     run.ranks.mkdir(parents=True)
@@ -137,8 +137,8 @@ def test_a_gpu_plan_run_on_cpu_ranks_is_compared_on_tensor_bytes(tmp_path):
 
 
 def test_report_carries_the_runs_eval_loss_and_accuracy(tmp_path):
+    from launcher.files.rundir import RunDir
     from launcher.records.report import build_report, render_report
-    from launcher.rundir import RunDir
 
     (tmp_path / "ranks").mkdir()
     for r in (1, 0):  # reduced over ranks: every rank holds the run's values
@@ -178,9 +178,9 @@ def test_a_torn_rank_file_counts_as_missing_rather_than_ending_the_report(tmp_pa
 def test_a_rank_that_completed_without_measuring_is_said_so_not_failed(tmp_path, capsys):
     """A --script that exits 0 at once: its ranks complete and measure nothing. The verdict stays not-within-budget
     (0 bytes is no evidence of fitting), but the words said "rank(s) [0, 1] failed" and "recorded a failure"."""
+    from launcher.files.rundir import RunDir
     from launcher.records.report import build_report, render_report
     from launcher.records.runreport import RunOutcome
-    from launcher.rundir import RunDir
     from launcher.session.finish import describe_failure
 
     run = RunDir(tmp_path)

@@ -92,9 +92,9 @@ def test_a_newer_report_is_refused_and_a_missing_one_is_none(tmp_path):
 def test_report_json_carries_the_data_summary_and_reads_older_reports_without_it(tmp_path):
     """Issue 36 §4: report.json's ``data`` is the launcher's count of the data (RUN/data.json, written before the
     launch); a report written before the field reads with None."""
+    from launcher.files.rundir import RunDir
     from launcher.records.datasummary import DataSummary, DroppedExamples
     from launcher.records.report import build_report
-    from launcher.rundir import RunDir
     from tests.records.test_report import plan_of
 
     s = DataSummary(format="messages", task="causal_lm", rows=40, train_examples=35, eval_examples=4,

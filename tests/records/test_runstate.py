@@ -11,10 +11,10 @@ import tempfile
 
 import pytest
 
-from launcher.fsutil import write_reserved
-from launcher.procs import ProcessRef
+from launcher.files.fsutil import write_reserved
+from launcher.files.rundir import RunDir
+from launcher.processes.procs import ProcessRef
 from launcher.records.runstate import RESERVE_BYTES, RunState
-from launcher.rundir import RunDir
 
 
 def test_state_json_round_trips_and_keeps_what_other_writers_added(tmp_path):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.live import last_line
+from launcher.records.live import last_line
 from launcher.records.steprow import StepRow, read_rows
 from launcher.runtime.probe import memory_probe
 

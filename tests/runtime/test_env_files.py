@@ -3,7 +3,7 @@ import json
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.rankenv import ENFORCE_ENV, PLAN_ENV, default_extensions_dir, enforce_bytes
+from launcher.processes.rankenv import ENFORCE_ENV, PLAN_ENV, default_extensions_dir, enforce_bytes
 from launcher.runtime import JsonlLog, atomic_write_json, load_plan, read_jsonl
 from tests.worker.run_dirs import plan_dict
 

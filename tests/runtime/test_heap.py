@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from launcher.rankenv import HEAP_ENV
+from launcher.processes.rankenv import HEAP_ENV
 from launcher.runtime.heap import heap_in_use_bytes
 from launcher.runtime.probe import MemoryProbe
 

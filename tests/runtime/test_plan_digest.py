@@ -14,10 +14,10 @@ import pytest
 
 from launcher.cli.main import main
 from launcher.errors import ConfigError
+from launcher.files.rundir import RunDir
 from launcher.planner.plan import Plan
-from launcher.rankenv import PLAN_DIGEST_ENV
+from launcher.processes.rankenv import PLAN_DIGEST_ENV
 from launcher.records.runreport import RunOutcome
-from launcher.rundir import RunDir
 from launcher.runtime import load_plan
 
 
@@ -51,12 +51,12 @@ def test_the_rank_env_names_the_digest_of_the_plan_json_written(planned, tmp_pat
 def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypatch):
     """The ranks' TORCH_EXTENSIONS_DIR and a process that builds ops itself both come from rankenv.extensions_dir:
     the user's choice, else the default (changed here, both follow)."""
-    import launcher.rankenv
+    import launcher.processes.rankenv
     from launcher.config.jobfile import load_job
-    from launcher.rankenv import set_extensions_dir
+    from launcher.processes.rankenv import set_extensions_dir
     from launcher.session.prepare import rank_env
 
-    monkeypatch.setattr(launcher.rankenv, "default_extensions_dir", lambda: tmp_path / "ops")
+    monkeypatch.setattr(launcher.processes.rankenv, "default_extensions_dir", lambda: tmp_path / "ops")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("PATH", os.environ["PATH"])  # set_extensions_dir puts this interpreter's bin first
     plan = Plan.from_json(json.loads((planned / "plan.json").read_text()))
@@ -69,11 +69,11 @@ def test_the_extensions_dir_rule_lives_in_one_place(planned, tmp_path, monkeypat
 
 
 def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(monkeypatch):
-    """Every rank (the worker's and a script's, launcher.rank_entry) and set-up find the ninja beside this interpreter
-    first, whatever PATH the node gave them: a different ninja hashes commands differently in .ninja_log and rebuilds
-    every op it loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked on the op
-    cache the suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
-    from launcher.rankenv import extensions_dir, use_local_tools
+    """Every rank (the worker's and a script's, launcher.worker.rank_entry) and set-up find the ninja beside this
+    interpreter first, whatever PATH the node gave them: a different ninja hashes commands differently in .ninja_log
+    and rebuilds every op it loads (apt's 1.11 against pip's 1.13: ~30 s per run, each undoing the other's). Checked
+    on the op cache the suite itself uses: the rank's ninja finds set-up's build of DeepSpeed's shm op up to date."""
+    from launcher.processes.rankenv import extensions_dir, use_local_tools
 
     here = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", here, "/usr/local/bin"]))
@@ -83,7 +83,7 @@ def test_ranks_build_ops_with_the_ninja_the_cache_was_built_with(monkeypatch):
     ninja = shutil.which("ninja", path=path)
     assert ninja and Path(ninja).parent == Path(here), ninja  # pip's ninja, a dependency of deepspeed
     op = Path(extensions_dir()) / "deepspeed_shm_comm"
-    assert (op / "build.ninja").is_file(), f"{op}: scripts/test.sh builds it (python -m launcher.ops --all)"
+    assert (op / "build.ninja").is_file(), f"{op}: scripts/test.sh builds it (python -m launcher.processes.ops --all)"
     out = subprocess.run([ninja, "-C", str(op), "-n", "-d", "explain"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "no work to do" in out.stdout, out.stdout + out.stderr
 

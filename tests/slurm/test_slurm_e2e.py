@@ -377,7 +377,7 @@ def test_overwrite_refuses_the_run_dir_of_a_live_job(tmp_path):
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     # Once the job has ended, the same run dir may be replaced.
     from launcher.backends.slurm_state import live_state
-    from launcher.rundir import RunDir
+    from launcher.files.rundir import RunDir
 
     RunDir.create(run_dir, overwrite=True, job_state=live_state).unlock()
     assert not (run_dir / "slurm.json").exists()
@@ -402,7 +402,8 @@ def test_a_secret_a_rank_prints_is_in_no_file_and_no_logs_output(tmp_path):
     rank_log = run_dir / "logs" / "rank-0.log"
     submitit_out = run_dir / "submitit" / f"{job_id}_0_log.out"
     try:
-        # While the job runs, the rank log is already redacted: it is written through launcher.ranklog's redactor...
+        # While the job runs, the rank log is already redacted: it is written through launcher.files.ranklog's
+        # redactor...
         wait_for(lambda: rank_log.is_file() and "rank sees HF_TOKEN=[redacted]" in rank_log.read_text(),
                  "the rank to print the token", timeout_s=180)
         assert token not in rank_log.read_text()

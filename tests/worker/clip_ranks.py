@@ -55,8 +55,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Leave as the launcher's ranks do (launcher.rank_entry.exit_rank): a gloo rank's interpreter teardown after
+    # Leave as the launcher's ranks do (launcher.worker.rank_entry.exit_rank): a gloo rank's interpreter teardown after
     # destroy_process_group was seen to abort ("terminate called without an active exception").
-    from launcher.rank_entry import exit_rank
+    from launcher.worker.rank_entry import exit_rank
 
     exit_rank(0)

@@ -3,7 +3,7 @@
     from tests.worker.run_dirs import plan_dict, ds_config_dict, write_run_dir
     plan = plan_dict(engine="deepspeed", zero_stage=2, micro_batch_size=2, world_size=2, seq_len=64)
     write_run_dir("/tmp/run", job=job_dict, plan=plan, ds_config=ds_config_dict(plan, lr=1e-3))
-    # torchrun --nproc-per-node 2 -m launcher.rank_entry /tmp/run
+    # torchrun --nproc-per-node 2 -m launcher.worker.rank_entry /tmp/run
 
 The plan goes through the real Plan dataclasses, so a field the schema lacks fails here, not in the worker.
 """

@@ -10,7 +10,7 @@ import time
 
 import yaml
 
-from launcher.rankenv import HEAP_ENV
+from launcher.processes.rankenv import HEAP_ENV
 from tests.cli.test_run_cli import check_report, near_budget
 from tests.conftest import REPO, TINY_GPT2
 

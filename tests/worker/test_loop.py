@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from launcher.rankenv import RUN_DIR_ENV
+from launcher.processes.rankenv import RUN_DIR_ENV
 from launcher.runtime import read_jsonl
 from launcher.worker.main import main
 from tests.worker.run_dirs import plan_dict, tiny_gpt2_job

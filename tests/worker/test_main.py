@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.rankenv import ENFORCE_ENV, EXIT_OOM, RUN_DIR_ENV
+from launcher.processes.rankenv import ENFORCE_ENV, EXIT_OOM, RUN_DIR_ENV
 from launcher.worker.main import main
 from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 

@@ -17,11 +17,11 @@ from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
 def torchrun(run_dir, timeout_s=120):
-    """The ranks as the launcher starts them (launcher.rank_entry); their output is in logs/, so a failed run's
+    """The ranks as the launcher starts them (launcher.worker.rank_entry); their output is in logs/, so a failed run's
     stderr carries rank 0's log tail."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "launcher.rank_entry", str(run_dir)]
+           "-m", "launcher.worker.rank_entry", str(run_dir)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     log = run_dir / "logs" / "rank-0.log"
     if res.returncode and log.is_file():

@@ -70,7 +70,7 @@ def test_packing_is_for_causal_lm_only():
 
 def test_a_packed_run_steps_over_sequences_not_rows(make_run_dir, tmp_path, single_rank, monkeypatch):
     """The worker's stream counts packed sequences (fewer than rows); a 1-rank run completes on them."""
-    from launcher.rankenv import RUN_DIR_ENV
+    from launcher.processes.rankenv import RUN_DIR_ENV
     from launcher.worker.main import main
     from tests.worker.run_dirs import plan_dict, tiny_gpt2_job
 

@@ -44,9 +44,9 @@ def test_any_change_that_alters_the_tensors_misses_the_cache(tmp_path, monkeypat
 
 def test_a_save_cut_short_leaves_only_a_temporary_the_cleanup_rules_know(tmp_path, monkeypatch):
     # A crash mid-save (a SIGKILL: nothing unlinks) leaves whatever the save was writing into: it must be named as
-    # every launcher temporary is (launcher.fsutil.is_temporary), never a bare `.tmp`.
+    # every launcher temporary is (launcher.files.fsutil.is_temporary), never a bare `.tmp`.
     import launcher.worker.tokcache as tokcache
-    from launcher.fsutil import is_temporary
+    from launcher.files.fsutil import is_temporary
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path))
     seen: list[list[str]] = []

@@ -209,14 +209,9 @@ def model_states(inp: MemoryInputs, s: Strategy, p: Partition) -> States:
 
 
 def low_memory_state_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float:
-    """The optimizer's state on one rank, fp32 masters apart (terms.optimizer_state_bytes for the job's optimizer).
-
-    A low-memory optimizer is the client optimizer deepspeed.initialize gets (launcher.worker.engines.deepspeed).
-    ZeRO-0 keeps it over the parameters as they are (engine.py _configure_optimizer: unwrapped at fp32;
-    FP16_UnfusedOptimizer's per-parameter fp32 clones at bf16/fp16), so the per-tensor terms of one unsharded
-    rank apply. ZeRO-1/2 step it on one flat fp32 partition (flat_partition_elems): torchao quantizes that one
-    tensor or none of it (terms.low_bit_tensor_bytes; unquantized, its moments take the master's dtype: bf16 under
-    pure bf16)."""
+    """The optimizer's state on one rank, fp32 masters apart: per tensor of one unsharded rank at ZeRO-0, one flat
+    partition quantized whole or not at all at ZeRO-1/2 ("DeepSpeed" in
+    docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     if LOW_MEMORY_OPTIMIZER.of(s) in LOW_BIT_STATE and p.stage in (1, 2):
         return low_bit_tensor_bytes(LOW_MEMORY_OPTIMIZER.of(s), flat_partition_elems(inp),
                                     param_bytes=master_elem_bytes(PURE_BF16.on(s)))
@@ -224,13 +219,10 @@ def low_memory_state_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> floa
 
 
 def low_memory_step_bytes(inp: MemoryInputs, s: Strategy, p: Partition) -> float:
-    """What a low-memory optimizer's step holds beyond the step_extra_bytes of the job's AdamW.
-
-    On the host torchao's single_param_adam runs eagerly and holds LOW_BIT_STEP_COPIES fp32 copies of the tensor
-    it steps: at ZeRO-1/2 the whole flat partition, in place of AdamW's two (its denominator, two of the three
-    partition-sized fp32 tensors step_extra_bytes counts at fp32; the third is the fp32 gradient). At ZeRO-0 the
-    largest parameter (terms.optimizer_step_temp_bytes), beside what step_extra_bytes counts. On CUDA torchao
-    compiles the step and holds none."""
+    """What a low-memory optimizer's step holds beyond the step_extra_bytes of the job's AdamW: on the host
+    LOW_BIT_STEP_COPIES fp32 copies of the flat partition (ZeRO-1/2, in place of AdamW's two) or of the largest
+    parameter (ZeRO-0); none on CUDA ("DeepSpeed" in
+    docs/memory-model.md#low-memory-optimizers-low_memory_optimizer)."""
     opt = LOW_MEMORY_OPTIMIZER.of(s)
     if opt == "none":
         return 0.0

@@ -44,7 +44,7 @@ from launcher.planner.terms import (
     over_links,
     untied_head_bytes,
 )
-from launcher.rankenv import DS_CONFIG_ENV
+from launcher.processes.rankenv import DS_CONFIG_ENV
 
 STAGES = (0, 1, 2, 3)
 HF_EXPORT = "ds_config.hf.json"
@@ -189,14 +189,8 @@ class DeepSpeedSpec(EngineSpec):
         return deepspeed_states(inp, s, buckets)
 
     def fp32_adapters(self, s: Strategy, *, script: bool) -> bool:
-        """A user's script at ZeRO-3 only. At ZeRO-0/1/2 deepspeed.initialize casts the whole module to the working
-        dtype, peft's fp32 adapters included (runtime/engine.py _configure_distributed_model ->
-        _cast_module_mixed_precision: ``p.data = p.data.to(param_dtype)`` for every parameter); a zero.Init model is
-        not cast there ("ZeRO-Init params are already at the configured dtype"), and peft adds the adapters after it
-        and, by default, makes them fp32: ZeRO-3 computes them in fp32 (checked on one-rank ZeRO-1 and ZeRO-3 engines
-        with peft's default, tests/emit/test_emit_deepspeed.py test_bf16_lora_adapters_compute_in_the_dtype_the_spec
-        _says). The launcher's ranks make them in the base's dtype, bf16 under zero.Init (launcher.worker.model
-        .build)."""
+        """A user's script at ZeRO-3 only: ZeRO-0/1/2 cast peft's fp32 adapters to the working dtype, a zero.Init
+        model is not cast (docs/memory-model.md#loras-adapters-the-dtype-they-compute-in-probe-versions-9-and-10)."""
         return script and (s.layout.zero_stage or 0) == 3
 
     def init_bytes(self, inp: MemoryInputs, s: Strategy) -> float:

@@ -53,17 +53,8 @@ def nf4_resident_bytes(inp: MemoryInputs, s: Strategy) -> float:
 
 
 def init_copy_bytes(inp: MemoryInputs, s: Strategy) -> float:
-    """A GPU rank's one whole tensor beside its shards while they are filled: the largest module's parameters.
-
-    Over several ranks rank 0 alone builds (launcher.worker.loading) and set_model_state_dict(broadcast_from_rank0)
-    sends its fp32 state one tensor at a time, each received whole on the process group's device, CPU offload or
-    not (torch/distributed/_state_dict_utils.py _broadcast_tensors: ``full_state.detach().to(pg_device)``), then
-    copied into the shard. On one rank fully_shard moves each unit's parameters to the device and copies each into
-    its padded shard before the original goes (_fsdp_init.py _move_states_to_device, _fsdp_param.py
-    _init_sharded_param ``new_zeros`` + ``copy_``), in the dtype the worker gave it (frozen: the working dtype);
-    with CPUOffloadPolicy nothing reaches the device. Measured on one H100 (GPU check 2, 2026-11-26): GPT-2 and
-    Llama 3.2 1B held their shards plus one vocabulary table at init, the 14-16 % the plan was under.
-    """
+    """A GPU rank's one whole tensor beside its shards while they are filled: the largest module's parameters
+    (docs/memory-model.md#fsdp2s-one-whole-tensor-on-a-gpu-at-init)."""
     m = inp.model
     if inp.world_size > 1:
         return 4.0 * m.largest_layer_params

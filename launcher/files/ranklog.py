@@ -1,8 +1,8 @@
 """A rank's log, RUN/logs/rank-K.log: private from its creation, and no secret value ever written into it.
 
 Everything a rank prints (Python, C++ extensions, NCCL/gloo, faulthandler's stack dumps) goes to its file
-descriptors 1 and 2. When secret-looking environment variables are set (launcher.redact.secret_values), those
-descriptors are a pipe to a small redactor process, `python -m launcher.ranklog LOG`, which replaces each secret
+descriptors 1 and 2. When secret-looking environment variables are set (launcher.files.redact.secret_values), those
+descriptors are a pipe to a small redactor process, `python -m launcher.files.ranklog LOG`, which replaces each secret
 value by "[redacted]" before a byte reaches the file; a value split across two reads is held back until it can be
 told apart. Without secrets the rank writes the file directly (nothing to redact, no extra process).
 
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.fsutil import FILE_MODE, private_dir
-from launcher.rankenv import safe_python
-from launcher.redact import REDACTED, secret_values
+from launcher.files.fsutil import FILE_MODE, private_dir
+from launcher.files.redact import REDACTED, secret_values
+from launcher.processes.rankenv import safe_python
 
 _redactors: list[subprocess.Popen] = []
 """Kept referenced for the rank's life (a dropped Popen of a running child warns)."""
@@ -45,7 +45,7 @@ def log_fd(log: Path) -> int:
     read_end, write_end = os.pipe()
     try:
         _redactors.append(subprocess.Popen(
-            [*safe_python(), "-m", "launcher.ranklog", str(log)], stdin=read_end, start_new_session=True,
+            [*safe_python(), "-m", "launcher.files.ranklog", str(log)], stdin=read_end, start_new_session=True,
             stdout=subprocess.DEVNULL, close_fds=True))
     finally:
         os.close(read_end)
@@ -53,7 +53,7 @@ def log_fd(log: Path) -> int:
 
 
 def redactor_pids() -> set[int]:
-    """The pids of this process's log redactors: what a rank leaving keeps (launcher.rank_entry.exit_rank)."""
+    """The pids of this process's log redactors: what a rank leaving keeps (launcher.worker.rank_entry.exit_rank)."""
     return {p.pid for p in _redactors}
 
 

@@ -1,4 +1,4 @@
-"""The run dir's permissions (launcher.fsutil) and rank logs redacted as written (launcher.ranklog).
+"""The run dir's permissions (launcher.files.fsutil) and rank logs redacted as written (launcher.files.ranklog).
 
 Policy: the run dir and every directory the launcher makes in it are 0700; every file the launcher and its ranks
 write there is 0600 from creation; a secret value never reaches a rank log, not even while the run goes on.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.fsutil import DIR_MODE, FILE_MODE
-from launcher.ranklog import copy_redacted, log_fd, wait_settled
-from launcher.rundir import RunDir
+from launcher.files.fsutil import DIR_MODE, FILE_MODE
+from launcher.files.ranklog import copy_redacted, log_fd, wait_settled
+from launcher.files.rundir import RunDir
 
 SECRET = "hf_SeCrEt0123456789abcdef"
 
@@ -79,7 +79,7 @@ def test_a_rank_log_never_holds_a_secret_even_mid_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     log = tmp_path / "logs" / "rank-0.log"
     code = ("import os, sys, time; from pathlib import Path\n"
-            "from launcher.rank_entry import redirect_output\n"
+            "from launcher.worker.rank_entry import redirect_output\n"
             f"redirect_output(Path({str(tmp_path)!r}), 0)\n"
             "print('token', os.environ['HF_TOKEN'], flush=True)\n"
             "os.write(2, os.environ['HF_TOKEN'].encode() + b' from C-level fd 2\\n')\n"
@@ -102,7 +102,7 @@ def test_a_rank_log_never_holds_a_secret_even_mid_run(tmp_path, monkeypatch):
 
 
 def test_without_secrets_the_rank_writes_its_log_itself(tmp_path, monkeypatch):
-    from launcher.redact import SECRET_NAME
+    from launcher.files.redact import SECRET_NAME
 
     for name in [k for k in os.environ if SECRET_NAME.search(k)]:
         monkeypatch.delenv(name)

@@ -29,12 +29,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.config.job import StrategyConfig
 from launcher.engines import engine_spec, flat_layout
 from launcher.levers import LEVERS, REFINEMENTS
 from launcher.planner.plan import Estimate, Strategy
 from launcher.planner.search import PlanRequest, candidates, micro_batches, score
+from launcher.records.categories import CATEGORY_GROUPS, measured_bytes, predicted_bytes
 from launcher.units import format_bytes
 
 RUNGS = ("micro_batch", "activation_checkpointing", "sharding", "optimizer_offload", "param_offload", "nvme")

@@ -16,13 +16,13 @@
                              that holds it, as a regular file
     RUN/.lock                flock'd by the launch that writes here (and by `plan --out` while it swaps files)
 
---overwrite deletes only what the launcher writes (RUN_ENTRIES and its temporaries, launcher.fsutil.TMP_SUFFIX):
+--overwrite deletes only what the launcher writes (RUN_ENTRIES and its temporaries, launcher.files.fsutil.TMP_SUFFIX):
 files a person put into a run dir stay and are named, and a non-empty dir without the marker is refused
 (launcher.errors.ConfigError), as --resume refuses a dir without it. docs/reliability/writes.md lists what each
 command may write.
 
-What the launcher writes here passes through launcher.redact (secret values never land in a file).
-The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.fsutil).
+What the launcher writes here passes through launcher.files.redact (secret values never land in a file).
+The dir is 0700 and every file the launcher and its ranks write here 0600 (launcher.files.fsutil).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import yaml
 
 from launcher.engines import ENGINES
 from launcher.errors import ConfigError
-from launcher.fsutil import (
+from launcher.files.fsutil import (
     FILE_MODE,
     TMP_SUFFIX,
     atomic_write,
@@ -52,9 +52,9 @@ from launcher.fsutil import (
     write_marker,
     write_reserved,
 )
+from launcher.files.redact import redact, redact_data, redact_file, redact_file_in_place, secret_values
 from launcher.records.rankreport import RankReport
 from launcher.records.runstate import LIVE_STATES, RESERVE_BYTES, RunState, RunStateName
-from launcher.redact import redact, redact_data, redact_file, redact_file_in_place, secret_values
 
 __all__ = ["LIVE_STATES", "RunState"]  # state.json's type (launcher.records.runstate), re-exported for its readers
 
@@ -73,7 +73,7 @@ RUN_ENTRIES = (*EXPORT_FILES, "state.json", "report.json", "data.json", "memory.
                "requeues.jsonl", "ranks", "steps", "logs", "checkpoint", "control", "heartbeat", "attempts",
                "submitit", "memory-snapshot", "rdzv", "variants", "model")
 """Every name the launcher writes at the top of a run dir: all that --overwrite may delete (with its temporaries,
-launcher.fsutil.is_temporary, and Slurm's output file below)."""
+launcher.files.fsutil.is_temporary, and Slurm's output file below)."""
 SLURM_OUTPUT = re.compile(r"slurm-\d+\.out")
 """The sbatch script's own output file (#SBATCH --output=RUN/slurm-%j.out)."""
 PLAN_OUT_ENTRIES = (MARKER, ".lock", *EXPORT_FILES)
@@ -260,7 +260,7 @@ class RunDir:
         if existing and overwrite and not resume:
             refuse_protected(path)
         try:
-            private_dir(path)  # 0700 before anything is written in it (launcher.fsutil: the permissions policy)
+            private_dir(path)  # 0700 before anything is written in it (launcher.files.fsutil: the permissions policy)
             probe = path / f".write-test.{os.getpid()}{TMP_SUFFIX}"
             probe.write_text("")
             probe.unlink()
@@ -326,8 +326,8 @@ class RunDir:
         """Refuse a run dir whose job still runs: the lock lives only as long as the process that launched it.
 
         After `launch --slurm` returns, the job it queued writes here on its own; a local launch holds the lock
-        itself, but it is checked too (its pid and start time, launcher.procs) in case the dir is reached through
-        another mount, and so are the rank processes it recorded, which must never outlive it.
+        itself, but it is checked too (its pid and start time, launcher.processes.procs) in case the dir is reached
+        through another mount, and so are the rank processes it recorded, which must never outlive it.
         """
         st = self.run_state()
         what = what or ("--overwrite would delete the files it is writing" if overwrite else
@@ -432,7 +432,7 @@ class RunDir:
     def set_state(self, state: RunStateName, **fields) -> RunState:
         """Update state.json (launcher.records.runstate.RunState.update: ``launch=ProcessRef``, listed fields, the rest
         kept as extra) and write it, secret values redacted, with room kept so a full disk cannot keep the next
-        state out (launcher.fsutil.write_reserved). Returns the state written."""
+        state out (launcher.files.fsutil.write_reserved). Returns the state written."""
         current = self.run_state().update(state, **fields)
         text = json.dumps(redact_data(json.loads(json.dumps(current.to_json(), default=str))), indent=2) + "\n"
         write_reserved(self.path / "state.json", text, RESERVE_BYTES)

@@ -1,6 +1,6 @@
 """The command torchrun starts on every rank: send output to the rank's log, then run the worker or script.
 
-    python -m launcher.rank_entry RUN_DIR [--script PATH -- ARGS...]
+    python -m launcher.worker.rank_entry RUN_DIR [--script PATH -- ARGS...]
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 def redirect_output(run_dir: Path, rank: int) -> None:
-    """stdout and stderr to logs/rank-K.log, 0600 and redacted as written (launcher.ranklog)."""
-    from launcher.ranklog import log_fd
+    """stdout and stderr to logs/rank-K.log, 0600 and redacted as written (launcher.files.ranklog)."""
+    from launcher.files.ranklog import log_fd
 
     fd = log_fd(run_dir / "logs" / f"rank-{rank}.log")
     sys.stdout.flush()
@@ -25,9 +25,9 @@ def redirect_output(run_dir: Path, rank: int) -> None:
 def bind_to_launcher() -> None:
     """Tie this rank's life to the process that started it: the kernel SIGKILLs it when torchrun's agent (the
     launch process, or torchrun on a node) dies, even by SIGKILL, so no rank outlives its launcher; and it adopts
-    its orphaned descendants, so exit_rank finds every process it started (launcher.procs)."""
-    from launcher.procs import become_subreaper, die_with_parent
-    from launcher.rankenv import agent_pid
+    its orphaned descendants, so exit_rank finds every process it started (launcher.processes.procs)."""
+    from launcher.processes.procs import become_subreaper, die_with_parent
+    from launcher.processes.rankenv import agent_pid
 
     die_with_parent(expected_parent=agent_pid())
     become_subreaper()
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     run_dir = Path(argv[0])
     rank = int(os.environ.get("RANK", "0"))
     redirect_output(run_dir, rank)
-    from launcher.rankenv import use_local_tools
+    from launcher.processes.rankenv import use_local_tools
 
     # On the node the rank runs on, before the worker or a script loads DeepSpeed's ops: the op cache's ninja.
     use_local_tools()
@@ -85,8 +85,8 @@ def exit_rank(code: int) -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-    from launcher.procs import end_descendants
-    from launcher.ranklog import redactor_pids
+    from launcher.files.ranklog import redactor_pids
+    from launcher.processes.procs import end_descendants
 
     end_descendants(keep=redactor_pids())
     os._exit(code)

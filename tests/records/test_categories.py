@@ -1,4 +1,5 @@
-"""One vocabulary of memory categories (launcher.categories) for the planner, the ranks, the report and the ladder."""
+"""One vocabulary of memory categories (launcher.records.categories) for the planner, the ranks, the report and the
+ladder."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher import categories, fallback
-from launcher.categories import CATEGORY_GROUPS, MEASURED, PREDICTED, grown_category, measured_bytes, predicted_bytes
-from launcher.records import report
+from launcher.planner import fallback
+from launcher.records import categories, report
+from launcher.records.categories import (
+    CATEGORY_GROUPS,
+    MEASURED,
+    PREDICTED,
+    grown_category,
+    measured_bytes,
+    predicted_bytes,
+)
 from tests.conftest import REPO
 
 

@@ -1,4 +1,5 @@
-"""launcher.procs: a process named by its pid and start time, and the switches that end a rank with its parent."""
+"""launcher.processes.procs: a process named by its pid and start time, and the switches that end a rank with its
+parent."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from launcher.procs import ProcessRef, exit_words, process_alive, start_ticks, stopped_by_request
+from launcher.processes.procs import ProcessRef, exit_words, process_alive, start_ticks, stopped_by_request
 from tests.conftest import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -58,7 +59,7 @@ PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", '''
 import os, subprocess, sys, time
-from launcher.procs import become_subreaper, die_with_parent
+from launcher.processes.procs import become_subreaper, die_with_parent
 assert die_with_parent(expected_parent=int(sys.argv[1])) and become_subreaper()
 grand = subprocess.Popen(["sleep", "60"])
 print(os.getpid(), grand.pid, flush=True)
@@ -86,7 +87,7 @@ def test_a_rank_dies_with_the_process_that_started_it_even_by_sigkill(tmp_path):
 
 
 def test_a_rank_started_after_its_launcher_died_leaves_at_once():
-    out = subprocess.run([sys.executable, "-c", "from launcher.procs import die_with_parent\n"
+    out = subprocess.run([sys.executable, "-c", "from launcher.processes.procs import die_with_parent\n"
                           "die_with_parent(expected_parent=1)\nprint('still here')"],
                          capture_output=True, text=True, timeout=60, env=ENV)
     assert out.returncode == -9 and "still here" not in out.stdout
@@ -96,8 +97,8 @@ def test_a_rank_started_after_its_launcher_died_leaves_at_once():
 # exit_rank: neither may outlive it.
 LEAVER = """
 import os, subprocess, sys
-from launcher.procs import become_subreaper
-from launcher.rank_entry import exit_rank
+from launcher.processes.procs import become_subreaper
+from launcher.worker.rank_entry import exit_rank
 become_subreaper()
 child = subprocess.Popen(["sleep", "60"])
 daemon = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE, text=True)

@@ -8,8 +8,8 @@ import time
 
 from rich.console import Console
 
-from launcher.live import LiveView, StepLines, rank_rows, view_mode
-from launcher.rankenv import HEAP_ENV
+from launcher.processes.rankenv import HEAP_ENV
+from launcher.records.live import LiveView, StepLines, rank_rows, view_mode
 from tests.conftest import REPO, TINY_GPT2
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")

@@ -1,10 +1,11 @@
-"""launcher.plan_words: the planner's typed overrun in words, the exact sentences plan.json and launch plan carry."""
+"""launcher.planner.plan_words: the planner's typed overrun in words, the exact sentences plan.json and launch plan
+carry."""
 
 import dataclasses
 
-from launcher.plan_words import forced_reason, problem_words, with_forced_reason
 from launcher.planner.hardware import PROFILES
 from launcher.planner.plan import Problem
+from launcher.planner.plan_words import forced_reason, problem_words, with_forced_reason
 from launcher.planner.request import PlanRequest
 from tests.planner.conftest import llama_stats
 

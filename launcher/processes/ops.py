@@ -7,7 +7,7 @@ ranks start, with a line that says which and for how long: `launch` (launcher.se
 task before its torchrun agent (launcher.backends.slurm_task), the `plan --sbatch` script before srun. The test
 suite builds them all up front (scripts/test.sh). The one command:
 
-    python -m launcher.ops cpu_adam          # these ops; --all for every one; --plan RUN_DIR/plan.json for a plan's
+    python -m launcher.processes.ops cpu_adam   # these ops; --all for every one; --plan RUN_DIR/plan.json for a plan's
 
 Which ops a plan loads is the engine's to say (EngineSpec.native_ops); this module knows each op's builder and
 its measured build time. deepspeed is imported only inside ``build``, so `launch plan` stays fast.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.rankenv import extensions_dir, safe_python
+from launcher.processes.rankenv import extensions_dir, safe_python
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +88,8 @@ def progress_line(name: str, ext_dir: str) -> str:
 def build(names: Iterable[str], say: Callable[[str], None] = print) -> list[str]:
     """Build each op of ``names`` that is not built yet, in this process, saying each before and after; the
     failures, one line each (the op, DeepSpeed's reason). Call in a process of its own (``command``): it imports
-    deepspeed and sets TORCH_EXTENSIONS_DIR and PATH (launcher.rankenv.set_extensions_dir)."""
-    from launcher.rankenv import set_extensions_dir
+    deepspeed and sets TORCH_EXTENSIONS_DIR and PATH (launcher.processes.rankenv.set_extensions_dir)."""
+    from launcher.processes.rankenv import set_extensions_dir
 
     todo = missing(names)
     if not todo:
@@ -117,7 +117,7 @@ def build(names: Iterable[str], say: Callable[[str], None] = print) -> list[str]
 
 def command(names: Iterable[str]) -> list[str]:
     """The argv that builds ``names`` in a process of its own, with this interpreter (the working dir off sys.path)."""
-    return [*safe_python(), "-m", "launcher.ops", *names]
+    return [*safe_python(), "-m", "launcher.processes.ops", *names]
 
 
 def ensure_built(plan_json: Path) -> str | None:
@@ -144,8 +144,8 @@ def ensure_built(plan_json: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m launcher.ops`: build the named ops (or --all, or a plan's); exit 1 when one failed."""
-    ap = argparse.ArgumentParser(prog="python -m launcher.ops", description=__doc__,
+    """`python -m launcher.processes.ops`: build the named ops (or --all, or a plan's); exit 1 when one failed."""
+    ap = argparse.ArgumentParser(prog="python -m launcher.processes.ops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ops", nargs="*", metavar="OP", help=f"ops to build: {', '.join(OPS)}")
     ap.add_argument("--all", action="store_true", help="every op the launcher's runs and tests may load")

@@ -67,7 +67,7 @@ def plan_digest(data: bytes | str) -> str:
 def default_extensions_dir() -> Path:
     """Where compiled DeepSpeed ops are cached unless TORCH_EXTENSIONS_DIR says otherwise:
     <repo>/.cache/torch_extensions (repo = parent of launcher/), shared by the launcher's ranks and the tests."""
-    return Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"
+    return Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"
 
 
 EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
@@ -153,7 +153,7 @@ def use_local_tools() -> None:
     the other one rebuilds the op it finds, and the next process of the first kind rebuilds it back (~30 s each on 2
     cores). With the interpreter's own bin first, every launcher process and rank builds with the ninja installed
     beside the interpreter (pip's, a dependency of deepspeed), as set-up did. Called by every rank on its own node
-    (launcher.rank_entry, the worker's and a script's), by a process that builds ops (set_extensions_dir) and by
+    (launcher.worker.rank_entry, the worker's and a script's), by a process that builds ops (set_extensions_dir) and by
     the test process."""
     bin_dir = str(Path(sys.executable).parent)
     rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
@@ -168,8 +168,9 @@ def set_extensions_dir() -> str:
     return chosen
 
 
-RANK_MODULE = "launcher.rank_entry"
-"""What every rank runs: ``python -u -m launcher.rank_entry RUN_DIR``, the interpreter as safe_python gives it."""
+RANK_MODULE = "launcher.worker.rank_entry"
+"""What every rank runs: ``python -u -m launcher.worker.rank_entry RUN_DIR``, the interpreter as safe_python gives
+it."""
 SAFE_PATH_BOOTSTRAP = ("import runpy, sys; del sys.path[0]; i = sys.argv.index('-m'); m = sys.argv[i + 1]; "
                        "del sys.argv[1:i + 2]; runpy.run_module(m, run_name='__main__', alter_sys=True)")
 """Python 3.10's stand-in for -P: ``python -u -c BOOTSTRAP -u -m MODULE ARGS`` drops the working dir from sys.path,

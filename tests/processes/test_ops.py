@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from launcher import ops
 from launcher.backends.base import LaunchSpec
 from launcher.backends.local import LocalBackend
-from launcher.rundir import RunDir
+from launcher.files.rundir import RunDir
+from launcher.processes import ops
 from tests.emit.emit_helpers import make_plan
 
 

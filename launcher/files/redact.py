@@ -2,7 +2,7 @@
 
 Names with TOKEN, SECRET, KEY, PASSWORD, ... A value naming a path that exists is no secret (it says where something
 is), and a string naming one (job.yaml's data.path) is never rewritten: the run reads it. The rank logs are redacted
-as they are written (launcher.ranklog); they are scrubbed again when the run ends, as are submitit's own .out/.err
+as they are written (launcher.files.ranklog); they are scrubbed again when the run ends, as are submitit's own .out/.err
 files on Slurm (by each task as it ends and again by `--wait`), which are written by Slurm itself.
 """
 
@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from launcher.fsutil import atomic_write
+from launcher.files.fsutil import atomic_write
 
 # Names of environment variables whose values are secrets: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
 # DB_PASSWORD, SSH_KEY. KEY only as a whole word, so KEYBOARD or MONKEY_PATCH stay readable; TOKEN only ending a

@@ -1,4 +1,4 @@
-"""The run dir's marker, what --overwrite may delete, and the lock's wait (launcher/rundir.py)."""
+"""The run dir's marker, what --overwrite may delete, and the lock's wait (launcher/files/rundir.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.rundir import MARKER, RunDir, refuse_protected
+from launcher.files.rundir import MARKER, RunDir, refuse_protected
 from tests.conftest import REPO
 
 TMP_SUFFIX = ".launcher-tmp"
-"""What ends every temporary of the launcher's (launcher.fsutil.TMP_SUFFIX), spelled out: the contract."""
+"""What ends every temporary of the launcher's (launcher.files.fsutil.TMP_SUFFIX), spelled out: the contract."""
 
 
 def test_a_new_run_dir_carries_the_marker(tmp_path):
@@ -162,7 +162,7 @@ def test_root_and_home_are_never_overwritten(tmp_path, monkeypatch):
 
 def test_one_reader_of_checkpoint_latest(tmp_path):
     """checkpoint/latest is read in one place (rundir.latest_checkpoint_tag) by the launcher, backends and ranks."""
-    from launcher.rundir import latest_checkpoint_tag
+    from launcher.files.rundir import latest_checkpoint_tag
 
     ck = tmp_path / "checkpoint"
     assert latest_checkpoint_tag(ck) is None  # no dir
@@ -180,7 +180,7 @@ def test_a_secret_looking_name_holding_a_path_is_no_secret(tmp_path):
     """MY_API_KEY set to a directory, GOOGLE_APPLICATION_CREDENTIALS to a key file: where things are, not secrets
     (redacting them rewrote job.yaml's data path to '[redacted]/...' and every run failed). TOKENIZER_PATH names a
     setting. HF_TOKEN's value, which names nothing, stays a secret."""
-    from launcher.redact import secret_values
+    from launcher.files.redact import secret_values
 
     (tmp_path / "data").mkdir()
     (tmp_path / "key.json").write_text("{}")
