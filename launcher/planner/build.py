@@ -26,7 +26,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     """
     total = len(scored) if total is None else total
     b = best.estimate
-    faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
+    faster = sum(1 for c in scored if not c.fits and c.step_time_s < b.step_time_s)
     reasons = []
     # A forced plan's first reason words its typed Problem (Plan.problem): launcher.plan_words.forced_reason,
     # put first where every plan is made (launcher.inputs.plan_inputs.plan_job), outside the planner.
@@ -125,12 +125,14 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     t0 = best.estimate.step_time_s
     # The faster ones closest to fitting, by (overrun, step time), earlier first on a tie: only the first few are
     # listed, and the search asks this of thousands at each check, so the first few are picked (heapq.nsmallest
-    # is sorted(...)[:n], ties included), not the thousands sorted.
-    faster = [((overrun(c), c.estimate.step_time_s), c) for c in scored
-              if c.problem and c is not best and c.estimate.step_time_s < t0]
-    close = [r for r in faster if r[0][0] <= NEAR_OVERRUN]
-    near = [c for _, c in heapq.nsmallest(limit // 2 if close else 1, close or faster, key=itemgetter(0))]
-    runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
+    # is sorted(...)[:n], ties included), not the thousands sorted. A candidate the search deferred (Scored.deferred)
+    # is estimated here only where it may be near: its overrun is at least overrun_at_least.
+    faster = [c for c in scored if not c.fits and c is not best and c.step_time_s < t0]
+    close = [((overrun(c), c.step_time_s), c) for c in faster
+             if c.overrun_at_least <= NEAR_OVERRUN and overrun(c) <= NEAR_OVERRUN]
+    pool = close or [((overrun(c), c.step_time_s), c) for c in faster]
+    near = [c for _, c in heapq.nsmallest(limit // 2 if close else 1, pool, key=itemgetter(0))]
+    runners = sorted((c for c in scored if c.fits and c is not best), key=lambda c: c.step_time_s)
     # Each once apart from its levers (the plan's lever lines say what the levers do), and at most PER_LAYOUT
     # fitting ones of one layout, so other engines and shardings are not crowded out by one layout's
     # micro-batches (and the list still fills, which lets the search stop early: launcher.planner.scoring.search).

@@ -34,10 +34,10 @@ def every_lever(monkeypatch):
 def with_lever_terms(monkeypatch):
     """Stand-in memory and step-time terms for the levers, so that lever settings differ as they will: some save
     memory for time, the low-memory optimizers save memory at no time (ties in time that the peak breaks)."""
-    memory, time = scoring.estimate_memory, scoring.step_time_terms
+    memory, time, floor = scoring.estimate_memory, scoring.step_time_terms, scoring.device_floor
 
-    def estimate_memory(inp, s, buckets):
-        mem = memory(inp, s, buckets)
+    def estimate_memory(inp, s, buckets, held=None):
+        mem = memory(inp, s, buckets, held)
         b = dict(mem.breakdown)
         if s.loss_chunks:
             b["logits"] //= 5
@@ -60,6 +60,8 @@ def with_lever_terms(monkeypatch):
 
     monkeypatch.setattr(scoring, "estimate_memory", estimate_memory)
     monkeypatch.setattr(scoring, "step_time_terms", step_time_terms)
+    # The stand-in divides a category by 8 at most, so an eighth of the real floor stays below its peak.
+    monkeypatch.setattr(scoring, "device_floor", lambda held: floor(held) / 8)
 
 
 @pytest.fixture(params=["no levers", "every lever, no terms yet", "every lever with terms"])
@@ -228,3 +230,47 @@ def test_the_list_is_final_only_once_the_bound_passes_its_slowest_runner_up(requ
     key = (*scoring._rank(best), fits[0])
     assert scoring._blocking(done, key, slowest, top_rejected) == slowest
     assert scoring._blocking(done, key, slowest * 1.001, top_rejected) is None
+
+
+LORA_LINEARS = dataclasses.replace(llama_stats(trainable=8 * 32 * 4 * 4096),
+                                   block_linear_shapes=[[4096, 4096]] * 4 + [[11008, 4096]] * 2 + [[4096, 11008]])
+
+
+@pytest.mark.parametrize("kw", [
+    dict(global_batch_size=8 * 16),
+    dict(global_batch_size=8 * 16, precision="fp16", nodes=2),
+    dict(model=LORA_LINEARS, gpus_per_node=2, global_batch_size=16),  # QLoRA
+    dict(model=SMALL, hardware=PROFILES["cpu"], gpus_per_node=2, global_batch_size=4, seq_len=512),
+    dict(nvme_free_bytes=10**13, global_batch_size=16, script=True),
+])
+def test_the_device_floor_is_never_above_the_peak(request_for, every_lever, kw):
+    """The search defers a candidate whose device floor is over the budget: the floor must be a lower bound of the
+    peak for every candidate and both bucket sizes, or a plan that fits would be passed over."""
+    from launcher.planner.memory import device_floor, estimate_memory, held_bytes
+
+    req = request_for(allow_levers=ALLOW_ALL, **kw)
+    inp = scoring.memory_inputs(req)
+    buckets = [scoring.size_buckets(req), scoring.size_buckets(req, smallest=True)]
+    cands = candidates(req)
+    assert {bool(getattr(s, name)) for s in cands for name in LEVER_FIELDS if name != "qlora"} == {False, True}
+    for s in cands:
+        for b in buckets:
+            held = held_bytes(inp, s, b)
+            assert device_floor(held) <= estimate_memory(inp, s, b, held).peak_bytes, s.label()
+            assert estimate_memory(inp, s, b, held) == estimate_memory(inp, s, b)
+
+
+def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lever):
+    """What the search defers (Scored.deferred), once read, is what scoring every candidate gives, number for number;
+    the deferred ones are not estimated until read."""
+    req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
+    found = search(req, top_rejected)
+    deferred = [c for c in found.scored if c._finish is not None]
+    assert len(deferred) > len(found.scored) / 2
+    assert all(not c.fits and c.overrun_at_least > 1 for c in deferred)
+    reference = {c.strategy.label(): c for c in evaluate(req, memo=False)}
+    for c in found.scored:
+        ref = reference[c.strategy.label()]
+        assert c.step_time_s == ref.estimate.step_time_s
+        assert (c.estimate, c.problem, c.buckets) == (ref.estimate, ref.problem, ref.buckets)
+        assert c.overrun_at_least == ref.overrun_at_least and c.fits == (ref.problem is None)
