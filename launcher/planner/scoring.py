@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
-from launcher.planner.cost import step_time_terms
+from launcher.planner.cost import RankTerms, rank_terms, step_time_terms
 from launcher.planner.levers import math_departure, ranked_step_time
 from launcher.planner.memory import (
     ActivationConstants,
@@ -118,20 +118,21 @@ class _Scorer:
             self.inp.memo = {}
         self.budget_buckets = size_buckets(req)
         self.smallest_buckets = size_buckets(req, smallest=True)
-        self._times: dict[int, tuple[Strategy, dict[int, dict[str, float]]]] = {}
-        """id(strategy) -> (the strategy, bucket elements -> its step-time terms); the strategy is kept so that
-        its id stays its own while the entry lives."""
+        self._times: dict[int, tuple[Strategy, RankTerms, dict[int, dict[str, float]]]] = {}
+        """id(strategy) -> (the strategy, its rank_terms, bucket elements -> its step-time terms); the strategy is
+        kept so that its id stays its own while the entry lives."""
 
     def _terms(self, s: Strategy, bucket_elems: int) -> dict[str, float]:
-        """step_time_terms of ``s``, computed once per bucket size (the bound's are the score's)."""
+        """step_time_terms of ``s``, computed once per bucket size (the bound's are the score's), its terms but
+        communication once (rank_terms)."""
         if not self.memo:
             return step_time_terms(self.inp, s, bucket_elems)
         entry = self._times.get(id(s))
         if entry is None or entry[0] is not s:
-            entry = self._times[id(s)] = (s, {})
-        terms = entry[1].get(bucket_elems)
+            entry = self._times[id(s)] = (s, rank_terms(self.inp, s), {})
+        terms = entry[2].get(bucket_elems)
         if terms is None:
-            terms = entry[1][bucket_elems] = step_time_terms(self.inp, s, bucket_elems)
+            terms = entry[2][bucket_elems] = step_time_terms(self.inp, s, bucket_elems, entry[1])
         return terms
 
     def fastest_possible(self, s: Strategy) -> float:

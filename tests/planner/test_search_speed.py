@@ -52,8 +52,8 @@ def with_lever_terms(monkeypatch):
             b["grads"] //= 3
         return dataclasses.replace(mem, breakdown=b, peak_bytes=sum(b.values()))
 
-    def step_time_terms(inp, s, bucket_elems):
-        terms = dict(time(inp, s, bucket_elems))
+    def step_time_terms(inp, s, bucket_elems, rank=None):
+        terms = dict(time(inp, s, bucket_elems, rank))
         terms["compute"] *= (1 + 0.01 * bool(s.loss_chunks) + 0.05 * s.activation_offload
                              - 0.1 * (s.activation_checkpointing and s.checkpoint_every > 1) / s.checkpoint_every)
         return terms
