@@ -91,17 +91,33 @@ def step_time_terms(inp: MemoryInputs, s: Strategy, bucket_elems: int,
                     rank: RankTerms | None = None) -> dict[str, float]:
     """Seconds per optimizer step by term: compute, communication (the part not hidden), offload, engine, and the
     optimizer's where a plan changes it. ``rank``: rank_terms(inp, s), where the caller has it."""
-    hw = inp.hardware
     r = rank or rank_terms(inp, s)
+    return terms_of(r, exposed_communication(inp, s, bucket_elems, r))
+
+
+def exposed_communication(inp: MemoryInputs, s: Strategy, bucket_elems: int, rank: RankTerms) -> float:
+    """Seconds per step of the collectives that compute does not hide (step_time_terms' "communication")."""
+    hw = inp.hardware
     traffic = communication(inp, s, bucket_elems)
     comm = (traffic.intra_node_bytes / hw.intra_node_bw + traffic.inter_node_bytes / hw.inter_node_bw
             + traffic.calls * hw.collective_latency_s)
     # Prefetched gathers and bucketed reduces run beside compute: at most the compute's length hides.
-    exposed_comm = max(comm * (1.0 - hw.comm_overlap), comm - r.hides)
+    return max(comm * (1.0 - hw.comm_overlap), comm - rank.hides)
+
+
+def terms_of(r: RankTerms, exposed_comm: float) -> dict[str, float]:
+    """The step-time terms by name, in the order plan.json lists them."""
     terms = {"compute": r.compute, "communication": exposed_comm, "offload": r.offload, "engine": r.engine}
     if r.optimizer is not None:
         terms["optimizer"] = r.optimizer
     return terms
+
+
+def step_seconds(r: RankTerms, exposed_comm: float) -> float:
+    """sum(terms_of(r, exposed_comm).values()), the same float, without the dict: the search's bound for every
+    candidate."""
+    t = r.compute + exposed_comm + r.offload + r.engine
+    return t if r.optimizer is None else t + r.optimizer
 
 
 def rank_terms(inp: MemoryInputs, s: Strategy) -> RankTerms:
@@ -244,6 +260,6 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
 
 
 __all__ = ["ELEMENTWISE_BYTES_PER_SAVED_BYTE", "IN_BACKWARD_CALL_S", "CostConstants", "RankTerms", "Traffic",
-           "active_block_params", "cost_constants", "rank_terms",
+           "active_block_params", "cost_constants", "exposed_communication", "rank_terms", "step_seconds", "terms_of",
            "activation_offload_s", "attention_flops_per_token", "checkpointed_blocks", "communication",
            "elementwise_s", "recomputed_share", "step_time_terms"]

@@ -295,11 +295,14 @@ class Held:
                 + st.backward_extra)
 
 
-def held_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> Held:
+def held_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets, like: Held | None = None) -> Held:
     """The states and activations of ``s``: estimate_memory's first half, which the search's floor
-    (device_floor) reads before deciding to finish it."""
+    (device_floor) reads before deciding to finish it. ``like``: held_bytes of ``s`` with other buckets, whose
+    activations (which no bucket changes) are taken as they are."""
     m = inp.model
     st = spec_for(inp, s).states(inp, s, buckets)  # memoized per request where the search set inp.memo
+    if like is not None:
+        return Held(st, like.consts, like.blocks, like.head, like.blocks_saved, like.pinned)
     consts = rank_activations(inp, s)
     every, chunks, policy = CHECKPOINT_EVERY.of(s), CHUNKED_LOSS.of(s), CHECKPOINT_POLICY.of(s)
     mb, ac = s.micro_batch_size, s.activation_checkpointing

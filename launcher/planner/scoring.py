@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
-from launcher.planner.cost import RankTerms, rank_terms, step_time_terms
+from launcher.planner.cost import RankTerms, exposed_communication, rank_terms, step_seconds, terms_of
 from launcher.planner.levers import math_departure, ranked_step_time
 from launcher.planner.memory import (
     ActivationConstants,
@@ -118,29 +118,33 @@ class _Scorer:
             self.inp.memo = {}
         self.budget_buckets = size_buckets(req)
         self.smallest_buckets = size_buckets(req, smallest=True)
-        self._times: dict[int, tuple[Strategy, RankTerms, dict[int, dict[str, float]]]] = {}
-        """id(strategy) -> (the strategy, its rank_terms, bucket elements -> its step-time terms); the strategy is
-        kept so that its id stays its own while the entry lives."""
+        self._times: dict[int, tuple[Strategy, RankTerms, dict[int, float]]] = {}
+        """id(strategy) -> (the strategy, its rank_terms, bucket elements -> its exposed communication); the
+        strategy is kept so that its id stays its own while the entry lives."""
 
-    def _terms(self, s: Strategy, bucket_elems: int) -> dict[str, float]:
-        """step_time_terms of ``s``, computed once per bucket size (the bound's are the score's), its terms but
-        communication once (rank_terms)."""
-        if not self.memo:
-            return step_time_terms(self.inp, s, bucket_elems)
-        entry = self._times.get(id(s))
+    def _time(self, s: Strategy, bucket_elems: int) -> tuple[RankTerms, float]:
+        """``s``'s rank_terms and exposed communication with ``bucket_elems``: computed once per candidate and bucket
+        size, for the bound, and kept for the score (afresh without the memo)."""
+        entry = self._times.get(id(s)) if self.memo else None
         if entry is None or entry[0] is not s:
-            entry = self._times[id(s)] = (s, rank_terms(self.inp, s), {})
-        terms = entry[2].get(bucket_elems)
-        if terms is None:
-            terms = entry[2][bucket_elems] = step_time_terms(self.inp, s, bucket_elems, entry[1])
-        return terms
+            entry = (s, rank_terms(self.inp, s), {})
+            if self.memo:
+                self._times[id(s)] = entry
+        exposed = entry[2].get(bucket_elems)
+        if exposed is None:
+            exposed = entry[2][bucket_elems] = exposed_communication(self.inp, s, bucket_elems, entry[1])
+        return entry[1], exposed
+
+    def _seconds(self, s: Strategy, bucket_elems: int) -> float:
+        """The step time of ``s`` with ``bucket_elems``: the sum of the terms its Estimate will hold."""
+        return step_seconds(*self._time(s, bucket_elems))
 
     def fastest_possible(self, s: Strategy) -> float:
         """A lower bound of the step time ``score`` will give ``s``: it is the time with one of the two bucket
         sizes (what its Estimate will say with them), so the smaller of the two."""
-        t = sum(self._terms(s, self.budget_buckets.reduce_bucket_size).values())
+        t = self._seconds(s, self.budget_buckets.reduce_bucket_size)
         if engine_spec(s.layout.engine).uses_buckets:
-            t = min(t, sum(self._terms(s, self.smallest_buckets.reduce_bucket_size).values()))
+            t = min(t, self._seconds(s, self.smallest_buckets.reduce_bucket_size))
         return t
 
     def score(self, s: Strategy, held: Held | None = None) -> Scored:
@@ -150,7 +154,7 @@ class _Scorer:
             second = self._memory(s, self.smallest_buckets)
             if second[1] is None:
                 mem, problem, buckets = second
-        return Scored(s, Estimate.of(mem, self._terms(s, buckets.reduce_bucket_size)), problem, buckets)
+        return Scored(s, Estimate.of(mem, terms_of(*self._time(s, buckets.reduce_bucket_size))), problem, buckets)
 
     def score_or_defer(self, s: Strategy) -> Scored:
         """``score``, or deferred where the device floor (memory.device_floor, a lower bound of the peak) is over the
@@ -160,9 +164,9 @@ class _Scorer:
         usable = self.req.usable_bytes
         floor = device_floor(held)
         if floor <= usable or (engine_spec(s.layout.engine).uses_buckets
-                               and device_floor(held_bytes(self.inp, s, self.smallest_buckets)) <= usable):
+                               and device_floor(held_bytes(self.inp, s, self.smallest_buckets, held)) <= usable):
             return self.score(s, held)
-        step_time_s = sum(self._terms(s, self.budget_buckets.reduce_bucket_size).values())
+        step_time_s = self._seconds(s, self.budget_buckets.reduce_bucket_size)
         return Scored.deferred(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s))
 
     def _memory(self, s: Strategy, buckets: Buckets,

@@ -34,7 +34,7 @@ def every_lever(monkeypatch):
 def with_lever_terms(monkeypatch):
     """Stand-in memory and step-time terms for the levers, so that lever settings differ as they will: some save
     memory for time, the low-memory optimizers save memory at no time (ties in time that the peak breaks)."""
-    memory, time, floor = scoring.estimate_memory, scoring.step_time_terms, scoring.device_floor
+    memory, time, floor = scoring.estimate_memory, scoring.rank_terms, scoring.device_floor
 
     def estimate_memory(inp, s, buckets, held=None):
         mem = memory(inp, s, buckets, held)
@@ -52,14 +52,14 @@ def with_lever_terms(monkeypatch):
             b["grads"] //= 3
         return dataclasses.replace(mem, breakdown=b, peak_bytes=sum(b.values()))
 
-    def step_time_terms(inp, s, bucket_elems, rank=None):
-        terms = dict(time(inp, s, bucket_elems, rank))
-        terms["compute"] *= (1 + 0.01 * bool(s.loss_chunks) + 0.05 * s.activation_offload
-                             - 0.1 * (s.activation_checkpointing and s.checkpoint_every > 1) / s.checkpoint_every)
-        return terms
+    def rank_terms(inp, s):
+        r = time(inp, s)
+        return r._replace(compute=r.compute * (1 + 0.01 * bool(s.loss_chunks) + 0.05 * s.activation_offload
+                                               - 0.1 * (s.activation_checkpointing and s.checkpoint_every > 1)
+                                               / s.checkpoint_every))
 
     monkeypatch.setattr(scoring, "estimate_memory", estimate_memory)
-    monkeypatch.setattr(scoring, "step_time_terms", step_time_terms)
+    monkeypatch.setattr(scoring, "rank_terms", rank_terms)
     # The stand-in divides a category by 8 at most, so an eighth of the real floor stays below its peak.
     monkeypatch.setattr(scoring, "device_floor", lambda held: floor(held) / 8)
 
@@ -209,6 +209,21 @@ def test_memoized_states_are_copies(request_for):
     assert spec_for(inp, s).states(inp, s, buckets).params == ENGINES[s.engine].states(inp, s, buckets).params
 
 
+def test_memo_copies_every_mutable_record_and_keeps_immutable_answers():
+    """States goes through its __init__; a record that cannot (keyword-only fields) is copied field by field."""
+    from launcher.planner.memo import _fresh
+    from launcher.planner.plan import Buckets
+    from launcher.planner.terms import States, Traffic
+
+    for record in (States(params=1.0, side_stream_cached={"step": 2.0}),
+                   Buckets(reduce_bucket_size=1, allgather_bucket_size=2, stage3_prefetch_bucket_size=3,
+                           stage3_max_live_parameters=4, stage3_param_persistence_threshold=5)):
+        copy = _fresh(record)
+        assert copy == record and copy is not record and type(copy) is type(record)
+    traffic = Traffic(intra_node_bytes=1.0, inter_node_bytes=0.0, calls=1)
+    assert _fresh(traffic) is traffic and _fresh(2.0) == 2.0
+
+
 def candidates_strategy(**kw):
     from launcher.planner.plan import Strategy
 
@@ -258,6 +273,7 @@ def test_the_device_floor_is_never_above_the_peak(request_for, every_lever, kw):
             held = held_bytes(inp, s, b)
             assert device_floor(held) <= estimate_memory(inp, s, b, held).peak_bytes, s.label()
             assert estimate_memory(inp, s, b, held) == estimate_memory(inp, s, b)
+        assert held_bytes(inp, s, buckets[1], held_bytes(inp, s, buckets[0])) == held_bytes(inp, s, buckets[1])
 
 
 def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lever):
