@@ -117,6 +117,13 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     (docs/memory-model.md#selective-checkpointings-memory-and-time). With ``loss_chunks`` the head's term is the
     chunked loss's (chunked_head_bytes). ``policy``: block_activations.
     """
+    return activation_terms(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, loss_chunks,
+                            policy)[:2]
+
+
+def activation_terms(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int, checkpointing: bool,
+                     checkpoint_every: int = 1, loss_chunks: int = 0, policy: str = "full") -> tuple[int, int, int]:
+    """activation_bytes' (blocks, head), and the blocks' saved bytes (block_activations' first) it is made of."""
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, policy)
     recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
@@ -125,7 +132,7 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     # A mixed layout (block 0 checkpointed, the last not): the checkpointed layers' kwargs outlive the forward in
     # torch.utils.checkpoint's recompute closure; H, measured without checkpointing, lacks them (terms.py).
     kwargs = tokens * c.ckpt_kwargs_bytes_per_token if checkpointing and not recompute_last else 0
-    return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes)
+    return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes), saved
 
 
 TRL_TOKEN_TILE = 4096
@@ -312,8 +319,7 @@ def held_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets, like: Held | No
         # On CUDA the device holds one block's backward whatever the share: nothing saved stays.
         blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, mb, inp.seq_len, ac, every, chunks)
         return Held(st, consts, blocks, head, 0, PINNED_ROUNDING * saved)
-    blocks, head = activation_bytes(consts, m.num_blocks, mb, inp.seq_len, ac, every, chunks, policy)
-    blocks_saved = block_activations(consts, m.num_blocks, mb, inp.seq_len, ac, every, policy)[0]
+    blocks, head, blocks_saved = activation_terms(consts, m.num_blocks, mb, inp.seq_len, ac, every, chunks, policy)
     return Held(st, consts, blocks, head, blocks_saved, 0)
 
 
@@ -473,6 +479,7 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
 
 __all__ = ["TRAINING_MOMENTS", "BYTES", "FLOOR_ROUNDING_BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants",
            "Held", "MemoryEstimate", "MemoryInputs", "States", "PINNED_ROUNDING", "activation_bytes",
-           "analytic_constants", "block_activations", "checkpointed", "chunked_head_bytes", "device_floor",
-           "estimate_memory", "head_weight_grad_bytes", "held_bytes", "init_bytes", "model_state_bytes",
-           "offloaded_activation_bytes", "rank_activations", "strategy_activations", "nvme_param_buffer_elems"]
+           "activation_terms", "analytic_constants", "block_activations", "checkpointed", "chunked_head_bytes",
+           "device_floor", "estimate_memory", "head_weight_grad_bytes", "held_bytes", "init_bytes",
+           "model_state_bytes", "offloaded_activation_bytes", "rank_activations", "strategy_activations",
+           "nvme_param_buffer_elems"]
