@@ -125,7 +125,7 @@ def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rej
     t0 = best.estimate.step_time_s
     # The faster ones closest to fitting, by (overrun, step time), earlier first on a tie: only the first few are
     # listed, and the search asks this of thousands at each check, so the first few are picked (heapq.nsmallest
-    # is sorted(...)[:n], ties included), not the thousands sorted. A candidate the search deferred (Scored.deferred)
+    # is sorted(...)[:n], ties included), not the thousands sorted. A candidate the search deferred (Scored.defer)
     # is estimated here only where it may be near: its overrun is at least overrun_at_least.
     faster = [c for c in scored if not c.fits and c is not best and c.step_time_s < t0]
     close = [((overrun(c), c.step_time_s), c) for c in faster

@@ -42,7 +42,7 @@ def activation_constants(req: PlanRequest) -> ActivationConstants:
 
 class Scored:
     """One candidate's estimate, and why it does not fit (None when it does). The search defers the memory estimate
-    of a candidate its device floor rules out (``deferred``): it never fits, its step time is known, and its
+    of a candidate its device floor rules out (``defer``): it never fits, its step time is known, and its
     estimate is made when first read, the one scoring it at once gives. ``step_time_s``: the estimate's;
     ``overrun_at_least``: need / have of the resource it overruns (0 when it fits), a lower bound while deferred."""
 
@@ -56,13 +56,18 @@ class Scored:
         self._finish: Callable[[], Scored] | None = None
 
     @classmethod
-    def deferred(cls, strategy: Strategy, step_time_s: float, overrun_at_least: float,
-                 finish: Callable[[], Scored]) -> Scored:
+    def defer(cls, strategy: Strategy, step_time_s: float, overrun_at_least: float,
+              finish: Callable[[], Scored]) -> Scored:
         """A candidate over the usable budget whose estimate ``finish`` makes when first read."""
         self = cls.__new__(cls)
-        self.strategy, self.step_time_s, self.overrun_at_least, self._finish = (strategy, step_time_s,
-                                                                                 overrun_at_least, finish)
+        self.strategy, self.step_time_s, self.overrun_at_least = strategy, step_time_s, overrun_at_least
+        self._finish = finish
         return self
+
+    @property
+    def deferred(self) -> bool:
+        """Its memory estimate not made yet (``defer``, not read since)."""
+        return self._finish is not None
 
     @property
     def fits(self) -> bool:
@@ -167,7 +172,7 @@ class _Scorer:
                                and device_floor(held_bytes(self.inp, s, self.smallest_buckets, held)) <= usable):
             return self.score(s, held)
         step_time_s = self._seconds(s, self.budget_buckets.reduce_bucket_size)
-        return Scored.deferred(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s))
+        return Scored.defer(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s))
 
     def _memory(self, s: Strategy, buckets: Buckets,
                 held: Held | None = None) -> tuple[MemoryEstimate, Problem | None, Buckets]:
@@ -200,7 +205,7 @@ class Searched:
 
     scored: list[Scored]
     """The candidates scored, in candidate order: every one predicted faster than the chosen plan and the
-    runners-up (all of them when nothing fits); those the device floor rules out deferred (Scored.deferred)."""
+    runners-up (all of them when nothing fits); those the device floor rules out deferred (Scored.defer)."""
     total: int
     """Candidates in the search space."""
 

@@ -277,11 +277,11 @@ def test_the_device_floor_is_never_above_the_peak(request_for, every_lever, kw):
 
 
 def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lever):
-    """What the search defers (Scored.deferred), once read, is what scoring every candidate gives, number for number;
+    """What the search defers (Scored.defer), once read, is what scoring every candidate gives, number for number;
     the deferred ones are not estimated until read."""
     req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
     found = search(req, top_rejected)
-    deferred = [c for c in found.scored if c._finish is not None]
+    deferred = [c for c in found.scored if c.deferred]
     assert len(deferred) > len(found.scored) / 2
     assert all(not c.fits and c.overrun_at_least > 1 for c in deferred)
     reference = {c.strategy.label(): c for c in evaluate(req, memo=False)}
@@ -289,4 +289,4 @@ def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lev
         ref = reference[c.strategy.label()]
         assert c.step_time_s == ref.estimate.step_time_s
         assert (c.estimate, c.problem, c.buckets) == (ref.estimate, ref.problem, ref.buckets)
-        assert c.overrun_at_least == ref.overrun_at_least and c.fits == (ref.problem is None)
+        assert c.overrun_at_least == ref.overrun_at_least and c.fits == (ref.problem is None) and not c.deferred
