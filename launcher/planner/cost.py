@@ -31,6 +31,7 @@ Each engine's spec (launcher.engines) gives its communication and offload terms;
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 from launcher.levers import (
@@ -122,28 +123,11 @@ def step_seconds(r: RankTerms, exposed_comm: float) -> float:
 
 def rank_terms(inp: MemoryInputs, s: Strategy) -> RankTerms:
     """Every step-time term but communication (RankTerms)."""
-    m, hw, k = inp.model, inp.hardware, cost_constants(inp)
+    m, hw = inp.model, inp.hardware
     spec = spec_for(inp, s)
-    tokens_per_rank = s.micro_batch_size * s.grad_accum_steps * inp.seq_len
-    # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
-    # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
-    # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
-    checkpointed = checkpointed_blocks(m.num_blocks, s)
-    recompute = 2.0 * checkpointed * k.block_params * recomputed_share(m, s) if checkpointed else 0.0
-    flops_per_token = k.dense_flops + recompute + attention_flops_per_token(inp, s, checkpointed)
-    if CHUNKED_LOSS.on(s):
-        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
-        flops_per_token += k.head_recompute_flops
-    compute = flops_per_token * tokens_per_rank / k.flop_rate + elementwise_s(inp, s, tokens_per_rank, checkpointed)
+    matmuls, overhead, calls = compute_parts(inp, s)
     # QLoRA: every NF4 weight is dequantized in forward and backward, memory-bound (the engine's spec).
-    compute += spec.dequant_s(inp, s)
-    # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
-    # its forward's half of it again.
-    overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed)
-    # The step in backward: the same step arithmetic, moved into backward; only the per-tensor calls are new (at
-    # least one tensor). They run in the gradient hooks ahead of the reduce-scatters those gradients feed, so no
-    # collective hides behind them (nor do they make the lever free where the collectives are the longer part).
-    calls = k.step_calls if OPTIMIZER_IN_BACKWARD.on(s) else 0.0
+    compute = matmuls + spec.dequant_s(inp, s)
     # CPU ranks: "offloaded" state stays in the same memory and the optimizer runs on the same cores either
     # way, so offload moves nothing (measured: offloaded runs as fast or faster, plan_quality.md).
     # paged_adamw8bit's state in and out over the host link, whatever the engine (terms.paged_state_s).
@@ -155,6 +139,54 @@ def rank_terms(inp: MemoryInputs, s: Strategy) -> RankTerms:
                                      on_host=hw.device_is_host or spec.optimizer_on_host(s))
     # The engine's fixed seconds (launch calibrate --from fits them).
     return RankTerms(compute + overhead + calls, compute + overhead, offload, hw.step_overhead(spec.name), optimizer)
+
+
+COMPUTE_FIELDS = ("micro_batch_size", "grad_accum_steps", "activation_checkpointing", CHECKPOINT_EVERY.field,
+                  CHECKPOINT_POLICY.field, CHUNKED_LOSS.field, OPTIMIZER_IN_BACKWARD.field)
+"""The Strategy fields compute_s reads: compute_parts keeps its answers by their values, so every layout with the
+same micro-batch and levers shares one (tests/planner/test_search_speed.py traces compute_s to hold the list
+whole)."""
+_compute_key = operator.attrgetter(*COMPUTE_FIELDS)
+
+
+def compute_parts(inp: MemoryInputs, s: Strategy) -> tuple[float, float, float]:
+    """compute_s, from the request's memo where the search set one (MemoryInputs.memo), by COMPUTE_FIELDS."""
+    memo = getattr(inp, "memo", None)
+    if memo is None:
+        return compute_s(inp, s)
+    kept = memo.get("compute")
+    if kept is None:
+        kept = memo["compute"] = {}
+    key = _compute_key(s)
+    parts = kept.get(key)
+    if parts is None:
+        parts = kept[key] = compute_s(inp, s)
+    return parts
+
+
+def compute_s(inp: MemoryInputs, s: Strategy) -> tuple[float, float, float]:
+    """(the matmuls and the memory-bound kernels between them, the fixed per-block cost, the step in backward's
+    optimizer calls), seconds per step: "compute" less the engine's own dequantization (rank_terms)."""
+    m, hw, k = inp.model, inp.hardware, cost_constants(inp)
+    tokens_per_rank = s.micro_batch_size * s.grad_accum_steps * inp.seq_len
+    # A token runs through the active parameters only: all of a dense model, top-k of E experts of an MoE.
+    # Recompute: a checkpointed block runs its forward again in backward, 2 FLOPs per active block parameter
+    # per token; the other blocks and everything outside them (embeddings, head) are not recomputed.
+    checkpointed = checkpointed_blocks(m.num_blocks, s)
+    recompute = 2.0 * checkpointed * k.block_params * recomputed_share(m, s) if checkpointed else 0.0
+    flops_per_token = k.dense_flops + recompute + attention_flops_per_token(inp, s, checkpointed)
+    if CHUNKED_LOSS.on(s):
+        # Chunked cross-entropy runs the head's matmul again in backward (launcher.model.chunked_loss).
+        flops_per_token += k.head_recompute_flops
+    matmuls = flops_per_token * tokens_per_rank / k.flop_rate + elementwise_s(inp, s, tokens_per_rank, checkpointed)
+    # Small micro-batches pay the fixed per-block cost more often for the same tokens; a recomputed block pays
+    # its forward's half of it again.
+    overhead = s.grad_accum_steps * hw.block_overhead_s * (m.num_blocks + 0.5 * checkpointed)
+    # The step in backward: the same step arithmetic, moved into backward; only the per-tensor calls are new (at
+    # least one tensor). They run in the gradient hooks ahead of the reduce-scatters those gradients feed, so no
+    # collective hides behind them (nor do they make the lever free where the collectives are the longer part).
+    calls = k.step_calls if OPTIMIZER_IN_BACKWARD.on(s) else 0.0
+    return matmuls, overhead, calls
 
 
 class CostConstants(NamedTuple):
@@ -259,7 +291,8 @@ def activation_offload_s(inp: MemoryInputs, s: Strategy) -> float:
     return 2.0 * saved * s.grad_accum_steps / inp.hardware.host_link_bw
 
 
-__all__ = ["ELEMENTWISE_BYTES_PER_SAVED_BYTE", "IN_BACKWARD_CALL_S", "CostConstants", "RankTerms", "Traffic",
+__all__ = ["COMPUTE_FIELDS", "ELEMENTWISE_BYTES_PER_SAVED_BYTE", "IN_BACKWARD_CALL_S", "CostConstants", "RankTerms",
+           "Traffic", "compute_parts", "compute_s",
            "active_block_params", "cost_constants", "exposed_communication", "rank_terms", "step_seconds", "terms_of",
            "activation_offload_s", "attention_flops_per_token", "checkpointed_blocks", "communication",
            "elementwise_s", "recomputed_share", "step_time_terms"]

@@ -290,3 +290,24 @@ def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lev
         assert c.step_time_s == ref.estimate.step_time_s
         assert (c.estimate, c.problem, c.buckets) == (ref.estimate, ref.problem, ref.buckets)
         assert c.overrun_at_least == ref.overrun_at_least and c.fits == (ref.problem is None) and not c.deferred
+
+
+@pytest.mark.parametrize("kw", [dict(global_batch_size=8 * 8),
+                                dict(model=SMALL, hardware=PROFILES["cpu"], gpus_per_node=2, global_batch_size=4,
+                                     seq_len=512)])
+def test_the_compute_parts_key_holds_every_field_they_read(request_for, every_lever, kw):
+    """cost.compute_parts keeps compute_s's answers by COMPUTE_FIELDS' values: a field compute_s reads outside them
+    would hand one strategy another's seconds. Traced on every candidate (the memo's recorder notes each read)."""
+    from launcher.planner.cost import COMPUTE_FIELDS, compute_parts, compute_s
+    from launcher.planner.memo import _Recorder
+
+    req = request_for(allow_levers=ALLOW_ALL, **kw)
+    inp = scoring.memory_inputs(req)
+    read = set()
+    for s in candidates(req):
+        rec = _Recorder(s)
+        assert compute_s(inp, rec) == compute_s(inp, s)
+        read |= {name for name, _ in rec._reads}
+    assert read == set(COMPUTE_FIELDS)
+    inp.memo = {}
+    assert all(compute_parts(inp, s) == compute_s(inp, s) for s in candidates(req))
