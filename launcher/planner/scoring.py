@@ -172,7 +172,8 @@ class _Scorer:
                                and device_floor(held_bytes(self.inp, s, self.smallest_buckets, held)) <= usable):
             return self.score(s, held)
         step_time_s = self._seconds(s, self.budget_buckets.reduce_bucket_size)
-        return Scored.defer(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s))
+        # The held bytes kept for the estimate, should it be read (top_rejected reads those its floor leaves near).
+        return Scored.defer(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s, held))
 
     def _memory(self, s: Strategy, buckets: Buckets,
                 held: Held | None = None) -> tuple[MemoryEstimate, Problem | None, Buckets]:
