@@ -139,7 +139,7 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def main(repeats: int = 3) -> None:
+def main(repeats: int = 3, in_repeats: int = 7) -> None:
     warm_rows, cold_rows = [], []
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "LAUNCHER_CACHE": cache, "HF_HUB_OFFLINE": "1"}
@@ -152,7 +152,7 @@ def main(repeats: int = 3) -> None:
             process(argv, env)  # fills the cache
             runs = [process(argv, env)[:2] for _ in range(repeats)]
             la = load()
-            planner = in_process(path, sets, levers, repeats)
+            planner = in_process(path, sets, levers, in_repeats)
             warm_rows.append((label, *planner[:2], statistics.median(w for w, _ in runs),
                               statistics.median(c for _, c in runs), *planner[2:], la))
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,8 +171,8 @@ def main(repeats: int = 3) -> None:
         "# `launch plan` speed",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, shared with other "
-        f"work (1-minute load average next to each time). Warm: median of {repeats} runs. Written by "
-        "benchmarks/plan_speed/run.py.",
+        f"work (1-minute load average next to each time). Warm: median of {in_repeats} plans in-process, of "
+        f"{repeats} processes. Written by benchmarks/plan_speed/run.py.",
         "",
         "## Warm cache",
         "",
@@ -198,6 +198,23 @@ def main(repeats: int = 3) -> None:
         "12,958) and to those scored; the CUDA overheads' constant terms, summed three times per estimate until then,",
         "are now kept per request (memory._overhead_terms): 0.38-0.41 s before the pairing, 0.47-0.48 s after (load "
         "0.8).",
+        "",
+        "Issue 37's last done-when (branch speed, 2026-11-29). The plain engine, the paged optimizer and the composing",
+        "levers had brought the every-lever 70B cases to 0.76-0.87 s and the examples to 0.07 s (load 1.0). Now: the",
+        "search defers the memory estimate of a candidate whose device floor (the backward start's tensors, a lower",
+        "bound of its peak: memory.device_floor) is over the budget, and the alternatives estimate a deferred one only",
+        "when its floor lets it reach the near list (build.nearest), so of the ~6,000 every-lever candidates taken in",
+        "order of step time a handful are estimated (the 'estimated' column); the step time's terms but communication",
+        "are made once per candidate (cost.rank_terms), their engine-free compute once per micro-batch and levers",
+        "(cost.compute_parts, shared by every layout) and the request's constants once (cost.CostConstants); the",
+        "lever settings are expanded once per distinct set of values, a ZeRO-2 model's grad_layout turned into pairs",
+        "once. Before, measured by this script on the code before (aa5f6c6) just ahead of the table above, load 6.4:",
+        "planner CPU 0.050 / 0.049 / 0.790 / 0.803 / 0.345 s and wall 0.114 / 0.124 / 1.598 / 1.956 / 0.779 s (the",
+        "cases in the table's order), process CPU 0.46 / 0.44 / 1.16 / 1.16 / 0.69 s. The CPU seconds are the",
+        "comparable figure on this shared 2-core machine: at a load of 5-6 a wall is about twice its CPU. After, in",
+        "the run that wrote this file (load 6.3): every-lever 70B 0.341 / 0.360 s CPU (2.3x less), wall 0.64 / 0.72 s;",
+        "the examples 0.027 / 0.023 s CPU. Plans are unchanged: benchmarks/plan_identity's 58 answers byte for",
+        "byte, tests/planner/test_search_speed.py.",
         "",
         "## Cold cache (a fresh LAUNCHER_CACHE), process wall",
         "",
