@@ -120,12 +120,10 @@ def layout(s: Strategy) -> str:
 
 def nearest(faster: list[Scored], count: int) -> list[Scored]:
     """The candidates of ``faster`` (none fits) closest to fitting, by (overrun, step time), the earlier on a tie:
-    up to ``count`` of those within NEAR_OVERRUN, else the nearest one alone.
-
-    The search asks this of thousands at each check: they are taken from a heap, not sorted, and a deferred one
-    (Scored.defer) enters by its overrun's lower bound, overrun_at_least, and is estimated only when it reaches the
-    top, where its exact overrun may place it first. So the answer is sorted(...)[:count] of the exact keys, as
-    scoring every candidate would give it."""
+    up to ``count`` of those within NEAR_OVERRUN, else the nearest one alone; sorted(...)[:count] of the exact keys."""
+    # The search asks this of thousands at each check: a heap, not a sort. A deferred candidate (Scored.defer)
+    # enters by its overrun's lower bound and is estimated only when it reaches the top: the exact key it then
+    # enters with is at least the bound, so nothing it could precede has been taken yet.
     heap = [(c.overrun_at_least, c.step_time_s, i, c.deferred) for i, c in enumerate(faster)]
     heapq.heapify(heap)
     out: list[Scored] = []

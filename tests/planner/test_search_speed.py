@@ -252,8 +252,8 @@ LORA_LINEARS = dataclasses.replace(llama_stats(trainable=8 * 32 * 4 * 4096),
 
 
 @pytest.mark.parametrize("kw", [
-    dict(global_batch_size=8 * 16),
-    dict(global_batch_size=8 * 16, precision="fp16", nodes=2),
+    dict(global_batch_size=8 * 4),
+    dict(global_batch_size=8 * 4, precision="fp16", nodes=2),
     dict(model=LORA_LINEARS, gpus_per_node=2, global_batch_size=16),  # QLoRA
     dict(model=SMALL, hardware=PROFILES["cpu"], gpus_per_node=2, global_batch_size=4, seq_len=512),
     dict(nvme_free_bytes=10**13, global_batch_size=16, script=True),

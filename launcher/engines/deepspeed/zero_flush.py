@@ -188,8 +188,8 @@ _PAIRS: dict[int, tuple[list, tuple[tuple[int, int], ...]]] = {}
 
 
 def layout_pairs(grad_layout: list[list[int]]) -> tuple[tuple[int, int], ...]:
-    """ModelStats.grad_layout as (elements, block) pairs, made once per list (a 70B model's has ~700): every ZeRO-2
-    candidate's states read it, and the caches above key on the pairs."""
+    """ModelStats.grad_layout as (elements, block) pairs, made once per list (a 70B model's has ~700; stats are not
+    changed once made): every ZeRO-2 candidate's states read it, and the caches above key on the pairs."""
     hit = _PAIRS.get(id(grad_layout))
     if hit is not None and hit[0] is grad_layout:
         return hit[1]
