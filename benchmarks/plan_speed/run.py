@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/plan_speed/run.py        # writes benchmarks/results/plan_speed.md
 
-Warm: the cache holds the model's statistics and probe constants; the planner's own time (make_plan, timed with
-time.perf_counter in-process) and a whole `python -m launcher plan --json` process. "Every lever" runs with
+Warm: the cache holds the model's statistics and probe constants; the planner's own time (make_plan in-process,
+wall by time.perf_counter and CPU by time.process_time) and a whole `python -m launcher plan --json` process (wall,
+and its CPU from the children's rusage). "Every lever" runs with
 every engine spec offering every lever of LEVER_FIELDS (as once each lever's rank side lands) and
 train.allow_levers listing every math lever, at a per-rank batch of 64 (7 micro-batch sizes): the largest
 search there is today. Cold: a fresh LAUNCHER_CACHE per run, for each bundled family, with the shipped
@@ -11,8 +12,8 @@ statistics (launcher/model/bundled_stats.json) and, for comparison, without them
 device and the fake-tensor probe, importing torch and transformers). Goals (issue 21): warm < 0.5 s, the 70B /
 1024-GPU plan < 1 s, cold < 3 s for a bundled family.
 
-The dev machine is shared: the load average is given next to every time (process walls stretch with it; the
-in-process figure is the median of several runs).
+The dev machine is shared: the load average is given next to every time (walls stretch with it, CPU seconds much
+less; the in-process figures are the median of several runs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -87,30 +89,41 @@ def many_rows(tmp: Path, rows: int = 80_000) -> Path:
     return path
 
 
-def process(argv: list[str], env: dict) -> tuple[float, dict]:
-    """Wall seconds of one `launch` process, and its plan.json."""
-    t = time.perf_counter()
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def process(argv: list[str], env: dict) -> tuple[float, float, dict]:
+    """Wall and CPU seconds of one `launch` process, and its plan.json."""
+    t, cpu = time.perf_counter(), children_cpu()
     out = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, check=True, capture_output=True,
                          text=True, cwd=REPO)
-    return time.perf_counter() - t, json.loads(out.stdout)
+    return time.perf_counter() - t, children_cpu() - cpu, json.loads(out.stdout)
 
 
-def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[float, int, int]:
-    """Median seconds of make_plan on a warm request, candidates in the space, candidates scored."""
+def in_process(path: str, sets: list[str], levers: bool, repeats: int) -> tuple[float, float, int, int, int]:
+    """Median wall and CPU seconds of make_plan on a warm request; candidates in the space, candidates the search
+    took in order of step time, and of those the ones whose memory it estimated (the rest deferred: their device
+    floor is over the budget)."""
     from launcher.config.jobfile import load_job, parse_overrides
     from launcher.inputs.plan_inputs import plan_request
     from launcher.planner.search import make_plan, search
 
     before = every_lever() if levers else {}
     req = plan_request(load_job(REPO / path, sets=parse_overrides(sets), for_run=False))
-    times = []
+    make_plan(req)  # warm: the bundled tables, the zero_flush caches
+    walls, cpus = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         make_plan(req)
-        times.append(time.perf_counter() - t)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - cpu)
     found = search(req)
+    estimated = sum(1 for c in found.scored if not getattr(c, "deferred", False))
     restore(before)  # the specs' own levers for the next case
-    return statistics.median(times), found.total, len(found.scored)
+    return statistics.median(walls), statistics.median(cpus), found.total, len(found.scored), estimated
 
 
 def cold_job(tmp: Path, model: str, seq: int, nodes: int, data: Path) -> Path:
@@ -126,7 +139,7 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def main(repeats: int = 3) -> None:
+def main(repeats: int = 3, in_repeats: int = 7) -> None:
     warm_rows, cold_rows = [], []
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "LAUNCHER_CACHE": cache, "HF_HUB_OFFLINE": "1"}
@@ -137,10 +150,11 @@ def main(repeats: int = 3) -> None:
                 sets = [*sets, f"data.path={rows}"]
             argv = (["--every-lever"] if levers else []) + ["plan", "--json", str(REPO / path), *sets]
             process(argv, env)  # fills the cache
-            walls = [process(argv, env)[0] for _ in range(repeats)]
+            runs = [process(argv, env)[:2] for _ in range(repeats)]
             la = load()
-            planner, total, scored = in_process(path, sets, levers, repeats)
-            warm_rows.append((label, planner, statistics.median(walls), total, scored, la))
+            planner = in_process(path, sets, levers, in_repeats)
+            warm_rows.append((label, *planner[:2], statistics.median(w for w, _ in runs),
+                              statistics.median(c for _, c in runs), *planner[2:], la))
     with tempfile.TemporaryDirectory() as tmp:
         for model, seq, nodes in COLD_FAMILIES:
             job = cold_job(Path(tmp), model, seq, nodes, many_rows(Path(tmp), rows=max(400, 2 * 64 * nodes)))
@@ -148,7 +162,7 @@ def main(repeats: int = 3) -> None:
             for patch in ([], ["--no-shipped"]):
                 with tempfile.TemporaryDirectory() as cache:
                     env = {**os.environ, "LAUNCHER_CACHE": cache, "HF_HUB_OFFLINE": "1"}
-                    wall, plan = process([*patch, "plan", "--json", str(job)], env)
+                    wall, _, plan = process([*patch, "plan", "--json", str(job)], env)
                 row += [wall, load()]
                 if not patch:
                     row.append(plan["constants"]["activations"]["source"])
@@ -157,17 +171,21 @@ def main(repeats: int = 3) -> None:
         "# `launch plan` speed",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, shared with other "
-        f"work (1-minute load average next to each time). Warm: median of {repeats} runs. Written by "
-        "benchmarks/plan_speed/run.py.",
+        f"work (1-minute load average next to each time). Warm: median of {in_repeats} plans in-process, of "
+        f"{repeats} processes. Written by benchmarks/plan_speed/run.py.",
         "",
         "## Warm cache",
         "",
-        "Planner: make_plan in-process (time.perf_counter). Process: a whole `python -m launcher plan --json`.",
+        "Planner: make_plan in-process, wall (time.perf_counter) and CPU (time.process_time). Process: a whole",
+        "`python -m launcher plan --json`, wall and CPU. Scored: the candidates the search took in order of step",
+        "time (search(req), no alternatives listed); estimated: those of them whose memory estimate it made (the",
+        "others' device floor is over the budget: deferred).",
         "",
-        "| case | planner (s) | process wall (s) | candidates | scored for memory | load |",
-        "|---|---|---|---|---|---|",
-        *[f"| {label} | {p:.3f} | {w:.2f} | {total:,} | {scored:,} | {la} |"
-          for label, p, w, total, scored, la in warm_rows],
+        "| case | planner wall (s) | planner CPU (s) | process wall (s) | process CPU (s) | candidates | scored |"
+        " estimated | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[f"| {label} | {pw:.3f} | {pc:.3f} | {w:.2f} | {c:.2f} | {total:,} | {scored:,} | {estimated:,} | {la} |"
+          for label, pw, pc, w, c, total, scored, estimated, la in warm_rows],
         "",
         "Goals: planner under 0.5 s; the 70B / 1024-GPU plan under 1 s. Before the search scored in order of step",
         "time with memoized terms (commit e4f4b03), the every-lever 70B / 1024-GPU case scored all 18,432 candidates",
@@ -180,6 +198,23 @@ def main(repeats: int = 3) -> None:
         "12,958) and to those scored; the CUDA overheads' constant terms, summed three times per estimate until then,",
         "are now kept per request (memory._overhead_terms): 0.38-0.41 s before the pairing, 0.47-0.48 s after (load "
         "0.8).",
+        "",
+        "Issue 37's last done-when (branch speed, 2026-11-29). The plain engine, the paged optimizer and the composing",
+        "levers had brought the every-lever 70B cases to 0.76-0.87 s and the examples to 0.07 s (load 1.0). Now: the",
+        "search defers the memory estimate of a candidate whose device floor (the backward start's tensors, a lower",
+        "bound of its peak: memory.device_floor) is over the budget, and the alternatives estimate a deferred one only",
+        "when its floor lets it reach the near list (build.nearest), so of the ~6,000 every-lever candidates taken in",
+        "order of step time a handful are estimated (the 'estimated' column); the step time's terms but communication",
+        "are made once per candidate (cost.rank_terms), their engine-free compute once per micro-batch and levers",
+        "(cost.compute_parts, shared by every layout) and the request's constants once (cost.CostConstants); the",
+        "lever settings are expanded once per distinct set of values, a ZeRO-2 model's grad_layout turned into pairs",
+        "once. Before, measured by this script on the code before (aa5f6c6) just ahead of the table above, load 6.4:",
+        "planner CPU 0.050 / 0.049 / 0.790 / 0.803 / 0.345 s and wall 0.114 / 0.124 / 1.598 / 1.956 / 0.779 s (the",
+        "cases in the table's order), process CPU 0.46 / 0.44 / 1.16 / 1.16 / 0.69 s. The CPU seconds are the",
+        "comparable figure on this shared 2-core machine: at a load of 5-6 a wall is about twice its CPU. After, in",
+        "the run that wrote this file (load 6.3): every-lever 70B 0.341 / 0.360 s CPU (2.3x less), wall 0.64 / 0.72 s;",
+        "the examples 0.027 / 0.023 s CPU. Plans are unchanged: benchmarks/plan_identity's 58 answers byte for",
+        "byte, tests/planner/test_search_speed.py.",
         "",
         "## Cold cache (a fresh LAUNCHER_CACHE), process wall",
         "",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import Counter
-from operator import itemgetter
 from typing import Literal
 
 from launcher.levers import LEVER_FIELDS, LEVERS, LEVERS_OFF
@@ -26,7 +25,7 @@ def build_plan(req: PlanRequest, best: Scored, scored: list[Scored], pinned: lis
     """
     total = len(scored) if total is None else total
     b = best.estimate
-    faster = sum(1 for c in scored if c.problem is not None and c.estimate.step_time_s < b.step_time_s)
+    faster = sum(1 for c in scored if not c.fits and c.step_time_s < b.step_time_s)
     reasons = []
     # A forced plan's first reason words its typed Problem (Plan.problem): launcher.planner.plan_words.forced_reason,
     # put first where every plan is made (launcher.inputs.plan_inputs.plan_job), outside the planner.
@@ -119,18 +118,34 @@ def layout(s: Strategy) -> str:
     return s.layout.label()
 
 
+def nearest(faster: list[Scored], count: int) -> list[Scored]:
+    """The candidates of ``faster`` (none fits) closest to fitting, by (overrun, step time), the earlier on a tie:
+    up to ``count`` of those within NEAR_OVERRUN, else the nearest one alone; sorted(...)[:count] of the exact keys."""
+    # The search asks this of thousands at each check: a heap, not a sort. A deferred candidate (Scored.defer)
+    # enters by its overrun's lower bound and is estimated only when it reaches the top: the exact key it then
+    # enters with is at least the bound, so nothing it could precede has been taken yet.
+    heap = [(c.overrun_at_least, c.step_time_s, i, c.deferred) for i, c in enumerate(faster)]
+    heapq.heapify(heap)
+    out: list[Scored] = []
+    while heap and len(out) < count:
+        over, step_time_s, i, bound = heapq.heappop(heap)
+        if out and over > NEAR_OVERRUN:
+            break  # every one left is past NEAR_OVERRUN (its overrun at least this key's)
+        if bound:  # its exact key is at least this one: back in the heap with it
+            heapq.heappush(heap, (overrun(faster[i]), step_time_s, i, False))
+            continue
+        out.append(faster[i])
+        if over > NEAR_OVERRUN:
+            break  # none within NEAR_OVERRUN: the nearest alone
+    return out
+
+
 def top_rejected(best: Scored, scored: list[Scored], limit: int = 6) -> list[Rejected]:
     """The nearest alternatives: the faster candidates closest to fitting (at most half the list), then the
     fastest fitting ones, at most PER_LAYOUT of a layout. Typed; worded by launch plan."""
     t0 = best.estimate.step_time_s
-    # The faster ones closest to fitting, by (overrun, step time), earlier first on a tie: only the first few are
-    # listed, and the search asks this of thousands at each check, so the first few are picked (heapq.nsmallest
-    # is sorted(...)[:n], ties included), not the thousands sorted.
-    faster = [((overrun(c), c.estimate.step_time_s), c) for c in scored
-              if c.problem and c is not best and c.estimate.step_time_s < t0]
-    close = [r for r in faster if r[0][0] <= NEAR_OVERRUN]
-    near = [c for _, c in heapq.nsmallest(limit // 2 if close else 1, close or faster, key=itemgetter(0))]
-    runners = sorted((c for c in scored if c.problem is None and c is not best), key=lambda c: c.estimate.step_time_s)
+    near = nearest([c for c in scored if not c.fits and c is not best and c.step_time_s < t0], limit // 2)
+    runners = sorted((c for c in scored if c.fits and c is not best), key=lambda c: c.step_time_s)
     # Each once apart from its levers (the plan's lever lines say what the levers do), and at most PER_LAYOUT
     # fitting ones of one layout, so other engines and shardings are not crowded out by one layout's
     # micro-batches (and the list still fills, which lets the search stop early: launcher.planner.scoring.search).

@@ -11,7 +11,7 @@ from launcher.engines import ENGINES, LAYOUT_KEYS, LAYOUTS, engine_spec
 from launcher.engines.layout import Layout
 from launcher.errors import ConfigError
 from launcher.levers import LEVERS
-from launcher.planner.levers import options, reachable
+from launcher.planner.levers import axes, expand, reachable
 from launcher.planner.plan import Strategy
 from launcher.planner.request import PlanRequest, batch_problem, context_problem, micro_batches
 
@@ -53,7 +53,9 @@ def candidates(req: PlanRequest) -> list[Strategy]:
     if refusal:
         raise ConfigError(refusal)
     out = []
-    # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy.
+    # Thousands of strategies: each layout's fields and each lever setting's are read once, not per strategy, and
+    # the settings expanded once per distinct set of values tried (levers.expand: the same for most micro-batches).
+    per_axes: dict[tuple, list[dict[str, object]]] = {}
     settings: dict[tuple, list[dict[str, object]]] = {}
     refused: list[str] = []  # a pinned lever value a layout does not offer, and why
     for c, mb in itertools.product(layouts(req), mbs):
@@ -63,7 +65,10 @@ def candidates(req: PlanRequest) -> list[Strategy]:
         limits = {name: values for name, (values, _) in limited.items()}
         key = (levers, accum, tuple(sorted(limits.items())), spec.pure_bf16_optimizers)
         if key not in settings:
-            settings[key] = [lv.fields() for lv in options(req, levers, accum, limits, spec.pure_bf16_optimizers)]
+            tried = (axes(req, levers, accum, limits), spec.pure_bf16_optimizers)
+            if tried not in per_axes:
+                per_axes[tried] = [lv.fields() for lv in expand(*tried)]
+            settings[key] = per_axes[tried]
         refused += [f"strategy.{name}: {getattr(p, name)!r} is not offered with {c.title(req.nodes)}"
                     f"{_offload_words(c)}: {why}; leave strategy.{name} out or pin another layout"
                     for name, (values, why) in limited.items()

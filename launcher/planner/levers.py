@@ -90,6 +90,17 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     nothing. ``pure_bf16_optimizers``: the low-memory optimizers the engine pairs with pure bf16
     (EngineSpec.pure_bf16_optimizers).
     """
+    return expand(axes(req, supported, grad_accum_steps, limits), pure_bf16_optimizers)
+
+
+Axes = tuple[tuple[bool, tuple[tuple, ...]], ...]
+"""Per activation checkpointing setting tried, the values of each lever (in LEVERS' order) tried with it."""
+
+
+def axes(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
+         limits: dict[str, tuple[object, ...]] | None = None) -> Axes:
+    """The values ``options`` tries of each lever, per checkpointing setting (its arguments); () where a pin admits
+    no setting."""
     limits = limits or {}
     p = req.pins
     ac = [False, True] if p.activation_checkpointing is None else [p.activation_checkpointing]
@@ -98,13 +109,19 @@ def options(req: PlanRequest, supported: frozenset[str], grad_accum_steps: int,
     per_ac = []
     for on in ac:
         shape = Shape(grad_accum_steps, on)
-        axes = [_axis(req, spec, shape, supported, limits) for spec in LEVERS.values()]
-        if any(axis is None for axis in axes):
-            return []
-        per_ac.append((on, axes))
+        values = [_axis(req, spec, shape, supported, limits) for spec in LEVERS.values()]
+        if any(axis is None for axis in values):
+            return ()
+        per_ac.append((on, tuple(tuple(axis) for axis in values)))
+    return tuple(per_ac)
+
+
+def expand(per_ac: Axes, pure_bf16_optimizers: frozenset[str] = frozenset()) -> list[LeverSetting]:
+    """Every combination of ``per_ac``'s values that no lever's rule (LeverSpec.excludes) leaves out: a function of
+    its arguments alone, which the search's candidates share between micro-batches with the same axes."""
     out = []
-    for on, axes in per_ac:
-        for values in itertools.product(*axes):
+    for on, values_per_lever in per_ac:
+        for values in itertools.product(*values_per_lever):
             setting = LeverSetting(activation_checkpointing=on, **dict(zip(LEVERS, values, strict=True)))
             for excludes in _EXCLUDES:
                 if excludes(setting, pure_bf16_optimizers):
@@ -135,5 +152,5 @@ def _axis(req: PlanRequest, spec: LeverSpec, shape: Shape, supported: frozenset[
     return [v for v in values if spec.permitted(req, v)]
 
 
-__all__ = ["MATH_LEVER_MARGIN", "LeverSetting", "allowed", "math_departure", "options", "ranked_step_time",
-           "reachable"]
+__all__ = ["MATH_LEVER_MARGIN", "Axes", "LeverSetting", "allowed", "axes", "expand", "math_departure", "options",
+           "ranked_step_time", "reachable"]

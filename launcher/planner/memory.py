@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from launcher.engines import engine_spec
 from launcher.levers import (
@@ -110,6 +111,13 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     (docs/memory-model.md#selective-checkpointings-memory-and-time). With ``loss_chunks`` the head's term is the
     chunked loss's (chunked_head_bytes). ``policy``: block_activations.
     """
+    return activation_terms(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, loss_chunks,
+                            policy)[:2]
+
+
+def activation_terms(c: ActivationConstants, num_blocks: int, micro_batch: int, seq_len: int, checkpointing: bool,
+                     checkpoint_every: int = 1, loss_chunks: int = 0, policy: str = "full") -> tuple[int, int, int]:
+    """activation_bytes' (blocks, head), and the blocks' saved bytes (block_activations' first) it is made of."""
     tokens = micro_batch * seq_len
     saved, live = block_activations(c, num_blocks, micro_batch, seq_len, checkpointing, checkpoint_every, policy)
     recompute_last = checkpointing and checkpointed(num_blocks - 1, checkpoint_every)
@@ -118,7 +126,7 @@ def activation_bytes(c: ActivationConstants, num_blocks: int, micro_batch: int, 
     # A mixed layout (block 0 checkpointed, the last not): the checkpointed layers' kwargs outlive the forward in
     # torch.utils.checkpoint's recompute closure; H, measured without checkpointing, lacks them (terms.py).
     kwargs = tokens * c.ckpt_kwargs_bytes_per_token if checkpointing and not recompute_last else 0
-    return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes)
+    return int(saved + kwargs + (live if recompute_last else 0)), int(head_bytes), saved
 
 
 TRL_TOKEN_TILE = 4096
@@ -259,30 +267,78 @@ def _overhead_terms(inp: MemoryInputs, comms: int) -> tuple[Callable[[float, flo
     return total, not_yet
 
 
-def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryEstimate:
-    """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward,
-    backward end, step, init, and on CPU ranks the export), the CUDA overheads, and host and NVMe bytes per node."""
+@dataclass(slots=True)
+class Held:
+    """What a strategy holds through a micro-step, before estimate_memory times its moments: the engine's states
+    and the activation bytes (held_bytes)."""
+
+    states: States
+    """The engine's per-rank states (EngineSpec.states)."""
+    consts: ActivationConstants
+    """The constants its ranks save by (rank_activations)."""
+    blocks: float
+    """Device bytes of the blocks' activations at the backward peak."""
+    head: float
+    """Device bytes of the head's (the loss's) activations then."""
+    blocks_saved: float
+    """Device bytes the blocks' forward leaves saved for backward (0 with activation offload)."""
+    pinned: float
+    """Host bytes of pinned activation buffers (activation offload on CUDA ranks)."""
+
+    @property
+    def backward_bytes(self) -> float:
+        """Tensor bytes at the backward start (estimate_memory's "backward" moment)."""
+        st = self.states
+        return (st.params + st.grads + st.optimizer + st.buffers + self.blocks + max(self.head, st.dequant_transient)
+                + st.backward_extra)
+
+
+def held_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets, like: Held | None = None) -> Held:
+    """The states and activations of ``s``: estimate_memory's first half, which the search's floor
+    (device_floor) reads before deciding to finish it. ``like``: held_bytes of ``s`` with other buckets, whose
+    activations (which no bucket changes) are taken as they are."""
     m = inp.model
-    spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
-    st = spec.states(inp, s, buckets)
+    st = spec_for(inp, s).states(inp, s, buckets)  # memoized per request where the search set inp.memo
+    if like is not None:
+        return Held(st, like.consts, like.blocks, like.head, like.blocks_saved, like.pinned)
     consts = rank_activations(inp, s)
-    every, chunks = CHECKPOINT_EVERY.of(s), CHUNKED_LOSS.of(s)
-    blocks, head = activation_bytes(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                    s.activation_checkpointing, every, chunks, CHECKPOINT_POLICY.of(s))
-    blocks_saved = block_activations(consts, m.num_blocks, s.micro_batch_size, inp.seq_len,
-                                     s.activation_checkpointing, every, CHECKPOINT_POLICY.of(s))[0]
-    pinned = 0
+    every, chunks, policy = CHECKPOINT_EVERY.of(s), CHUNKED_LOSS.of(s), CHECKPOINT_POLICY.of(s)
+    mb, ac = s.micro_batch_size, s.activation_checkpointing
     if ACTIVATION_OFFLOAD.on(s) and not inp.hardware.device_is_host:
         # On CPU ranks the saved tensors are already in host memory and the offload hooks keep them where they
         # are (save_on_cpu's tensor.cpu() returns the tensor itself): the estimate stays as without offload.
-        blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, s.micro_batch_size,
-                                                         inp.seq_len, s.activation_checkpointing, every, chunks)
-        pinned = PINNED_ROUNDING * saved
-        blocks_saved = 0  # the device holds one block's backward whatever the share
+        # On CUDA the device holds one block's backward whatever the share: nothing saved stays.
+        blocks, head, saved = offloaded_activation_bytes(consts, m.num_blocks, mb, inp.seq_len, ac, every, chunks)
+        return Held(st, consts, blocks, head, 0, PINNED_ROUNDING * saved)
+    blocks, head, blocks_saved = activation_terms(consts, m.num_blocks, mb, inp.seq_len, ac, every, chunks, policy)
+    return Held(st, consts, blocks, head, blocks_saved, 0)
+
+
+FLOOR_ROUNDING_BYTES = 64
+"""What device_floor leaves for the peak's rounding: estimate_memory truncates each breakdown category (and each
+CUDA overhead term) to whole bytes, under a byte each."""
+
+
+def device_floor(held: Held) -> float:
+    """A lower bound of estimate_memory's peak_bytes for the strategy ``held`` is of: the backward moment's tensor
+    bytes. The peak is the largest moment on the verdict basis, tensors plus overheads that are never negative
+    (cuda_overhead), so at least this one, less the rounding of its categories (FLOOR_ROUNDING_BYTES)."""
+    return held.backward_bytes - FLOOR_ROUNDING_BYTES
+
+
+def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets, held: Held | None = None) -> MemoryEstimate:
+    """A strategy's predicted per-rank peak, bytes: its breakdown by category at the peak's moment (backward,
+    backward end, step, init, and on CPU ranks the export), the CUDA overheads, and host and NVMe bytes per node.
+    ``held``: held_bytes(inp, s, buckets), where the caller has it."""
+    m = inp.model
+    spec = spec_for(inp, s)  # memoized per request where the search set inp.memo
+    held = held or held_bytes(inp, s, buckets)
+    st, consts, blocks, head = held.states, held.consts, held.blocks, held.head
+    blocks_saved, pinned = held.blocks_saved, held.pinned
     persistent = st.params + st.grads + st.optimizer + st.buffers
     tokens = s.micro_batch_size * inp.seq_len
 
-    def held(share: float, at: str) -> float:
+    def held_at(share: float, at: str) -> float:
         """Activation bytes at an end-of-backward instant: ``share`` of the blocks' saved tensors, what they hold
         once (a recomputed block, checkpointed layers' kwargs) and, while a block's or the head's backward runs,
         what it holds beyond them (reduce_bytes_per_token: the gradient reduce of issue 36's tiny GPT-2, -5.1 %
@@ -303,11 +359,11 @@ def estimate_memory(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> MemoryE
                      for share, where, extra in st.reduce_instants) or (
         (1.0 if with_blocks else 0.0, "blocks" if with_blocks else "after", st.backward_end_extra),
         (0.0, "after", st.backward_end_late))
-    at = [extra + held(share, where) for share, where, extra in instants]
+    at = [extra + held_at(share, where) for share, where, extra in instants]
     end = max(range(len(at)), key=at.__getitem__)
-    end_extra, end_activations = instants[end][2], held(*instants[end][:2])
+    end_extra, end_activations = instants[end][2], held_at(*instants[end][:2])
     moments = {
-        "backward": persistent + blocks + max(head, st.dequant_transient) + st.backward_extra,
+        "backward": held.backward_bytes,
         "step": persistent + st.step_extra - (st.buffers if st.step_frees_buffers else 0.0),
         "backward_end": persistent - st.buffers + at[end],
     }
@@ -412,9 +468,9 @@ def model_state_bytes(inp: MemoryInputs, s: Strategy, buckets: Buckets) -> int:
     return int(engine_spec(s.engine).states(inp, s, buckets).model_states)
 
 
-__all__ = ["TRAINING_MOMENTS", "BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants", "MemoryEstimate",
-           "MemoryInputs", "States", "PINNED_ROUNDING", "activation_bytes", "analytic_constants", "block_activations",
-           "checkpointed",
-           "chunked_head_bytes", "estimate_memory", "head_weight_grad_bytes", "init_bytes", "model_state_bytes",
-           "offloaded_activation_bytes", "rank_activations", "strategy_activations",
+__all__ = ["TRAINING_MOMENTS", "BYTES", "FLOOR_ROUNDING_BYTES", "NVME_PARAM_BUFFER_COUNT", "ActivationConstants",
+           "Held", "MemoryEstimate", "MemoryInputs", "States", "PINNED_ROUNDING", "activation_bytes",
+           "activation_terms", "analytic_constants", "block_activations", "checkpointed", "chunked_head_bytes",
+           "device_floor", "estimate_memory", "head_weight_grad_bytes", "held_bytes", "init_bytes",
+           "model_state_bytes", "offloaded_activation_bytes", "rank_activations", "strategy_activations",
            "nvme_param_buffer_elems"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -10,14 +11,17 @@ from dataclasses import dataclass
 from launcher.engines import engine_spec
 from launcher.planner.buckets import size_buckets
 from launcher.planner.candidates import candidates
-from launcher.planner.cost import step_time_terms
+from launcher.planner.cost import RankTerms, exposed_communication, rank_terms, step_seconds, terms_of
 from launcher.planner.levers import math_departure, ranked_step_time
 from launcher.planner.memory import (
     ActivationConstants,
+    Held,
     MemoryEstimate,
     MemoryInputs,
     analytic_constants,
+    device_floor,
     estimate_memory,
+    held_bytes,
 )
 from launcher.planner.plan import Buckets, Estimate, Problem, Strategy
 from launcher.planner.request import PlanRequest
@@ -36,14 +40,64 @@ def activation_constants(req: PlanRequest) -> ActivationConstants:
     return req.activations or analytic_constants(req.model, req.precision)
 
 
-@dataclass(slots=True)
 class Scored:
-    """One candidate's estimate, and why it does not fit (None when it does)."""
+    """One candidate's estimate, and why it does not fit (None when it does). The search defers the memory estimate
+    of a candidate its device floor rules out (``defer``): it never fits, its step time is known, and its
+    estimate is made when first read, the one scoring it at once gives. ``step_time_s``: the estimate's;
+    ``overrun_at_least``: need / have of the resource it overruns (0 when it fits), a lower bound while deferred."""
 
-    strategy: Strategy
-    estimate: Estimate
-    problem: Problem | None
-    buckets: Buckets | None = None
+    __slots__ = ("strategy", "step_time_s", "overrun_at_least", "_estimate", "_problem", "_buckets", "_finish")
+
+    def __init__(self, strategy: Strategy, estimate: Estimate, problem: Problem | None,
+                 buckets: Buckets | None = None) -> None:
+        self.strategy, self._estimate, self._problem, self._buckets = strategy, estimate, problem, buckets
+        self.step_time_s = estimate.step_time_s
+        self.overrun_at_least = problem.need_bytes / max(problem.have_bytes, 1) if problem else 0.0
+        self._finish: Callable[[], Scored] | None = None
+
+    @classmethod
+    def defer(cls, strategy: Strategy, step_time_s: float, overrun_at_least: float,
+              finish: Callable[[], Scored]) -> Scored:
+        """A candidate over the usable budget whose estimate ``finish`` makes when first read."""
+        self = cls.__new__(cls)
+        self.strategy, self.step_time_s, self.overrun_at_least = strategy, step_time_s, overrun_at_least
+        self._finish = finish
+        return self
+
+    @property
+    def deferred(self) -> bool:
+        """Its memory estimate not made yet (``defer``, not read since)."""
+        return self._finish is not None
+
+    @property
+    def fits(self) -> bool:
+        """No problem: within the usable budget, host RAM and NVMe (a deferred candidate never is)."""
+        return self._finish is None and self._problem is None
+
+    @property
+    def estimate(self) -> Estimate:
+        """The memory and step-time estimate."""
+        return self._made()._estimate
+
+    @property
+    def problem(self) -> Problem | None:
+        """Why it does not fit; None when it does."""
+        return self._made()._problem
+
+    @property
+    def buckets(self) -> Buckets | None:
+        """The bucket sizes the estimate assumed."""
+        return self._made()._buckets
+
+    def _made(self) -> Scored:
+        if self._finish is not None:
+            done, self._finish = self._finish(), None
+            self._estimate, self._problem, self._buckets = done._estimate, done._problem, done._buckets
+            self.overrun_at_least = done.overrun_at_least
+        return self
+
+    def __repr__(self) -> str:
+        return f"Scored({self.strategy.label()!r}, {self.step_time_s:.4g} s, fits={self.fits})"
 
 
 def score(req: PlanRequest, s: Strategy) -> Scored:
@@ -69,43 +123,63 @@ class _Scorer:
             self.inp.memo = {}
         self.budget_buckets = size_buckets(req)
         self.smallest_buckets = size_buckets(req, smallest=True)
-        self._times: dict[int, tuple[Strategy, dict[int, dict[str, float]]]] = {}
-        """id(strategy) -> (the strategy, bucket elements -> its step-time terms); the strategy is kept so that
-        its id stays its own while the entry lives."""
+        self._times: dict[int, tuple[Strategy, RankTerms, dict[int, float]]] = {}
+        """id(strategy) -> (the strategy, its rank_terms, bucket elements -> its exposed communication); the
+        strategy is kept so that its id stays its own while the entry lives."""
 
-    def _terms(self, s: Strategy, bucket_elems: int) -> dict[str, float]:
-        """step_time_terms of ``s``, computed once per bucket size (the bound's are the score's)."""
-        if not self.memo:
-            return step_time_terms(self.inp, s, bucket_elems)
-        entry = self._times.get(id(s))
+    def _time(self, s: Strategy, bucket_elems: int) -> tuple[RankTerms, float]:
+        """``s``'s rank_terms and exposed communication with ``bucket_elems``: computed once per candidate and bucket
+        size, for the bound, and kept for the score (afresh without the memo)."""
+        entry = self._times.get(id(s)) if self.memo else None
         if entry is None or entry[0] is not s:
-            entry = self._times[id(s)] = (s, {})
-        terms = entry[1].get(bucket_elems)
-        if terms is None:
-            terms = entry[1][bucket_elems] = step_time_terms(self.inp, s, bucket_elems)
-        return terms
+            entry = (s, rank_terms(self.inp, s), {})
+            if self.memo:
+                self._times[id(s)] = entry
+        exposed = entry[2].get(bucket_elems)
+        if exposed is None:
+            exposed = entry[2][bucket_elems] = exposed_communication(self.inp, s, bucket_elems, entry[1])
+        return entry[1], exposed
+
+    def _seconds(self, s: Strategy, bucket_elems: int) -> float:
+        """The step time of ``s`` with ``bucket_elems``: the sum of the terms its Estimate will hold."""
+        return step_seconds(*self._time(s, bucket_elems))
 
     def fastest_possible(self, s: Strategy) -> float:
         """A lower bound of the step time ``score`` will give ``s``: it is the time with one of the two bucket
         sizes (what its Estimate will say with them), so the smaller of the two."""
-        t = sum(self._terms(s, self.budget_buckets.reduce_bucket_size).values())
+        t = self._seconds(s, self.budget_buckets.reduce_bucket_size)
         if engine_spec(s.layout.engine).uses_buckets:
-            t = min(t, sum(self._terms(s, self.smallest_buckets.reduce_bucket_size).values()))
+            t = min(t, self._seconds(s, self.smallest_buckets.reduce_bucket_size))
         return t
 
-    def score(self, s: Strategy) -> Scored:
-        """Budget-sized buckets; if that misses, the smallest buckets."""
-        mem, problem, buckets = self._memory(s, self.budget_buckets)
+    def score(self, s: Strategy, held: Held | None = None) -> Scored:
+        """Budget-sized buckets; if that misses, the smallest buckets. ``held``: held_bytes with the budget's."""
+        mem, problem, buckets = self._memory(s, self.budget_buckets, held)
         if problem is not None and engine_spec(s.layout.engine).uses_buckets:
             second = self._memory(s, self.smallest_buckets)
             if second[1] is None:
                 mem, problem, buckets = second
-        return Scored(s, Estimate.of(mem, self._terms(s, buckets.reduce_bucket_size)), problem, buckets)
+        return Scored(s, Estimate.of(mem, terms_of(*self._time(s, buckets.reduce_bucket_size))), problem, buckets)
 
-    def _memory(self, s: Strategy, buckets: Buckets) -> tuple[MemoryEstimate, Problem | None, Buckets]:
-        """The memory estimate with ``buckets`` and what it overruns."""
+    def score_or_defer(self, s: Strategy) -> Scored:
+        """``score``, or deferred where the device floor (memory.device_floor, a lower bound of the peak) is over the
+        usable budget with each bucket size ``score`` may use: then ``score`` says it does not fit, with the
+        budget's buckets, and only a list of alternatives can ask for more (build.top_rejected)."""
+        held = held_bytes(self.inp, s, self.budget_buckets)
+        usable = self.req.usable_bytes
+        floor = device_floor(held)
+        if floor <= usable or (engine_spec(s.layout.engine).uses_buckets
+                               and device_floor(held_bytes(self.inp, s, self.smallest_buckets, held)) <= usable):
+            return self.score(s, held)
+        step_time_s = self._seconds(s, self.budget_buckets.reduce_bucket_size)
+        # The held bytes kept for the estimate, should it be read (top_rejected reads those its floor leaves near).
+        return Scored.defer(s, step_time_s, floor / max(usable, 1), functools.partial(self.score, s, held))
+
+    def _memory(self, s: Strategy, buckets: Buckets,
+                held: Held | None = None) -> tuple[MemoryEstimate, Problem | None, Buckets]:
+        """The memory estimate with ``buckets`` (``held``: its held_bytes, where made) and what it overruns."""
         req = self.req
-        mem = estimate_memory(self.inp, s, buckets)
+        mem = estimate_memory(self.inp, s, buckets, held)
         problem = None
         if mem.peak_bytes > req.usable_bytes:
             problem = Problem(resource="device", need_bytes=mem.peak_bytes, have_bytes=req.usable_bytes,
@@ -131,8 +205,8 @@ class Searched:
     """What the search scored: enough to choose exactly what scoring every candidate would."""
 
     scored: list[Scored]
-    """The candidates scored for memory, in candidate order: every one predicted faster than the chosen plan and
-    the runners-up (all of them when nothing fits)."""
+    """The candidates scored, in candidate order: every one predicted faster than the chosen plan and the
+    runners-up (all of them when nothing fits); those the device floor rules out deferred (Scored.defer)."""
     total: int
     """Candidates in the search space."""
 
@@ -142,7 +216,7 @@ class Searched:
         than levers.MATH_LEVER_MARGIN faster per unit of departure (levers.ranked_step_time); on a tie the job's
         own math, then the fewest and mildest math levers (levers.math_departure), then the smaller peak, then the
         earlier candidate."""
-        fits = [c for c in self.scored if c.problem is None]
+        fits = [c for c in self.scored if c.fits]
         return min(fits, key=_rank) if fits else None
 
 
@@ -155,7 +229,9 @@ def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Search
     bound. Once that bound passes a time T, every candidate faster than T has been scored: the choice (a minimum)
     and the faster ones that do not fit are complete, and a list of alternatives is final once it is full and
     every fitting one on it is faster than T. The memory model, which the levers keep extending, may then be
-    anything: nothing here assumes it falls or rises with a field.
+    anything: nothing here assumes it falls or rises with a field. A candidate whose device floor (a lower bound
+    of its peak, memory.device_floor) is over the budget is deferred, not estimated: it cannot fit, and what the
+    alternatives read of it is its step time, or its estimate where its floor leaves it near enough to be listed.
     """
     scorer = _Scorer(req)
     cands = candidates(req)
@@ -175,8 +251,8 @@ def search(req: PlanRequest, alternatives: Alternatives | None = None) -> Search
             # (or the bound passed what blocked), so the checks cost O(log n) listings. Scoring a few more
             # candidates than needed changes nothing: the stop is still taken only when the list is final.
             retry = (2 * fits, blocking)
-        c = done[i] = scorer.score(cands[i])
-        if c.problem is None:
+        c = done[i] = scorer.score_or_defer(cands[i])
+        if c.fits:
             fits += 1
             key = (*_rank(c), i)
             best = key if best is None or key < best else best

@@ -56,6 +56,31 @@ def test_the_near_ones_are_the_first_by_overrun_then_time_earlier_first_on_a_tie
         assert listed == [c.strategy.label() for c in near], trial
 
 
+def test_deferred_candidates_are_placed_by_their_exact_overrun_and_estimated_only_when_they_may_be_near():
+    """A candidate the search deferred enters the near list by a lower bound of its overrun (its device floor):
+    the list is the one every candidate estimated gives, and one whose bound is past the list is never estimated."""
+    import random
+
+    rng = random.Random(37)
+    for trial in range(300):
+        best = scored("b", 10.0)
+        exact = [scored("x" * (i + 2), rng.choice([1.0, 2.0, 3.0]), need=rng.choice([150, 150, 190, 250, 900, 10**6]))
+                 for i in range(rng.randrange(0, 14))]
+        pool = [best, *exact, *[scored("r" * (i + 40), 11.0 + i) for i in range(3)]]
+        rng.shuffle(pool)
+        ranked = sorted((c for c in pool if c.problem), key=lambda c: (overrun(c), c.estimate.step_time_s))
+        near = ([c for c in ranked if overrun(c) <= NEAR_OVERRUN] or ranked[:1])[:3]
+        # The same candidates, some deferred with a floor at or below their peak.
+        lazy = [Scored.defer(c.strategy, c.step_time_s, overrun(c) * rng.choice([1.0, 0.9, 0.5]), lambda c=c: c)
+                if c.problem and rng.random() < 0.6 else c for c in pool]
+        bounds = {id(c): c.overrun_at_least for c in lazy if c.deferred}
+        listed = [r.label for r in top_rejected(lazy[pool.index(best)], lazy) if r.why != "slower"]
+        assert listed == [c.strategy.label() for c in near], trial
+        # Past the list's reach: NEAR_OVERRUN where a near one was listed, else the lone nearest one's overrun.
+        reach = NEAR_OVERRUN if near and overrun(near[0]) <= NEAR_OVERRUN else max(map(overrun, near), default=0)
+        assert not [c for c in lazy if id(c) in bounds and not c.deferred and bounds[id(c)] > reach], trial
+
+
 def test_a_real_plan_lists_no_extremes(request_for):
     """7B on 8 x 24 GB: many faster layouts are terabytes over; the list keeps to the near ones."""
     req = request_for(budget_bytes=24 * 10**9)

@@ -34,10 +34,10 @@ def every_lever(monkeypatch):
 def with_lever_terms(monkeypatch):
     """Stand-in memory and step-time terms for the levers, so that lever settings differ as they will: some save
     memory for time, the low-memory optimizers save memory at no time (ties in time that the peak breaks)."""
-    memory, time = scoring.estimate_memory, scoring.step_time_terms
+    memory, time, floor = scoring.estimate_memory, scoring.rank_terms, scoring.device_floor
 
-    def estimate_memory(inp, s, buckets):
-        mem = memory(inp, s, buckets)
+    def estimate_memory(inp, s, buckets, held=None):
+        mem = memory(inp, s, buckets, held)
         b = dict(mem.breakdown)
         if s.loss_chunks:
             b["logits"] //= 5
@@ -52,14 +52,16 @@ def with_lever_terms(monkeypatch):
             b["grads"] //= 3
         return dataclasses.replace(mem, breakdown=b, peak_bytes=sum(b.values()))
 
-    def step_time_terms(inp, s, bucket_elems):
-        terms = dict(time(inp, s, bucket_elems))
-        terms["compute"] *= (1 + 0.01 * bool(s.loss_chunks) + 0.05 * s.activation_offload
-                             - 0.1 * (s.activation_checkpointing and s.checkpoint_every > 1) / s.checkpoint_every)
-        return terms
+    def rank_terms(inp, s):
+        r = time(inp, s)
+        return r._replace(compute=r.compute * (1 + 0.01 * bool(s.loss_chunks) + 0.05 * s.activation_offload
+                                               - 0.1 * (s.activation_checkpointing and s.checkpoint_every > 1)
+                                               / s.checkpoint_every))
 
     monkeypatch.setattr(scoring, "estimate_memory", estimate_memory)
-    monkeypatch.setattr(scoring, "step_time_terms", step_time_terms)
+    monkeypatch.setattr(scoring, "rank_terms", rank_terms)
+    # The stand-in divides a category by 8 at most, so an eighth of the real floor stays below its peak.
+    monkeypatch.setattr(scoring, "device_floor", lambda held: floor(held) / 8)
 
 
 @pytest.fixture(params=["no levers", "every lever, no terms yet", "every lever with terms"])
@@ -207,6 +209,21 @@ def test_memoized_states_are_copies(request_for):
     assert spec_for(inp, s).states(inp, s, buckets).params == ENGINES[s.engine].states(inp, s, buckets).params
 
 
+def test_memo_copies_every_mutable_record_and_keeps_immutable_answers():
+    """States goes through its __init__; a record that cannot (keyword-only fields) is copied field by field."""
+    from launcher.planner.memo import _fresh
+    from launcher.planner.plan import Buckets
+    from launcher.planner.terms import States, Traffic
+
+    for record in (States(params=1.0, side_stream_cached={"step": 2.0}),
+                   Buckets(reduce_bucket_size=1, allgather_bucket_size=2, stage3_prefetch_bucket_size=3,
+                           stage3_max_live_parameters=4, stage3_param_persistence_threshold=5)):
+        copy = _fresh(record)
+        assert copy == record and copy is not record and type(copy) is type(record)
+    traffic = Traffic(intra_node_bytes=1.0, inter_node_bytes=0.0, calls=1)
+    assert _fresh(traffic) is traffic and _fresh(2.0) == 2.0
+
+
 def candidates_strategy(**kw):
     from launcher.planner.plan import Strategy
 
@@ -228,3 +245,69 @@ def test_the_list_is_final_only_once_the_bound_passes_its_slowest_runner_up(requ
     key = (*scoring._rank(best), fits[0])
     assert scoring._blocking(done, key, slowest, top_rejected) == slowest
     assert scoring._blocking(done, key, slowest * 1.001, top_rejected) is None
+
+
+LORA_LINEARS = dataclasses.replace(llama_stats(trainable=8 * 32 * 4 * 4096),
+                                   block_linear_shapes=[[4096, 4096]] * 4 + [[11008, 4096]] * 2 + [[4096, 11008]])
+
+
+@pytest.mark.parametrize("kw", [
+    dict(global_batch_size=8 * 4),
+    dict(global_batch_size=8 * 4, precision="fp16", nodes=2),
+    dict(model=LORA_LINEARS, gpus_per_node=2, global_batch_size=16),  # QLoRA
+    dict(model=SMALL, hardware=PROFILES["cpu"], gpus_per_node=2, global_batch_size=4, seq_len=512),
+    dict(nvme_free_bytes=10**13, global_batch_size=16, script=True),
+])
+def test_the_device_floor_is_never_above_the_peak(request_for, every_lever, kw):
+    """The search defers a candidate whose device floor is over the budget: the floor must be a lower bound of the
+    peak for every candidate and both bucket sizes, or a plan that fits would be passed over."""
+    from launcher.planner.memory import device_floor, estimate_memory, held_bytes
+
+    req = request_for(allow_levers=ALLOW_ALL, **kw)
+    inp = scoring.memory_inputs(req)
+    buckets = [scoring.size_buckets(req), scoring.size_buckets(req, smallest=True)]
+    cands = candidates(req)
+    assert {bool(getattr(s, name)) for s in cands for name in LEVER_FIELDS if name != "qlora"} == {False, True}
+    for s in cands:
+        for b in buckets:
+            held = held_bytes(inp, s, b)
+            assert device_floor(held) <= estimate_memory(inp, s, b, held).peak_bytes, s.label()
+            assert estimate_memory(inp, s, b, held) == estimate_memory(inp, s, b)
+        assert held_bytes(inp, s, buckets[1], held_bytes(inp, s, buckets[0])) == held_bytes(inp, s, buckets[1])
+
+
+def test_a_deferred_candidate_reads_as_scoring_it_at_once(request_for, every_lever):
+    """What the search defers (Scored.defer), once read, is what scoring every candidate gives, number for number;
+    the deferred ones are not estimated until read."""
+    req = request_for(global_batch_size=8 * 64, budget_bytes=40 * 10**9, allow_levers=ALLOW_ALL)
+    found = search(req, top_rejected)
+    deferred = [c for c in found.scored if c.deferred]
+    assert len(deferred) > len(found.scored) / 2
+    assert all(not c.fits and c.overrun_at_least > 1 for c in deferred)
+    reference = {c.strategy.label(): c for c in evaluate(req, memo=False)}
+    for c in found.scored:
+        ref = reference[c.strategy.label()]
+        assert c.step_time_s == ref.estimate.step_time_s
+        assert (c.estimate, c.problem, c.buckets) == (ref.estimate, ref.problem, ref.buckets)
+        assert c.overrun_at_least == ref.overrun_at_least and c.fits == (ref.problem is None) and not c.deferred
+
+
+@pytest.mark.parametrize("kw", [dict(global_batch_size=8 * 8),
+                                dict(model=SMALL, hardware=PROFILES["cpu"], gpus_per_node=2, global_batch_size=4,
+                                     seq_len=512)])
+def test_the_compute_parts_key_holds_every_field_they_read(request_for, every_lever, kw):
+    """cost.compute_parts keeps compute_s's answers by COMPUTE_FIELDS' values: a field compute_s reads outside them
+    would hand one strategy another's seconds. Traced on every candidate (the memo's recorder notes each read)."""
+    from launcher.planner.cost import COMPUTE_FIELDS, compute_parts, compute_s
+    from launcher.planner.memo import _Recorder
+
+    req = request_for(allow_levers=ALLOW_ALL, **kw)
+    inp = scoring.memory_inputs(req)
+    read = set()
+    for s in candidates(req):
+        rec = _Recorder(s)
+        assert compute_s(inp, rec) == compute_s(inp, s)
+        read |= {name for name, _ in rec._reads}
+    assert read == set(COMPUTE_FIELDS)
+    inp.memo = {}
+    assert all(compute_parts(inp, s) == compute_s(inp, s) for s in candidates(req))

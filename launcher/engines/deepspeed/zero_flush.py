@@ -183,13 +183,30 @@ def pareto(instants: list[Instant]) -> tuple[Instant, ...]:
     return tuple(front)
 
 
+_PAIRS: dict[int, tuple[list, tuple[tuple[int, int], ...]]] = {}
+"""id(a grad_layout) -> (that list, kept so the id stays its own; its pairs)."""
+
+
+def layout_pairs(grad_layout: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    """ModelStats.grad_layout as (elements, block) pairs, made once per list (a 70B model's has ~700; stats are not
+    changed once made): every ZeRO-2 candidate's states read it, and the caches above key on the pairs."""
+    hit = _PAIRS.get(id(grad_layout))
+    if hit is not None and hit[0] is grad_layout:
+        return hit[1]
+    if len(_PAIRS) >= 8:  # one request plans one model (the advice's LoRA suggestion another)
+        _PAIRS.clear()
+    pairs = tuple((int(n), int(b)) for n, b in grad_layout)
+    _PAIRS[id(grad_layout)] = (grad_layout, pairs)
+    return pairs
+
+
 def zero2_reduce(m: ModelStats, w: int, ranks: int, bucket: int, accumulating: bool,
                  bucket_bytes: float) -> tuple[float, tuple[tuple[float, During, float], ...]]:
     """ZeRO-2's reduce for a model with a known grad_layout, in bytes of the working dtype ``w``: (the gradients
     a micro-step leaves while accumulating, the largest grads_in_partition; its reduce instants for
     States.reduce_instants). ``bucket``: reduce_bucket_size, elements; ``bucket_bytes``: what the bucket
     allocates (twice the elements with overlap_comm)."""
-    layout = tuple((int(n), int(b)) for n, b in m.grad_layout)
+    layout = layout_pairs(m.grad_layout)
     table = m.vocab_size * m.hidden_size
     tied = -1
     if tied_embedding_grad_bytes(m, w):  # a causal LM's trainable head tied to its input embedding (GPT-2)
