@@ -36,7 +36,7 @@ CASES["deepspeed-llama-bf16"] = ("llama", "deepspeed", "bf16")
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory) -> dict:
+def loaded_ranks(tmp_path_factory) -> dict:
     """Every case on the same two CPU ranks under torchrun (loader_ranks.py, one start-up for all): for each case,
     the folder each rank wrote its files to, and the checkpoint's own tensors."""
     root = tmp_path_factory.mktemp("loading")
@@ -54,8 +54,8 @@ def loaded(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_two_ranks_end_with_the_checkpoint_loaded_once(loaded, engine, family):
-    out, (model_dir, want, want_buffers) = loaded[f"{engine}-{family}"]
+def test_two_ranks_end_with_the_checkpoint_loaded_once(loaded_ranks, engine, family):
+    out, (model_dir, want, want_buffers) = loaded_ranks[f"{engine}-{family}"]
     on_disk = load_file(str(next(model_dir.glob("*.safetensors"))))
     info = [json.loads((out / f"rank-{k}.json").read_text()) for k in (0, 1)]
     assert [i["built_on_meta"] for i in info] == [False, True]  # rank 1 never held weights of its own
@@ -75,10 +75,10 @@ def test_two_ranks_end_with_the_checkpoint_loaded_once(loaded, engine, family):
             assert torch.allclose(got["buffers"][name].to(buf.dtype), buf), (k, name)
 
 
-def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(loaded):
+def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(loaded_ranks):
     # Rank 0 casts on the host before anything reaches a device (a GPU would otherwise hold the fp32 build first),
     # and the other ranks allocate bf16 tensors to receive it: half the bytes broadcast.
-    out, (_, want, _) = loaded["deepspeed-llama-bf16"]
+    out, (_, want, _) = loaded_ranks["deepspeed-llama-bf16"]
     for k in (0, 1):
         got = torch.load(out / f"rank-{k}.pt")["state"]
         for name, tensor in want.items():
