@@ -223,7 +223,7 @@ def zero3_off():
 def deepspeed_unloaded():
     """save_pretrained without importing DeepSpeed where the run has not: its unwrap (accelerate's
     extract_model_from_parallel) imports deepspeed, when installed, only to test the model against DeepSpeedEngine,
-    about 0.4 s of CPU on a plain or FSDP2 rank 0 (benchmarks/results/startup.md). The host model written here is
+    about 0.26 s of CPU on a plain or FSDP2 rank 0 (benchmarks/results/startup.md). The host model written here is
     never one, so while deepspeed is not loaded the test is skipped; a process that loaded it keeps the real one."""
     try:
         from accelerate.utils import other

@@ -1,5 +1,5 @@
-"""What a rank imports: a plain or FSDP2 rank trains and exports without loading DeepSpeed (about 0.4 s of CPU a
-rank 0 would pay for nothing; benchmarks/results/startup.md)."""
+"""What a rank imports: a plain or FSDP2 rank trains and exports without loading DeepSpeed (about 0.26 s of CPU
+a rank 0 would pay for nothing; benchmarks/results/startup.md)."""
 
 import json
 import os
