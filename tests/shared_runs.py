@@ -3,9 +3,15 @@ launch costs its start-up, ~15 s of CPU on 2 cores (docs/testing.md), whatever i
 
 from __future__ import annotations
 
+import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+
+from launcher.rankenv import HEAP_ENV
 
 CURVE_TRAIN = {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 6, "seed": 7,
                "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": 0.05}
@@ -36,3 +42,53 @@ def curve_runs(tmp_path_factory) -> Path:
         res = launch(job, "--run-dir", root / name, "--quiet")
         assert res.returncode == 0, res.stdout + res.stderr
     return root
+
+
+SECRET_TOKEN = "hf_FAKE_SECRET_987654"
+"""HF_TOKEN's value in the terminal run's environment: it must reach no file and no output."""
+
+
+@dataclass(frozen=True)
+class TerminalRun:
+    """The terminal run (terminal_run) and what it was given."""
+
+    run: Path
+    """The run dir launch chose itself (runs/NAME-STAMP under the working dir)."""
+    out: str
+    """Everything the terminal showed: stdout and stderr, one pty (launch exited 0)."""
+    job: Path
+    """The job file: relative model dir and data beside it (tests/conftest.py relative_project)."""
+    cwd: Path
+    """Where launch started: not the job's directory."""
+    env: dict
+
+
+@pytest.fixture(scope="session")
+def terminal_run(tmp_path_factory) -> TerminalRun:
+    """`launch run ../proj/job.yaml train.max_steps=6` on a terminal (a pty), from another directory, without
+    --run-dir, under a budget near its prediction, with secret-looking variables in its environment (one naming the
+    data's directory, one a credentials file, HF_TOKEN a token): the live table (tests/test_live.py) and the
+    secret-named paths (tests/faults/test_secret_paths.py) are checked on this one run (they were two)."""
+    from tests.cli.test_run_cli import LAUNCH, near_budget
+    from tests.conftest import relative_project
+    from tests.test_live import read_all
+
+    root = tmp_path_factory.mktemp("terminal")
+    job = relative_project(root / "proj")
+    doc = yaml.safe_load(job.read_text())
+    near_budget(job, train={**doc["train"], "max_steps": 6})
+    (root / "key.json").write_text("{}")
+    env = {**os.environ, "COLUMNS": "140", "TERM": "xterm", HEAP_ENV: "1", "MY_API_KEY": str(job.parent / "data"),
+           "GOOGLE_APPLICATION_CREDENTIALS": str(root / "key.json"), "HF_TOKEN": SECRET_TOKEN}
+    cwd = root / "elsewhere"
+    cwd.mkdir()
+    primary, secondary = os.openpty()
+    proc = subprocess.Popen([LAUNCH, "run", "../proj/job.yaml", "train.max_steps=6"], cwd=cwd, stdin=secondary,
+                            stdout=secondary, stderr=secondary, env=env, close_fds=True)
+    os.close(secondary)
+    out = read_all(primary, proc, 300)
+    code = proc.wait(timeout=60)
+    os.close(primary)
+    runs = list((cwd / "runs").iterdir()) if (cwd / "runs").is_dir() else []
+    assert code == 0 and len(runs) == 1, (runs, out[-3000:])
+    return TerminalRun(run=runs[0], out=out, job=job, cwd=cwd, env=env)

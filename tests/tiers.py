@@ -154,7 +154,8 @@ TAKES_SECONDS: dict[str, str | tuple[str, ...]] = {
 """In-process tests that take over about a second of CPU alone (fake-tensor probes, property tests, FSDP2 and
 DeepSpeed set up in the test's process): slow so that the fast tier stays under 3 minutes on 2 cores."""
 
-PROCESS_FIXTURES = ("parsed", "initialized", "hf_filled_parsed", "cpu_run", "clipped", "curve_runs", "loaded_ranks")
+PROCESS_FIXTURES = ("parsed", "initialized", "hf_filled_parsed", "cpu_run", "clipped", "curve_runs", "loaded_ranks",
+                    "terminal_run")
 """Fixtures that start a process (DeepSpeed's own parser or engine in a child, a CPU run through the CLI): a test
 that uses one is slow, since it may be the one that sets the fixture up."""
 
