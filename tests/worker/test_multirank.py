@@ -5,6 +5,7 @@ The launcher's CLI tests own multi-rank runs in general; this one checks the wor
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -85,16 +86,17 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
     assert abs(eval_loss_of(run, load_export(run, step1)) - final) > 1e-4
 
 
-def test_plain_ddp_two_ranks_checkpoint_and_resume_match_a_straight_run(make_run_dir, examples_data):
+def test_plain_ddp_two_ranks_checkpoint_and_resume_match_a_straight_run(curve_runs, tmp_path):
     # DDP replicas with accumulation (no_sync on the first micro-batch): stopped at step 1 by the control file,
-    # resumed from rank 0's plain.pt on both ranks, the losses those of an uninterrupted run.
-    plan = plan_dict(engine="plain", micro_batch_size=2, grad_accum_steps=2, world_size=2, seq_len=32)
-    job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=3)
-    job["data"]["max_seq_len"] = 32
-    job["data"]["eval_fraction"] = 0.02
-    straight = make_run_dir(job, plan, name="straight")
-    assert torchrun(straight).returncode == 0
-    run = make_run_dir(job, plan)
+    # resumed from rank 0's plain.pt on both ranks, the losses those of an uninterrupted run. The uninterrupted
+    # run is the step contract's DDP launch (tests/shared_runs.py curve_runs: 2 micro-batches of 2 per rank, 6
+    # steps); this run dir holds its job.yaml and plan.json.
+    straight = curve_runs / "ddp"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("job.yaml", "plan.json"):
+        shutil.copy(straight / name, run / name)
+    assert json.loads((run / "plan.json").read_text())["grad_accum_steps"] == 2
     (run / "control").mkdir()
     (run / "control" / "checkpoint").touch()
     first = torchrun(run)
