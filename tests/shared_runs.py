@@ -3,8 +3,10 @@ launch costs its start-up, ~15 s of CPU on 2 cores (docs/testing.md), whatever i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +94,52 @@ def terminal_run(tmp_path_factory) -> TerminalRun:
     runs = list((cwd / "runs").iterdir()) if (cwd / "runs").is_dir() else []
     assert code == 0 and len(runs) == 1, (runs, out[-3000:])
     return TerminalRun(run=runs[0], out=out, job=job, cwd=cwd, env=env)
+
+
+WORLD_OF_ONE = """
+import json, os, socket, sys
+import launcher.rank_entry  # noqa: F401  (what torchrun starts, before the worker)
+from launcher.worker.main import main
+
+for run in sys.argv[1:]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    code = main([run])
+    print(json.dumps({"code": code, "deepspeed": sorted(m for m in sys.modules if m.split(".")[0] == "deepspeed")}))
+"""
+"""One world-of-one rank after another, each through the worker's main as rank_entry runs it; after each, the
+deepspeed modules loaded so far."""
+SINGLE_RANK_ENGINES = ("fsdp", "plain", "deepspeed")
+"""In this order: DeepSpeed's run last, so that the others' show what they loaded themselves."""
+
+
+@pytest.fixture(scope="session")
+def single_rank_runs(tmp_path_factory) -> dict[str, dict]:
+    """A one-rank run of 2 steps on each engine of SINGLE_RANK_ENGINES, by the real worker, one after another in
+    one fresh interpreter (one start-up for all): engine -> {"run": its dir, ending with a checkpoint
+    (step-00000002) and its model; "code": the worker's exit code; "deepspeed": the deepspeed modules loaded once
+    it had run}. The damaged checkpoints (tests/faults) and what a rank imports (tests/worker/test_rank_imports.py)
+    read them."""
+    from tests.conftest import REPO
+    from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job, write_run_dir
+
+    root = tmp_path_factory.mktemp("single-rank")
+    runs = {}
+    for engine in SINGLE_RANK_ENGINES:
+        plan = plan_dict(engine=engine, zero_stage=2 if engine == "deepspeed" else None, micro_batch_size=2,
+                         grad_accum_steps=1, world_size=1, seq_len=32)
+        job = tiny_gpt2_job(str(REPO / "examples" / "data" / "causal.jsonl"), max_steps=2)
+        job["data"]["max_seq_len"] = 32
+        job["train"]["global_batch_size"] = 2
+        runs[engine] = write_run_dir(root / engine, job=job, plan=plan,
+                                     ds_config=ds_config_dict(plan) if engine == "deepspeed" else None)
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "LAUNCHER_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", WORLD_OF_ONE, *map(str, runs.values())], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(runs), done.stdout[-3000:] + done.stderr[-3000:]
+    return {engine: {"run": run, **result} for (engine, run), result in zip(runs.items(), results, strict=True)}

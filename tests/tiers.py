@@ -155,7 +155,7 @@ TAKES_SECONDS: dict[str, str | tuple[str, ...]] = {
 DeepSpeed set up in the test's process): slow so that the fast tier stays under 3 minutes on 2 cores."""
 
 PROCESS_FIXTURES = ("parsed", "initialized", "hf_filled_parsed", "cpu_run", "clipped", "curve_runs", "loaded_ranks",
-                    "terminal_run")
+                    "terminal_run", "single_rank_runs", "trained_runs")
 """Fixtures that start a process (DeepSpeed's own parser or engine in a child, a CPU run through the CLI): a test
 that uses one is slow, since it may be the one that sets the fixture up."""
 
