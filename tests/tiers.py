@@ -184,7 +184,7 @@ def is_slow(item: pytest.Item) -> bool:
 FAST_TIMEOUT_S = 120
 """pytest-timeout's limit for a fast test without its own `timeout` marker: the slowest takes about 4 s under a load
 of 8 on 2 cores, so only a hang reaches it. Slow tests get pyproject's `timeout` (900 s; the Slurm requeue test
-takes about 110 s alone)."""
+takes about 2 minutes and waits while its job progresses)."""
 
 
 def mark_slow(items: list[pytest.Item], *, timeouts: bool = True) -> None:
