@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from launcher.processes.rankenv import use_local_tools
+from tests.shared_runs import curve_runs, single_rank_runs, terminal_run  # noqa: F401  (runs several modules share)
 from tests.slurm_fixtures import make_job, make_plan  # noqa: F401  (fixtures for tests/backends and tests/emit)
 from tests.tiers import GUARD, mark_slow
 

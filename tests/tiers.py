@@ -154,7 +154,8 @@ TAKES_SECONDS: dict[str, str | tuple[str, ...]] = {
 """In-process tests that take over about a second of CPU alone (fake-tensor probes, property tests, FSDP2 and
 DeepSpeed set up in the test's process): slow so that the fast tier stays under 3 minutes on 2 cores."""
 
-PROCESS_FIXTURES = ("parsed", "initialized", "hf_filled_parsed", "cpu_run", "clipped")
+PROCESS_FIXTURES = ("parsed", "initialized", "hf_filled_parsed", "cpu_run", "clipped", "curve_runs", "loaded_ranks",
+                    "terminal_run", "single_rank_runs", "trained_runs")
 """Fixtures that start a process (DeepSpeed's own parser or engine in a child, a CPU run through the CLI): a test
 that uses one is slow, since it may be the one that sets the fixture up."""
 
@@ -183,7 +184,7 @@ def is_slow(item: pytest.Item) -> bool:
 FAST_TIMEOUT_S = 120
 """pytest-timeout's limit for a fast test without its own `timeout` marker: the slowest takes about 4 s under a load
 of 8 on 2 cores, so only a hang reaches it. Slow tests get pyproject's `timeout` (900 s; the Slurm requeue test
-takes about 110 s alone)."""
+takes about 2 minutes and waits while its job progresses)."""
 
 
 def mark_slow(items: list[pytest.Item], *, timeouts: bool = True) -> None:

@@ -15,7 +15,7 @@ import yaml
 from launcher.processes.rankenv import HEAP_ENV
 from launcher.units import MB
 from tests.conftest import REPO, TINY_GPT2
-from tests.worker.export_checks import check_export, safetensors_of, same_tensors
+from tests.worker.export_checks import check_export, export_in_process, safetensors_of, same_tensors
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
 
@@ -197,12 +197,12 @@ def test_zero3_cpu_optimizer_offload(tmp_path):
 
 def check_exported(run: Path, offline: Path) -> float:
     """RUN/model reloads with the run's eval loss, training moved it, and `launch export` of the final checkpoint
-    (offline, one process, from the engine's shards) writes the same tensors."""
+    (offline, from the engine's shards; in this process, export_in_process) writes the same tensors."""
     final = check_export(run)
     initial = json.loads((run / "ranks" / "rank-0.json").read_text())["eval_loss_initial"]
     assert abs(final - initial) > 1e-3, (initial, final)
-    res = launch("export", run, "--out", offline)
-    assert res.returncode == 0, res.stdout + res.stderr
+    code, out, err = export_in_process(run, "--out", offline)
+    assert code == 0, out + err
     same_tensors(run / "model", offline)
     return final
 

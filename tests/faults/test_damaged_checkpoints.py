@@ -4,22 +4,13 @@ one line naming the step, what is wrong and what can be exported, nothing writte
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
 from pathlib import Path
 
 import pytest
 
-from launcher.cli.main import main
 from tests.faults.harness import entries
-
-
-def export(run: Path, *argv) -> tuple[int, str, str]:
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        code = main(["export", str(run), *map(str, argv)])
-    return code, out.getvalue(), err.getvalue()
+from tests.worker.export_checks import export_in_process as export
 
 
 def cut(path: Path, keep: float = 0.5) -> None:

@@ -6,11 +6,11 @@ import select
 import subprocess
 import time
 
+import yaml
 from rich.console import Console
 
-from launcher.processes.rankenv import HEAP_ENV
 from launcher.records.live import LiveView, StepLines, rank_rows, view_mode
-from tests.conftest import REPO, TINY_GPT2
+from tests.conftest import REPO
 
 LAUNCH = str(REPO / ".venv" / "bin" / "launch")
 
@@ -121,18 +121,6 @@ def test_modes(monkeypatch):
     assert view_mode(quiet=False, verbose=True) == "lines"
 
 
-def job(tmp_path):
-    import yaml
-
-    p = tmp_path / "job.yaml"
-    p.write_text(yaml.safe_dump({
-        "name": "live", "model": dict(TINY_GPT2), "task": "causal_lm",
-        "data": {"path": str(REPO / "examples" / "data" / "causal.jsonl"), "max_seq_len": 32},
-        "train": {"global_batch_size": 4, "max_steps": 6, "precision": "fp32", "lr": 3e-3}, "gpus": 2,
-        "budget": "1GB", "strategy": {"engine": "fsdp"}}))
-    return p
-
-
 def read_all(fd: int, proc: subprocess.Popen, timeout_s: float) -> str:
     chunks, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -152,8 +140,6 @@ def read_all(fd: int, proc: subprocess.Popen, timeout_s: float) -> str:
 
 def cls_job(tmp_path):
     """A seq_cls job (tiny random BERT on the example sentiment data) whose eval split gets an accuracy."""
-    import yaml
-
     p = tmp_path / "cls.yaml"
     p.write_text(yaml.safe_dump({
         "name": "live-cls", "task": "seq_cls",
@@ -185,28 +171,21 @@ def accuracy_of_export(run) -> tuple[float, int]:
     return (logits.argmax(-1) == data["labels"]).float().mean().item(), len(data["labels"])
 
 
-def test_a_terminal_gets_the_live_table_and_a_pipe_gets_step_lines(tmp_path):
+def test_a_terminal_gets_the_live_table_and_a_pipe_gets_step_lines(terminal_run, tmp_path):
     import re
 
-    from tests.cli.test_run_cli import check_report, near_budget
+    from tests.cli.test_run_cli import check_report
 
-    primary, secondary = os.openpty()
-    env = {**os.environ, "COLUMNS": "140", "TERM": "xterm", HEAP_ENV: "1"}
-    # The `run` verb without --run-dir, under a budget near its prediction: this run is also the one that checks
-    # the default run dir (runs/NAME-STAMP under the working dir) and the report (check_report).
-    proc = subprocess.Popen([LAUNCH, "run", str(near_budget(job(tmp_path)))], cwd=tmp_path, stdin=secondary,
-                            stdout=secondary, stderr=secondary, env=env, close_fds=True)
-    os.close(secondary)
-    out = read_all(primary, proc, 300)
-    assert proc.wait(timeout=60) == 0, out[-3000:]
-    os.close(primary)
+    # The `run` verb without --run-dir, under a budget near its prediction (tests/shared_runs.py terminal_run): this
+    # run is also the one that checks the default run dir (runs/NAME-STAMP under the working dir) and the report.
+    out, run_dir = terminal_run.out, terminal_run.run
     assert "tok/s" in out and "peak" in out and "6/6" in out, out[-3000:]
-    dirs = list((tmp_path / "runs").iterdir())
-    assert len(dirs) == 1 and re.fullmatch(r"live-\d{8}-\d{6}", dirs[0].name), dirs
-    assert "run dir: " in out and str(dirs[0]) in out, out[-3000:]
-    check_report(dirs[0], 2)
+    name = yaml.safe_load(terminal_run.job.read_text())["name"]
+    assert run_dir.parent == terminal_run.cwd / "runs" and re.fullmatch(rf"{name}-\d{{8}}-\d{{6}}", run_dir.name)
+    assert "run dir: " in out and str(run_dir) in out, out[-3000:]
+    check_report(run_dir, 2)
     for name in ("job.yaml", "plan.json", "state.json", "report.json", "memory.png"):
-        assert (dirs[0] / name).is_file(), name
+        assert (run_dir / name).is_file(), name
 
     # A pipe (CI, nohup): no table, one plain line per log step (every 2nd, the first and the last).
     run = tmp_path / "pipe"

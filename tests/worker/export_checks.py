@@ -7,6 +7,8 @@ model in one process, so a match to 1e-4 means the export holds the weights the 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -89,3 +91,14 @@ def same_tensors(a: Path, b: Path) -> None:
     assert ta.keys() == tb.keys() and ta, f"{sorted(ta)[:5]} vs {sorted(tb)[:5]}"
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
+
+
+def export_in_process(run: Path, *argv) -> tuple[int, str, str]:
+    """`launch export RUN ARGV` in this process: (exit code, stdout, stderr). A `launch export` process would pay
+    again the imports the test process has paid (torch, transformers, DeepSpeed: about 5.5 s of CPU each)."""
+    from launcher.cli.main import main
+
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(["export", str(run), *map(str, argv)])
+    return code, out.getvalue(), err.getvalue()

@@ -1,7 +1,8 @@
 """Run by torchrun from test_loading.py: build the model the worker's way and save what each rank ended with.
 
 Every rank seeds differently, so equal weights across ranks can only come from rank 0's broadcast.
-argv: MODEL_DIR OUT_DIR ENGINE (deepspeed | fsdp) [DTYPE (bf16): DeepSpeed's cast to the working dtype]
+argv: CASE... each MODEL_DIR,OUT_DIR,ENGINE (deepspeed | fsdp)[,DTYPE (bf16): DeepSpeed's cast to the working dtype],
+loaded in turn by the same ranks (one torchrun for all: its start-up is most of the cost).
 """
 
 import json
@@ -20,10 +21,8 @@ from launcher.worker.model import build
 from launcher.worker.recipes import make_recipe
 
 
-def main() -> None:
-    model_dir, out, engine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    dtype = torch.bfloat16 if sys.argv[4:] == ["bf16"] else None
-    dist.init_process_group("gloo")
+def load_once(model_dir: Path, out: Path, engine: str, dtype: torch.dtype | None) -> None:
+    """One case: rank R writes OUT_DIR/rank-R.pt (its state and buffers) and rank-R.json."""
     rank = dist.get_rank()
     job = from_dict(Job, {"name": "t", "model": str(model_dir), "task": "causal_lm",
                           "data": {"path": str(out / "unused.jsonl"), "max_seq_len": 16},
@@ -55,6 +54,13 @@ def main() -> None:
     if engine == "fsdp":
         info["reshards_after_forward"] = reshards  # the root first (modules() order), then the blocks
     (out / f"rank-{rank}.json").write_text(json.dumps(info))
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    for case in sys.argv[1:]:
+        model_dir, out, engine, *dtype = case.split(",")
+        load_once(Path(model_dir), Path(out), engine, torch.bfloat16 if dtype == ["bf16"] else None)
     dist.destroy_process_group()
 
 

@@ -30,24 +30,33 @@ def save_checkpoint(root, family):
     return d, {k: v.clone() for k, v in model.state_dict().items()}, {k: b.clone() for k, b in model.named_buffers()}
 
 
-def run_loader_ranks(tmp_path, model_dir, *args: str):
-    """loader_ranks.py on two CPU ranks under torchrun; returns the folder each rank wrote its files to."""
-    out = tmp_path / "out"
-    out.mkdir()
+CASES = {f"{engine}-{family}": (family, engine, "") for engine in ("deepspeed", "fsdp") for family in ("llama", "gpt2")}
+CASES["deepspeed-llama-bf16"] = ("llama", "deepspeed", "bf16")
+"""Each test's case: the checkpoint's family, the engine that loads it, DeepSpeed's working dtype."""
+
+
+@pytest.fixture(scope="module")
+def loaded_ranks(tmp_path_factory) -> dict:
+    """Every case on the same two CPU ranks under torchrun (loader_ranks.py, one start-up for all): for each case,
+    the folder each rank wrote its files to, and the checkpoint's own tensors."""
+    root = tmp_path_factory.mktemp("loading")
+    saved = {family: save_checkpoint(root, family) for family in ("llama", "gpt2")}
+    args = []
+    for name, (family, engine, dtype) in CASES.items():
+        (root / name).mkdir()
+        args.append(",".join(filter(None, (str(saved[family][0]), str(root / name), engine, dtype))))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(SCRIPT), str(model_dir), str(out), *args], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
+                          str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
-    return out
+    return {name: (root / name, saved[family]) for name, (family, _, _) in CASES.items()}
 
 
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family):
-    model_dir, want, want_buffers = save_checkpoint(tmp_path, family)
+def test_two_ranks_end_with_the_checkpoint_loaded_once(loaded_ranks, engine, family):
+    out, (model_dir, want, want_buffers) = loaded_ranks[f"{engine}-{family}"]
     on_disk = load_file(str(next(model_dir.glob("*.safetensors"))))
-    out = run_loader_ranks(tmp_path, model_dir, engine)
     info = [json.loads((out / f"rank-{k}.json").read_text()) for k in (0, 1)]
     assert [i["built_on_meta"] for i in info] == [False, True]  # rank 1 never held weights of its own
     total = sum(v.numel() for v in want.values() if v.dtype.is_floating_point)
@@ -66,11 +75,10 @@ def test_two_ranks_end_with_the_checkpoint_loaded_once(tmp_path, engine, family)
             assert torch.allclose(got["buffers"][name].to(buf.dtype), buf), (k, name)
 
 
-def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(tmp_path):
+def test_deepspeed_ranks_receive_the_weights_already_cast_to_bf16(loaded_ranks):
     # Rank 0 casts on the host before anything reaches a device (a GPU would otherwise hold the fp32 build first),
     # and the other ranks allocate bf16 tensors to receive it: half the bytes broadcast.
-    model_dir, want, _ = save_checkpoint(tmp_path, "llama")
-    out = run_loader_ranks(tmp_path, model_dir, "deepspeed", "bf16")
+    out, (_, want, _) = loaded_ranks["deepspeed-llama-bf16"]
     for k in (0, 1):
         got = torch.load(out / f"rank-{k}.pt")["state"]
         for name, tensor in want.items():

@@ -5,14 +5,21 @@ The launcher's CLI tests own multi-rank runs in general; this one checks the wor
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import torch
 
 from launcher.runtime import read_jsonl
-from tests.conftest import REPO
-from tests.worker.export_checks import check_export, eval_loss_of, load_export, safetensors_of, same_tensors
+from tests.worker.export_checks import (
+    check_export,
+    eval_loss_of,
+    export_in_process,
+    load_export,
+    safetensors_of,
+    same_tensors,
+)
 from tests.worker.run_dirs import ds_config_dict, plan_dict, tiny_gpt2_job
 
 
@@ -46,9 +53,9 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
     assert (run / "checkpoint" / "latest").read_text().strip() == "step-00000001"
     assert not (run / "model").exists()  # a stopped run exports nothing: `launch export` does, from its checkpoint
     step1 = run.parent / "step1"
-    exp = launch_export(run, "--out", step1)
-    assert exp.returncode == 0, exp.stderr[-3000:]
-    assert "exported the model of step 1" in exp.stdout
+    code, out, err = export_in_process(run, "--out", step1)
+    assert code == 0, err[-3000:]
+    assert "exported the model of step 1" in out
     assert json.loads((step1 / "export.json").read_text())["source"] == "checkpoint step-00000001"
 
     second = torchrun(run)
@@ -71,30 +78,25 @@ def test_zero2_two_ranks_checkpoint_and_resume(make_run_dir, examples_data):
     final = check_export(run)
     # `launch export` of the same (latest) checkpoint, offline from the ZeRO-2 files: the same tensors; the
     # stopped run's step-1 export is another model (its eval loss lies between).
-    again = launch_export(run, "--out", run.parent / "again")
-    assert again.returncode == 0, again.stderr[-3000:]
+    code, _, err = export_in_process(run, "--out", run.parent / "again")
+    assert code == 0, err[-3000:]
     same_tensors(run / "model", run.parent / "again")
     a, b = safetensors_of(step1), safetensors_of(run / "model")
     assert any(not torch.equal(a[k], b[k]) for k in a)
     assert abs(eval_loss_of(run, load_export(run, step1)) - final) > 1e-4
 
 
-def launch_export(run_dir, *args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([str(REPO / ".venv" / "bin" / "launch"), "export", str(run_dir), *map(str, args)],
-                          env=env, capture_output=True, text=True, timeout=180)
-
-
-def test_plain_ddp_two_ranks_checkpoint_and_resume_match_a_straight_run(make_run_dir, examples_data):
+def test_plain_ddp_two_ranks_checkpoint_and_resume_match_a_straight_run(curve_runs, tmp_path):
     # DDP replicas with accumulation (no_sync on the first micro-batch): stopped at step 1 by the control file,
-    # resumed from rank 0's plain.pt on both ranks, the losses those of an uninterrupted run.
-    plan = plan_dict(engine="plain", micro_batch_size=2, grad_accum_steps=2, world_size=2, seq_len=32)
-    job = tiny_gpt2_job(str(examples_data / "causal.jsonl"), max_steps=3)
-    job["data"]["max_seq_len"] = 32
-    job["data"]["eval_fraction"] = 0.02
-    straight = make_run_dir(job, plan, name="straight")
-    assert torchrun(straight).returncode == 0
-    run = make_run_dir(job, plan)
+    # resumed from rank 0's plain.pt on both ranks, the losses those of an uninterrupted run. The uninterrupted
+    # run is the step contract's DDP launch (tests/shared_runs.py curve_runs: 2 micro-batches of 2 per rank, 6
+    # steps); this run dir holds its job.yaml and plan.json.
+    straight = curve_runs / "ddp"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("job.yaml", "plan.json"):
+        shutil.copy(straight / name, run / name)
+    assert json.loads((run / "plan.json").read_text())["grad_accum_steps"] == 2
     (run / "control").mkdir()
     (run / "control" / "checkpoint").touch()
     first = torchrun(run)

@@ -22,8 +22,9 @@ from launcher.worker.engines.base import ADAM_BETAS, ADAM_EPS, build_optimizer
 from launcher.worker.engines.deepspeed import check_clipping
 from tests.cli.test_run_cli import job_file, launch
 from tests.conftest import REPO
+from tests.shared_runs import CURVE_ENGINES, CURVE_TRAIN
 
-MAX_GRAD_NORM = 0.05
+MAX_GRAD_NORM = CURVE_TRAIN["max_grad_norm"]
 """Far below the tiny GPT-2's gradient norm (about 1 to 5 at these steps): every step clips."""
 AGREE = 1e-4
 """Relative agreement of the two loss curves on CPU ranks (fp32; only the order of float sums differs)."""
@@ -39,24 +40,13 @@ def step_rows(run_dir):
     return [json.loads(ln) for ln in lines if ln.strip()]
 
 
-def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(tmp_path):
-    train = {"global_batch_size": 8, "precision": "fp32", "lr": 3e-3, "max_steps": 6, "seed": 7,
-             "weight_decay": 0.01, "warmup_steps": 2, "max_grad_norm": MAX_GRAD_NORM}
-    pins = {"micro_batch_size": 2, "activation_checkpointing": False, "offload_optimizer": "none",
-            "offload_params": "none"}  # 2 micro-batches of 2 per rank: accumulation is part of the math
+def test_zero2_and_fsdp2_train_the_same_loss_curve_with_clipping(curve_runs):
     curves = {}
-    # FSDP2 computes its loss in 3 chunks (launcher.model.chunked_loss, exact: the same curve as ZeRO-2's whole
-    # logits), through its unsharded root unit.
-    for name, strategy in (("zero2", {"engine": "deepspeed", "zero_stage": 2, "loss_chunks": 0}),
-                           ("fsdp2", {"engine": "fsdp", "fsdp_reshard_after_forward": True, "loss_chunks": 3}),
-                           ("ddp", {"engine": "plain", "loss_chunks": 0})):
-        job = job_file(tmp_path, name, strategy={**strategy, **pins}, train=train)
-        res = launch(job, "--run-dir", tmp_path / name, "--quiet")
-        assert res.returncode == 0, res.stdout + res.stderr
-        plan = json.loads((tmp_path / name / "plan.json").read_text())
+    for name, strategy in CURVE_ENGINES.items():
+        plan = json.loads((curve_runs / name / "plan.json").read_text())
         assert (plan["engine"], plan["micro_batch_size"], plan["grad_accum_steps"], plan["loss_chunks"]) == (
             strategy["engine"], 2, 2, strategy["loss_chunks"])
-        curves[name] = step_rows(tmp_path / name)
+        curves[name] = step_rows(curve_runs / name)
     z, f, d = curves["zero2"], curves["fsdp2"], curves["ddp"]
     assert [r["step"] for r in z] == [r["step"] for r in f] == [r["step"] for r in d] == [1, 2, 3, 4, 5, 6]
     # Both curves, absolutely (torchtune's recipe tests pin theirs): the engines agreeing is not enough, a change
