@@ -71,10 +71,9 @@ def terminal_run(tmp_path_factory) -> TerminalRun:
     --run-dir, under a budget near its prediction, with secret-looking variables in its environment (one naming the
     data's directory, one a credentials file, HF_TOKEN a token): the live table (tests/records/test_live.py) and the
     secret-named paths (tests/faults/test_secret_paths.py) are checked on this one run (they were two)."""
-    from tests.records.test_live import read_all
-
     from tests.cli.test_run_cli import LAUNCH, near_budget
     from tests.conftest import relative_project
+    from tests.records.test_live import read_all
 
     root = tmp_path_factory.mktemp("terminal")
     job = relative_project(root / "proj")
