@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.backends.base import Backend, LaunchSpec
-from launcher.files.fsutil import TMP_SUFFIX, atomic_write
+from launcher.files.fsutil import atomic_write
 from launcher.files.ranklog import wait_settled
 from launcher.files.rundir import RunDir
 from launcher.processes.environ import patched_environ
@@ -30,8 +30,9 @@ CPU_PROGRESS_S = 0.1
 MONITOR_INTERVAL_S = 0.05
 """How often the elastic agent looks at its ranks; a finished run waits up to this long to be noticed (torchrun's
 default is 0.1 s; the poll is a waitpid per rank)."""
-TORCHELASTIC_DIR_PREFIX = ".torchelastic."
-"""This node's torchrun agent keeps its error files during the run in ``RUN/.torchelastic.XXXXXXXX.launcher-tmp``."""
+TORCHELASTIC_DIR_PREFIX = "launcher-torchelastic-"
+"""This node's torchrun agent keeps its error files during the run in ``$TMPDIR/launcher-torchelastic-XXXXXXXX``
+(0700; not in the run dir, whose every dir is 0700, since torchrun makes its own dirs under it 0755)."""
 DUMP_WAIT_S = 5.0
 """How long the watchdog waits for the ranks it aborted to write their stacks and exit."""
 
@@ -407,8 +408,8 @@ class LocalBackend(Backend):
             interrupt = InterruptCheckpoint(run, spec.checkpoint_on_interrupt_s)
             interrupt.install()
         # torchrun's agent keeps its per-rank error files under --log-dir; left to itself it makes a /tmp/torchelastic_*
-        # dir per run and never removes it. This node's own dir in the run dir, removed when torchrun returns.
-        log_dir = Path(tempfile.mkdtemp(prefix=TORCHELASTIC_DIR_PREFIX, suffix=TMP_SUFFIX, dir=run.path))
+        # dir per run and never removes it. A private one of this launch's, removed when torchrun returns.
+        log_dir = Path(tempfile.mkdtemp(prefix=TORCHELASTIC_DIR_PREFIX))
         # With the checkpoint handler in charge of SIGINT/SIGTERM, torchrun keeps only its handlers for the others.
         args = parse_args(torchrun_argv(run, spec, signals_to_handle="SIGHUP,SIGQUIT" if interrupt else None,
                                         log_dir=log_dir))

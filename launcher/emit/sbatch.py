@@ -107,7 +107,9 @@ export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"  # --cpus-per-task shar
 rm -f "$RUN_DIR/control/checkpoint"
 trap 'touch "$RUN_DIR/control/checkpoint"' USR2
 # torchrun's agents keep their error files here (else a /tmp/torchelastic_* dir on every node, never removed).
+# 0700 first: torchrun makes its own dirs under it 0755, and the run dir's are private.
 elastic_dir="$RUN_DIR/.torchelastic.$SLURM_JOB_ID.launcher-tmp"
+mkdir -m 700 -p "$elastic_dir"
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 $SRUN_CPUS "$PYTHON" -m torch.distributed.run --nnodes={nodes} \\
   --nproc-per-node={gpus} --max-restarts=0 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$port" \\
   --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" --log-dir="$elastic_dir" \\
