@@ -85,6 +85,12 @@ def write_job(tmp_path, data_file):
     return _write
 
 
+def own_leftovers(tmpdir: Path) -> list[str]:
+    """What a run left in the TMPDIR it was given, torch's per-user compile cache (``torchinductor_<user>``, shared
+    by every later process, not the run's) aside."""
+    return sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_"))
+
+
 def require_cluster(reason: str | None) -> None:
     """A Slurm test whose cluster cannot be reached: in CI (CI=true) that is a failure, since CI starts the dev
     cluster and a silent skip would hide a broken one; elsewhere the test skips and says why."""

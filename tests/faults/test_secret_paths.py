@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.conftest import own_leftovers
 from tests.faults.test_fault_runs import LAUNCH
 from tests.shared_runs import SECRET_TOKEN
 
@@ -38,8 +39,7 @@ def test_a_secret_named_path_is_read_and_only_secrets_are_redacted(terminal_run)
     assert (run / "model" / ".launcher-export").is_file()
     assert not [p for p in run.rglob(f"*{TMP_SUFFIX}")]
     assert not [p for p in run.iterdir() if p.name.startswith(".torchelastic")]
-    # torch's per-user compile cache (torchinductor_<user>) is shared by every later process, not the run's.
-    left = [p.name for p in Path(env["TMPDIR"]).iterdir() if not p.name.startswith("torchinductor_")]
+    left = own_leftovers(Path(env["TMPDIR"]))
     assert not left, f"a finished run leaves nothing of its own in TMPDIR: {left}"
     # The finished run's files are what export and --resume read: `plan --out` into it is refused, untouched.
     before = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}

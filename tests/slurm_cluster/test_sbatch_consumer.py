@@ -26,7 +26,7 @@ from launcher.config.load import from_dict
 from launcher.emit.sbatch import sbatch_text
 from launcher.planner.plan import Buckets, Estimate, Plan, Strategy
 from launcher.records.runreport import read_report
-from tests.conftest import require_cluster
+from tests.conftest import own_leftovers, require_cluster
 from tests.slurm_cluster.test_slurm_dev_cluster import CLUSTER_UP, DEADLINE_S, _sacct_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,7 +166,7 @@ def test_the_plain_script_runs_through_srun_to_its_verdict(tmp_path):
     log = _log(run_dir, job_id)
     assert "within budget" in log and not list(elsewhere.iterdir())  # nothing written where sbatch ran
     assert not list(run_dir.glob(".torchelastic.*")), "torchrun's error-file dir is removed when srun returns"
-    left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+    left = own_leftovers(tmp_path / "tmp")
     assert not left, f"the job leaves nothing of its own in TMPDIR: {left}"
 
 
